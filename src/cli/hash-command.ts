@@ -1,0 +1,151 @@
+import { parseArgs } from 'node:util';
+import { isKvtierError } from '../errors.ts';
+import {
+  CHUNK_HASHER_DEFAULTS,
+  type ChunkHasherOptions,
+  hashChunks,
+  hashToHex,
+  MAX_CHUNK_SIZE,
+} from '../hashing/chunk-hasher.ts';
+
+/** What `kvtier hash` reads from and writes to; injected so tests need no process or files. */
+export interface HashCommandIo {
+  /** Whole standard input as text. */
+  stdin: () => Promise<string>;
+  /** Whole file at path `p` as UTF-8 text. */
+  readFile: (p: string) => Promise<string>;
+  /** Writes one line of output (no trailing newline). */
+  out: (line: string) => void;
+  /** Writes one line of diagnostics (no trailing newline). */
+  err: (line: string) => void;
+}
+
+/** Exit code for bad flags or bad input. */
+export const EXIT_USAGE = 2;
+
+/** Usage text of `kvtier hash`. */
+export const HASH_COMMAND_USAGE = `Usage: kvtier hash [--tokens FILE] [--chunk-size N] [--salt S] [--partial]
+
+Hashes token ids with kvtier's default chunk hasher (docs/hashing.md), so a miss can be compared
+across languages. Reads a JSON array of token ids (integers in [0, 4294967295]) from stdin, or
+from FILE with --tokens. Prints one line per chunk: <start> <end> <hash>, where tokens
+[start, end) form the chunk and <hash> is 64 lowercase hex digits.
+
+Options:
+  --tokens FILE     read token ids from FILE instead of stdin
+  --chunk-size N    tokens per chunk, 1..${MAX_CHUNK_SIZE} (default ${CHUNK_HASHER_DEFAULTS.chunkSize})
+  --salt S          cache salt (default empty)
+  --partial         also hash a trailing chunk shorter than N
+  --help            print this text
+
+Exit status: 0 on success, 2 on bad flags or input.`;
+
+/**
+ * Runs `kvtier hash` with `argv` (the arguments after `hash`). Never throws for bad flags or
+ * input: it prints one `kvtier hash: ...` line to `io.err` and resolves {@link EXIT_USAGE}.
+ * @returns the exit code: 0 on success (also for `--help`), 2 on bad flags or input.
+ * @throws only what `io` itself throws outside reading input (e.g. a failing `out`).
+ */
+export async function runHashCommand(argv: string[], io: HashCommandIo): Promise<number> {
+  const fail = (msg: string): number => {
+    io.err(`kvtier hash: ${msg}`);
+    return EXIT_USAGE;
+  };
+
+  let values: {
+    tokens?: string;
+    'chunk-size'?: string;
+    salt?: string;
+    partial?: boolean;
+    help?: boolean;
+  };
+  try {
+    ({ values } = parseArgs({
+      args: argv,
+      strict: true,
+      allowPositionals: false,
+      options: {
+        tokens: { type: 'string' },
+        'chunk-size': { type: 'string' },
+        salt: { type: 'string' },
+        partial: { type: 'boolean' },
+        help: { type: 'boolean' },
+      },
+    }));
+  } catch (err) {
+    // parseArgs spreads its hint over several lines; keep it, on one line.
+    const msg = err instanceof Error ? err.message.replace(/\s*\n\s*/g, ' ') : String(err);
+    return fail(`${msg} (see --help)`);
+  }
+  if (values.help === true) {
+    for (const line of HASH_COMMAND_USAGE.split('\n')) io.out(line);
+    return 0;
+  }
+
+  const opts: ChunkHasherOptions = {
+    salt: values.salt ?? CHUNK_HASHER_DEFAULTS.salt,
+    partial: values.partial ?? false,
+  };
+  const rawChunkSize = values['chunk-size'];
+  if (rawChunkSize !== undefined) {
+    if (!/^[0-9]+$/.test(rawChunkSize)) {
+      return fail(
+        `--chunk-size must be an integer in [1, ${MAX_CHUNK_SIZE}], got ${JSON.stringify(rawChunkSize)}`,
+      );
+    }
+    opts.chunkSize = Number(rawChunkSize);
+  }
+
+  const source = values.tokens === undefined ? 'stdin' : values.tokens;
+  let text: string;
+  try {
+    text = values.tokens === undefined ? await io.stdin() : await io.readFile(values.tokens);
+  } catch (err) {
+    return fail(`cannot read ${source}: ${firstLine(err)}`);
+  }
+
+  let tokens: unknown;
+  try {
+    tokens = JSON.parse(text);
+  } catch (err) {
+    return fail(`${source} is not valid JSON: ${firstLine(err)}`);
+  }
+  if (!Array.isArray(tokens)) {
+    return fail(`${source} must hold a JSON array of token ids, got ${jsonKind(tokens)}`);
+  }
+
+  let lines: string[];
+  try {
+    lines = hashChunks(tokens as number[], opts).map(
+      (c) => `${c.start} ${c.end} ${hashToHex(c.hash)}`,
+    );
+  } catch (err) {
+    if (isKvtierError(err, 'KVT_INVALID_ARGUMENT')) {
+      return fail(asFlagMessage(firstLine(err)));
+    }
+    throw err;
+  }
+  for (const line of lines) io.out(line);
+  return 0;
+}
+
+// Option errors name the hasher's option; the user typed the flag.
+function asFlagMessage(msg: string): string {
+  for (const [option, flag] of [
+    ['chunkSize', '--chunk-size'],
+    ['salt', '--salt'],
+  ] as const) {
+    if (msg.startsWith(`${option} `)) return `${flag}${msg.slice(option.length)}`;
+  }
+  return msg;
+}
+
+function firstLine(err: unknown): string {
+  const msg = err instanceof Error ? err.message : String(err);
+  return msg.split('\n', 1)[0] ?? msg;
+}
+
+function jsonKind(v: unknown): string {
+  if (v === null) return 'null';
+  return typeof v === 'object' ? 'an object' : `a ${typeof v}`;
+}

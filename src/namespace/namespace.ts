@@ -1,0 +1,274 @@
+import { createHash } from 'node:crypto';
+import { KvtierError } from '../errors.ts';
+import { describe, requireBoolean, requireInt, requireString } from '../util/validate.ts';
+
+/**
+ * Namespaces (design decision 2). Every stored chunk belongs to a namespace that captures
+ * everything that changes its bytes. The id is derived from the engine's configuration, never
+ * typed by hand, so two engines share KV exactly when their KV bytes are interchangeable. The
+ * canonical encoding is specified in docs/hashing.md; changing it is a protocol change.
+ */
+
+/** Version tag: the first line of the canonical encoding. */
+export const NAMESPACE_ENCODING_TAG = 'kvtier-ns/v1';
+
+/** Length of a namespace id in lowercase hex digits (16 bytes). */
+export const NAMESPACE_ID_HEX_LENGTH = 32;
+
+/** Longest accepted model id, in UTF-16 code units. */
+export const MAX_MODEL_ID_LENGTH = 512;
+
+/** What determines a chunk's bytes. Every field is validated by {@link deriveNamespace}. */
+export interface NamespaceSpec {
+  /** Model identity, e.g. `meta-llama/Meta-Llama-3-8B`; compared byte for byte (case matters). */
+  modelId: string;
+  /** KV cache element type; aliases such as `bf16`, `fp16`, `torch.float16` are normalised. */
+  dtype: string;
+  /** Number of attention layers whose KV is stored. */
+  numLayers: number;
+  /**
+   * KV heads of the model as a whole (its config's `num_key_value_heads`), not per rank. For MLA,
+   * the number of latent vectors per layer (1 for DeepSeek-style models).
+   */
+  numKvHeads: number;
+  /** Elements per head; for MLA the latent width (e.g. 576 = 512 + 64 rope). */
+  headDim: number;
+  /** Engine KV block size in tokens. */
+  blockSize: number;
+  /** Tensor-parallel world size; ignored by the id when `mla` is set. */
+  tpSize: number;
+  /** This rank in [0, tpSize); ignored by the id when `mla` is set. */
+  tpRank: number;
+  /** Multi-head latent attention: every rank holds the same latent, so KV is rank-agnostic. */
+  mla: boolean;
+  /** Version of the in-page KV layout, an integer >= 1. */
+  layoutVersion: number;
+}
+
+/** A derived namespace. */
+export interface Namespace {
+  /** 32 lowercase hex digits: the first 16 bytes of SHA-256 of the canonical encoding. */
+  id: string;
+  /** Human-readable summary for logs and metrics, e.g. `llama-3-8b/bfloat16/L32/H8x128/B16/tp2r0/v1`. */
+  label: string;
+  /** The validated spec with `dtype` in canonical spelling (frozen). */
+  spec: Readonly<NamespaceSpec>;
+}
+
+/** Canonical dtype names and their element size in bytes. */
+export const DTYPE_BYTES: Readonly<Record<CanonicalDtype, number>> = Object.freeze({
+  float32: 4,
+  float16: 2,
+  bfloat16: 2,
+  float8_e4m3: 1,
+  float8_e5m2: 1,
+  int8: 1,
+  uint8: 1,
+});
+
+/** The dtype spellings a namespace id is computed from. */
+export type CanonicalDtype =
+  | 'float32'
+  | 'float16'
+  | 'bfloat16'
+  | 'float8_e4m3'
+  | 'float8_e5m2'
+  | 'int8'
+  | 'uint8';
+
+// `fp8` is vLLM's name for e4m3. The AMD `float8_e4m3fnuz` encoding differs bit for bit from
+// e4m3fn, so it is deliberately not an alias: sharing would corrupt KV.
+const DTYPE_ALIASES: ReadonlyMap<string, CanonicalDtype> = new Map<string, CanonicalDtype>([
+  ['float32', 'float32'],
+  ['fp32', 'float32'],
+  ['f32', 'float32'],
+  ['float', 'float32'],
+  ['float16', 'float16'],
+  ['fp16', 'float16'],
+  ['f16', 'float16'],
+  ['half', 'float16'],
+  ['bfloat16', 'bfloat16'],
+  ['bf16', 'bfloat16'],
+  ['float8_e4m3', 'float8_e4m3'],
+  ['float8_e4m3fn', 'float8_e4m3'],
+  ['fp8', 'float8_e4m3'],
+  ['fp8_e4m3', 'float8_e4m3'],
+  ['e4m3', 'float8_e4m3'],
+  ['float8_e5m2', 'float8_e5m2'],
+  ['fp8_e5m2', 'float8_e5m2'],
+  ['e5m2', 'float8_e5m2'],
+  ['int8', 'int8'],
+  ['uint8', 'uint8'],
+]);
+
+const NAMESPACE_ID = /^[0-9a-f]{32}$/;
+// Control characters would let a model id forge extra `key=value` lines in the encoding.
+// biome-ignore lint/suspicious/noControlCharactersInRegex: matching control characters is the point
+const CONTROL = /[\u0000-\u001f\u007f]/;
+const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
+const MAX_DIM = 1 << 20;
+
+/**
+ * Maps a dtype spelling to its canonical name. Case-insensitive; a `torch.` prefix is accepted.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for an unknown dtype (including `auto`, which must be
+ *   resolved to the actual KV dtype before deriving a namespace).
+ */
+export function normalizeDtype(dtype: unknown, name = 'dtype'): CanonicalDtype {
+  const raw = requireString(name, dtype, { nonEmpty: true });
+  let key = raw.trim().toLowerCase();
+  if (key.startsWith('torch.')) key = key.slice('torch.'.length);
+  const canonical = DTYPE_ALIASES.get(key);
+  if (canonical === undefined) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `${name} must be one of ${Object.keys(DTYPE_BYTES).join(', ')} (or an alias such as bf16, fp16, half, fp8), got ${describe(dtype)}`,
+    );
+  }
+  return canonical;
+}
+
+/**
+ * Validates a spec and returns a frozen copy with the dtype normalised.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the first bad field and what is allowed.
+ */
+export function normalizeNamespaceSpec(spec: NamespaceSpec): Readonly<NamespaceSpec> {
+  if (typeof spec !== 'object' || spec === null) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `namespace spec must be an object, got ${describe(spec)}`,
+    );
+  }
+  const modelId = requireModelId(spec.modelId);
+  const dtype = normalizeDtype(spec.dtype, 'namespace.dtype');
+  const numLayers = requireInt('namespace.numLayers', spec.numLayers, 1, 100_000);
+  const numKvHeads = requireInt('namespace.numKvHeads', spec.numKvHeads, 1, MAX_DIM);
+  const headDim = requireInt('namespace.headDim', spec.headDim, 1, MAX_DIM);
+  const blockSize = requireInt('namespace.blockSize', spec.blockSize, 1, MAX_DIM);
+  const mla = requireBoolean('namespace.mla', spec.mla);
+  const tpSize = requireInt('namespace.tpSize', spec.tpSize, 1, 65_536);
+  const tpRank = requireInt('namespace.tpRank', spec.tpRank, 0, tpSize - 1);
+  const layoutVersion = requireInt('namespace.layoutVersion', spec.layoutVersion, 1, 65_535);
+  if (!mla && numKvHeads % tpSize !== 0 && tpSize % numKvHeads !== 0) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `namespace.numKvHeads (${numKvHeads}) and namespace.tpSize (${tpSize}) must divide one another (heads are split or replicated across ranks)`,
+    );
+  }
+  return Object.freeze({
+    modelId,
+    dtype,
+    numLayers,
+    numKvHeads,
+    headDim,
+    blockSize,
+    tpSize,
+    tpRank,
+    mla,
+    layoutVersion,
+  });
+}
+
+function requireModelId(value: unknown): string {
+  const s = requireString('namespace.modelId', value, { nonEmpty: true });
+  let problem: string | undefined;
+  if (s.length > MAX_MODEL_ID_LENGTH) problem = `at most ${MAX_MODEL_ID_LENGTH} characters`;
+  else if (s.trim() !== s) problem = 'without leading or trailing whitespace';
+  else if (CONTROL.test(s)) problem = 'without control characters';
+  else if (LONE_SURROGATE.test(s)) problem = 'well-formed Unicode (no lone surrogates)';
+  if (problem !== undefined) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `namespace.modelId must be ${problem}, got ${describe(value)}`,
+    );
+  }
+  return s;
+}
+
+/**
+ * The canonical encoding the id is the hash of: UTF-8 lines, each ending in `\n`, in this order:
+ * the tag, then `model_id`, `dtype`, `num_layers`, `num_kv_heads`, `head_dim`, `block_size`,
+ * `mla` (0|1), `tp_size`, `tp_rank` (both `*` when MLA), `layout_version`, as `key=value` with
+ * decimal integers. Exposed so other implementations can compare bytes.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
+ */
+export function canonicalNamespaceEncoding(spec: NamespaceSpec): string {
+  const s = normalizeNamespaceSpec(spec);
+  return encode(s);
+}
+
+function encode(s: Readonly<NamespaceSpec>): string {
+  const lines = [
+    NAMESPACE_ENCODING_TAG,
+    `model_id=${s.modelId}`,
+    `dtype=${s.dtype}`,
+    `num_layers=${s.numLayers}`,
+    `num_kv_heads=${s.numKvHeads}`,
+    `head_dim=${s.headDim}`,
+    `block_size=${s.blockSize}`,
+    `mla=${s.mla ? 1 : 0}`,
+    `tp_size=${s.mla ? '*' : s.tpSize}`,
+    `tp_rank=${s.mla ? '*' : s.tpRank}`,
+    `layout_version=${s.layoutVersion}`,
+  ];
+  return `${lines.join('\n')}\n`;
+}
+
+/**
+ * Derives the namespace of a spec. For MLA specs, `tpSize` and `tpRank` do not enter the id, so
+ * every rank of an MLA model shares one namespace; otherwise each rank has its own.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
+ */
+export function deriveNamespace(spec: NamespaceSpec): Namespace {
+  const s = normalizeNamespaceSpec(spec);
+  const id = createHash('sha256')
+    .update(encode(s), 'utf8')
+    .digest()
+    .subarray(0, NAMESPACE_ID_HEX_LENGTH / 2)
+    .toString('hex');
+  const parallel = s.mla ? 'mla' : `tp${s.tpSize}r${s.tpRank}`;
+  const label = `${s.modelId}/${s.dtype}/L${s.numLayers}/H${s.numKvHeads}x${s.headDim}/B${s.blockSize}/${parallel}/v${s.layoutVersion}`;
+  return Object.freeze({ id, label, spec: s });
+}
+
+/** True when `s` is a namespace id: exactly 32 lowercase hex digits. */
+export function isNamespaceId(s: unknown): s is string {
+  return typeof s === 'string' && NAMESPACE_ID.test(s);
+}
+
+/**
+ * Returns `s` when it is a namespace id.
+ * @param name what the value is, for the message (e.g. `lookup.namespace`).
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` otherwise.
+ */
+export function requireNamespaceId(name: string, s: unknown): string {
+  if (!isNamespaceId(s)) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `${name} must be a namespace id (${NAMESPACE_ID_HEX_LENGTH} lowercase hex digits), got ${describe(s)}`,
+    );
+  }
+  return s;
+}
+
+/**
+ * KV heads one rank holds: heads are split across ranks, or replicated when there are fewer heads
+ * than ranks (as vLLM does). For MLA, every rank holds all `numKvHeads` latents.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
+ */
+export function kvHeadsPerRank(spec: NamespaceSpec): number {
+  const s = normalizeNamespaceSpec(spec);
+  return s.mla ? s.numKvHeads : Math.max(1, s.numKvHeads / s.tpSize);
+}
+
+/**
+ * Bytes of KV one rank stores per token over all layers: K and V
+ * (`2 * numLayers * kvHeadsPerRank * headDim * dtypeBytes`), or for MLA one latent per layer
+ * (`numLayers * numKvHeads * headDim * dtypeBytes`). Multiply by the chunk size for chunk bytes.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
+ */
+export function bytesPerToken(spec: NamespaceSpec): number {
+  const s = normalizeNamespaceSpec(spec);
+  const elem = DTYPE_BYTES[s.dtype as CanonicalDtype];
+  const perLayer = s.mla ? s.numKvHeads * s.headDim : 2 * kvHeadsPerRank(s) * s.headDim;
+  return s.numLayers * perLayer * elem;
+}

@@ -1,0 +1,270 @@
+import assert from 'node:assert/strict';
+import { describe, test } from 'node:test';
+import { isKvtierError } from '../../src/errors.ts';
+import {
+  bytesPerToken,
+  canonicalNamespaceEncoding,
+  deriveNamespace,
+  isNamespaceId,
+  kvHeadsPerRank,
+  type NamespaceSpec,
+  normalizeDtype,
+  requireNamespaceId,
+} from '../../src/namespace/namespace.ts';
+
+const LLAMA: NamespaceSpec = {
+  modelId: 'meta-llama/Meta-Llama-3-8B',
+  dtype: 'bfloat16',
+  numLayers: 32,
+  numKvHeads: 8,
+  headDim: 128,
+  blockSize: 16,
+  tpSize: 2,
+  tpRank: 0,
+  mla: false,
+  layoutVersion: 1,
+};
+
+const DSV3: NamespaceSpec = {
+  modelId: 'deepseek-ai/DeepSeek-V3',
+  dtype: 'bfloat16',
+  numLayers: 61,
+  numKvHeads: 1,
+  headDim: 576,
+  blockSize: 64,
+  tpSize: 8,
+  tpRank: 3,
+  mla: true,
+  layoutVersion: 1,
+};
+
+function assertInvalid(fn: () => unknown, pattern: RegExp): void {
+  assert.throws(fn, (err: unknown) => {
+    assert.ok(isKvtierError(err, 'KVT_INVALID_ARGUMENT'), `expected KVT_INVALID_ARGUMENT: ${err}`);
+    assert.match(err.message, pattern);
+    return true;
+  });
+}
+
+describe('deriveNamespace worked examples', () => {
+  // Ids computed independently with Python's hashlib (script in docs/hashing.md).
+  test('Llama-3-8B tp2 rank 0', () => {
+    const ns = deriveNamespace(LLAMA);
+    assert.equal(ns.id, '48f3d9651eaf7e9014cf0c0d7bc30fba');
+    assert.equal(ns.label, 'meta-llama/Meta-Llama-3-8B/bfloat16/L32/H8x128/B16/tp2r0/v1');
+    assert.deepEqual({ ...ns.spec }, LLAMA);
+    assert.ok(Object.isFrozen(ns) && Object.isFrozen(ns.spec));
+  });
+
+  test('Llama-3-8B tp2 rank 1', () => {
+    assert.equal(deriveNamespace({ ...LLAMA, tpRank: 1 }).id, 'ccd750d5fc54b2450fad560f67df94f4');
+  });
+
+  test('DeepSeek-V3 MLA', () => {
+    const ns = deriveNamespace(DSV3);
+    assert.equal(ns.id, 'df19b3948ff2680e2cb787b2b75805a3');
+    assert.equal(ns.label, 'deepseek-ai/DeepSeek-V3/bfloat16/L61/H1x576/B64/mla/v1');
+  });
+
+  test('canonical encoding', () => {
+    assert.equal(
+      canonicalNamespaceEncoding({ ...LLAMA, dtype: 'bf16' }),
+      'kvtier-ns/v1\nmodel_id=meta-llama/Meta-Llama-3-8B\ndtype=bfloat16\nnum_layers=32\n' +
+        'num_kv_heads=8\nhead_dim=128\nblock_size=16\nmla=0\ntp_size=2\ntp_rank=0\n' +
+        'layout_version=1\n',
+    );
+    assert.match(canonicalNamespaceEncoding(DSV3), /\nmla=1\ntp_size=\*\ntp_rank=\*\n/);
+  });
+});
+
+describe('deriveNamespace identity', () => {
+  test('is deterministic', () => {
+    assert.equal(deriveNamespace({ ...LLAMA }).id, deriveNamespace({ ...LLAMA }).id);
+  });
+
+  test('MLA ignores tpRank and tpSize', () => {
+    const ids = new Set(
+      [
+        { tpSize: 1, tpRank: 0 },
+        { tpSize: 8, tpRank: 0 },
+        { tpSize: 8, tpRank: 7 },
+        { tpSize: 16, tpRank: 5 },
+      ].map((tp) => deriveNamespace({ ...DSV3, ...tp }).id),
+    );
+    assert.equal(ids.size, 1);
+  });
+
+  test('non-MLA ranks and sizes differ', () => {
+    const ids = new Set(
+      [
+        { tpSize: 1, tpRank: 0 },
+        { tpSize: 2, tpRank: 0 },
+        { tpSize: 2, tpRank: 1 },
+        { tpSize: 4, tpRank: 1 },
+      ].map((tp) => deriveNamespace({ ...LLAMA, ...tp }).id),
+    );
+    assert.equal(ids.size, 4);
+  });
+
+  test('every field changes the id', () => {
+    const base = deriveNamespace(LLAMA).id;
+    const variants: Partial<NamespaceSpec>[] = [
+      { modelId: 'meta-llama/Meta-Llama-3-8B-Instruct' },
+      { modelId: 'meta-llama/meta-llama-3-8b' },
+      { dtype: 'float16' },
+      { numLayers: 31 },
+      { numKvHeads: 16 },
+      { headDim: 64 },
+      { blockSize: 32 },
+      { tpSize: 4 },
+      { tpRank: 1 },
+      { mla: true },
+      { layoutVersion: 2 },
+    ];
+    const seen = new Set([base]);
+    for (const v of variants) {
+      const id = deriveNamespace({ ...LLAMA, ...v }).id;
+      assert.ok(!seen.has(id), `changing ${JSON.stringify(v)} must change the id`);
+      seen.add(id);
+    }
+  });
+
+  test('dtype aliases give the same id as the canonical spelling', () => {
+    const id = deriveNamespace(LLAMA).id;
+    for (const dtype of ['bf16', 'BF16', 'torch.bfloat16', ' bfloat16 ']) {
+      const ns = deriveNamespace({ ...LLAMA, dtype });
+      assert.equal(ns.id, id, dtype);
+      assert.equal(ns.spec.dtype, 'bfloat16');
+    }
+  });
+});
+
+describe('normalizeDtype', () => {
+  const cases: [string, string][] = [
+    ['fp16', 'float16'],
+    ['half', 'float16'],
+    ['torch.float16', 'float16'],
+    ['fp32', 'float32'],
+    ['float', 'float32'],
+    ['fp8', 'float8_e4m3'],
+    ['float8_e4m3fn', 'float8_e4m3'],
+    ['fp8_e5m2', 'float8_e5m2'],
+    ['int8', 'int8'],
+    ['uint8', 'uint8'],
+  ];
+  for (const [alias, canonical] of cases) {
+    test(`${alias} -> ${canonical}`, () => assert.equal(normalizeDtype(alias), canonical));
+  }
+  test('rejects unknown and ambiguous dtypes', () => {
+    for (const d of ['auto', 'float8_e4m3fnuz', 'int4', '']) {
+      assertInvalid(() => normalizeDtype(d), /dtype must be/);
+    }
+  });
+});
+
+describe('deriveNamespace validation', () => {
+  const bad: [string, Partial<Record<keyof NamespaceSpec, unknown>>, RegExp][] = [
+    ['empty modelId', { modelId: '' }, /namespace\.modelId must be a non-empty string/],
+    ['non-string modelId', { modelId: 3 }, /namespace\.modelId must be a non-empty string, got 3/],
+    ['padded modelId', { modelId: ' llama ' }, /namespace\.modelId must be without leading/],
+    ['newline in modelId', { modelId: 'a\ndtype=x' }, /without control characters/],
+    ['long modelId', { modelId: 'x'.repeat(513) }, /at most 512 characters/],
+    ['unknown dtype', { dtype: 'auto' }, /namespace\.dtype must be one of/],
+    ['zero layers', { numLayers: 0 }, /namespace\.numLayers must be an integer in \[1, /],
+    ['fractional heads', { numKvHeads: 1.5 }, /namespace\.numKvHeads must be an integer/],
+    ['zero headDim', { headDim: 0 }, /namespace\.headDim/],
+    [
+      'string blockSize',
+      { blockSize: '16' },
+      /namespace\.blockSize must be an integer .* got "16"/,
+    ],
+    ['zero tpSize', { tpSize: 0 }, /namespace\.tpSize/],
+    ['rank out of range', { tpRank: 2 }, /namespace\.tpRank must be an integer in \[0, 1\], got 2/],
+    ['negative rank', { tpRank: -1 }, /namespace\.tpRank/],
+    ['non-boolean mla', { mla: 'no' }, /namespace\.mla must be a boolean/],
+    ['layout 0', { layoutVersion: 0 }, /namespace\.layoutVersion/],
+    [
+      'heads not divisible by tp',
+      { numKvHeads: 8, tpSize: 3, tpRank: 0 },
+      /numKvHeads \(8\) and namespace\.tpSize \(3\) must divide one another/,
+    ],
+  ];
+  for (const [name, patch, pattern] of bad) {
+    test(`rejects ${name}`, () => {
+      assertInvalid(() => deriveNamespace({ ...LLAMA, ...patch } as NamespaceSpec), pattern);
+    });
+  }
+
+  test('rejects a non-object spec', () => {
+    assertInvalid(() => deriveNamespace(null as unknown as NamespaceSpec), /must be an object/);
+  });
+
+  test('MLA does not require heads to divide tp size', () => {
+    assert.doesNotThrow(() => deriveNamespace({ ...DSV3, tpSize: 3, tpRank: 2 }));
+  });
+});
+
+describe('namespace ids', () => {
+  test('isNamespaceId', () => {
+    assert.ok(isNamespaceId(deriveNamespace(LLAMA).id));
+    for (const s of [
+      '',
+      'ABCDEF0123456789abcdef0123456789',
+      'abc',
+      `${'a'.repeat(31)}g`,
+      7,
+      null,
+    ]) {
+      assert.equal(isNamespaceId(s), false, String(s));
+    }
+    assert.equal(isNamespaceId('a'.repeat(33)), false);
+  });
+
+  test('requireNamespaceId returns valid ids and names the field otherwise', () => {
+    const id = deriveNamespace(DSV3).id;
+    assert.equal(requireNamespaceId('lookup.namespace', id), id);
+    assertInvalid(
+      () => requireNamespaceId('lookup.namespace', 'xyz'),
+      /lookup\.namespace must be a namespace id \(32 lowercase hex digits\), got "xyz"/,
+    );
+  });
+});
+
+describe('bytesPerToken', () => {
+  test('Llama-3-8B at tp1 is 128 KiB per token; tp2 halves it per rank', () => {
+    assert.equal(bytesPerToken({ ...LLAMA, tpSize: 1, tpRank: 0 }), 128 * 1024);
+    assert.equal(bytesPerToken(LLAMA), 64 * 1024);
+    assert.equal(kvHeadsPerRank(LLAMA), 4);
+  });
+
+  test('heads are replicated when there are fewer heads than ranks', () => {
+    const spec = { ...LLAMA, tpSize: 16, tpRank: 15 };
+    assert.equal(kvHeadsPerRank(spec), 1);
+    assert.equal(bytesPerToken(spec), 2 * 32 * 1 * 128 * 2);
+  });
+
+  test('dtype sizes', () => {
+    const one = { ...LLAMA, numLayers: 1, numKvHeads: 1, headDim: 1, tpSize: 1, tpRank: 0 };
+    const sizes: [string, number][] = [
+      ['float32', 8],
+      ['fp16', 4],
+      ['bf16', 4],
+      ['fp8', 2],
+      ['float8_e5m2', 2],
+      ['int8', 2],
+      ['uint8', 2],
+    ];
+    for (const [dtype, bytes] of sizes)
+      assert.equal(bytesPerToken({ ...one, dtype }), bytes, dtype);
+  });
+
+  test('MLA stores one latent per layer, the same on every rank', () => {
+    assert.equal(bytesPerToken(DSV3), 61 * 576 * 2);
+    assert.equal(bytesPerToken({ ...DSV3, tpSize: 1, tpRank: 0 }), 61 * 576 * 2);
+    assert.equal(kvHeadsPerRank(DSV3), 1);
+  });
+
+  test('validates the spec', () => {
+    assertInvalid(() => bytesPerToken({ ...LLAMA, dtype: 'auto' }), /namespace\.dtype/);
+  });
+});
