@@ -1,0 +1,210 @@
+import type { Counter, Histogram } from 'prom-client';
+import type {
+  BackendCapabilities,
+  BackendHealth,
+  BackendStats,
+  Chunk,
+  ChunkHash,
+  ContainsOptions,
+  GetOptions,
+  NamespaceId,
+  PutOptions,
+  PutOutcome,
+  StorageBackend,
+} from '../backends/types.ts';
+import { KvtierError } from '../errors.ts';
+import type { BackendOp, KvtierMetrics } from './metrics.ts';
+
+/** Options of {@link instrumentBackend}. */
+export interface InstrumentOptions {
+  /** Monotonic clock in milliseconds; default `performance.now`. Tests inject one. */
+  now?: () => number;
+}
+
+type Observe = Histogram.Internal<'tier' | 'op'>;
+type Inc = Counter.Internal;
+
+/**
+ * Wraps a backend so every call is measured per tier (label `tier` = `backend.name`), keeping
+ * metrics out of backend code. Same name, kind and capabilities; every call is forwarded and
+ * its result or error passed back unchanged.
+ *
+ * Recorded:
+ * - `kvtier_backend_op_duration_seconds{tier,op}` for contains|get|put|remove|clear, failed
+ *   calls included (a slow failure is still a slow call);
+ * - hits and misses, in chunks: for `batchedContains` hits are the returned count and misses are
+ *   1 when the count is below the number of hashes asked about, else 0 (a contains stops at its
+ *   first miss, so it observes at most one); for `batchedGet`, non-null and null entries;
+ * - bytes read (sum of returned payload lengths) and written (puts whose outcome is `stored`);
+ * - `kvtier_backend_errors_total{tier,op,code}` with `KvtierError.code`, or `KVT_INTERNAL` for
+ *   any other thrown value.
+ *
+ * `pin`, `unpin`, `stats`, `health` and `close` forward with no measurement. The wrapper does
+ * not own the backend beyond forwarding `close()`.
+ */
+export function instrumentBackend(
+  backend: StorageBackend,
+  metrics: KvtierMetrics,
+  options: InstrumentOptions = {},
+): StorageBackend {
+  return new InstrumentedBackend(backend, metrics, options.now ?? (() => performance.now()));
+}
+
+class InstrumentedBackend implements StorageBackend {
+  readonly name: string;
+  readonly kind: string;
+  readonly capabilities: BackendCapabilities;
+  readonly #inner: StorageBackend;
+  readonly #metrics: KvtierMetrics;
+  readonly #now: () => number;
+  // Label children bound once so the hot path does not build label objects per call.
+  readonly #duration: Record<BackendOp, Observe>;
+  readonly #hits: Inc;
+  readonly #misses: Inc;
+  readonly #bytesRead: Inc;
+  readonly #bytesWritten: Inc;
+
+  constructor(inner: StorageBackend, metrics: KvtierMetrics, now: () => number) {
+    this.#inner = inner;
+    this.#metrics = metrics;
+    this.#now = now;
+    this.name = inner.name;
+    this.kind = inner.kind;
+    this.capabilities = inner.capabilities;
+    const tier = inner.name;
+    const d = metrics.backendOpDuration;
+    this.#duration = {
+      contains: d.labels({ tier, op: 'contains' }),
+      get: d.labels({ tier, op: 'get' }),
+      put: d.labels({ tier, op: 'put' }),
+      remove: d.labels({ tier, op: 'remove' }),
+      clear: d.labels({ tier, op: 'clear' }),
+    };
+    this.#hits = metrics.backendHits.labels({ tier });
+    this.#misses = metrics.backendMisses.labels({ tier });
+    this.#bytesRead = metrics.backendBytesRead.labels({ tier });
+    this.#bytesWritten = metrics.backendBytesWritten.labels({ tier });
+  }
+
+  async batchedContains(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    opts?: ContainsOptions,
+  ): Promise<number> {
+    const start = this.#now();
+    let found: number;
+    try {
+      found = await this.#inner.batchedContains(ns, hashes, opts);
+    } catch (err) {
+      this.#failed('contains', start, err);
+      throw err;
+    }
+    this.#observe('contains', start);
+    if (found > 0) this.#hits.inc(found);
+    if (found < hashes.length) this.#misses.inc(1);
+    return found;
+  }
+
+  async batchedGet(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    opts?: GetOptions,
+  ): Promise<Map<ChunkHash, Chunk | null>> {
+    const start = this.#now();
+    let result: Map<ChunkHash, Chunk | null>;
+    try {
+      result = await this.#inner.batchedGet(ns, hashes, opts);
+    } catch (err) {
+      this.#failed('get', start, err);
+      throw err;
+    }
+    this.#observe('get', start);
+    let hits = 0;
+    let misses = 0;
+    let bytes = 0;
+    for (const chunk of result.values()) {
+      if (chunk === null) {
+        misses++;
+      } else {
+        hits++;
+        bytes += chunk.data.byteLength;
+      }
+    }
+    if (hits > 0) this.#hits.inc(hits);
+    if (misses > 0) this.#misses.inc(misses);
+    if (bytes > 0) this.#bytesRead.inc(bytes);
+    return result;
+  }
+
+  async put(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    chunk: Chunk,
+    opts?: PutOptions,
+  ): Promise<PutOutcome> {
+    const start = this.#now();
+    let outcome: PutOutcome;
+    try {
+      outcome = await this.#inner.put(ns, hash, chunk, opts);
+    } catch (err) {
+      this.#failed('put', start, err);
+      throw err;
+    }
+    this.#observe('put', start);
+    if (outcome === 'stored') this.#bytesWritten.inc(chunk.data.byteLength);
+    return outcome;
+  }
+
+  async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
+    const start = this.#now();
+    try {
+      const removed = await this.#inner.remove(ns, hashes);
+      this.#observe('remove', start);
+      return removed;
+    } catch (err) {
+      this.#failed('remove', start, err);
+      throw err;
+    }
+  }
+
+  async clear(ns?: NamespaceId): Promise<void> {
+    const start = this.#now();
+    try {
+      await this.#inner.clear(ns);
+      this.#observe('clear', start);
+    } catch (err) {
+      this.#failed('clear', start, err);
+      throw err;
+    }
+  }
+
+  pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
+    return this.#inner.pin(ns, hashes);
+  }
+
+  unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
+    this.#inner.unpin(ns, hashes);
+  }
+
+  stats(): BackendStats {
+    return this.#inner.stats();
+  }
+
+  health(): BackendHealth {
+    return this.#inner.health();
+  }
+
+  close(): Promise<void> {
+    return this.#inner.close();
+  }
+
+  #observe(op: BackendOp, startMs: number): void {
+    this.#duration[op].observe(Math.max(0, this.#now() - startMs) / 1000);
+  }
+
+  #failed(op: BackendOp, startMs: number, err: unknown): void {
+    this.#observe(op, startMs);
+    const code = err instanceof KvtierError ? err.code : 'KVT_INTERNAL';
+    this.#metrics.backendErrors.inc({ tier: this.name, op, code });
+  }
+}

@@ -1,0 +1,419 @@
+import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
+import type { BackendHealth, BackendStats } from '../backends/types.ts';
+import { KvtierError } from '../errors.ts';
+
+/**
+ * Every kvtier metric, in one module over a registry of its own (never prom-client's global
+ * one), so two sidecars in one process, or a test beside a server, never share series.
+ * Names are `kvtier_*`; label names are typed through prom-client's generics.
+ */
+
+/** Values of the `result` label of `kvtier_lookups_total`. */
+export type LookupResult = 'hit' | 'partial' | 'miss' | 'canceled' | 'timeout' | 'error' | 'stale';
+
+/** Values of the `op` label of `kvtier_backend_op_duration_seconds` and `kvtier_backend_errors_total`. */
+export type BackendOp = 'contains' | 'get' | 'put' | 'remove' | 'clear';
+
+/**
+ * Latency buckets in seconds: 50 µs to 10 s, log-spaced in 1-2.5-5 steps (17 buckets). The low
+ * end resolves in-memory tier hits, the high end remote tiers under load.
+ */
+export const LATENCY_BUCKETS_SECONDS: readonly number[] = [
+  0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5,
+  5, 10,
+];
+
+/** Health as a number for `kvtier_backend_health`. */
+export const HEALTH_VALUE: Readonly<Record<BackendHealth, number>> = {
+  up: 1,
+  degraded: 0.5,
+  down: 0,
+};
+
+/** A tier as the metrics module reads it at scrape time. */
+export interface MetricBackendSource {
+  readonly name: string;
+  stats(): BackendStats;
+  health(): BackendHealth;
+}
+
+/**
+ * Callbacks read at scrape time for the gauges and the totals other components own. Each is
+ * optional; an unbound source produces no samples. A source that throws loses its samples for
+ * that scrape and is counted in `kvtier_metric_source_errors_total{source}`; the scrape goes on.
+ */
+export interface MetricSources {
+  /** The tiers, in config order. */
+  backends?: () => readonly MetricBackendSource[];
+  /** Serializer occupancy, in chunks. */
+  serializer?: () => { capacity: number; inUse: number; waiters: number };
+  /** Event-manager entries now, and entries expired since start. */
+  events?: () => { ongoing: number; done: number; expiredTotal: number };
+  /** Lookups currently holding pins. */
+  pinnedLookups?: () => number;
+  /** Chunks waiting in the write-through queue. */
+  writeQueueDepth?: () => number;
+  /** The server's epoch (bumps on restart or clear). */
+  epoch?: () => number;
+}
+
+/** Options of {@link KvtierMetrics}. */
+export interface KvtierMetricsOptions {
+  /** Registry to register into; a fresh one when omitted. Never prom-client's global registry. */
+  registry?: Registry;
+  /** Also collect Node process metrics, prefixed `kvtier_`. Default true. */
+  defaultMetrics?: boolean;
+}
+
+type SourceName = keyof MetricSources;
+
+interface BackendSnapshot {
+  readonly name: string;
+  readonly stats: BackendStats | undefined;
+  readonly health: BackendHealth | undefined;
+}
+
+interface ScrapeSnapshot {
+  readonly backends: readonly BackendSnapshot[];
+  readonly serializer: ReturnType<NonNullable<MetricSources['serializer']>> | undefined;
+  readonly events: ReturnType<NonNullable<MetricSources['events']>> | undefined;
+  readonly pinnedLookups: number | undefined;
+  readonly writeQueueDepth: number | undefined;
+  readonly epoch: number | undefined;
+}
+
+type Kind = 'gauge' | 'counter';
+type Read<S> = (s: S) => number | null | undefined;
+
+/** Per-tier metrics read from backend stats at scrape time: name, help, kind, reader. */
+const PER_TIER: ReadonlyArray<readonly [string, string, Kind, Read<BackendSnapshot>]> = [
+  ['kvtier_backend_chunks', 'Chunks held, by tier.', 'gauge', (b) => b.stats?.chunks],
+  ['kvtier_backend_bytes', 'Payload bytes held, by tier.', 'gauge', (b) => b.stats?.bytesUsed],
+  [
+    'kvtier_backend_capacity_bytes',
+    'Capacity bound in bytes, by tier (absent where the tier has none).',
+    'gauge',
+    (b) => b.stats?.capacityBytes,
+  ],
+  ['kvtier_backend_pinned_chunks', 'Chunks pinned.', 'gauge', (b) => b.stats?.pinnedChunks],
+  ['kvtier_backend_evictions_total', 'Chunks evicted.', 'counter', (b) => b.stats?.evictions],
+  [
+    'kvtier_backend_dropped_puts_total',
+    'Puts dropped for lack of room, by tier.',
+    'counter',
+    (b) => b.stats?.droppedPuts,
+  ],
+  [
+    'kvtier_backend_health',
+    'Tier health: 1 up, 0.5 degraded, 0 down.',
+    'gauge',
+    (b) => (b.health === undefined ? undefined : HEALTH_VALUE[b.health]),
+  ],
+];
+
+/** Unlabeled metrics read from the other sources at scrape time: name, help, kind, reader. */
+const SINGLE: ReadonlyArray<readonly [string, string, Kind, Read<ScrapeSnapshot>]> = [
+  [
+    'kvtier_serializer_capacity_chunks',
+    'Serializer budget.',
+    'gauge',
+    (s) => s.serializer?.capacity,
+  ],
+  [
+    'kvtier_serializer_in_use_chunks',
+    'Serializer budget in use.',
+    'gauge',
+    (s) => s.serializer?.inUse,
+  ],
+  ['kvtier_serializer_waiters', 'Serializer waiters.', 'gauge', (s) => s.serializer?.waiters],
+  ['kvtier_events_expired_total', 'Events expired.', 'counter', (s) => s.events?.expiredTotal],
+  ['kvtier_pinned_lookups', 'Lookups holding pins.', 'gauge', (s) => s.pinnedLookups],
+  ['kvtier_writethrough_queue_depth', 'Write-through queue.', 'gauge', (s) => s.writeQueueDepth],
+  ['kvtier_epoch', 'Server epoch.', 'gauge', (s) => s.epoch],
+];
+
+/**
+ * Owns every kvtier metric. Components record into the typed fields; gauges and totals that
+ * other components own are read at scrape time from sources bound with {@link bindSources}.
+ * Running totals kept by a source (`kvtier_backend_evictions_total`,
+ * `kvtier_backend_dropped_puts_total`, `kvtier_events_expired_total`) are Counters whose
+ * collect() resets and adds the source's total, so the sample always equals the source rather
+ * than drifting through deltas; a replaced backend shows as a counter reset, which rate() handles.
+ *
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` from the constructor when the registry already holds
+ *   a `kvtier_*` metric of the same name (two instances on one registry).
+ */
+export class KvtierMetrics {
+  /** The registry every metric here is registered in. */
+  readonly registry: Registry;
+
+  /** kvtier_lookups_total{result}: lookups answered, by {@link LookupResult}. */
+  readonly lookups: Counter<'result'>;
+  /** kvtier_lookup_requested_tokens_total: tokens asked about by lookups. */
+  readonly lookupRequestedTokens: Counter;
+  /** kvtier_lookup_hit_tokens_total{tier}: tokens answered as ready, by the tier that held them. */
+  readonly lookupHitTokens: Counter<'tier'>;
+  /** kvtier_lookup_duration_seconds: from request to final answer. */
+  readonly lookupDuration: Histogram;
+  /** kvtier_prefetch_duration_seconds: one prefetch from lower tiers into host memory. */
+  readonly prefetchDuration: Histogram;
+  /** kvtier_prefetch_chunks_total{tier}: chunks prefetched, by source tier. */
+  readonly prefetchChunks: Counter<'tier'>;
+  /** kvtier_requests_total{type}: protocol messages received, by message type. */
+  readonly requests: Counter<'type'>;
+  /** kvtier_protocol_errors_total{code}: error replies sent, by error code. */
+  readonly protocolErrors: Counter<'code'>;
+  /** kvtier_backend_op_duration_seconds{tier,op}: backend call latency (failed calls included). */
+  readonly backendOpDuration: Histogram<'tier' | 'op'>;
+  /** kvtier_backend_hits_total{tier}: chunks found. */
+  readonly backendHits: Counter<'tier'>;
+  /** kvtier_backend_misses_total{tier}: chunks missed (see instrumentBackend for contains). */
+  readonly backendMisses: Counter<'tier'>;
+  /** kvtier_backend_bytes_read_total{tier}: payload bytes returned by gets. */
+  readonly backendBytesRead: Counter<'tier'>;
+  /** kvtier_backend_bytes_written_total{tier}: payload bytes of puts that stored. */
+  readonly backendBytesWritten: Counter<'tier'>;
+  /** kvtier_backend_errors_total{tier,op,code}: backend calls that threw, by KvtierError code. */
+  readonly backendErrors: Counter<'tier' | 'op' | 'code'>;
+  /** kvtier_backend_corrupt_chunks_total{tier}: chunks that failed verification and were removed. */
+  readonly corruptChunks: Counter<'tier'>;
+  /** kvtier_writethrough_dropped_total{tier,reason}: write-through puts dropped. */
+  readonly writeThroughDropped: Counter<'tier' | 'reason'>;
+  /** kvtier_pins_expired_total: pins released by TTL rather than by the client. */
+  readonly pinsExpired: Counter;
+
+  #sources: MetricSources = {};
+  #scrape: ScrapeSnapshot | undefined;
+  readonly #sourceErrors: Counter<'source'>;
+
+  constructor(options: KvtierMetricsOptions = {}) {
+    const registry = options.registry ?? new Registry();
+    if (!(registry instanceof Registry)) {
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        'options.registry must be a prom-client Registry',
+      );
+    }
+    const defaultMetrics = options.defaultMetrics ?? true;
+    if (typeof defaultMetrics !== 'boolean') {
+      throw new KvtierError('KVT_INVALID_ARGUMENT', 'options.defaultMetrics must be a boolean');
+    }
+    this.registry = registry;
+    const registers = [registry];
+    const buckets = [...LATENCY_BUCKETS_SECONDS];
+    const counter = <T extends string>(name: string, help: string, labelNames: readonly T[] = []) =>
+      guard(name, () => new Counter<T>({ name, help, labelNames, registers }));
+    const histogram = <T extends string>(
+      name: string,
+      help: string,
+      labelNames: readonly T[] = [],
+    ) => guard(name, () => new Histogram<T>({ name, help, labelNames, buckets, registers }));
+
+    this.lookups = counter('kvtier_lookups_total', 'Lookups answered, by result.', ['result']);
+    this.lookupRequestedTokens = counter(
+      'kvtier_lookup_requested_tokens_total',
+      'Tokens asked about by lookups.',
+    );
+    this.lookupHitTokens = counter(
+      'kvtier_lookup_hit_tokens_total',
+      'Tokens answered as ready in host memory, by the tier that held them.',
+      ['tier'],
+    );
+    this.lookupDuration = histogram(
+      'kvtier_lookup_duration_seconds',
+      'Time from lookup request to final answer, in seconds.',
+    );
+    this.prefetchDuration = histogram(
+      'kvtier_prefetch_duration_seconds',
+      'Time one prefetch into host memory took, in seconds.',
+    );
+    this.prefetchChunks = counter(
+      'kvtier_prefetch_chunks_total',
+      'Chunks prefetched into host memory, by source tier.',
+      ['tier'],
+    );
+    this.requests = counter('kvtier_requests_total', 'Protocol messages received, by type.', [
+      'type',
+    ]);
+    this.protocolErrors = counter(
+      'kvtier_protocol_errors_total',
+      'Protocol error replies sent, by error code.',
+      ['code'],
+    );
+    this.backendOpDuration = histogram(
+      'kvtier_backend_op_duration_seconds',
+      'Storage backend call latency in seconds, by tier and operation.',
+      ['tier', 'op'],
+    );
+    this.backendHits = counter('kvtier_backend_hits_total', 'Chunks found, by tier.', ['tier']);
+    this.backendMisses = counter('kvtier_backend_misses_total', 'Chunks missed, by tier.', [
+      'tier',
+    ]);
+    this.backendBytesRead = counter(
+      'kvtier_backend_bytes_read_total',
+      'Payload bytes read from a tier.',
+      ['tier'],
+    );
+    this.backendBytesWritten = counter(
+      'kvtier_backend_bytes_written_total',
+      'Payload bytes stored in a tier.',
+      ['tier'],
+    );
+    this.backendErrors = counter(
+      'kvtier_backend_errors_total',
+      'Storage backend calls that failed, by tier, operation and error code.',
+      ['tier', 'op', 'code'],
+    );
+    this.corruptChunks = counter(
+      'kvtier_backend_corrupt_chunks_total',
+      'Chunks that failed verification on read and were removed, by tier.',
+      ['tier'],
+    );
+    this.writeThroughDropped = counter(
+      'kvtier_writethrough_dropped_total',
+      'Write-through puts dropped, by tier and reason.',
+      ['tier', 'reason'],
+    );
+    this.pinsExpired = counter(
+      'kvtier_pins_expired_total',
+      'Pins released because their TTL ran out rather than by the client.',
+    );
+    this.#registerScrapeMetrics(registers);
+    // Registered after the scrape-time metrics so a scrape reports its own source failures.
+    this.#sourceErrors = counter(
+      'kvtier_metric_source_errors_total',
+      'Scrape-time metric sources that threw; their samples were skipped for that scrape.',
+      ['source'],
+    );
+
+    if (defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'kvtier_' });
+  }
+
+  /** Content type of {@link text}: Prometheus text exposition 0.0.4. */
+  get contentType(): string {
+    return this.registry.contentType;
+  }
+
+  /**
+   * Binds scrape-time sources. Merges into what is bound: a key given replaces the earlier
+   * source, a key given as `undefined` unbinds it, keys left out stay as they were.
+   */
+  bindSources(sources: MetricSources): void {
+    this.#sources = { ...this.#sources, ...sources };
+  }
+
+  /** The registry rendered in Prometheus text format; reads bound sources. */
+  text(): Promise<string> {
+    return this.registry.metrics();
+  }
+
+  #registerScrapeMetrics(registers: Registry[]): void {
+    const self = this;
+    for (const [name, help, kind, read] of PER_TIER) {
+      // Counters fed from a source's running total: reset, then add the total, so the sample
+      // equals the source (a replaced backend shows as a counter reset, which rate() handles).
+      const collect = function (this: Gauge<'tier'> | Counter<'tier'>) {
+        this.reset();
+        for (const b of self.#snapshot().backends) {
+          const v = read(b);
+          if (v === null || v === undefined || !Number.isFinite(v)) continue;
+          if (this instanceof Gauge) this.set({ tier: b.name }, v);
+          else if (v >= 0) this.inc({ tier: b.name }, v);
+        }
+      };
+      const labelNames = ['tier'] as const;
+      guard(name, () =>
+        kind === 'gauge'
+          ? new Gauge({ name, help, labelNames, registers, collect })
+          : new Counter({ name, help, labelNames, registers, collect }),
+      );
+    }
+    for (const [name, help, kind, read] of SINGLE) {
+      const collect = function (this: Gauge | Counter) {
+        this.reset();
+        const v = read(self.#snapshot());
+        // reset() leaves an unlabeled series at 0; removing it is how an unbound source shows
+        // no sample at all rather than a misleading zero.
+        if (v == null || !Number.isFinite(v) || (kind === 'counter' && v < 0)) this.remove();
+        else if (this instanceof Gauge) this.set(v);
+        else this.inc(v);
+      };
+      guard(name, () =>
+        kind === 'gauge'
+          ? new Gauge({ name, help, registers, collect })
+          : new Counter({ name, help, registers, collect }),
+      );
+    }
+    guard(
+      'kvtier_events',
+      () =>
+        new Gauge<'state'>({
+          name: 'kvtier_events',
+          help: 'Event-manager entries, by state.',
+          labelNames: ['state'],
+          registers,
+          collect() {
+            this.reset();
+            const e = self.#snapshot().events;
+            if (e === undefined) return;
+            if (Number.isFinite(e.ongoing)) this.set({ state: 'ongoing' }, e.ongoing);
+            if (Number.isFinite(e.done)) this.set({ state: 'done' }, e.done);
+          },
+        }),
+    );
+  }
+
+  /**
+   * Every source read once per scrape: the scrape-time metrics collect synchronously one after
+   * another, so the snapshot is shared until the next microtask.
+   */
+  #snapshot(): ScrapeSnapshot {
+    if (this.#scrape !== undefined) return this.#scrape;
+    const src = this.#sources;
+    const backends: BackendSnapshot[] = [];
+    for (const b of this.#read('backends', src.backends) ?? []) {
+      backends.push({
+        name: b.name,
+        stats: this.#read('backends', () => b.stats()),
+        health: this.#read('backends', () => b.health()),
+      });
+    }
+    const snapshot: ScrapeSnapshot = {
+      backends,
+      serializer: this.#read('serializer', src.serializer),
+      events: this.#read('events', src.events),
+      pinnedLookups: this.#read('pinnedLookups', src.pinnedLookups),
+      writeQueueDepth: this.#read('writeQueueDepth', src.writeQueueDepth),
+      epoch: this.#read('epoch', src.epoch),
+    };
+    this.#scrape = snapshot;
+    queueMicrotask(() => {
+      this.#scrape = undefined;
+    });
+    return snapshot;
+  }
+
+  /** Calls a bound source; undefined when unbound or when it threw (counted). */
+  #read<R>(source: SourceName, fn: (() => R) | undefined): R | undefined {
+    if (fn === undefined) return undefined;
+    try {
+      return fn();
+    } catch {
+      this.#sourceErrors.inc({ source });
+      return undefined;
+    }
+  }
+}
+
+/** Turns prom-client's duplicate-name Error into a KvtierError with a useful message. */
+function guard<M>(name: string, make: () => M): M {
+  try {
+    return make();
+  } catch (err) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `metric ${name} could not be registered (is another KvtierMetrics using this registry?)`,
+      { cause: err },
+    );
+  }
+}
