@@ -118,6 +118,9 @@ interface Entry<T> {
 export class EventManager<T> {
   private readonly opts: ResolvedEventManagerOptions;
   private readonly entries = new Map<string, Entry<T>>();
+  /** Done entries in completion order (stale slots skipped lazily), so eviction is O(1). */
+  private doneOrder: Entry<T>[] = [];
+  private doneHead = 0;
   private ongoing = 0;
   private done = 0;
   private expired = 0;
@@ -249,7 +252,7 @@ export class EventManager<T> {
   cancel(id: string): boolean {
     const e = this.entries.get(id);
     if (e === undefined) return false;
-    this.discard(e, notFound(id));
+    this.discard(e, () => notFound(id));
     return true;
   }
 
@@ -263,7 +266,7 @@ export class EventManager<T> {
     let n = 0;
     for (const e of [...this.entries.values()]) {
       if (now - e.since < this.opts.ttlMs) continue;
-      this.discard(e, notFound(e.id, 'expired'));
+      this.discard(e, () => notFound(e.id, 'expired'));
       n++;
     }
     this.expired += n;
@@ -284,19 +287,25 @@ export class EventManager<T> {
     if (this.closed) return;
     this.closed = true;
     if (this.timer !== undefined) clearInterval(this.timer);
-    for (const e of [...this.entries.values()]) this.discard(e, closedError('event manager'));
+    for (const e of [...this.entries.values()]) this.discard(e, () => closedError('event manager'));
   }
 
   /** Frees a slot for `add`, or throws `KVT_CAPACITY`. */
   private makeRoom(): void {
     if (this.entries.size < this.opts.maxEntries) return;
-    this.sweep();
-    // Map order is add order, so the first done entries found are the oldest.
-    for (const e of [...this.entries.values()]) {
-      if (this.entries.size < this.opts.maxEntries) return;
-      if (e.state !== 'done') continue;
-      this.discard(e, notFound(e.id, 'evicted'));
+    // A full sweep is O(entries); only pay for it when the oldest entry has expired.
+    const oldest = this.entries.values().next().value;
+    if (oldest !== undefined && this.opts.now() - oldest.since >= this.opts.ttlMs) this.sweep();
+    while (this.entries.size >= this.opts.maxEntries && this.doneHead < this.doneOrder.length) {
+      const e = this.doneOrder[this.doneHead]!;
+      this.doneOrder[this.doneHead++] = undefined as unknown as Entry<T>;
+      if (e.removed || e.state !== 'done' || this.entries.get(e.id) !== e) continue;
+      this.discard(e, () => notFound(e.id, 'evicted'));
       this.evicted++;
+    }
+    if (this.doneHead > 1024 && this.doneHead * 2 > this.doneOrder.length) {
+      this.doneOrder = this.doneOrder.slice(this.doneHead);
+      this.doneHead = 0;
     }
     if (this.entries.size >= this.opts.maxEntries) {
       throw new KvtierError(
@@ -313,6 +322,12 @@ export class EventManager<T> {
     }
     entry.state = 'done';
     entry.result = result;
+    this.doneOrder.push(entry);
+    if (this.doneOrder.length - this.doneHead > 2 * this.opts.maxEntries) {
+      // Taken and cancelled entries leave stale slots; drop them (amortised O(1) per add).
+      this.doneOrder = this.doneOrder.slice(this.doneHead).filter((e) => !e.removed && this.entries.get(e.id) === e);
+      this.doneHead = 0;
+    }
     entry.since = this.opts.now();
     this.ongoing--;
     this.done++;
@@ -342,7 +357,7 @@ export class EventManager<T> {
   }
 
   /** Removes `e`, aborts or disposes it, and rejects its waiters with `reason`. */
-  private discard(e: Entry<T>, reason: KvtierError): void {
+  private discard(e: Entry<T>, reason: () => KvtierError): void {
     this.detach(e);
     if (e.state === 'ongoing') {
       this.callHook(e, 'abort', () => e.hooks.abort());
@@ -351,9 +366,12 @@ export class EventManager<T> {
       e.result = undefined;
       this.callHook(e, 'dispose', () => e.hooks.dispose(result));
     }
+    if (e.waiters.size === 0) return;
+    // Built only when someone waits: capturing a stack per discarded entry is costly.
+    const err = reason();
     for (const w of e.waiters) {
       w.cleanup();
-      w.reject(reason);
+      w.reject(err);
     }
     e.waiters.clear();
   }
