@@ -1,0 +1,490 @@
+import { LRUCache } from 'lru-cache';
+import { abortedError, closedError, KvtierError } from '../errors.ts';
+import { describe, requireInt } from '../util/validate.ts';
+import {
+  type ArenaBlock,
+  HostArena,
+  type ResolvedHostArenaOptions,
+  resolveHostArenaOptions,
+} from './host-arena.ts';
+import type {
+  BackendCapabilities,
+  BackendContext,
+  BackendFactory,
+  BackendHealth,
+  BackendStats,
+  Chunk,
+  ChunkHash,
+  ContainsOptions,
+  GetOptions,
+  NamespaceId,
+  PutOptions,
+  PutOutcome,
+  StorageBackend,
+} from './types.ts';
+
+/** Options of the LocalCPU tier; see {@link HostArenaOptions} for the meaning of each. */
+export interface LocalCpuOptions {
+  /** Hard bound on host memory in bytes (rounded down to whole pages). */
+  capacityBytes: number;
+  /** Arena page size in bytes; power of two >= 4096. Default 65536. */
+  pageBytes?: number;
+  /** Arena slab size in bytes; multiple of pageBytes, <= 1 GiB. Default min(1 GiB, capacity). */
+  slabBytes?: number;
+}
+
+/** LocalCPU options after defaults and validation. */
+export type ResolvedLocalCpuOptions = ResolvedHostArenaOptions;
+
+const OPTION_KEYS: readonly string[] = ['capacityBytes', 'pageBytes', 'slabBytes'];
+
+/**
+ * Most unpinned chunks the recency index tracks (2^21); beyond it the least recently used is
+ * evicted even if bytes remain. Bounds the index's preallocated memory (~28 bytes per slot).
+ */
+export const MAX_UNPINNED_CHUNKS = 1 << 21;
+
+/**
+ * Applies defaults and validates.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the bad option and what is allowed.
+ */
+export function resolveLocalCpuOptions(options: LocalCpuOptions): ResolvedLocalCpuOptions {
+  return resolveHostArenaOptions(options);
+}
+
+/** A writable arena block for one chunk, not yet visible to readers. */
+export interface ChunkReservation {
+  /** Exactly the reserved length; fill it before `commit`. */
+  readonly view: Uint8Array;
+  /**
+   * Indexes the chunk. Returns `'exists'` (and frees the block) if the key was stored
+   * meanwhile. With `pin`, the stored or existing chunk is pinned.
+   * @throws KvtierError `KVT_INTERNAL` if already committed or aborted; `KVT_CLOSED` after close.
+   */
+  commit(opts?: { pin?: boolean }): PutOutcome;
+  /** Frees the block; no-op once the backend is closed. @throws `KVT_INTERNAL` if settled. */
+  abort(): void;
+}
+
+interface Entry {
+  readonly ns: NamespaceId;
+  readonly hash: ChunkHash;
+  readonly block: ArenaBlock;
+  readonly tokens: number;
+  /** Pins recorded on this copy; pinned entries are kept out of the LRU. */
+  pins: number;
+}
+
+/**
+ * Copies removed while pinned, per key, awaiting their free. Unpins are charged to orphans
+ * first; the copies are freed only when no pin at all remains on the key, because a pin does
+ * not say which copy its holder read.
+ */
+interface OrphanGroup {
+  readonly entries: Entry[];
+  pins: number;
+}
+
+/**
+ * The CPU tier: chunks copied into a {@link HostArena}, indexed by namespace and hash, evicted
+ * least-recently-used first (also past {@link MAX_UNPINNED_CHUNKS} unpinned chunks). Pinned
+ * chunks are never evicted or freed while pinned; stores never wait (they evict unpinned chunks
+ * or are dropped and counted). Chunks returned by `batchedGet`
+ * are views into the arena (valid while pinned, or until the caller yields).
+ */
+export class LocalCpuBackend implements StorageBackend {
+  readonly name: string;
+  readonly kind = 'local-cpu';
+  readonly capabilities: BackendCapabilities;
+
+  #arena: HostArena | null;
+  readonly #index = new Map<NamespaceId, Map<ChunkHash, Entry>>();
+  /** Recency of unpinned live entries only, so eviction is a plain pop. */
+  readonly #lru: LRUCache<Entry, Entry>;
+  readonly #orphans = new Map<NamespaceId, Map<ChunkHash, OrphanGroup>>();
+  #chunks = 0;
+  #pinnedLive = 0;
+  #orphanChunks = 0;
+  #evictableBytes = 0;
+  #evictions = 0;
+  #droppedPuts = 0;
+  #closing: Promise<void> | null = null;
+
+  /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
+  constructor(options: LocalCpuOptions, ctx: BackendContext = { name: 'local-cpu' }) {
+    const arena = new HostArena(resolveLocalCpuOptions(options));
+    this.#arena = arena;
+    this.name = ctx.name;
+    // lru-cache preallocates per slot; past the page count a slot could never be used.
+    this.#lru = new LRUCache<Entry, Entry>({
+      max: Math.min(arena.totalPages, MAX_UNPINNED_CHUNKS),
+      dispose: (e, _key, reason) => {
+        if (reason === 'evict') this.#evicted(e);
+      },
+    });
+    this.capabilities = Object.freeze({
+      pinning: true,
+      hostMemory: true,
+      persistent: false,
+      shared: false,
+      evicts: true,
+      maxChunkBytes: arena.maxBlockBytes,
+    });
+  }
+
+  async batchedContains(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    opts: ContainsOptions = {},
+  ): Promise<number> {
+    this.#open(opts.signal, 'contains');
+    const hits: Entry[] = [];
+    for (const hash of hashes) {
+      const e = this.#lookup(ns, hash);
+      if (e === undefined) break;
+      this.#touch(e);
+      hits.push(e);
+    }
+    if (opts.pin === true) for (const e of hits) this.#pinEntry(e);
+    return hits.length;
+  }
+
+  async batchedGet(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    opts: GetOptions = {},
+  ): Promise<Map<ChunkHash, Chunk | null>> {
+    this.#open(opts.signal, 'get');
+    const out = new Map<ChunkHash, Chunk | null>();
+    for (const hash of hashes) {
+      const e = this.#lookup(ns, hash);
+      if (e === undefined) {
+        out.set(hash, null);
+        continue;
+      }
+      this.#touch(e);
+      out.set(hash, { tokens: e.tokens, data: e.block.view });
+    }
+    return out;
+  }
+
+  async put(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    chunk: Chunk,
+    opts: PutOptions = {},
+  ): Promise<PutOutcome> {
+    this.#open(opts.signal, 'put');
+    checkChunk(chunk);
+    const pin = opts.pin === true;
+    if (this.#existing(ns, hash, pin)) return 'exists';
+    const block = this.#allocate(chunk.data.byteLength);
+    if (block === null) return 'dropped';
+    block.view.set(chunk.data);
+    this.#store(ns, hash, block, chunk.tokens, pin);
+    return 'stored';
+  }
+
+  /**
+   * Reserves arena room for a chunk that the caller writes in place (e.g. a gather from a KV
+   * cache), evicting like `put`. Never waits.
+   * @returns a reservation; `'exists'` when the key is already stored (nothing reserved, the
+   *   chunk is touched); or `'dropped'` (counted) when there is no room.
+   * @throws KvtierError `KVT_CLOSED` after close; `KVT_INVALID_ARGUMENT` on bad sizes.
+   */
+  reserve(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    bytes: number,
+    tokens: number,
+  ): ChunkReservation | 'exists' | 'dropped' {
+    this.#open(undefined, 'reserve');
+    requireInt('bytes', bytes, 0);
+    requireInt('tokens', tokens, 0);
+    if (this.#existing(ns, hash, false)) return 'exists';
+    const block = this.#allocate(bytes);
+    if (block === null) return 'dropped';
+    let settled = false;
+    const settle = (): HostArena | null => {
+      if (settled) throw new KvtierError('KVT_INTERNAL', 'chunk reservation already settled');
+      settled = true;
+      return this.#arena;
+    };
+    return {
+      view: block.view,
+      commit: (opts = {}) => {
+        const arena = settle();
+        if (arena === null) throw closedError(`backend ${this.name}`);
+        const pin = opts.pin === true;
+        if (this.#existing(ns, hash, pin)) {
+          arena.free(block);
+          return 'exists';
+        }
+        this.#store(ns, hash, block, tokens, pin);
+        return 'stored';
+      },
+      abort: () => {
+        settle()?.free(block);
+      },
+    };
+  }
+
+  async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
+    this.#open(undefined, 'remove');
+    let removed = 0;
+    for (const hash of hashes) {
+      const e = this.#lookup(ns, hash);
+      if (e === undefined) continue;
+      this.#drop(e);
+      removed++;
+    }
+    return removed;
+  }
+
+  pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
+    this.#open(undefined, 'pin');
+    let pinned = 0;
+    for (const hash of hashes) {
+      const e = this.#lookup(ns, hash);
+      if (e === undefined) continue;
+      this.#pinEntry(e);
+      pinned++;
+    }
+    return pinned;
+  }
+
+  unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
+    const arena = this.#open(undefined, 'unpin');
+    for (const hash of hashes) {
+      const group = this.#orphans.get(ns)?.get(hash);
+      const live = this.#lookup(ns, hash);
+      if (group !== undefined && group.pins > 0) group.pins--;
+      else if (live !== undefined && live.pins > 0) {
+        live.pins--;
+        if (live.pins === 0) {
+          this.#pinnedLive--;
+          this.#lruAdd(live);
+        }
+      } else continue;
+      if (group !== undefined && group.pins === 0 && (live === undefined || live.pins === 0)) {
+        for (const e of group.entries) arena.free(e.block);
+        this.#orphanChunks -= group.entries.length;
+        deleteIn(this.#orphans, ns, hash);
+      }
+    }
+  }
+
+  async clear(ns?: NamespaceId): Promise<void> {
+    this.#open(undefined, 'clear');
+    const spaces = ns === undefined ? [...this.#index.values()] : [this.#index.get(ns)];
+    for (const space of spaces) {
+      if (space === undefined) continue;
+      for (const e of [...space.values()]) this.#drop(e);
+    }
+  }
+
+  /** Counters; `bytesUsed` counts whole pages, including removed chunks awaiting their unpin. */
+  stats(): BackendStats {
+    const arena = this.#open(undefined, 'stats');
+    return {
+      chunks: this.#chunks,
+      bytesUsed: arena.usedBytes,
+      capacityBytes: arena.capacityBytes,
+      pinnedChunks: this.#pinnedLive + this.#orphanChunks,
+      evictions: this.#evictions,
+      droppedPuts: this.#droppedPuts,
+    };
+  }
+
+  health(): BackendHealth {
+    this.#open(undefined, 'health');
+    return 'up';
+  }
+
+  /** Drops the index and the arena; views already handed out stay readable (never reused). */
+  close(): Promise<void> {
+    this.#closing ??= Promise.resolve().then(() => {
+      this.#arena = null;
+      this.#index.clear();
+      this.#orphans.clear();
+      this.#lru.clear();
+    });
+    return this.#closing;
+  }
+
+  #open(signal: AbortSignal | undefined, op: string): HostArena {
+    if (this.#closing !== null || this.#arena === null) throw closedError(`backend ${this.name}`);
+    if (signal?.aborted === true) throw abortedError(signal, `${this.name} ${op}`);
+    return this.#arena;
+  }
+
+  #lookup(ns: NamespaceId, hash: ChunkHash): Entry | undefined {
+    return this.#index.get(ns)?.get(hash);
+  }
+
+  /** Handles a put or commit of a key already stored: pin or touch; true if it existed. */
+  #existing(ns: NamespaceId, hash: ChunkHash, pin: boolean): boolean {
+    const e = this.#lookup(ns, hash);
+    if (e === undefined) return false;
+    if (pin) this.#pinEntry(e);
+    else this.#touch(e);
+    return true;
+  }
+
+  #store(ns: NamespaceId, hash: ChunkHash, block: ArenaBlock, tokens: number, pin: boolean): void {
+    const e: Entry = { ns, hash, block, tokens, pins: 0 };
+    let space = this.#index.get(ns);
+    if (space === undefined) {
+      space = new Map();
+      this.#index.set(ns, space);
+    }
+    space.set(hash, e);
+    this.#chunks++;
+    if (pin) {
+      e.pins = 1;
+      this.#pinnedLive++;
+    } else this.#lruAdd(e);
+  }
+
+  /** Allocates, evicting unpinned chunks LRU-first; null (counted as a drop) if impossible. */
+  #allocate(bytes: number): ArenaBlock | null {
+    const arena = this.#arena!;
+    if (bytes > arena.maxBlockBytes) {
+      this.#droppedPuts++;
+      return null;
+    }
+    // Evicting cannot help when even all unpinned data would not make room.
+    if (arena.freeBytes + this.#evictableBytes < arena.pagesFor(bytes) * arena.pageBytes) {
+      this.#droppedPuts++;
+      return null;
+    }
+    for (;;) {
+      const block = arena.allocate(bytes);
+      if (block !== null) return block;
+      // pop() reports the victim to the dispose hook, which frees it.
+      if (this.#lru.pop() === undefined) {
+        this.#droppedPuts++;
+        return null;
+      }
+    }
+  }
+
+  /** Frees an entry the LRU gave up (on `pop`, or past its count bound). */
+  #evicted(e: Entry): void {
+    const arena = this.#arena!;
+    this.#evictableBytes -= e.block.pages * arena.pageBytes;
+    this.#unindex(e);
+    arena.free(e.block);
+    this.#evictions++;
+  }
+
+  /** Removes a live entry from the index; frees it now, or on its key's last unpin. */
+  #drop(e: Entry): void {
+    this.#unindex(e);
+    if (e.pins === 0) {
+      this.#lruRemove(e);
+      this.#arena!.free(e.block);
+      return;
+    }
+    this.#pinnedLive--;
+    let space = this.#orphans.get(e.ns);
+    if (space === undefined) {
+      space = new Map();
+      this.#orphans.set(e.ns, space);
+    }
+    let group = space.get(e.hash);
+    if (group === undefined) {
+      group = { entries: [], pins: 0 };
+      space.set(e.hash, group);
+    }
+    group.entries.push(e);
+    group.pins += e.pins;
+    e.pins = 0;
+    this.#orphanChunks++;
+  }
+
+  #unindex(e: Entry): void {
+    deleteIn(this.#index, e.ns, e.hash);
+    this.#chunks--;
+  }
+
+  #pinEntry(e: Entry): void {
+    if (e.pins === 0) {
+      this.#lruRemove(e);
+      this.#pinnedLive++;
+    }
+    e.pins++;
+  }
+
+  #touch(e: Entry): void {
+    if (e.pins === 0) this.#lru.get(e);
+  }
+
+  #lruAdd(e: Entry): void {
+    this.#lru.set(e, e);
+    this.#evictableBytes += e.block.pages * this.#arena!.pageBytes;
+  }
+
+  #lruRemove(e: Entry): void {
+    if (this.#lru.delete(e)) this.#evictableBytes -= e.block.pages * this.#arena!.pageBytes;
+  }
+}
+
+function deleteIn<V>(
+  outer: Map<NamespaceId, Map<ChunkHash, V>>,
+  ns: NamespaceId,
+  hash: ChunkHash,
+): void {
+  const inner = outer.get(ns);
+  if (inner === undefined) return;
+  inner.delete(hash);
+  if (inner.size === 0) outer.delete(ns);
+}
+
+/** @throws KvtierError `KVT_INVALID_ARGUMENT` if the chunk is malformed. */
+export function checkChunk(chunk: Chunk): void {
+  if (typeof chunk !== 'object' || chunk === null || !(chunk.data instanceof Uint8Array)) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `chunk must be { tokens, data: Uint8Array }, got ${describe(chunk)}`,
+    );
+  }
+  requireInt('chunk.tokens', chunk.tokens, 0);
+}
+
+/**
+ * Reads LocalCPU options from a plain config object (`capacityBytes`, `pageBytes`, `slabBytes`;
+ * nothing else).
+ * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
+ */
+export function localCpuOptionsFromConfig(
+  raw: Record<string, unknown>,
+  tier = 'local-cpu',
+): LocalCpuOptions {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `tier "${tier}": options must be an object, got ${describe(raw)}`,
+    );
+  }
+  for (const key of Object.keys(raw)) {
+    if (!OPTION_KEYS.includes(key)) {
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `tier "${tier}": unknown local-cpu option "${key}"; allowed: ${OPTION_KEYS.join(', ')}`,
+      );
+    }
+  }
+  const options = { ...raw } as unknown as LocalCpuOptions;
+  try {
+    resolveLocalCpuOptions(options);
+  } catch (err) {
+    const msg = err instanceof Error ? err.message : String(err);
+    throw new KvtierError('KVT_CONFIG', `tier "${tier}": ${msg}`, { cause: err });
+  }
+  return options;
+}
+
+/** Builds a {@link LocalCpuBackend} from config options. @throws `KVT_CONFIG` on bad options. */
+export const createLocalCpuBackend: BackendFactory = async (options, ctx) =>
+  new LocalCpuBackend(localCpuOptionsFromConfig(options, ctx.name), ctx);
