@@ -1,0 +1,486 @@
+import type { Chunk, ChunkHash, NamespaceId, PutOutcome, StorageBackend } from '../backends/types.ts';
+import { abortedError, closedError, KvtierError } from '../errors.ts';
+import { EventManager } from '../event-manager/event-manager.ts';
+import type { KvtierMetrics } from '../metrics/metrics.ts';
+import { AsyncSerializer } from '../serializer/async-serializer.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { requireInt } from '../util/validate.ts';
+import { LazyAbort } from './lazy-abort.ts';
+import { PinLedger } from './pin-ledger.ts';
+import { type WriteThroughOptions, WriteThroughQueue } from './write-through.ts';
+
+export interface StorageManagerOptions {
+  /** Tiers, fastest first. The first must keep chunks in host memory (the CPU tier). */
+  tiers: readonly StorageBackend[];
+  /** Chunks that admitted prefetches may bring into host memory at once; default 1024. */
+  prefetchBudgetChunks?: number;
+  /** Lifetime of an answered lookup's pins when nobody consumes or cancels it; default 60 000 ms. */
+  pinTtlMs?: number;
+  /** Most lookups tracked at once (ongoing plus answered and pinned); default 4096. */
+  maxLookups?: number;
+  writeThrough?: WriteThroughOptions;
+  metrics?: KvtierMetrics;
+  log?: Logger;
+  /** Clock for pin expiry (ms); default Date.now. */
+  now?: () => number;
+  /** How often expired pins are swept, ms; 0 disables the timer (call `sweep()`); default 1000. */
+  sweepIntervalMs?: number;
+  /**
+   * First epoch. Default: seconds since 2024-01-01 UTC, so a restarted sidecar starts above the
+   * epochs its clients saw before (they drop answers older than the highest epoch they know).
+   */
+  initialEpoch?: number;
+}
+
+/** One lookup as the storage manager sees it. */
+export interface LookupInput {
+  lookupId: string;
+  /** A chunk counts only when every namespace has it (one per rank hosted here). */
+  namespaces: readonly NamespaceId[];
+  hashes: readonly ChunkHash[];
+  /** Tokens per chunk, one per hash. */
+  tokenCounts: ArrayLike<number>;
+  /** Keep the ready chunks pinned until cancel, `takeLookup` or the pin TTL; default true. */
+  pin?: boolean;
+  /** Bring lower-tier hits into host memory; default true. Without it only CPU hits count. */
+  prefetch?: boolean;
+}
+
+export interface TierTokens {
+  tier: string;
+  tokens: number;
+}
+
+export interface LookupOutcome {
+  status: 'ok' | 'canceled' | 'stale';
+  /** Epoch the answer belongs to. */
+  epoch: number;
+  /** Tokens ready in host memory, counted from the first chunk. */
+  hitTokens: number;
+  hitChunks: number;
+  /** Where the ready tokens were found (first namespace), in tier order. */
+  tiers: TierTokens[];
+}
+
+/** An answered lookup whose ready chunks are pinned in the CPU tier. */
+export interface PinnedLookup extends LookupOutcome {
+  lookupId: string;
+  namespaces: readonly NamespaceId[];
+  /** Hashes of the ready prefix (hitChunks of them). */
+  hashes: readonly ChunkHash[];
+  /** Internal record of the pins; released through `releaseLookup`. */
+  readonly ledger: PinLedger;
+}
+
+interface Segment {
+  tierIndex: number;
+  start: number;
+  end: number;
+}
+
+const DEFAULTS = { prefetchBudgetChunks: 1024, pinTtlMs: 60_000, maxLookups: 4096, sweepIntervalMs: 1000 };
+
+/**
+ * Runs lookups over the tiers (design decision 3), prefetches lower-tier hits into the CPU tier
+ * under the serializer, tracks each lookup in the event manager, and writes puts through to the
+ * lower tiers. It owns the tiers it is given and closes them.
+ */
+export class StorageManager {
+  readonly tiers: readonly StorageBackend[];
+  readonly cpu: StorageBackend;
+  readonly serializer: AsyncSerializer;
+  readonly events: EventManager<PinnedLookup>;
+  readonly writeQueue: WriteThroughQueue;
+  readonly #lower: readonly StorageBackend[];
+  readonly #metrics: KvtierMetrics | undefined;
+  readonly #log: Logger;
+  #epoch: number;
+  #closing: Promise<void> | undefined;
+
+  /** @throws KvtierError KVT_CONFIG when the tier list is empty or the first tier is not host memory. */
+  constructor(opts: StorageManagerOptions) {
+    if (!Array.isArray(opts.tiers) || opts.tiers.length === 0) {
+      throw new KvtierError('KVT_CONFIG', 'storage needs at least one tier');
+    }
+    const first = opts.tiers[0]!;
+    if (!first.capabilities.hostMemory) {
+      throw new KvtierError('KVT_CONFIG', `the first tier must keep chunks in host memory (e.g. local-cpu), got "${first.name}" (${first.kind})`);
+    }
+    const names = new Set<string>();
+    for (const t of opts.tiers) {
+      if (names.has(t.name)) throw new KvtierError('KVT_CONFIG', `tier names must be unique, "${t.name}" appears twice`);
+      names.add(t.name);
+    }
+    this.tiers = [...opts.tiers];
+    this.cpu = first;
+    this.#lower = this.tiers.slice(1);
+    this.#metrics = opts.metrics;
+    this.#log = opts.log ?? silentLogger;
+    this.#epoch = requireInt('initialEpoch', opts.initialEpoch ?? defaultInitialEpoch(), 0, 2 ** 32 - 2);
+    this.serializer = new AsyncSerializer({
+      capacityChunks: requireInt('prefetchBudgetChunks', opts.prefetchBudgetChunks ?? DEFAULTS.prefetchBudgetChunks, 1),
+    });
+    this.events = new EventManager<PinnedLookup>({
+      maxEntries: requireInt('maxLookups', opts.maxLookups ?? DEFAULTS.maxLookups, 1),
+      ttlMs: requireInt('pinTtlMs', opts.pinTtlMs ?? DEFAULTS.pinTtlMs, 1),
+      sweepIntervalMs: opts.sweepIntervalMs ?? DEFAULTS.sweepIntervalMs,
+      ...(opts.now !== undefined ? { now: opts.now } : {}),
+    });
+    const metrics = this.#metrics;
+    this.writeQueue = new WriteThroughQueue({
+      ...opts.writeThrough,
+      onDrop: (tier, reason) => metrics?.writeThroughDropped.inc({ tier, reason }),
+    });
+  }
+
+  /** Bumped by every clear; answers computed across a clear are reported stale. */
+  get epoch(): number {
+    return this.#epoch;
+  }
+
+  /**
+   * Looks up a prompt's chunks across the tiers, pins the hits and prefetches lower-tier hits
+   * into host memory. Resolves when the answer (tokens ready in host memory) is known; a lookup
+   * id already in use is cancelled first. Never rejects for backend faults (a failing tier is a
+   * miss); rejects with KVT_CAPACITY when too many lookups are tracked, KVT_CLOSED after close,
+   * KVT_INVALID_ARGUMENT for inconsistent input.
+   */
+  async lookup(input: LookupInput, opts: { signal?: AbortSignal } = {}): Promise<LookupOutcome> {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    if (input.hashes.length !== input.tokenCounts.length) {
+      throw new KvtierError('KVT_INVALID_ARGUMENT', `lookup has ${input.hashes.length} hashes but ${input.tokenCounts.length} token counts`);
+    }
+    if (input.namespaces.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs at least one namespace');
+    const started = performance.now();
+    if (this.events.state(input.lookupId) !== 'not_found') this.events.cancel(input.lookupId);
+
+    const ac = new LazyAbort();
+    const outer = opts.signal;
+    const onAbort = () => ac.abort(outer?.reason);
+    if (outer !== undefined) {
+      if (outer.aborted) onAbort();
+      else outer.addEventListener('abort', onAbort, { once: true });
+    }
+    let settle!: { resolve: (p: PinnedLookup) => void; reject: (e: unknown) => void };
+    const work = new Promise<PinnedLookup>((resolve, reject) => {
+      settle = { resolve, reject };
+    });
+    // Registered before any pin is taken, so a full event manager refuses the lookup cleanly.
+    this.events.add(input.lookupId, work, { abort: () => ac.abort(), dispose: (p) => p.ledger.releaseAll() });
+    work.catch(() => {});
+    try {
+      const pinned = await this.#run(input, ac);
+      if (ac.aborted) {
+        pinned.ledger.releaseAll();
+        throw abortedError(ac.signal, 'lookup');
+      }
+      settle.resolve(pinned);
+      // Lets the event manager record the result before it is taken back.
+      await work;
+      if ((pinned.status !== 'ok' || input.pin === false) && this.events.result(input.lookupId) === pinned) {
+        this.events.take(input.lookupId);
+        pinned.ledger.releaseAll();
+      }
+      this.#record(input, pinned, started);
+      return outcomeOf(pinned);
+    } catch (err) {
+      settle.reject(err);
+      if (ac.aborted) {
+        this.#metrics?.lookups.inc({ result: 'canceled' });
+        return { status: 'canceled', epoch: this.#epoch, hitTokens: 0, hitChunks: 0, tiers: [] };
+      }
+      this.#metrics?.lookups.inc({ result: 'error' });
+      throw err;
+    } finally {
+      outer?.removeEventListener('abort', onAbort);
+    }
+  }
+
+  /** Cancels a lookup: aborts its prefetch or releases its pins. Returns whether it was known. */
+  cancel(lookupId: string): boolean {
+    return this.events.cancel(lookupId);
+  }
+
+  /**
+   * Takes an answered lookup with its pins; the caller must call `releaseLookup` when done
+   * reading the chunks. Returns undefined when the lookup is unknown, still running or expired.
+   */
+  takeLookup(lookupId: string): PinnedLookup | undefined {
+    return this.events.take(lookupId);
+  }
+
+  /** Releases the pins of a lookup obtained from `takeLookup`. */
+  releaseLookup(p: PinnedLookup): void {
+    p.ledger.releaseAll();
+  }
+
+  /** Expires lookups past the pin TTL; returns how many. */
+  sweep(): number {
+    const n = this.events.sweep();
+    if (n > 0) this.#metrics?.pinsExpired.inc(n);
+    return n;
+  }
+
+  async #run(input: LookupInput, signal: LazyAbort): Promise<PinnedLookup> {
+    const epoch = this.#epoch;
+    const ledger = new PinLedger();
+    try {
+      const n = input.hashes.length;
+      const tierCount = input.prefetch === false ? 1 : this.tiers.length;
+      const segmentsByNs: Segment[][] = [];
+      let ready = n;
+      for (const ns of input.namespaces) {
+        const segments = await this.#probe(ns, input.hashes, tierCount, ledger, signal);
+        segmentsByNs.push(segments);
+        ready = Math.min(ready, segments.length === 0 ? 0 : segments[segments.length - 1]!.end);
+      }
+      ready = this.#fitBudget(segmentsByNs, ready);
+      ledger.releaseFrom(ready);
+      if (signal.aborted) throw abortedError(signal.signal, 'lookup');
+      ready = await this.#prefetch(input, segmentsByNs, ready, ledger, signal);
+      ledger.releaseAllBut(this.cpu);
+      ledger.releaseFrom(ready);
+      const status = this.#epoch !== epoch ? 'stale' : 'ok';
+      if (status === 'stale') ready = 0;
+      let hitTokens = 0;
+      for (let i = 0; i < ready; i++) hitTokens += input.tokenCounts[i]!;
+      const tiers = this.#breakdown(segmentsByNs[0] ?? [], ready, input.tokenCounts);
+      return {
+        status,
+        epoch: this.#epoch,
+        hitTokens,
+        hitChunks: ready,
+        tiers,
+        lookupId: input.lookupId,
+        namespaces: input.namespaces,
+        hashes: input.hashes.slice(0, ready),
+        ledger,
+      };
+    } catch (err) {
+      ledger.releaseAll();
+      throw err;
+    }
+  }
+
+  /** Walks the tiers for one namespace: contiguous hits per tier, each tier continuing where the last stopped. */
+  async #probe(ns: NamespaceId, hashes: readonly ChunkHash[], tierCount: number, ledger: PinLedger, signal: LazyAbort): Promise<Segment[]> {
+    const segments: Segment[] = [];
+    let pos = 0;
+    for (let ti = 0; ti < tierCount && pos < hashes.length; ti++) {
+      const tier = this.tiers[ti]!;
+      if (tier.health() === 'down') continue;
+      const rest = pos === 0 ? hashes : hashes.slice(pos);
+      let k = 0;
+      try {
+        // Host memory answers at once; only slower tiers get a signal to abort on.
+        k = await tier.batchedContains(ns, rest, ti === 0 ? { pin: true } : { pin: true, signal: signal.signal });
+      } catch (err) {
+        if (signal.aborted) throw abortedError(signal.signal, 'lookup');
+        this.#log.warn('tier contains failed; treated as a miss', { tier: tier.name, err });
+        continue;
+      }
+      k = Math.max(0, Math.min(k, rest.length));
+      if (k === 0) continue;
+      ledger.add(tier, ns, pos, rest.slice(0, k) as ChunkHash[]);
+      segments.push({ tierIndex: ti, start: pos, end: pos + k });
+      pos += k;
+    }
+    return segments;
+  }
+
+  /** Shortens `ready` so that the chunks to prefetch fit in the serializer's whole budget. */
+  #fitBudget(segmentsByNs: Segment[][], ready: number): number {
+    const budget = this.serializer.capacity;
+    let lower = 0;
+    for (const segs of segmentsByNs) for (const s of segs) if (s.tierIndex > 0) lower += Math.max(0, Math.min(s.end, ready) - s.start);
+    if (lower <= budget) return ready;
+    let used = 0;
+    for (let pos = 0; pos < ready; pos++) {
+      for (const segs of segmentsByNs) {
+        const s = segs.find((x) => x.start <= pos && pos < x.end);
+        if (s !== undefined && s.tierIndex > 0) used++;
+      }
+      if (used > budget) return pos;
+    }
+    return ready;
+  }
+
+  /**
+   * Brings the lower-tier parts of [0, ready) into the CPU tier, pinned. Returns the new ready
+   * count: the first chunk a tier did not deliver (or the CPU tier could not take) ends it.
+   */
+  async #prefetch(input: LookupInput, segmentsByNs: Segment[][], ready: number, ledger: PinLedger, abort: LazyAbort): Promise<number> {
+    const jobs: { ns: NamespaceId; seg: Segment }[] = [];
+    let weight = 0;
+    input.namespaces.forEach((ns, i) => {
+      for (const seg of segmentsByNs[i]!) {
+        const end = Math.min(seg.end, ready);
+        if (seg.tierIndex > 0 && end > seg.start) {
+          jobs.push({ ns, seg: { ...seg, end } });
+          weight += end - seg.start;
+        }
+      }
+    });
+    if (weight === 0) return ready;
+    const started = performance.now();
+    const limit = await this.serializer.run(
+      weight,
+      async (sig) => {
+        const fetched = await Promise.all(
+          jobs.map(async ({ ns, seg }) => {
+            const tier = this.tiers[seg.tierIndex]!;
+            try {
+              return await tier.batchedGet(ns, input.hashes.slice(seg.start, seg.end), { signal: sig });
+            } catch (err) {
+              if (sig.aborted) throw abortedError(sig, 'prefetch');
+              this.#log.warn('tier get failed during prefetch; treated as a miss', { tier: tier.name, err });
+              return new Map<ChunkHash, Chunk | null>();
+            }
+          }),
+        );
+        let newReady = ready;
+        for (let j = 0; j < jobs.length; j++) {
+          const { ns, seg } = jobs[j]!;
+          const map = fetched[j]!;
+          const stored: ChunkHash[] = [];
+          let pos = seg.start;
+          for (; pos < seg.end && pos < newReady; pos++) {
+            const hash = input.hashes[pos]!;
+            const chunk = map.get(hash);
+            // Results are keyed by hash; a missing or mismatched chunk ends the ready prefix.
+            if (chunk == null || chunk.tokens !== input.tokenCounts[pos]) break;
+            const outcome = await this.cpu.put(ns, hash, chunk, { pin: true });
+            if (outcome === 'dropped') break;
+            stored.push(hash);
+          }
+          ledger.add(this.cpu, ns, seg.start, stored);
+          if (stored.length > 0) this.#metrics?.prefetchChunks.inc({ tier: this.tiers[seg.tierIndex]!.name }, stored.length);
+          if (pos < seg.end) newReady = Math.min(newReady, pos);
+        }
+        return newReady;
+      },
+      { signal: abort.signal },
+    );
+    this.#metrics?.prefetchDuration.observe((performance.now() - started) / 1000);
+    return limit;
+  }
+
+  #breakdown(segments: readonly Segment[], ready: number, tokenCounts: ArrayLike<number>): TierTokens[] {
+    const out: TierTokens[] = [];
+    for (const s of segments) {
+      let tokens = 0;
+      for (let i = s.start; i < Math.min(s.end, ready); i++) tokens += tokenCounts[i]!;
+      if (tokens > 0) out.push({ tier: this.tiers[s.tierIndex]!.name, tokens });
+    }
+    return out;
+  }
+
+  #record(input: LookupInput, p: PinnedLookup, started: number): void {
+    const m = this.#metrics;
+    if (m === undefined) return;
+    let requested = 0;
+    for (let i = 0; i < input.tokenCounts.length; i++) requested += input.tokenCounts[i]!;
+    m.lookupRequestedTokens.inc(requested);
+    for (const t of p.tiers) m.lookupHitTokens.inc({ tier: t.tier }, t.tokens);
+    const result = p.status === 'stale' ? 'stale' : p.hitChunks === 0 ? 'miss' : p.hitChunks === input.hashes.length ? 'hit' : 'partial';
+    m.lookups.inc({ result });
+    m.lookupDuration.observe((performance.now() - started) / 1000);
+  }
+
+  /**
+   * Stores a chunk in the CPU tier and queues it for the lower tiers. Never waits for room:
+   * returns 'dropped' when no tier will get the chunk. The chunk's bytes must not change until
+   * the write-through has run (the manager keeps a reference when the CPU tier could not take them).
+   */
+  async put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<PutOutcome> {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    const pinForWrite = this.#lower.length > 0;
+    const outcome = await this.cpu.put(ns, hash, chunk, { pin: pinForWrite });
+    if (!pinForWrite) return outcome;
+    const inCpu = outcome !== 'dropped';
+    const queued = this.writeQueue.enqueue({
+      ns,
+      hash,
+      chunk,
+      targets: this.#lower,
+      done: () => {
+        if (inCpu) this.cpu.unpin(ns, [hash]);
+      },
+    });
+    if (!queued) {
+      if (inCpu) this.cpu.unpin(ns, [hash]);
+      for (const t of this.#lower) this.#metrics?.writeThroughDropped.inc({ tier: t.name, reason: 'queue_full' });
+    }
+    return inCpu ? outcome : queued ? 'stored' : 'dropped';
+  }
+
+  /** Reads one chunk from the first tier that has it; returns a copy of its bytes, or null. */
+  async get(ns: NamespaceId, hash: ChunkHash): Promise<Chunk | null> {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    for (const tier of this.tiers) {
+      if (tier.health() === 'down') continue;
+      const pinned = tier.capabilities.pinning && tier.pin(ns, [hash]) === 1;
+      try {
+        const chunk = (await tier.batchedGet(ns, [hash])).get(hash);
+        if (chunk != null) return { tokens: chunk.tokens, data: Buffer.from(chunk.data) };
+      } catch (err) {
+        this.#log.warn('tier get failed; trying the next tier', { tier: tier.name, err });
+      } finally {
+        if (pinned) tier.unpin(ns, [hash]);
+      }
+    }
+    return null;
+  }
+
+  /**
+   * Drops the chunks of `namespaces` (all when empty) from every tier and bumps the epoch, so
+   * lookups that were running are answered stale. Returns the new epoch.
+   */
+  async clear(namespaces: readonly NamespaceId[] = []): Promise<number> {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    this.#epoch = (this.#epoch + 1) >>> 0;
+    await Promise.all(
+      this.tiers.map(async (tier) => {
+        try {
+          if (namespaces.length === 0) await tier.clear();
+          else for (const ns of namespaces) await tier.clear(ns);
+        } catch (err) {
+          this.#log.warn('tier clear failed', { tier: tier.name, err });
+        }
+      }),
+    );
+    return this.#epoch;
+  }
+
+  /** A JSON-friendly snapshot for the STATS request and `kvtier stats`. */
+  stats(): Record<string, unknown> {
+    return {
+      epoch: this.#epoch,
+      tiers: this.tiers.map((t) => ({ name: t.name, kind: t.kind, health: t.health(), ...t.stats() })),
+      lookups: { ...this.events.sizes(), expiredTotal: this.events.expiredTotal },
+      serializer: { capacityChunks: this.serializer.capacity, inUseChunks: this.serializer.inUse, waiters: this.serializer.waiters },
+      writeThrough: { depth: this.writeQueue.depth, bytes: this.writeQueue.bytes },
+    };
+  }
+
+  /** Cancels lookups (releasing pins), flushes the write-through queue and closes every tier. Idempotent. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      this.events.close();
+      this.serializer.close();
+      await this.writeQueue.close();
+      await Promise.all(this.tiers.map((t) => t.close().catch(() => {})));
+    })();
+    return this.#closing;
+  }
+}
+
+const EPOCH_BASE_MS = Date.UTC(2024, 0, 1);
+
+function defaultInitialEpoch(): number {
+  return Math.max(0, Math.floor((Date.now() - EPOCH_BASE_MS) / 1000));
+}
+
+function outcomeOf(p: PinnedLookup): LookupOutcome {
+  return { status: p.status, epoch: p.epoch, hitTokens: p.hitTokens, hitChunks: p.hitChunks, tiers: p.tiers };
+}
