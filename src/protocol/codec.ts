@@ -25,6 +25,7 @@ import {
 } from './messages.ts';
 
 const NS_RE = /^[0-9a-f]{32}$/;
+const UTF8 = new TextDecoder('utf-8', { fatal: true });
 const HASH_HEX_RE = /^[0-9a-f]{64}$/;
 
 /** Header fields readable from any message of at least 8 bytes. */
@@ -74,7 +75,10 @@ class Writer {
     this.buf[this.off++] = v;
   }
   u32(v: number): void {
-    this.buf.writeUInt32LE(v >>> 0, this.off);
+    if (!(v >= 0 && v <= 0xffffffff && Number.isInteger(v))) {
+      throw new KvtierError('KVT_INTERNAL', `value ${v} does not fit the u32 field at offset ${this.off}`);
+    }
+    this.buf.writeUInt32LE(v, this.off);
     this.off += 4;
   }
   str(s: string): void {
@@ -98,6 +102,11 @@ class Writer {
 
 const strSize = (s: string) => 2 + Buffer.byteLength(s, 'utf8');
 
+function checkLookupId(s: string): void {
+  if (s.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookupId must not be empty');
+  checkStr('lookupId', s, WIRE_LIMITS.maxLookupIdBytes);
+}
+
 function checkStr(name: string, s: string, max: number): void {
   if (Buffer.byteLength(s, 'utf8') > max) {
     throw new KvtierError('KVT_TOO_LARGE', `${name} is longer than ${max} bytes`);
@@ -116,7 +125,7 @@ function checkHashHex(h: string): void {
 export function encodeRequest(req: Request): Buffer {
   switch (req.type) {
     case 'lookup': {
-      checkStr('lookupId', req.lookupId, WIRE_LIMITS.maxLookupIdBytes);
+      checkLookupId(req.lookupId);
       const n = req.tokenCounts.length;
       if (req.hashes.length !== n * HASH_BYTES) {
         throw new KvtierError('KVT_INVALID_ARGUMENT', `lookup has ${req.hashes.length} hash bytes for ${n} token counts (need ${n * HASH_BYTES})`);
@@ -143,7 +152,7 @@ export function encodeRequest(req: Request): Buffer {
       return w.done();
     }
     case 'cancel': {
-      checkStr('lookupId', req.lookupId, WIRE_LIMITS.maxLookupIdBytes);
+      checkLookupId(req.lookupId);
       const w = new Writer(HEADER_BYTES + strSize(req.lookupId), MessageType.Cancel, req.requestId);
       w.str(req.lookupId);
       return w.done();
@@ -280,7 +289,13 @@ class Reader {
     if (n > max) throw new KvtierError('KVT_TOO_LARGE', `${what} is ${n} bytes, the limit is ${max}`);
     this.off += 2;
     this.need(n, what);
-    const s = this.buf.toString('utf8', this.off, this.off + n);
+    let s: string;
+    try {
+      s = UTF8.decode(this.buf.subarray(this.off, this.off + n));
+    } catch {
+      // Replacing bad bytes would make distinct ids collide.
+      throw new KvtierError('KVT_PROTOCOL', `${what} at offset ${this.off} is not valid UTF-8`);
+    }
     this.off += n;
     return s;
   }
@@ -347,6 +362,7 @@ export function decodeRequest(buf: Uint8Array, limits: ProtocolLimits = DEFAULT_
     }
     case MessageType.Cancel: {
       const lookupId = r.str('lookupId', WIRE_LIMITS.maxLookupIdBytes);
+      if (lookupId.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookupId must not be empty');
       r.end('cancel');
       return { type: 'cancel', requestId, lookupId };
     }
@@ -414,7 +430,7 @@ function parseLookupConfig(text: string): LookupConfig {
 const STATUS_NAME: Record<number, LookupStatusName> = { [LookupStatus.Ok]: 'ok', [LookupStatus.Canceled]: 'canceled', [LookupStatus.Stale]: 'stale' };
 const OUTCOME_NAME = ['stored', 'exists', 'dropped'] as const;
 
-/** Decodes a reply (client side). Throws KVT_PROTOCOL on anything malformed. */
+/** Decodes a reply (client side). Throws KVT_PROTOCOL (malformed) or KVT_TOO_LARGE (over a wire limit). */
 export function decodeReply(buf: Uint8Array): Reply {
   const { type, requestId } = decodeHeader(buf);
   const r = new Reader(buf);
@@ -475,6 +491,7 @@ export function decodeReply(buf: Uint8Array): Reply {
     case MessageType.Error: {
       const rawCode = r.str('error code', 64);
       const message = r.str('error message', 0xffff);
+      r.end('error reply');
       const code = (KVTIER_ERROR_CODES as readonly string[]).includes(rawCode) ? (rawCode as KvtierErrorCode) : 'KVT_INTERNAL';
       return { type: 'error', requestId, code, message };
     }
