@@ -1,0 +1,312 @@
+import * as zmq from 'zeromq';
+import { abortedError, closedError, KvtierError } from '../errors.ts';
+import { decodeReply, encodeRequest } from '../protocol/codec.ts';
+import { HASH_BYTES, type LookupConfig, type Reply, type Request, type TierTokens } from '../protocol/messages.ts';
+import { SocketSendQueue } from '../protocol/send-queue.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { requireInt, requireString } from '../util/validate.ts';
+
+export interface LookupClientOptions {
+  /** Server endpoint, e.g. 'tcp://127.0.0.1:5555'. */
+  endpoint: string;
+  /** Namespaces used when a call names none (one per rank the server hosts). */
+  namespaces?: readonly string[];
+  /** Deadline of a lookup, ms; past it the answer is 0 (recompute) and the server work is cancelled. Default 2000. */
+  lookupTimeoutMs?: number;
+  /** Deadline of every other request, ms; default 10 000. */
+  requestTimeoutMs?: number;
+  /** Clock (ms) the non-blocking `lookup()` checks deadlines against; default Date.now. */
+  now?: () => number;
+  log?: Logger;
+}
+
+/** Packed hashes (32 bytes each) or one 32-byte array per chunk. */
+export type HashesInput = Uint8Array | readonly Uint8Array[];
+
+export interface LookupCallOptions {
+  namespaces?: readonly string[];
+  config?: LookupConfig;
+}
+
+/** A lookup answer as the server gave it. */
+export interface LookupAnswer {
+  status: 'ok' | 'canceled' | 'stale' | 'timeout';
+  hitTokens: number;
+  hitChunks: number;
+  epoch: number;
+  tiers: TierTokens[];
+}
+
+interface PendingRequest {
+  resolve: (r: Reply) => void;
+  reject: (e: unknown) => void;
+}
+
+interface PendingLookup {
+  deadline: number;
+  answer: number | undefined;
+}
+
+const DEFAULTS = { lookupTimeoutMs: 2000, requestTimeoutMs: 10_000 };
+
+/**
+ * Scheduler-side client of one lookup server. `lookup()` never blocks or sleeps: it returns
+ * `null` while the answer is pending ("ask again next step") and the number once it is known,
+ * or 0 once the deadline has passed. It survives server restarts: the DEALER socket reconnects,
+ * and requests lost with the old server run into their deadline.
+ */
+export class LookupClient {
+  readonly #socket: zmq.Dealer;
+  readonly #sendQueue: SocketSendQueue;
+  readonly #pending = new Map<number, PendingRequest>();
+  readonly #lookups = new Map<string, PendingLookup>();
+  readonly #namespaces: readonly string[];
+  readonly #lookupTimeoutMs: number;
+  readonly #requestTimeoutMs: number;
+  readonly #now: () => number;
+  readonly #log: Logger;
+  #nextId = 1;
+  #maxEpoch = 0;
+  #closed = false;
+  readonly #loop: Promise<void>;
+
+  /** Connects at once (ZMQ connects in the background and reconnects on its own). */
+  constructor(opts: LookupClientOptions) {
+    const endpoint = requireString('endpoint', opts.endpoint, { nonEmpty: true });
+    this.#namespaces = [...(opts.namespaces ?? [])];
+    this.#lookupTimeoutMs = requireInt('lookupTimeoutMs', opts.lookupTimeoutMs ?? DEFAULTS.lookupTimeoutMs, 1);
+    this.#requestTimeoutMs = requireInt('requestTimeoutMs', opts.requestTimeoutMs ?? DEFAULTS.requestTimeoutMs, 1);
+    this.#now = opts.now ?? Date.now;
+    this.#log = opts.log ?? silentLogger;
+    this.#socket = new zmq.Dealer({ linger: 0, reconnectInterval: 100, reconnectMaxInterval: 1000, sendHighWaterMark: 100_000, receiveHighWaterMark: 100_000 });
+    this.#socket.connect(endpoint);
+    this.#sendQueue = new SocketSendQueue(this.#socket, { log: this.#log });
+    this.#loop = this.#receiveLoop();
+  }
+
+  /** Highest epoch seen in any reply; answers from an older epoch are stale. */
+  get epoch(): number {
+    return this.#maxEpoch;
+  }
+
+  /** Requests waiting for a reply. */
+  get pendingRequests(): number {
+    return this.#pending.size;
+  }
+
+  /**
+   * Non-blocking lookup. First call for `lookupId` sends the request and returns null; later
+   * calls return null until the answer arrives, then the hit tokens (once; the next call starts a
+   * new lookup). Past the deadline it returns 0 and cancels the server-side work.
+   */
+  lookup(lookupId: string, hashes: HashesInput, tokenCounts: ArrayLike<number>, opts: LookupCallOptions = {}): number | null {
+    if (this.#closed) return 0;
+    const state = this.#lookups.get(lookupId);
+    if (state === undefined) {
+      const entry: PendingLookup = { deadline: this.#now() + this.#lookupTimeoutMs, answer: undefined };
+      this.#lookups.set(lookupId, entry);
+      // The request's own timer is only a backstop; the deadline above is what lookup() enforces.
+      this.lookupAsync(lookupId, hashes, tokenCounts, { ...opts, timeoutMs: this.#lookupTimeoutMs * 2 + 1000 }).then(
+        (a) => {
+          entry.answer = a.status === 'ok' ? a.hitTokens : 0;
+        },
+        () => {
+          entry.answer = 0;
+        },
+      );
+      return null;
+    }
+    if (state.answer !== undefined) {
+      this.#lookups.delete(lookupId);
+      return state.answer;
+    }
+    if (this.#now() >= state.deadline) {
+      this.#lookups.delete(lookupId);
+      this.#abandon(lookupId);
+      return 0;
+    }
+    return null;
+  }
+
+  /** Forgets a non-blocking lookup (e.g. the request was aborted) and cancels it on the server. */
+  forget(lookupId: string): void {
+    if (this.#lookups.delete(lookupId)) this.#abandon(lookupId);
+  }
+
+  /**
+   * Promise variant: resolves with the server's answer, or `{ status: 'timeout', hitTokens: 0 }`
+   * past the deadline (the server-side work is then cancelled). Rejects only on bad arguments,
+   * an error reply, or after close (KVT_CLOSED).
+   */
+  async lookupAsync(
+    lookupId: string,
+    hashes: HashesInput,
+    tokenCounts: ArrayLike<number>,
+    opts: LookupCallOptions & { signal?: AbortSignal; timeoutMs?: number } = {},
+  ): Promise<LookupAnswer> {
+    const packed = packHashes(hashes);
+    const counts = Uint32Array.from(tokenCounts as ArrayLike<number>);
+    const namespaces = [...(opts.namespaces ?? this.#namespaces)];
+    if (namespaces.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs a namespace: pass namespaces in the client options or the call');
+    try {
+      const rep = await this.#request(
+        { type: 'lookup', requestId: 0, lookupId, namespaces, hashes: packed, tokenCounts: counts, config: opts.config ?? {} },
+        { signal: opts.signal, timeoutMs: opts.timeoutMs ?? this.#lookupTimeoutMs },
+      );
+      if (rep.type !== 'lookup-result') throw unexpected(rep);
+      const stale = rep.status === 'stale' || rep.epoch < this.#maxEpoch;
+      return {
+        status: stale ? 'stale' : rep.status,
+        hitTokens: stale || rep.status !== 'ok' ? 0 : rep.hitTokens,
+        hitChunks: stale || rep.status !== 'ok' ? 0 : rep.hitChunks,
+        epoch: rep.epoch,
+        tiers: rep.tiers,
+      };
+    } catch (err) {
+      if (err instanceof KvtierError && err.code === 'KVT_TIMEOUT') {
+        this.#abandon(lookupId);
+        return { status: 'timeout', hitTokens: 0, hitChunks: 0, epoch: this.#maxEpoch, tiers: [] };
+      }
+      throw err;
+    }
+  }
+
+  /** Releases the server's pins for a lookup (cleanup) or stops its prefetch. Resolves whether the server knew it. */
+  async cancel(lookupId: string, opts: { signal?: AbortSignal } = {}): Promise<boolean> {
+    this.#lookups.delete(lookupId);
+    const rep = await this.#request({ type: 'cancel', requestId: 0, lookupId }, opts);
+    if (rep.type !== 'cancel-result') throw unexpected(rep);
+    return rep.found;
+  }
+
+  /** Clears the namespaces (all when empty) on the server; resolves the new epoch. */
+  async clear(namespaces: readonly string[] = [], opts: { signal?: AbortSignal } = {}): Promise<number> {
+    const rep = await this.#request({ type: 'clear', requestId: 0, namespaces: [...namespaces] }, opts);
+    if (rep.type !== 'clear-result') throw unexpected(rep);
+    return rep.epoch;
+  }
+
+  /** Health check; resolves the server's info (protocol version, epoch, tiers, limits). */
+  async ping(opts: { signal?: AbortSignal; timeoutMs?: number } = {}): Promise<Record<string, unknown>> {
+    const rep = await this.#request({ type: 'ping', requestId: 0 }, opts);
+    if (rep.type !== 'pong') throw unexpected(rep);
+    return rep.info;
+  }
+
+  async stats(opts: { signal?: AbortSignal } = {}): Promise<Record<string, unknown>> {
+    const rep = await this.#request({ type: 'stats', requestId: 0 }, opts);
+    if (rep.type !== 'stats-result') throw unexpected(rep);
+    return rep.stats;
+  }
+
+  /** Stores one chunk's bytes on the server. */
+  async put(namespace: string, hash: string, tokens: number, payload: Uint8Array, opts: { signal?: AbortSignal } = {}): Promise<'stored' | 'exists' | 'dropped'> {
+    const data = Buffer.isBuffer(payload) ? payload : Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength);
+    const rep = await this.#request({ type: 'put', requestId: 0, namespace, hash, tokens, payload: data }, opts);
+    if (rep.type !== 'put-result') throw unexpected(rep);
+    return rep.outcome;
+  }
+
+  /** Reads one chunk's bytes from the server; null when no tier has it. */
+  async get(namespace: string, hash: string, opts: { signal?: AbortSignal } = {}): Promise<{ tokens: number; payload: Buffer } | null> {
+    const rep = await this.#request({ type: 'get', requestId: 0, namespace, hash }, opts);
+    if (rep.type !== 'get-result') throw unexpected(rep);
+    return rep.found ? { tokens: rep.tokens, payload: rep.payload } : null;
+  }
+
+  #abandon(lookupId: string): void {
+    if (this.#closed) return;
+    this.#request({ type: 'cancel', requestId: 0, lookupId }, {}).catch(() => {});
+  }
+
+  #request(req: Request, opts: { signal?: AbortSignal | undefined; timeoutMs?: number | undefined }): Promise<Reply> {
+    if (this.#closed) return Promise.reject(closedError('lookup client'));
+    const signal = opts.signal;
+    if (signal?.aborted) return Promise.reject(abortedError(signal, `${req.type} request`));
+    const requestId = this.#nextId;
+    this.#nextId = this.#nextId >= 0xffffffff ? 1 : this.#nextId + 1;
+    req.requestId = requestId;
+    const frame = encodeRequest(req);
+    return new Promise<Reply>((resolve, reject) => {
+      const timeoutMs = opts.timeoutMs ?? this.#requestTimeoutMs;
+      const cleanup = () => {
+        clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+        this.#pending.delete(requestId);
+      };
+      const onAbort = () => {
+        cleanup();
+        reject(abortedError(signal, `${req.type} request`));
+      };
+      const timer = setTimeout(() => {
+        cleanup();
+        reject(new KvtierError('KVT_TIMEOUT', `${req.type} request got no reply within ${timeoutMs} ms`));
+      }, timeoutMs);
+      signal?.addEventListener('abort', onAbort, { once: true });
+      this.#pending.set(requestId, {
+        resolve: (r) => {
+          cleanup();
+          resolve(r);
+        },
+        reject: (e) => {
+          cleanup();
+          reject(e);
+        },
+      });
+      if (!this.#sendQueue.send(frame)) {
+        this.#pending.get(requestId)?.reject(new KvtierError('KVT_CAPACITY', 'send queue is full'));
+      }
+    });
+  }
+
+  async #receiveLoop(): Promise<void> {
+    try {
+      for await (const frames of this.#socket) {
+        const frame = frames[frames.length - 1];
+        if (frame === undefined) continue;
+        let rep: Reply;
+        try {
+          rep = decodeReply(frame);
+        } catch (err) {
+          this.#log.warn('malformed reply dropped', { err });
+          continue;
+        }
+        if ('epoch' in rep && rep.epoch > this.#maxEpoch) this.#maxEpoch = rep.epoch;
+        const p = this.#pending.get(rep.requestId);
+        if (p === undefined) continue;
+        if (rep.type === 'error') p.reject(new KvtierError(rep.code, `server: ${rep.message}`));
+        else p.resolve(rep);
+      }
+    } catch (err) {
+      if (!this.#socket.closed) this.#log.error('client receive loop failed', { err });
+    }
+  }
+
+  /** Rejects pending requests with KVT_CLOSED and closes the socket. Idempotent. */
+  async close(): Promise<void> {
+    if (this.#closed) return this.#loop;
+    this.#closed = true;
+    for (const p of [...this.#pending.values()]) p.reject(closedError('lookup client'));
+    this.#lookups.clear();
+    this.#socket.close();
+    return this.#loop;
+  }
+}
+
+function unexpected(rep: Reply): KvtierError {
+  return new KvtierError('KVT_PROTOCOL', `unexpected reply type ${rep.type}`);
+}
+
+/** Packs hashes into one buffer of 32-byte entries, validating sizes. */
+export function packHashes(hashes: HashesInput): Buffer {
+  if (hashes instanceof Uint8Array) {
+    if (hashes.length % HASH_BYTES !== 0) throw new KvtierError('KVT_INVALID_ARGUMENT', `packed hashes must be a multiple of ${HASH_BYTES} bytes, got ${hashes.length}`);
+    return Buffer.isBuffer(hashes) ? hashes : Buffer.from(hashes.buffer, hashes.byteOffset, hashes.byteLength);
+  }
+  const out = Buffer.allocUnsafe(hashes.length * HASH_BYTES);
+  hashes.forEach((h, i) => {
+    if (h.length !== HASH_BYTES) throw new KvtierError('KVT_INVALID_ARGUMENT', `hash ${i} is ${h.length} bytes, expected ${HASH_BYTES}`);
+    out.set(h, i * HASH_BYTES);
+  });
+  return out;
+}

@@ -1,0 +1,225 @@
+import * as zmq from 'zeromq';
+import { closedError, KvtierError } from '../errors.ts';
+import type { KvtierMetrics } from '../metrics/metrics.ts';
+import { decodeRequest, encodeReply, hashesToHex, peekRequestId } from '../protocol/codec.ts';
+import {
+  DEFAULT_LIMITS,
+  PROTOCOL_VERSION,
+  type LookupRequest,
+  type ProtocolLimits,
+  type Reply,
+  type Request,
+  WIRE_LIMITS,
+} from '../protocol/messages.ts';
+import { SocketSendQueue } from '../protocol/send-queue.ts';
+import type { StorageManager } from '../storage-manager/storage-manager.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { requireInt, requireString } from '../util/validate.ts';
+
+export interface LookupServerOptions {
+  /** ZMQ endpoint to bind; default 'tcp://127.0.0.1:5555'. `tcp://127.0.0.1:*` picks a free port. */
+  endpoint?: string;
+  storage: StorageManager;
+  /** Limits enforced on requests; defaults in DEFAULT_LIMITS. */
+  limits?: Partial<ProtocolLimits>;
+  metrics?: KvtierMetrics;
+  log?: Logger;
+  /** Extra fields for the PING reply (version, config summary...). */
+  info?: () => Record<string, unknown>;
+}
+
+/** Resolves and validates protocol limits. */
+export function resolveLimits(l: Partial<ProtocolLimits> = {}): ProtocolLimits {
+  const limits = {
+    maxChunksPerLookup: requireInt('limits.maxChunksPerLookup', l.maxChunksPerLookup ?? DEFAULT_LIMITS.maxChunksPerLookup, 1, WIRE_LIMITS.maxChunksPerLookup),
+    maxPayloadBytes: requireInt('limits.maxPayloadBytes', l.maxPayloadBytes ?? DEFAULT_LIMITS.maxPayloadBytes, 1, 2 ** 32 - 1),
+    maxTokensPerChunk: requireInt('limits.maxTokensPerChunk', l.maxTokensPerChunk ?? DEFAULT_LIMITS.maxTokensPerChunk, 1, 2 ** 32 - 1),
+  };
+  // Hit tokens travel as a u32: no lookup may be able to count more.
+  if (limits.maxChunksPerLookup * limits.maxTokensPerChunk > 2 ** 32 - 1) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `limits.maxChunksPerLookup × limits.maxTokensPerChunk must be < 2^32 (hit tokens are a u32), got ${limits.maxChunksPerLookup} × ${limits.maxTokensPerChunk}`,
+    );
+  }
+  return limits;
+}
+
+/**
+ * The worker-side lookup server: one ROUTER socket speaking protocol v1 (docs/protocol.md).
+ * Many requests are in flight at once, matched by request id. Malformed input gets an error
+ * reply with a code and the server keeps serving. Sends go through one queue (one owner).
+ */
+export class LookupServer {
+  readonly #storage: StorageManager;
+  readonly #limits: ProtocolLimits;
+  readonly #metrics: KvtierMetrics | undefined;
+  readonly #log: Logger;
+  readonly #info: () => Record<string, unknown>;
+  readonly #requestedEndpoint: string;
+  #router: zmq.Router | undefined;
+  #sendQueue: SocketSendQueue | undefined;
+  #endpoint = '';
+  #loop: Promise<void> | undefined;
+  #closing: Promise<void> | undefined;
+  readonly #startedAt = Date.now();
+
+  constructor(opts: LookupServerOptions) {
+    this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', { nonEmpty: true });
+    this.#storage = opts.storage;
+    this.#limits = resolveLimits(opts.limits);
+    this.#metrics = opts.metrics;
+    this.#log = opts.log ?? silentLogger;
+    this.#info = opts.info ?? (() => ({}));
+  }
+
+  /** The bound endpoint (with the real port when `*` was asked for); empty before start. */
+  get endpoint(): string {
+    return this.#endpoint;
+  }
+
+  get limits(): Readonly<ProtocolLimits> {
+    return this.#limits;
+  }
+
+  /** Binds the socket and starts serving. Throws KVT_CONFIG when the endpoint cannot be bound. */
+  async start(): Promise<void> {
+    if (this.#closing !== undefined) throw closedError('lookup server');
+    if (this.#router !== undefined) return;
+    const router = new zmq.Router({ linger: 0, maxMessageSize: 2 * this.#limits.maxPayloadBytes + 1024 * 1024, sendHighWaterMark: 100_000, receiveHighWaterMark: 100_000 });
+    try {
+      await router.bind(this.#requestedEndpoint);
+    } catch (err) {
+      router.close();
+      throw new KvtierError('KVT_CONFIG', `cannot bind lookup server to ${this.#requestedEndpoint}: ${(err as Error).message}`, { cause: err });
+    }
+    this.#router = router;
+    this.#endpoint = router.lastEndpoint ?? this.#requestedEndpoint;
+    this.#sendQueue = new SocketSendQueue(router, { log: this.#log });
+    this.#loop = this.#receiveLoop(router);
+    this.#log.info('lookup server listening', { endpoint: this.#endpoint });
+  }
+
+  async #receiveLoop(router: zmq.Router): Promise<void> {
+    try {
+      for await (const frames of router) this.#onMessage(frames);
+    } catch (err) {
+      if (!router.closed) this.#log.error('receive loop failed', { err });
+    }
+  }
+
+  #onMessage(frames: Buffer[]): void {
+    // DEALER peers send [identity, msg]; REQ peers add an empty delimiter: [identity, '', msg].
+    let envelope: Buffer[];
+    let msg: Buffer | undefined;
+    if (frames.length === 2) {
+      envelope = [frames[0]!];
+      msg = frames[1];
+    } else if (frames.length === 3 && frames[1]!.length === 0) {
+      envelope = [frames[0]!, frames[1]!];
+      msg = frames[2];
+    } else {
+      envelope = frames.length > 0 ? [frames[0]!] : [];
+      this.#replyError(envelope, frames.length > 1 ? peekRequestId(frames[frames.length - 1]!) : 0, new KvtierError('KVT_PROTOCOL', `expected one frame per message, got ${frames.length - 1}`));
+      return;
+    }
+    let req: Request;
+    try {
+      req = decodeRequest(msg!, this.#limits);
+    } catch (err) {
+      this.#replyError(envelope, peekRequestId(msg!), err);
+      return;
+    }
+    this.#metrics?.requests.inc({ type: req.type });
+    void this.#dispatch(envelope, req).catch((err: unknown) => this.#replyError(envelope, req.requestId, err));
+  }
+
+  async #dispatch(envelope: Buffer[], req: Request): Promise<void> {
+    const storage = this.#storage;
+    switch (req.type) {
+      case 'lookup':
+        return this.#lookup(envelope, req);
+      case 'cancel': {
+        const found = storage.cancel(req.lookupId);
+        return this.#reply(envelope, { type: 'cancel-result', requestId: req.requestId, found });
+      }
+      case 'clear': {
+        const epoch = await storage.clear(req.namespaces);
+        return this.#reply(envelope, { type: 'clear-result', requestId: req.requestId, epoch });
+      }
+      case 'ping':
+        return this.#reply(envelope, { type: 'pong', requestId: req.requestId, info: this.#pingInfo() });
+      case 'stats':
+        return this.#reply(envelope, {
+          type: 'stats-result',
+          requestId: req.requestId,
+          stats: { ...storage.stats(), server: { sendQueueDepth: this.#sendQueue?.depth ?? 0, sendDropped: this.#sendQueue?.dropped ?? 0 } },
+        });
+      case 'put': {
+        const outcome = await storage.put(req.namespace, req.hash, { tokens: req.tokens, data: req.payload });
+        return this.#reply(envelope, { type: 'put-result', requestId: req.requestId, outcome });
+      }
+      case 'get': {
+        const chunk = await storage.get(req.namespace, req.hash);
+        return this.#reply(envelope, {
+          type: 'get-result',
+          requestId: req.requestId,
+          found: chunk !== null,
+          tokens: chunk?.tokens ?? 0,
+          payload: chunk === null ? Buffer.alloc(0) : Buffer.from(chunk.data.buffer, chunk.data.byteOffset, chunk.data.byteLength),
+        });
+      }
+    }
+  }
+
+  async #lookup(envelope: Buffer[], req: LookupRequest): Promise<void> {
+    // CANCEL and close reach a running lookup through the storage manager's event manager.
+    const outcome = await this.#storage.lookup({
+      lookupId: req.lookupId,
+      namespaces: req.namespaces,
+      hashes: hashesToHex(req.hashes),
+      tokenCounts: req.tokenCounts,
+      ...(req.config.pin !== undefined ? { pin: req.config.pin } : {}),
+      ...(req.config.prefetch !== undefined ? { prefetch: req.config.prefetch } : {}),
+    });
+    this.#reply(envelope, { type: 'lookup-result', requestId: req.requestId, lookupId: req.lookupId, ...outcome });
+  }
+
+  #pingInfo(): Record<string, unknown> {
+    return {
+      protocolVersion: PROTOCOL_VERSION,
+      epoch: this.#storage.epoch,
+      uptimeMs: Date.now() - this.#startedAt,
+      limits: this.#limits,
+      tiers: this.#storage.tiers.map((t) => ({ name: t.name, kind: t.kind, health: t.health() })),
+      ...this.#info(),
+    };
+  }
+
+  #reply(envelope: Buffer[], rep: Reply): void {
+    this.#sendQueue?.send([...envelope, encodeReply(rep)]);
+  }
+
+  #replyError(envelope: Buffer[], requestId: number, err: unknown): void {
+    const e = err instanceof KvtierError ? err : new KvtierError('KVT_INTERNAL', 'internal error', { cause: err });
+    if (e.code === 'KVT_INTERNAL') this.#log.error('request failed', { err });
+    else this.#log.debug('request refused', { err: e });
+    this.#metrics?.protocolErrors.inc({ code: e.code });
+    if (envelope.length > 0) this.#reply(envelope, { type: 'error', requestId, code: e.code, message: e.message });
+  }
+
+  /** Stops receiving and closes the socket. Idempotent. The storage (and its lookups) is not closed. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      const router = this.#router;
+      // Unbind first and wait for it, so the port is free when close() resolves (a restart on
+      // the same endpoint must not race ZMQ's background close).
+      if (router !== undefined && !router.closed && this.#endpoint !== '') {
+        await router.unbind(this.#endpoint).catch(() => {});
+      }
+      router?.close();
+      await this.#loop;
+    })();
+    return this.#closing;
+  }
+}
