@@ -11,6 +11,7 @@ const filter = process.argv.slice(2);
 function walk(dir) {
   const out = [];
   for (const name of readdirSync(dir).sort()) {
+    if (name.startsWith('.')) continue;
     const p = join(dir, name);
     if (statSync(p).isDirectory()) out.push(...walk(p));
     else if (name.endsWith('.test.ts')) out.push(relative(root, p));
@@ -24,6 +25,14 @@ if (files.length === 0) {
   console.error('run-tests: no test files found under test/');
   process.exit(1);
 }
-const args = ['--import', 'tsx', '--test', '--test-concurrency=2', ...files];
+// A hung test fails after 2 minutes instead of holding CI.
+const args = [
+  '--import',
+  'tsx',
+  '--test',
+  '--test-concurrency=2',
+  '--test-timeout=120000',
+  ...files,
+];
 const res = spawnSync(process.execPath, args, { cwd: root, stdio: 'inherit' });
 process.exit(res.status ?? 1);

@@ -26,7 +26,8 @@ export class BackendRegistry {
 
   /** Adds a backend type. @throws KVT_CONFIG when the type is already registered. */
   register(type: string, factory: BackendFactory): void {
-    if (this.#factories.has(type)) throw new KvtierError('KVT_CONFIG', `backend type "${type}" is already registered`);
+    if (this.#factories.has(type))
+      throw new KvtierError('KVT_CONFIG', `backend type "${type}" is already registered`);
     this.#factories.set(type, factory);
   }
 
@@ -46,13 +47,20 @@ export class BackendRegistry {
       for (const cfg of configs) {
         const factory = this.#factories.get(cfg.type);
         if (factory === undefined) {
-          throw new KvtierError('KVT_CONFIG', `tier "${cfg.name}": unknown backend type "${cfg.type}"; known types: ${this.types().join(', ')}`);
+          throw new KvtierError(
+            'KVT_CONFIG',
+            `tier "${cfg.name}": unknown backend type "${cfg.type}"; known types: ${this.types().join(', ')}`,
+          );
         }
         try {
           built.push(await factory(cfg.options, { name: cfg.name }));
         } catch (err) {
           const msg = err instanceof Error ? err.message : String(err);
-          throw new KvtierError('KVT_CONFIG', `tier "${cfg.name}" (${cfg.type}) failed to start: ${msg}`, { cause: err });
+          throw new KvtierError(
+            'KVT_CONFIG',
+            `tier "${cfg.name}" (${cfg.type}) failed to start: ${msg}`,
+            { cause: err },
+          );
         }
       }
       return built;

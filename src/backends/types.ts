@@ -86,13 +86,21 @@ export interface StorageBackend {
    * present and hashes[k] is not (or k = hashes.length). With `pin`, exactly those k chunks
    * are pinned once each.
    */
-  batchedContains(ns: NamespaceId, hashes: readonly ChunkHash[], opts?: ContainsOptions): Promise<number>;
+  batchedContains(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    opts?: ContainsOptions,
+  ): Promise<number>;
 
   /**
    * Fetches chunks without blocking the event loop. The result has one entry per requested
    * hash: the chunk, or `null` for an explicit miss. Never positional.
    */
-  batchedGet(ns: NamespaceId, hashes: readonly ChunkHash[], opts?: GetOptions): Promise<Map<ChunkHash, Chunk | null>>;
+  batchedGet(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    opts?: GetOptions,
+  ): Promise<Map<ChunkHash, Chunk | null>>;
 
   /** Stores one chunk. Never waits for room: drops and counts instead. */
   put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk, opts?: PutOptions): Promise<PutOutcome>;
@@ -124,4 +132,7 @@ export interface BackendContext {
 }
 
 /** Builds (and starts) a backend from its options; throws KVT_CONFIG on bad options. */
-export type BackendFactory = (options: Record<string, unknown>, ctx: BackendContext) => Promise<StorageBackend>;
+export type BackendFactory = (
+  options: Record<string, unknown>,
+  ctx: BackendContext,
+) => Promise<StorageBackend>;

@@ -121,6 +121,9 @@ export class EventManager<T> {
   /** Done entries in completion order (stale slots skipped lazily), so eviction is O(1). */
   private doneOrder: Entry<T>[] = [];
   private doneHead = 0;
+  /** Entries in add order (stale slots skipped lazily), to find the oldest ongoing one in O(1). */
+  private addOrder: Entry<T>[] = [];
+  private addHead = 0;
   private ongoing = 0;
   private done = 0;
   private expired = 0;
@@ -186,6 +189,13 @@ export class EventManager<T> {
       waiters: new Set(),
     };
     this.entries.set(id, entry);
+    this.addOrder.push(entry);
+    if (this.addOrder.length - this.addHead > 2 * this.opts.maxEntries) {
+      this.addOrder = this.addOrder
+        .slice(this.addHead)
+        .filter((e) => !e.removed && this.entries.get(e.id) === e);
+      this.addHead = 0;
+    }
     this.ongoing++;
     work.then(
       (result) => this.onFulfilled(entry, result),
@@ -290,12 +300,33 @@ export class EventManager<T> {
     for (const e of [...this.entries.values()]) this.discard(e, () => closedError('event manager'));
   }
 
+  /** The live entry added first, skipping (and dropping) stale slots. */
+  private oldestLive(): Entry<T> | undefined {
+    while (this.addHead < this.addOrder.length) {
+      const e = this.addOrder[this.addHead]!;
+      if (!e.removed && this.entries.get(e.id) === e) return e;
+      this.addOrder[this.addHead++] = undefined as unknown as Entry<T>;
+    }
+    return undefined;
+  }
+
   /** Frees a slot for `add`, or throws `KVT_CAPACITY`. */
   private makeRoom(): void {
     if (this.entries.size < this.opts.maxEntries) return;
-    // A full sweep is O(entries); only pay for it when the oldest entry has expired.
-    const oldest = this.entries.values().next().value;
-    if (oldest !== undefined && this.opts.now() - oldest.since >= this.opts.ttlMs) this.sweep();
+    // A full sweep is O(entries): pay for it only when the oldest done entry has expired, or
+    // when there is no done entry to evict (ongoing ones may have expired).
+    const now = this.opts.now();
+    const oldestDone =
+      this.doneHead < this.doneOrder.length ? this.doneOrder[this.doneHead]! : undefined;
+    const oldestAdded = this.oldestLive();
+    if (
+      oldestDone === undefined ||
+      oldestDone.removed ||
+      now - oldestDone.since >= this.opts.ttlMs ||
+      (oldestAdded !== undefined && now - oldestAdded.since >= this.opts.ttlMs)
+    ) {
+      this.sweep();
+    }
     while (this.entries.size >= this.opts.maxEntries && this.doneHead < this.doneOrder.length) {
       const e = this.doneOrder[this.doneHead]!;
       this.doneOrder[this.doneHead++] = undefined as unknown as Entry<T>;
@@ -325,7 +356,9 @@ export class EventManager<T> {
     this.doneOrder.push(entry);
     if (this.doneOrder.length - this.doneHead > 2 * this.opts.maxEntries) {
       // Taken and cancelled entries leave stale slots; drop them (amortised O(1) per add).
-      this.doneOrder = this.doneOrder.slice(this.doneHead).filter((e) => !e.removed && this.entries.get(e.id) === e);
+      this.doneOrder = this.doneOrder
+        .slice(this.doneHead)
+        .filter((e) => !e.removed && this.entries.get(e.id) === e);
       this.doneHead = 0;
     }
     entry.since = this.opts.now();

@@ -1,7 +1,13 @@
 import * as zmq from 'zeromq';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { decodeReply, encodeRequest } from '../protocol/codec.ts';
-import { HASH_BYTES, type LookupConfig, type Reply, type Request, type TierTokens } from '../protocol/messages.ts';
+import {
+  HASH_BYTES,
+  type LookupConfig,
+  type Reply,
+  type Request,
+  type TierTokens,
+} from '../protocol/messages.ts';
 import { SocketSendQueue } from '../protocol/send-queue.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
@@ -74,11 +80,25 @@ export class LookupClient {
   constructor(opts: LookupClientOptions) {
     const endpoint = requireString('endpoint', opts.endpoint, { nonEmpty: true });
     this.#namespaces = [...(opts.namespaces ?? [])];
-    this.#lookupTimeoutMs = requireInt('lookupTimeoutMs', opts.lookupTimeoutMs ?? DEFAULTS.lookupTimeoutMs, 1);
-    this.#requestTimeoutMs = requireInt('requestTimeoutMs', opts.requestTimeoutMs ?? DEFAULTS.requestTimeoutMs, 1);
+    this.#lookupTimeoutMs = requireInt(
+      'lookupTimeoutMs',
+      opts.lookupTimeoutMs ?? DEFAULTS.lookupTimeoutMs,
+      1,
+    );
+    this.#requestTimeoutMs = requireInt(
+      'requestTimeoutMs',
+      opts.requestTimeoutMs ?? DEFAULTS.requestTimeoutMs,
+      1,
+    );
     this.#now = opts.now ?? Date.now;
     this.#log = opts.log ?? silentLogger;
-    this.#socket = new zmq.Dealer({ linger: 0, reconnectInterval: 100, reconnectMaxInterval: 1000, sendHighWaterMark: 100_000, receiveHighWaterMark: 100_000 });
+    this.#socket = new zmq.Dealer({
+      linger: 0,
+      reconnectInterval: 100,
+      reconnectMaxInterval: 1000,
+      sendHighWaterMark: 100_000,
+      receiveHighWaterMark: 100_000,
+    });
     this.#socket.connect(endpoint);
     this.#sendQueue = new SocketSendQueue(this.#socket, { log: this.#log });
     this.#loop = this.#receiveLoop();
@@ -99,14 +119,25 @@ export class LookupClient {
    * calls return null until the answer arrives, then the hit tokens (once; the next call starts a
    * new lookup). Past the deadline it returns 0 and cancels the server-side work.
    */
-  lookup(lookupId: string, hashes: HashesInput, tokenCounts: ArrayLike<number>, opts: LookupCallOptions = {}): number | null {
+  lookup(
+    lookupId: string,
+    hashes: HashesInput,
+    tokenCounts: ArrayLike<number>,
+    opts: LookupCallOptions = {},
+  ): number | null {
     if (this.#closed) return 0;
     const state = this.#lookups.get(lookupId);
     if (state === undefined) {
-      const entry: PendingLookup = { deadline: this.#now() + this.#lookupTimeoutMs, answer: undefined };
+      const entry: PendingLookup = {
+        deadline: this.#now() + this.#lookupTimeoutMs,
+        answer: undefined,
+      };
       this.#lookups.set(lookupId, entry);
       // The request's own timer is only a backstop; the deadline above is what lookup() enforces.
-      this.lookupAsync(lookupId, hashes, tokenCounts, { ...opts, timeoutMs: this.#lookupTimeoutMs * 2 + 1000 }).then(
+      this.lookupAsync(lookupId, hashes, tokenCounts, {
+        ...opts,
+        timeoutMs: this.#lookupTimeoutMs * 2 + 1000,
+      }).then(
         (a) => {
           entry.answer = a.status === 'ok' ? a.hitTokens : 0;
         },
@@ -147,10 +178,22 @@ export class LookupClient {
     const packed = packHashes(hashes);
     const counts = Uint32Array.from(tokenCounts as ArrayLike<number>);
     const namespaces = [...(opts.namespaces ?? this.#namespaces)];
-    if (namespaces.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs a namespace: pass namespaces in the client options or the call');
+    if (namespaces.length === 0)
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        'lookup needs a namespace: pass namespaces in the client options or the call',
+      );
     try {
       const rep = await this.#request(
-        { type: 'lookup', requestId: 0, lookupId, namespaces, hashes: packed, tokenCounts: counts, config: opts.config ?? {} },
+        {
+          type: 'lookup',
+          requestId: 0,
+          lookupId,
+          namespaces,
+          hashes: packed,
+          tokenCounts: counts,
+          config: opts.config ?? {},
+        },
         { signal: opts.signal, timeoutMs: opts.timeoutMs ?? this.#lookupTimeoutMs },
       );
       if (rep.type !== 'lookup-result') throw unexpected(rep);
@@ -180,14 +223,22 @@ export class LookupClient {
   }
 
   /** Clears the namespaces (all when empty) on the server; resolves the new epoch. */
-  async clear(namespaces: readonly string[] = [], opts: { signal?: AbortSignal } = {}): Promise<number> {
-    const rep = await this.#request({ type: 'clear', requestId: 0, namespaces: [...namespaces] }, opts);
+  async clear(
+    namespaces: readonly string[] = [],
+    opts: { signal?: AbortSignal } = {},
+  ): Promise<number> {
+    const rep = await this.#request(
+      { type: 'clear', requestId: 0, namespaces: [...namespaces] },
+      opts,
+    );
     if (rep.type !== 'clear-result') throw unexpected(rep);
     return rep.epoch;
   }
 
   /** Health check; resolves the server's info (protocol version, epoch, tiers, limits). */
-  async ping(opts: { signal?: AbortSignal; timeoutMs?: number } = {}): Promise<Record<string, unknown>> {
+  async ping(
+    opts: { signal?: AbortSignal; timeoutMs?: number } = {},
+  ): Promise<Record<string, unknown>> {
     const rep = await this.#request({ type: 'ping', requestId: 0 }, opts);
     if (rep.type !== 'pong') throw unexpected(rep);
     return rep.info;
@@ -200,15 +251,30 @@ export class LookupClient {
   }
 
   /** Stores one chunk's bytes on the server. */
-  async put(namespace: string, hash: string, tokens: number, payload: Uint8Array, opts: { signal?: AbortSignal } = {}): Promise<'stored' | 'exists' | 'dropped'> {
-    const data = Buffer.isBuffer(payload) ? payload : Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength);
-    const rep = await this.#request({ type: 'put', requestId: 0, namespace, hash, tokens, payload: data }, opts);
+  async put(
+    namespace: string,
+    hash: string,
+    tokens: number,
+    payload: Uint8Array,
+    opts: { signal?: AbortSignal } = {},
+  ): Promise<'stored' | 'exists' | 'dropped'> {
+    const data = Buffer.isBuffer(payload)
+      ? payload
+      : Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength);
+    const rep = await this.#request(
+      { type: 'put', requestId: 0, namespace, hash, tokens, payload: data },
+      opts,
+    );
     if (rep.type !== 'put-result') throw unexpected(rep);
     return rep.outcome;
   }
 
   /** Reads one chunk's bytes from the server; null when no tier has it. */
-  async get(namespace: string, hash: string, opts: { signal?: AbortSignal } = {}): Promise<{ tokens: number; payload: Buffer } | null> {
+  async get(
+    namespace: string,
+    hash: string,
+    opts: { signal?: AbortSignal } = {},
+  ): Promise<{ tokens: number; payload: Buffer } | null> {
     const rep = await this.#request({ type: 'get', requestId: 0, namespace, hash }, opts);
     if (rep.type !== 'get-result') throw unexpected(rep);
     return rep.found ? { tokens: rep.tokens, payload: rep.payload } : null;
@@ -219,7 +285,10 @@ export class LookupClient {
     this.#request({ type: 'cancel', requestId: 0, lookupId }, {}).catch(() => {});
   }
 
-  #request(req: Request, opts: { signal?: AbortSignal | undefined; timeoutMs?: number | undefined }): Promise<Reply> {
+  #request(
+    req: Request,
+    opts: { signal?: AbortSignal | undefined; timeoutMs?: number | undefined },
+  ): Promise<Reply> {
     if (this.#closed) return Promise.reject(closedError('lookup client'));
     const signal = opts.signal;
     if (signal?.aborted) return Promise.reject(abortedError(signal, `${req.type} request`));
@@ -240,7 +309,9 @@ export class LookupClient {
       };
       const timer = setTimeout(() => {
         cleanup();
-        reject(new KvtierError('KVT_TIMEOUT', `${req.type} request got no reply within ${timeoutMs} ms`));
+        reject(
+          new KvtierError('KVT_TIMEOUT', `${req.type} request got no reply within ${timeoutMs} ms`),
+        );
       }, timeoutMs);
       signal?.addEventListener('abort', onAbort, { once: true });
       this.#pending.set(requestId, {
@@ -300,12 +371,22 @@ function unexpected(rep: Reply): KvtierError {
 /** Packs hashes into one buffer of 32-byte entries, validating sizes. */
 export function packHashes(hashes: HashesInput): Buffer {
   if (hashes instanceof Uint8Array) {
-    if (hashes.length % HASH_BYTES !== 0) throw new KvtierError('KVT_INVALID_ARGUMENT', `packed hashes must be a multiple of ${HASH_BYTES} bytes, got ${hashes.length}`);
-    return Buffer.isBuffer(hashes) ? hashes : Buffer.from(hashes.buffer, hashes.byteOffset, hashes.byteLength);
+    if (hashes.length % HASH_BYTES !== 0)
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `packed hashes must be a multiple of ${HASH_BYTES} bytes, got ${hashes.length}`,
+      );
+    return Buffer.isBuffer(hashes)
+      ? hashes
+      : Buffer.from(hashes.buffer, hashes.byteOffset, hashes.byteLength);
   }
   const out = Buffer.allocUnsafe(hashes.length * HASH_BYTES);
   hashes.forEach((h, i) => {
-    if (h.length !== HASH_BYTES) throw new KvtierError('KVT_INVALID_ARGUMENT', `hash ${i} is ${h.length} bytes, expected ${HASH_BYTES}`);
+    if (h.length !== HASH_BYTES)
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `hash ${i} is ${h.length} bytes, expected ${HASH_BYTES}`,
+      );
     out.set(h, i * HASH_BYTES);
   });
   return out;

@@ -12,12 +12,18 @@ export class MultiLookupClient {
 
   /** @throws KVT_INVALID_ARGUMENT with no clients. The clients stay owned by the caller. */
   constructor(clients: readonly LookupClient[]) {
-    if (clients.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'MultiLookupClient needs at least one client');
+    if (clients.length === 0)
+      throw new KvtierError('KVT_INVALID_ARGUMENT', 'MultiLookupClient needs at least one client');
     this.#clients = [...clients];
   }
 
   /** Non-blocking: null while any server is pending, then the minimum of their answers. */
-  lookup(lookupId: string, hashes: HashesInput, tokenCounts: ArrayLike<number>, opts: LookupCallOptions = {}): number | null {
+  lookup(
+    lookupId: string,
+    hashes: HashesInput,
+    tokenCounts: ArrayLike<number>,
+    opts: LookupCallOptions = {},
+  ): number | null {
     let answers = this.#partial.get(lookupId);
     if (answers === undefined) {
       answers = new Array<number | undefined>(this.#clients.length).fill(undefined);
@@ -36,8 +42,15 @@ export class MultiLookupClient {
   }
 
   /** Promise variant: the minimum of every server's hit tokens (a timeout counts as 0). */
-  async lookupAsync(lookupId: string, hashes: HashesInput, tokenCounts: ArrayLike<number>, opts: LookupCallOptions & { signal?: AbortSignal } = {}): Promise<number> {
-    const answers = await Promise.all(this.#clients.map((c) => c.lookupAsync(lookupId, hashes, tokenCounts, opts)));
+  async lookupAsync(
+    lookupId: string,
+    hashes: HashesInput,
+    tokenCounts: ArrayLike<number>,
+    opts: LookupCallOptions & { signal?: AbortSignal } = {},
+  ): Promise<number> {
+    const answers = await Promise.all(
+      this.#clients.map((c) => c.lookupAsync(lookupId, hashes, tokenCounts, opts)),
+    );
     return Math.min(...answers.map((a) => a.hitTokens));
   }
 

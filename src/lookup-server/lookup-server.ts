@@ -4,8 +4,8 @@ import type { KvtierMetrics } from '../metrics/metrics.ts';
 import { decodeRequest, encodeReply, hashesToHex, peekRequestId } from '../protocol/codec.ts';
 import {
   DEFAULT_LIMITS,
-  PROTOCOL_VERSION,
   type LookupRequest,
+  PROTOCOL_VERSION,
   type ProtocolLimits,
   type Reply,
   type Request,
@@ -31,9 +31,24 @@ export interface LookupServerOptions {
 /** Resolves and validates protocol limits. */
 export function resolveLimits(l: Partial<ProtocolLimits> = {}): ProtocolLimits {
   const limits = {
-    maxChunksPerLookup: requireInt('limits.maxChunksPerLookup', l.maxChunksPerLookup ?? DEFAULT_LIMITS.maxChunksPerLookup, 1, WIRE_LIMITS.maxChunksPerLookup),
-    maxPayloadBytes: requireInt('limits.maxPayloadBytes', l.maxPayloadBytes ?? DEFAULT_LIMITS.maxPayloadBytes, 1, 2 ** 32 - 1),
-    maxTokensPerChunk: requireInt('limits.maxTokensPerChunk', l.maxTokensPerChunk ?? DEFAULT_LIMITS.maxTokensPerChunk, 1, 2 ** 32 - 1),
+    maxChunksPerLookup: requireInt(
+      'limits.maxChunksPerLookup',
+      l.maxChunksPerLookup ?? DEFAULT_LIMITS.maxChunksPerLookup,
+      1,
+      WIRE_LIMITS.maxChunksPerLookup,
+    ),
+    maxPayloadBytes: requireInt(
+      'limits.maxPayloadBytes',
+      l.maxPayloadBytes ?? DEFAULT_LIMITS.maxPayloadBytes,
+      1,
+      2 ** 32 - 1,
+    ),
+    maxTokensPerChunk: requireInt(
+      'limits.maxTokensPerChunk',
+      l.maxTokensPerChunk ?? DEFAULT_LIMITS.maxTokensPerChunk,
+      1,
+      2 ** 32 - 1,
+    ),
   };
   // Hit tokens travel as a u32: no lookup may be able to count more.
   if (limits.maxChunksPerLookup * limits.maxTokensPerChunk > 2 ** 32 - 1) {
@@ -65,7 +80,9 @@ export class LookupServer {
   readonly #startedAt = Date.now();
 
   constructor(opts: LookupServerOptions) {
-    this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', { nonEmpty: true });
+    this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', {
+      nonEmpty: true,
+    });
     this.#storage = opts.storage;
     this.#limits = resolveLimits(opts.limits);
     this.#metrics = opts.metrics;
@@ -86,12 +103,21 @@ export class LookupServer {
   async start(): Promise<void> {
     if (this.#closing !== undefined) throw closedError('lookup server');
     if (this.#router !== undefined) return;
-    const router = new zmq.Router({ linger: 0, maxMessageSize: 2 * this.#limits.maxPayloadBytes + 1024 * 1024, sendHighWaterMark: 100_000, receiveHighWaterMark: 100_000 });
+    const router = new zmq.Router({
+      linger: 0,
+      maxMessageSize: 2 * this.#limits.maxPayloadBytes + 1024 * 1024,
+      sendHighWaterMark: 100_000,
+      receiveHighWaterMark: 100_000,
+    });
     try {
       await router.bind(this.#requestedEndpoint);
     } catch (err) {
       router.close();
-      throw new KvtierError('KVT_CONFIG', `cannot bind lookup server to ${this.#requestedEndpoint}: ${(err as Error).message}`, { cause: err });
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `cannot bind lookup server to ${this.#requestedEndpoint}: ${(err as Error).message}`,
+        { cause: err },
+      );
     }
     this.#router = router;
     this.#endpoint = router.lastEndpoint ?? this.#requestedEndpoint;
@@ -120,7 +146,11 @@ export class LookupServer {
       msg = frames[2];
     } else {
       envelope = frames.length > 0 ? [frames[0]!] : [];
-      this.#replyError(envelope, frames.length > 1 ? peekRequestId(frames[frames.length - 1]!) : 0, new KvtierError('KVT_PROTOCOL', `expected one frame per message, got ${frames.length - 1}`));
+      this.#replyError(
+        envelope,
+        frames.length > 1 ? peekRequestId(frames[frames.length - 1]!) : 0,
+        new KvtierError('KVT_PROTOCOL', `expected one frame per message, got ${frames.length - 1}`),
+      );
       return;
     }
     let req: Request;
@@ -131,7 +161,9 @@ export class LookupServer {
       return;
     }
     this.#metrics?.requests.inc({ type: req.type });
-    void this.#dispatch(envelope, req).catch((err: unknown) => this.#replyError(envelope, req.requestId, err));
+    void this.#dispatch(envelope, req).catch((err: unknown) =>
+      this.#replyError(envelope, req.requestId, err),
+    );
   }
 
   async #dispatch(envelope: Buffer[], req: Request): Promise<void> {
@@ -148,15 +180,28 @@ export class LookupServer {
         return this.#reply(envelope, { type: 'clear-result', requestId: req.requestId, epoch });
       }
       case 'ping':
-        return this.#reply(envelope, { type: 'pong', requestId: req.requestId, info: this.#pingInfo() });
+        return this.#reply(envelope, {
+          type: 'pong',
+          requestId: req.requestId,
+          info: this.#pingInfo(),
+        });
       case 'stats':
         return this.#reply(envelope, {
           type: 'stats-result',
           requestId: req.requestId,
-          stats: { ...storage.stats(), server: { sendQueueDepth: this.#sendQueue?.depth ?? 0, sendDropped: this.#sendQueue?.dropped ?? 0 } },
+          stats: {
+            ...storage.stats(),
+            server: {
+              sendQueueDepth: this.#sendQueue?.depth ?? 0,
+              sendDropped: this.#sendQueue?.dropped ?? 0,
+            },
+          },
         });
       case 'put': {
-        const outcome = await storage.put(req.namespace, req.hash, { tokens: req.tokens, data: req.payload });
+        const outcome = await storage.put(req.namespace, req.hash, {
+          tokens: req.tokens,
+          data: req.payload,
+        });
         return this.#reply(envelope, { type: 'put-result', requestId: req.requestId, outcome });
       }
       case 'get': {
@@ -166,7 +211,10 @@ export class LookupServer {
           requestId: req.requestId,
           found: chunk !== null,
           tokens: chunk?.tokens ?? 0,
-          payload: chunk === null ? Buffer.alloc(0) : Buffer.from(chunk.data.buffer, chunk.data.byteOffset, chunk.data.byteLength),
+          payload:
+            chunk === null
+              ? Buffer.alloc(0)
+              : Buffer.from(chunk.data.buffer, chunk.data.byteOffset, chunk.data.byteLength),
         });
       }
     }
@@ -182,7 +230,12 @@ export class LookupServer {
       ...(req.config.pin !== undefined ? { pin: req.config.pin } : {}),
       ...(req.config.prefetch !== undefined ? { prefetch: req.config.prefetch } : {}),
     });
-    this.#reply(envelope, { type: 'lookup-result', requestId: req.requestId, lookupId: req.lookupId, ...outcome });
+    this.#reply(envelope, {
+      type: 'lookup-result',
+      requestId: req.requestId,
+      lookupId: req.lookupId,
+      ...outcome,
+    });
   }
 
   #pingInfo(): Record<string, unknown> {
@@ -201,11 +254,15 @@ export class LookupServer {
   }
 
   #replyError(envelope: Buffer[], requestId: number, err: unknown): void {
-    const e = err instanceof KvtierError ? err : new KvtierError('KVT_INTERNAL', 'internal error', { cause: err });
+    const e =
+      err instanceof KvtierError
+        ? err
+        : new KvtierError('KVT_INTERNAL', 'internal error', { cause: err });
     if (e.code === 'KVT_INTERNAL') this.#log.error('request failed', { err });
     else this.#log.debug('request refused', { err: e });
     this.#metrics?.protocolErrors.inc({ code: e.code });
-    if (envelope.length > 0) this.#reply(envelope, { type: 'error', requestId, code: e.code, message: e.message });
+    if (envelope.length > 0)
+      this.#reply(envelope, { type: 'error', requestId, code: e.code, message: e.message });
   }
 
   /** Stops receiving and closes the socket. Idempotent. The storage (and its lookups) is not closed. */

@@ -38,16 +38,25 @@ export interface Header {
 /** Reads the header; throws KVT_PROTOCOL on a short frame, bad magic or unknown version. */
 export function decodeHeader(buf: Uint8Array): Header {
   if (buf.length < HEADER_BYTES) {
-    throw new KvtierError('KVT_PROTOCOL', `message is ${buf.length} bytes, shorter than the ${HEADER_BYTES}-byte header`);
+    throw new KvtierError(
+      'KVT_PROTOCOL',
+      `message is ${buf.length} bytes, shorter than the ${HEADER_BYTES}-byte header`,
+    );
   }
   const b = asBuffer(buf);
   if (b.readUInt16LE(0) !== MAGIC) {
-    throw new KvtierError('KVT_PROTOCOL', `bad magic 0x${b.readUInt16LE(0).toString(16)}: not a kvtier message`);
+    throw new KvtierError(
+      'KVT_PROTOCOL',
+      `bad magic 0x${b.readUInt16LE(0).toString(16)}: not a kvtier message`,
+    );
   }
   const version = b[2]!;
   const header = { version, type: b[3]!, requestId: b.readUInt32LE(4) };
   if (version !== PROTOCOL_VERSION) {
-    throw new KvtierError('KVT_PROTOCOL', `unsupported protocol version ${version} (this server speaks ${PROTOCOL_VERSION})`);
+    throw new KvtierError(
+      'KVT_PROTOCOL',
+      `unsupported protocol version ${version} (this server speaks ${PROTOCOL_VERSION})`,
+    );
   }
   return header;
 }
@@ -76,7 +85,10 @@ class Writer {
   }
   u32(v: number): void {
     if (!(v >= 0 && v <= 0xffffffff && Number.isInteger(v))) {
-      throw new KvtierError('KVT_INTERNAL', `value ${v} does not fit the u32 field at offset ${this.off}`);
+      throw new KvtierError(
+        'KVT_INTERNAL',
+        `value ${v} does not fit the u32 field at offset ${this.off}`,
+      );
     }
     this.buf.writeUInt32LE(v, this.off);
     this.off += 4;
@@ -92,7 +104,11 @@ class Writer {
   }
   hex(h: string, bytes: number): void {
     const n = this.buf.write(h, this.off, bytes, 'hex');
-    if (n !== bytes) throw new KvtierError('KVT_INVALID_ARGUMENT', `expected ${bytes * 2} hex digits, got ${JSON.stringify(h)}`);
+    if (n !== bytes)
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `expected ${bytes * 2} hex digits, got ${JSON.stringify(h)}`,
+      );
     this.off += bytes;
   }
   done(): Buffer {
@@ -114,11 +130,19 @@ function checkStr(name: string, s: string, max: number): void {
 }
 
 function checkNamespace(ns: string): void {
-  if (!NS_RE.test(ns)) throw new KvtierError('KVT_INVALID_ARGUMENT', `namespace id must be 32 lowercase hex digits, got ${JSON.stringify(ns)}`);
+  if (!NS_RE.test(ns))
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `namespace id must be 32 lowercase hex digits, got ${JSON.stringify(ns)}`,
+    );
 }
 
 function checkHashHex(h: string): void {
-  if (!HASH_HEX_RE.test(h)) throw new KvtierError('KVT_INVALID_ARGUMENT', `chunk hash must be 64 lowercase hex digits, got ${JSON.stringify(h)}`);
+  if (!HASH_HEX_RE.test(h))
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `chunk hash must be 64 lowercase hex digits, got ${JSON.stringify(h)}`,
+    );
 }
 
 /** Encodes a request. Throws KVT_INVALID_ARGUMENT / KVT_TOO_LARGE for values the wire cannot carry. */
@@ -128,17 +152,39 @@ export function encodeRequest(req: Request): Buffer {
       checkLookupId(req.lookupId);
       const n = req.tokenCounts.length;
       if (req.hashes.length !== n * HASH_BYTES) {
-        throw new KvtierError('KVT_INVALID_ARGUMENT', `lookup has ${req.hashes.length} hash bytes for ${n} token counts (need ${n * HASH_BYTES})`);
+        throw new KvtierError(
+          'KVT_INVALID_ARGUMENT',
+          `lookup has ${req.hashes.length} hash bytes for ${n} token counts (need ${n * HASH_BYTES})`,
+        );
       }
-      if (n > WIRE_LIMITS.maxChunksPerLookup) throw new KvtierError('KVT_TOO_LARGE', `lookup has ${n} chunks, the wire allows ${WIRE_LIMITS.maxChunksPerLookup}`);
+      if (n > WIRE_LIMITS.maxChunksPerLookup)
+        throw new KvtierError(
+          'KVT_TOO_LARGE',
+          `lookup has ${n} chunks, the wire allows ${WIRE_LIMITS.maxChunksPerLookup}`,
+        );
       if (req.namespaces.length < 1 || req.namespaces.length > WIRE_LIMITS.maxNamespacesPerLookup) {
-        throw new KvtierError('KVT_INVALID_ARGUMENT', `lookup needs 1..${WIRE_LIMITS.maxNamespacesPerLookup} namespaces, got ${req.namespaces.length}`);
+        throw new KvtierError(
+          'KVT_INVALID_ARGUMENT',
+          `lookup needs 1..${WIRE_LIMITS.maxNamespacesPerLookup} namespaces, got ${req.namespaces.length}`,
+        );
       }
       for (const ns of req.namespaces) checkNamespace(ns);
       const cfg = Object.keys(req.config).length > 0 ? JSON.stringify(req.config) : '';
       const cfgBytes = Buffer.byteLength(cfg, 'utf8');
-      if (cfgBytes > WIRE_LIMITS.maxConfigBytes) throw new KvtierError('KVT_TOO_LARGE', `lookup config is longer than ${WIRE_LIMITS.maxConfigBytes} bytes`);
-      const size = HEADER_BYTES + strSize(req.lookupId) + 1 + NAMESPACE_BYTES * req.namespaces.length + 4 + n * (HASH_BYTES + 4) + 4 + cfgBytes;
+      if (cfgBytes > WIRE_LIMITS.maxConfigBytes)
+        throw new KvtierError(
+          'KVT_TOO_LARGE',
+          `lookup config is longer than ${WIRE_LIMITS.maxConfigBytes} bytes`,
+        );
+      const size =
+        HEADER_BYTES +
+        strSize(req.lookupId) +
+        1 +
+        NAMESPACE_BYTES * req.namespaces.length +
+        4 +
+        n * (HASH_BYTES + 4) +
+        4 +
+        cfgBytes;
       const w = new Writer(size, MessageType.Lookup, req.requestId);
       w.str(req.lookupId);
       w.u8(req.namespaces.length);
@@ -158,9 +204,14 @@ export function encodeRequest(req: Request): Buffer {
       return w.done();
     }
     case 'clear': {
-      if (req.namespaces.length > 255) throw new KvtierError('KVT_TOO_LARGE', 'clear names more than 255 namespaces');
+      if (req.namespaces.length > 255)
+        throw new KvtierError('KVT_TOO_LARGE', 'clear names more than 255 namespaces');
       for (const ns of req.namespaces) checkNamespace(ns);
-      const w = new Writer(HEADER_BYTES + 1 + NAMESPACE_BYTES * req.namespaces.length, MessageType.Clear, req.requestId);
+      const w = new Writer(
+        HEADER_BYTES + 1 + NAMESPACE_BYTES * req.namespaces.length,
+        MessageType.Clear,
+        req.requestId,
+      );
       w.u8(req.namespaces.length);
       for (const ns of req.namespaces) w.hex(ns, NAMESPACE_BYTES);
       return w.done();
@@ -172,7 +223,11 @@ export function encodeRequest(req: Request): Buffer {
     case 'put': {
       checkNamespace(req.namespace);
       checkHashHex(req.hash);
-      const w = new Writer(HEADER_BYTES + NAMESPACE_BYTES + HASH_BYTES + 8 + req.payload.length, MessageType.Put, req.requestId);
+      const w = new Writer(
+        HEADER_BYTES + NAMESPACE_BYTES + HASH_BYTES + 8 + req.payload.length,
+        MessageType.Put,
+        req.requestId,
+      );
       w.hex(req.namespace, NAMESPACE_BYTES);
       w.hex(req.hash, HASH_BYTES);
       w.u32(req.tokens);
@@ -183,7 +238,11 @@ export function encodeRequest(req: Request): Buffer {
     case 'get': {
       checkNamespace(req.namespace);
       checkHashHex(req.hash);
-      const w = new Writer(HEADER_BYTES + NAMESPACE_BYTES + HASH_BYTES, MessageType.Get, req.requestId);
+      const w = new Writer(
+        HEADER_BYTES + NAMESPACE_BYTES + HASH_BYTES,
+        MessageType.Get,
+        req.requestId,
+      );
       w.hex(req.namespace, NAMESPACE_BYTES);
       w.hex(req.hash, HASH_BYTES);
       return w.done();
@@ -191,7 +250,11 @@ export function encodeRequest(req: Request): Buffer {
   }
 }
 
-const STATUS_CODE: Record<LookupStatusName, number> = { ok: LookupStatus.Ok, canceled: LookupStatus.Canceled, stale: LookupStatus.Stale };
+const STATUS_CODE: Record<LookupStatusName, number> = {
+  ok: LookupStatus.Ok,
+  canceled: LookupStatus.Canceled,
+  stale: LookupStatus.Stale,
+};
 
 /** Encodes a reply. */
 export function encodeReply(rep: Reply): Buffer {
@@ -226,7 +289,11 @@ export function encodeReply(rep: Reply): Buffer {
     case 'pong':
     case 'stats-result': {
       const json = Buffer.from(JSON.stringify(rep.type === 'pong' ? rep.info : rep.stats), 'utf8');
-      const w = new Writer(HEADER_BYTES + 4 + json.length, rep.type === 'pong' ? MessageType.Pong : MessageType.StatsResult, rep.requestId);
+      const w = new Writer(
+        HEADER_BYTES + 4 + json.length,
+        rep.type === 'pong' ? MessageType.Pong : MessageType.StatsResult,
+        rep.requestId,
+      );
       w.u32(json.length);
       w.bytes(json);
       return w.done();
@@ -237,7 +304,11 @@ export function encodeReply(rep: Reply): Buffer {
       return w.done();
     }
     case 'get-result': {
-      const w = new Writer(HEADER_BYTES + 9 + rep.payload.length, MessageType.GetResult, rep.requestId);
+      const w = new Writer(
+        HEADER_BYTES + 9 + rep.payload.length,
+        MessageType.GetResult,
+        rep.requestId,
+      );
       w.u8(rep.found ? 1 : 0);
       w.u32(rep.tokens);
       w.u32(rep.payload.length);
@@ -246,7 +317,11 @@ export function encodeReply(rep: Reply): Buffer {
     }
     case 'error': {
       const msg = truncateUtf8(rep.message, WIRE_LIMITS.maxErrorMessageBytes);
-      const w = new Writer(HEADER_BYTES + strSize(rep.code) + strSize(msg), MessageType.Error, rep.requestId);
+      const w = new Writer(
+        HEADER_BYTES + strSize(rep.code) + strSize(msg),
+        MessageType.Error,
+        rep.requestId,
+      );
       w.str(rep.code);
       w.str(msg);
       return w.done();
@@ -256,7 +331,10 @@ export function encodeReply(rep: Reply): Buffer {
 
 function truncateUtf8(s: string, maxBytes: number): string {
   if (Buffer.byteLength(s, 'utf8') <= maxBytes) return s;
-  return Buffer.from(s, 'utf8').subarray(0, maxBytes).toString('utf8').replace(/\uFFFD$/, '');
+  return Buffer.from(s, 'utf8')
+    .subarray(0, maxBytes)
+    .toString('utf8')
+    .replace(/\uFFFD$/, '');
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -270,7 +348,10 @@ class Reader {
   }
   need(n: number, what: string): void {
     if (this.off + n > this.buf.length) {
-      throw new KvtierError('KVT_PROTOCOL', `truncated message: ${what} needs ${n} bytes at offset ${this.off}, ${this.buf.length - this.off} left`);
+      throw new KvtierError(
+        'KVT_PROTOCOL',
+        `truncated message: ${what} needs ${n} bytes at offset ${this.off}, ${this.buf.length - this.off} left`,
+      );
     }
   }
   u8(what: string): number {
@@ -286,7 +367,8 @@ class Reader {
   str(what: string, max: number): string {
     this.need(2, what);
     const n = this.buf.readUInt16LE(this.off);
-    if (n > max) throw new KvtierError('KVT_TOO_LARGE', `${what} is ${n} bytes, the limit is ${max}`);
+    if (n > max)
+      throw new KvtierError('KVT_TOO_LARGE', `${what} is ${n} bytes, the limit is ${max}`);
     this.off += 2;
     this.need(n, what);
     let s: string;
@@ -313,7 +395,10 @@ class Reader {
   }
   end(what: string): void {
     if (this.off !== this.buf.length) {
-      throw new KvtierError('KVT_PROTOCOL', `${this.buf.length - this.off} unexpected trailing bytes after ${what}`);
+      throw new KvtierError(
+        'KVT_PROTOCOL',
+        `${this.buf.length - this.off} unexpected trailing bytes after ${what}`,
+      );
     }
   }
 }
@@ -332,16 +417,23 @@ export function decodeRequest(buf: Uint8Array, limits: ProtocolLimits = DEFAULT_
   switch (type) {
     case MessageType.Lookup: {
       const lookupId = r.str('lookupId', WIRE_LIMITS.maxLookupIdBytes);
-      if (lookupId.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookupId must not be empty');
+      if (lookupId.length === 0)
+        throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookupId must not be empty');
       const nsCount = r.u8('namespace count');
       if (nsCount < 1 || nsCount > WIRE_LIMITS.maxNamespacesPerLookup) {
-        throw new KvtierError('KVT_INVALID_ARGUMENT', `lookup needs 1..${WIRE_LIMITS.maxNamespacesPerLookup} namespaces, got ${nsCount}`);
+        throw new KvtierError(
+          'KVT_INVALID_ARGUMENT',
+          `lookup needs 1..${WIRE_LIMITS.maxNamespacesPerLookup} namespaces, got ${nsCount}`,
+        );
       }
       const namespaces: string[] = [];
       for (let i = 0; i < nsCount; i++) namespaces.push(r.hex(NAMESPACE_BYTES, 'namespace id'));
       const n = r.u32('chunk count');
       if (n > limits.maxChunksPerLookup) {
-        throw new KvtierError('KVT_TOO_LARGE', `lookup has ${n} chunks, the limit is ${limits.maxChunksPerLookup}`);
+        throw new KvtierError(
+          'KVT_TOO_LARGE',
+          `lookup has ${n} chunks, the limit is ${limits.maxChunksPerLookup}`,
+        );
       }
       const hashes = r.bytes(n * HASH_BYTES, 'chunk hashes');
       r.need(n * 4, 'token counts');
@@ -350,19 +442,28 @@ export function decodeRequest(buf: Uint8Array, limits: ProtocolLimits = DEFAULT_
         const t = r.buf.readUInt32LE(r.off);
         r.off += 4;
         if (t < 1 || t > limits.maxTokensPerChunk) {
-          throw new KvtierError('KVT_INVALID_ARGUMENT', `token count of chunk ${i} is ${t}, allowed 1..${limits.maxTokensPerChunk}`);
+          throw new KvtierError(
+            'KVT_INVALID_ARGUMENT',
+            `token count of chunk ${i} is ${t}, allowed 1..${limits.maxTokensPerChunk}`,
+          );
         }
         tokenCounts[i] = t;
       }
       const cfgLen = r.u32('config length');
-      if (cfgLen > WIRE_LIMITS.maxConfigBytes) throw new KvtierError('KVT_TOO_LARGE', `lookup config is ${cfgLen} bytes, the limit is ${WIRE_LIMITS.maxConfigBytes}`);
-      const config = cfgLen > 0 ? parseLookupConfig(r.bytes(cfgLen, 'config').toString('utf8')) : {};
+      if (cfgLen > WIRE_LIMITS.maxConfigBytes)
+        throw new KvtierError(
+          'KVT_TOO_LARGE',
+          `lookup config is ${cfgLen} bytes, the limit is ${WIRE_LIMITS.maxConfigBytes}`,
+        );
+      const config =
+        cfgLen > 0 ? parseLookupConfig(r.bytes(cfgLen, 'config').toString('utf8')) : {};
       r.end('lookup');
       return { type: 'lookup', requestId, lookupId, namespaces, hashes, tokenCounts, config };
     }
     case MessageType.Cancel: {
       const lookupId = r.str('lookupId', WIRE_LIMITS.maxLookupIdBytes);
-      if (lookupId.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookupId must not be empty');
+      if (lookupId.length === 0)
+        throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookupId must not be empty');
       r.end('cancel');
       return { type: 'cancel', requestId, lookupId };
     }
@@ -384,10 +485,17 @@ export function decodeRequest(buf: Uint8Array, limits: ProtocolLimits = DEFAULT_
       const hash = r.hex(HASH_BYTES, 'chunk hash');
       const tokens = r.u32('token count');
       if (tokens < 1 || tokens > limits.maxTokensPerChunk) {
-        throw new KvtierError('KVT_INVALID_ARGUMENT', `token count is ${tokens}, allowed 1..${limits.maxTokensPerChunk}`);
+        throw new KvtierError(
+          'KVT_INVALID_ARGUMENT',
+          `token count is ${tokens}, allowed 1..${limits.maxTokensPerChunk}`,
+        );
       }
       const len = r.u32('payload length');
-      if (len > limits.maxPayloadBytes) throw new KvtierError('KVT_TOO_LARGE', `payload is ${len} bytes, the limit is ${limits.maxPayloadBytes}`);
+      if (len > limits.maxPayloadBytes)
+        throw new KvtierError(
+          'KVT_TOO_LARGE',
+          `payload is ${len} bytes, the limit is ${limits.maxPayloadBytes}`,
+        );
       if (len === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'payload must not be empty');
       const payload = r.bytes(len, 'payload');
       r.end('put');
@@ -417,17 +525,23 @@ function parseLookupConfig(text: string): LookupConfig {
   const o = v as Record<string, unknown>;
   const cfg: LookupConfig = {};
   if (o.pin !== undefined) {
-    if (typeof o.pin !== 'boolean') throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup config "pin" must be a boolean');
+    if (typeof o.pin !== 'boolean')
+      throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup config "pin" must be a boolean');
     cfg.pin = o.pin;
   }
   if (o.prefetch !== undefined) {
-    if (typeof o.prefetch !== 'boolean') throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup config "prefetch" must be a boolean');
+    if (typeof o.prefetch !== 'boolean')
+      throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup config "prefetch" must be a boolean');
     cfg.prefetch = o.prefetch;
   }
   return cfg;
 }
 
-const STATUS_NAME: Record<number, LookupStatusName> = { [LookupStatus.Ok]: 'ok', [LookupStatus.Canceled]: 'canceled', [LookupStatus.Stale]: 'stale' };
+const STATUS_NAME: Record<number, LookupStatusName> = {
+  [LookupStatus.Ok]: 'ok',
+  [LookupStatus.Canceled]: 'canceled',
+  [LookupStatus.Stale]: 'stale',
+};
 const OUTCOME_NAME = ['stored', 'exists', 'dropped'] as const;
 
 /** Decodes a reply (client side). Throws KVT_PROTOCOL (malformed) or KVT_TOO_LARGE (over a wire limit). */
@@ -439,15 +553,26 @@ export function decodeReply(buf: Uint8Array): Reply {
       const lookupId = r.str('lookupId', WIRE_LIMITS.maxLookupIdBytes);
       const statusCode = r.u8('status');
       const status = STATUS_NAME[statusCode];
-      if (status === undefined) throw new KvtierError('KVT_PROTOCOL', `unknown lookup status ${statusCode}`);
+      if (status === undefined)
+        throw new KvtierError('KVT_PROTOCOL', `unknown lookup status ${statusCode}`);
       const epoch = r.u32('epoch');
       const hitTokens = r.u32('hit tokens');
       const hitChunks = r.u32('hit chunks');
       const nt = r.u8('tier count');
       const tiers = [];
-      for (let i = 0; i < nt; i++) tiers.push({ tier: r.str('tier name', 0xffff), tokens: r.u32('tier tokens') });
+      for (let i = 0; i < nt; i++)
+        tiers.push({ tier: r.str('tier name', 0xffff), tokens: r.u32('tier tokens') });
       r.end('lookup result');
-      return { type: 'lookup-result', requestId, lookupId, status, epoch, hitTokens, hitChunks, tiers };
+      return {
+        type: 'lookup-result',
+        requestId,
+        lookupId,
+        status,
+        epoch,
+        hitTokens,
+        hitChunks,
+        tiers,
+      };
     }
     case MessageType.CancelResult: {
       const found = r.u8('found') === 1;
@@ -471,12 +596,15 @@ export function decodeReply(buf: Uint8Array): Reply {
         throw new KvtierError('KVT_PROTOCOL', 'reply JSON is malformed');
       }
       const rec = (typeof obj === 'object' && obj !== null ? obj : {}) as Record<string, unknown>;
-      return type === MessageType.Pong ? { type: 'pong', requestId, info: rec } : { type: 'stats-result', requestId, stats: rec };
+      return type === MessageType.Pong
+        ? { type: 'pong', requestId, info: rec }
+        : { type: 'stats-result', requestId, stats: rec };
     }
     case MessageType.PutResult: {
       const code = r.u8('outcome');
       const outcome = OUTCOME_NAME[code];
-      if (outcome === undefined) throw new KvtierError('KVT_PROTOCOL', `unknown put outcome ${code}`);
+      if (outcome === undefined)
+        throw new KvtierError('KVT_PROTOCOL', `unknown put outcome ${code}`);
       r.end('put result');
       return { type: 'put-result', requestId, outcome };
     }
@@ -492,7 +620,9 @@ export function decodeReply(buf: Uint8Array): Reply {
       const rawCode = r.str('error code', 64);
       const message = r.str('error message', 0xffff);
       r.end('error reply');
-      const code = (KVTIER_ERROR_CODES as readonly string[]).includes(rawCode) ? (rawCode as KvtierErrorCode) : 'KVT_INTERNAL';
+      const code = (KVTIER_ERROR_CODES as readonly string[]).includes(rawCode)
+        ? (rawCode as KvtierErrorCode)
+        : 'KVT_INTERNAL';
       return { type: 'error', requestId, code, message };
     }
     default:

@@ -61,7 +61,9 @@ export class PinLedger {
 
   /** Hashes pinned on `tier` for `ns`, in position order. */
   pinnedOn(tier: StorageBackend, ns: NamespaceId): ChunkHash[] {
-    const runs = this.#runs.filter((r) => r.tier === tier && r.ns === ns).sort((a, b) => a.start - b.start);
+    const runs = this.#runs
+      .filter((r) => r.tier === tier && r.ns === ns)
+      .sort((a, b) => a.start - b.start);
     return runs.flatMap((r) => r.hashes);
   }
 }

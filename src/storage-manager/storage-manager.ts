@@ -1,4 +1,10 @@
-import type { Chunk, ChunkHash, NamespaceId, PutOutcome, StorageBackend } from '../backends/types.ts';
+import type {
+  Chunk,
+  ChunkHash,
+  NamespaceId,
+  PutOutcome,
+  StorageBackend,
+} from '../backends/types.ts';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { EventManager } from '../event-manager/event-manager.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
@@ -78,7 +84,12 @@ interface Segment {
   end: number;
 }
 
-const DEFAULTS = { prefetchBudgetChunks: 1024, pinTtlMs: 60_000, maxLookups: 4096, sweepIntervalMs: 1000 };
+const DEFAULTS = {
+  prefetchBudgetChunks: 1024,
+  pinTtlMs: 60_000,
+  maxLookups: 4096,
+  sweepIntervalMs: 1000,
+};
 
 /**
  * Runs lookups over the tiers (design decision 3), prefetches lower-tier hits into the CPU tier
@@ -104,11 +115,15 @@ export class StorageManager {
     }
     const first = opts.tiers[0]!;
     if (!first.capabilities.hostMemory) {
-      throw new KvtierError('KVT_CONFIG', `the first tier must keep chunks in host memory (e.g. local-cpu), got "${first.name}" (${first.kind})`);
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `the first tier must keep chunks in host memory (e.g. local-cpu), got "${first.name}" (${first.kind})`,
+      );
     }
     const names = new Set<string>();
     for (const t of opts.tiers) {
-      if (names.has(t.name)) throw new KvtierError('KVT_CONFIG', `tier names must be unique, "${t.name}" appears twice`);
+      if (names.has(t.name))
+        throw new KvtierError('KVT_CONFIG', `tier names must be unique, "${t.name}" appears twice`);
       names.add(t.name);
     }
     this.tiers = [...opts.tiers];
@@ -116,9 +131,18 @@ export class StorageManager {
     this.#lower = this.tiers.slice(1);
     this.#metrics = opts.metrics;
     this.#log = opts.log ?? silentLogger;
-    this.#epoch = requireInt('initialEpoch', opts.initialEpoch ?? defaultInitialEpoch(), 0, 2 ** 32 - 2);
+    this.#epoch = requireInt(
+      'initialEpoch',
+      opts.initialEpoch ?? defaultInitialEpoch(),
+      0,
+      2 ** 32 - 2,
+    );
     this.serializer = new AsyncSerializer({
-      capacityChunks: requireInt('prefetchBudgetChunks', opts.prefetchBudgetChunks ?? DEFAULTS.prefetchBudgetChunks, 1),
+      capacityChunks: requireInt(
+        'prefetchBudgetChunks',
+        opts.prefetchBudgetChunks ?? DEFAULTS.prefetchBudgetChunks,
+        1,
+      ),
     });
     this.events = new EventManager<PinnedLookup>({
       maxEntries: requireInt('maxLookups', opts.maxLookups ?? DEFAULTS.maxLookups, 1),
@@ -148,9 +172,13 @@ export class StorageManager {
   async lookup(input: LookupInput, opts: { signal?: AbortSignal } = {}): Promise<LookupOutcome> {
     if (this.#closing !== undefined) throw closedError('storage manager');
     if (input.hashes.length !== input.tokenCounts.length) {
-      throw new KvtierError('KVT_INVALID_ARGUMENT', `lookup has ${input.hashes.length} hashes but ${input.tokenCounts.length} token counts`);
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `lookup has ${input.hashes.length} hashes but ${input.tokenCounts.length} token counts`,
+      );
     }
-    if (input.namespaces.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs at least one namespace');
+    if (input.namespaces.length === 0)
+      throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs at least one namespace');
     const started = performance.now();
     if (this.events.state(input.lookupId) !== 'not_found') this.events.cancel(input.lookupId);
 
@@ -166,7 +194,10 @@ export class StorageManager {
       settle = { resolve, reject };
     });
     // Registered before any pin is taken, so a full event manager refuses the lookup cleanly.
-    this.events.add(input.lookupId, work, { abort: () => ac.abort(), dispose: (p) => p.ledger.releaseAll() });
+    this.events.add(input.lookupId, work, {
+      abort: () => ac.abort(),
+      dispose: (p) => p.ledger.releaseAll(),
+    });
     work.catch(() => {});
     try {
       const pinned = await this.#run(input, ac);
@@ -177,7 +208,10 @@ export class StorageManager {
       settle.resolve(pinned);
       // Lets the event manager record the result before it is taken back.
       await work;
-      if ((pinned.status !== 'ok' || input.pin === false) && this.events.result(input.lookupId) === pinned) {
+      if (
+        (pinned.status !== 'ok' || input.pin === false) &&
+        this.events.result(input.lookupId) === pinned
+      ) {
         this.events.take(input.lookupId);
         pinned.ledger.releaseAll();
       }
@@ -263,7 +297,13 @@ export class StorageManager {
   }
 
   /** Walks the tiers for one namespace: contiguous hits per tier, each tier continuing where the last stopped. */
-  async #probe(ns: NamespaceId, hashes: readonly ChunkHash[], tierCount: number, ledger: PinLedger, signal: LazyAbort): Promise<Segment[]> {
+  async #probe(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    tierCount: number,
+    ledger: PinLedger,
+    signal: LazyAbort,
+  ): Promise<Segment[]> {
     const segments: Segment[] = [];
     let pos = 0;
     for (let ti = 0; ti < tierCount && pos < hashes.length; ti++) {
@@ -273,7 +313,11 @@ export class StorageManager {
       let k = 0;
       try {
         // Host memory answers at once; only slower tiers get a signal to abort on.
-        k = await tier.batchedContains(ns, rest, ti === 0 ? { pin: true } : { pin: true, signal: signal.signal });
+        k = await tier.batchedContains(
+          ns,
+          rest,
+          ti === 0 ? { pin: true } : { pin: true, signal: signal.signal },
+        );
       } catch (err) {
         if (signal.aborted) throw abortedError(signal.signal, 'lookup');
         this.#log.warn('tier contains failed; treated as a miss', { tier: tier.name, err });
@@ -292,7 +336,9 @@ export class StorageManager {
   #fitBudget(segmentsByNs: Segment[][], ready: number): number {
     const budget = this.serializer.capacity;
     let lower = 0;
-    for (const segs of segmentsByNs) for (const s of segs) if (s.tierIndex > 0) lower += Math.max(0, Math.min(s.end, ready) - s.start);
+    for (const segs of segmentsByNs)
+      for (const s of segs)
+        if (s.tierIndex > 0) lower += Math.max(0, Math.min(s.end, ready) - s.start);
     if (lower <= budget) return ready;
     let used = 0;
     for (let pos = 0; pos < ready; pos++) {
@@ -309,7 +355,13 @@ export class StorageManager {
    * Brings the lower-tier parts of [0, ready) into the CPU tier, pinned. Returns the new ready
    * count: the first chunk a tier did not deliver (or the CPU tier could not take) ends it.
    */
-  async #prefetch(input: LookupInput, segmentsByNs: Segment[][], ready: number, ledger: PinLedger, abort: LazyAbort): Promise<number> {
+  async #prefetch(
+    input: LookupInput,
+    segmentsByNs: Segment[][],
+    ready: number,
+    ledger: PinLedger,
+    abort: LazyAbort,
+  ): Promise<number> {
     const jobs: { ns: NamespaceId; seg: Segment }[] = [];
     let weight = 0;
     input.namespaces.forEach((ns, i) => {
@@ -330,10 +382,15 @@ export class StorageManager {
           jobs.map(async ({ ns, seg }) => {
             const tier = this.tiers[seg.tierIndex]!;
             try {
-              return await tier.batchedGet(ns, input.hashes.slice(seg.start, seg.end), { signal: sig });
+              return await tier.batchedGet(ns, input.hashes.slice(seg.start, seg.end), {
+                signal: sig,
+              });
             } catch (err) {
               if (sig.aborted) throw abortedError(sig, 'prefetch');
-              this.#log.warn('tier get failed during prefetch; treated as a miss', { tier: tier.name, err });
+              this.#log.warn('tier get failed during prefetch; treated as a miss', {
+                tier: tier.name,
+                err,
+              });
               return new Map<ChunkHash, Chunk | null>();
             }
           }),
@@ -354,7 +411,11 @@ export class StorageManager {
             stored.push(hash);
           }
           ledger.add(this.cpu, ns, seg.start, stored);
-          if (stored.length > 0) this.#metrics?.prefetchChunks.inc({ tier: this.tiers[seg.tierIndex]!.name }, stored.length);
+          if (stored.length > 0)
+            this.#metrics?.prefetchChunks.inc(
+              { tier: this.tiers[seg.tierIndex]!.name },
+              stored.length,
+            );
           if (pos < seg.end) newReady = Math.min(newReady, pos);
         }
         return newReady;
@@ -365,7 +426,11 @@ export class StorageManager {
     return limit;
   }
 
-  #breakdown(segments: readonly Segment[], ready: number, tokenCounts: ArrayLike<number>): TierTokens[] {
+  #breakdown(
+    segments: readonly Segment[],
+    ready: number,
+    tokenCounts: ArrayLike<number>,
+  ): TierTokens[] {
     const out: TierTokens[] = [];
     for (const s of segments) {
       let tokens = 0;
@@ -382,7 +447,14 @@ export class StorageManager {
     for (let i = 0; i < input.tokenCounts.length; i++) requested += input.tokenCounts[i]!;
     m.lookupRequestedTokens.inc(requested);
     for (const t of p.tiers) m.lookupHitTokens.inc({ tier: t.tier }, t.tokens);
-    const result = p.status === 'stale' ? 'stale' : p.hitChunks === 0 ? 'miss' : p.hitChunks === input.hashes.length ? 'hit' : 'partial';
+    const result =
+      p.status === 'stale'
+        ? 'stale'
+        : p.hitChunks === 0
+          ? 'miss'
+          : p.hitChunks === input.hashes.length
+            ? 'hit'
+            : 'partial';
     m.lookups.inc({ result });
     m.lookupDuration.observe((performance.now() - started) / 1000);
   }
@@ -409,7 +481,8 @@ export class StorageManager {
     });
     if (!queued) {
       if (inCpu) this.cpu.unpin(ns, [hash]);
-      for (const t of this.#lower) this.#metrics?.writeThroughDropped.inc({ tier: t.name, reason: 'queue_full' });
+      for (const t of this.#lower)
+        this.#metrics?.writeThroughDropped.inc({ tier: t.name, reason: 'queue_full' });
     }
     return inCpu ? outcome : queued ? 'stored' : 'dropped';
   }
@@ -456,9 +529,18 @@ export class StorageManager {
   stats(): Record<string, unknown> {
     return {
       epoch: this.#epoch,
-      tiers: this.tiers.map((t) => ({ name: t.name, kind: t.kind, health: t.health(), ...t.stats() })),
+      tiers: this.tiers.map((t) => ({
+        name: t.name,
+        kind: t.kind,
+        health: t.health(),
+        ...t.stats(),
+      })),
       lookups: { ...this.events.sizes(), expiredTotal: this.events.expiredTotal },
-      serializer: { capacityChunks: this.serializer.capacity, inUseChunks: this.serializer.inUse, waiters: this.serializer.waiters },
+      serializer: {
+        capacityChunks: this.serializer.capacity,
+        inUseChunks: this.serializer.inUse,
+        waiters: this.serializer.waiters,
+      },
       writeThrough: { depth: this.writeQueue.depth, bytes: this.writeQueue.bytes },
     };
   }
@@ -482,5 +564,11 @@ function defaultInitialEpoch(): number {
 }
 
 function outcomeOf(p: PinnedLookup): LookupOutcome {
-  return { status: p.status, epoch: p.epoch, hitTokens: p.hitTokens, hitChunks: p.hitChunks, tiers: p.tiers };
+  return {
+    status: p.status,
+    epoch: p.epoch,
+    hitTokens: p.hitTokens,
+    hitChunks: p.hitChunks,
+    tiers: p.tiers,
+  };
 }

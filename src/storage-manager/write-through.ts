@@ -1,5 +1,5 @@
-import { KvtierError } from '../errors.ts';
 import type { Chunk, ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
+import { KvtierError } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';
 
 /** Why a write-through was not done. */
@@ -47,7 +47,12 @@ export class WriteThroughQueue {
   constructor(opts: WriteThroughOptions = {}) {
     this.#maxChunks = requireInt('writeThrough.maxChunks', opts.maxChunks ?? DEFAULTS.maxChunks, 1);
     this.#maxBytes = requireInt('writeThrough.maxBytes', opts.maxBytes ?? DEFAULTS.maxBytes, 1);
-    this.#concurrency = requireInt('writeThrough.concurrency', opts.concurrency ?? DEFAULTS.concurrency, 1, 256);
+    this.#concurrency = requireInt(
+      'writeThrough.concurrency',
+      opts.concurrency ?? DEFAULTS.concurrency,
+      1,
+      256,
+    );
     this.#onDrop = opts.onDrop ?? (() => {});
   }
 
@@ -67,7 +72,8 @@ export class WriteThroughQueue {
    */
   enqueue(job: WriteJob): boolean {
     const size = job.chunk.data.length;
-    if (this.#closed || this.depth >= this.#maxChunks || this.#bytes + size > this.#maxBytes) return false;
+    if (this.#closed || this.depth >= this.#maxChunks || this.#bytes + size > this.#maxBytes)
+      return false;
     this.#jobs.push(job);
     this.#bytes += size;
     if (this.#active < this.#concurrency) void this.#worker();
@@ -126,7 +132,10 @@ export class WriteThroughQueue {
           const outcome = await tier.put(job.ns, job.hash, job.chunk);
           if (outcome === 'dropped') this.#onDrop(tier.name, 'backend_dropped');
         } catch (err) {
-          this.#onDrop(tier.name, err instanceof KvtierError && err.code === 'KVT_CLOSED' ? 'closed' : 'backend_error');
+          this.#onDrop(
+            tier.name,
+            err instanceof KvtierError && err.code === 'KVT_CLOSED' ? 'closed' : 'backend_error',
+          );
         }
       }),
     );

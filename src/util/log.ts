@@ -29,7 +29,11 @@ function levelFromEnv(): LogLevel {
 export function createLogger(component: string, opts: LoggerOptions = {}): Logger {
   const min = ORDER[opts.level ?? levelFromEnv()];
   const write = opts.write ?? ((line: string) => process.stderr.write(line));
-  const emit = (level: Exclude<LogLevel, 'silent'>, msg: string, fields?: Record<string, unknown>) => {
+  const emit = (
+    level: Exclude<LogLevel, 'silent'>,
+    msg: string,
+    fields?: Record<string, unknown>,
+  ) => {
     if (ORDER[level] < min) return;
     const rec: Record<string, unknown> = { time: new Date().toISOString(), level, component, msg };
     if (fields !== undefined) {

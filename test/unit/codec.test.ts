@@ -449,7 +449,11 @@ describe('decoder validation', () => {
       'KVT_TOO_LARGE',
       'cancel',
     );
-    throwsCode(() => decodeRequest(frame(0x02, 1, str(''))), 'KVT_INVALID_ARGUMENT', 'empty cancel id');
+    throwsCode(
+      () => decodeRequest(frame(0x02, 1, str(''))),
+      'KVT_INVALID_ARGUMENT',
+      'empty cancel id',
+    );
     throwsCode(() => decodeRequest(lookupFrame({ nsCount: 0 })), 'KVT_INVALID_ARGUMENT');
     throwsCode(() => decodeRequest(lookupFrame({ nsCount: 17 })), 'KVT_INVALID_ARGUMENT');
     throwsCode(() => decodeRequest(lookupFrame({ nsCount: 255 })), 'KVT_INVALID_ARGUMENT');

@@ -6,7 +6,10 @@ import { MemoryBackend } from '../../src/backends/memory.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
-import { StorageManager, type StorageManagerOptions } from '../../src/storage-manager/storage-manager.ts';
+import {
+  StorageManager,
+  type StorageManagerOptions,
+} from '../../src/storage-manager/storage-manager.ts';
 import { GatedBackend } from '../../test/support/gated-backend.ts';
 
 const NS = '0123456789abcdef0123456789abcdef';
@@ -14,7 +17,9 @@ const NS2 = 'fedcba9876543210fedcba9876543210';
 const CHUNK_BYTES = 4096;
 
 function hashes(n: number, tag = 'h'): string[] {
-  return Array.from({ length: n }, (_, i) => Buffer.from(`${tag}-${i}`.padEnd(32, '.')).toString('hex'));
+  return Array.from({ length: n }, (_, i) =>
+    Buffer.from(`${tag}-${i}`.padEnd(32, '.')).toString('hex'),
+  );
 }
 
 function chunk(tokens = 16, bytes = CHUNK_BYTES) {
@@ -23,7 +28,10 @@ function chunk(tokens = 16, bytes = CHUNK_BYTES) {
 
 const open: StorageManager[] = [];
 
-function manager(tiers: StorageBackend[], extra: Partial<StorageManagerOptions> = {}): StorageManager {
+function manager(
+  tiers: StorageBackend[],
+  extra: Partial<StorageManagerOptions> = {},
+): StorageManager {
   const m = new StorageManager({ tiers, sweepIntervalMs: 0, ...extra });
   open.push(m);
   return m;
@@ -49,7 +57,12 @@ describe('StorageManager lookup', () => {
     const hs = hashes(5);
     for (const h of hs.slice(0, 3)) await cpu.put(NS, h, chunk());
     await cpu.put(NS, hs[4]!, chunk()); // after the gap: must not count
-    const out = await sm.lookup({ lookupId: 'a', namespaces: [NS], hashes: hs, tokenCounts: [16, 16, 16, 16, 16] });
+    const out = await sm.lookup({
+      lookupId: 'a',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: [16, 16, 16, 16, 16],
+    });
     assert.equal(out.status, 'ok');
     assert.equal(out.hitChunks, 3);
     assert.equal(out.hitTokens, 48);
@@ -66,7 +79,13 @@ describe('StorageManager lookup', () => {
     const sm = manager([cpu]);
     const hs = hashes(2);
     for (const h of hs) await cpu.put(NS, h, chunk());
-    const out = await sm.lookup({ lookupId: 'p', namespaces: [NS], hashes: hs, tokenCounts: [16, 7], pin: false });
+    const out = await sm.lookup({
+      lookupId: 'p',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: [16, 7],
+      pin: false,
+    });
     assert.equal(out.hitTokens, 23);
     assert.equal(cpu.stats().pinnedChunks, 0);
     assert.equal(sm.events.state('p'), 'not_found');
@@ -84,7 +103,12 @@ describe('StorageManager lookup', () => {
       lowerChunks.set(h, c);
       await lower.put(NS, h, c);
     }
-    const pending = sm.lookup({ lookupId: 'x', namespaces: [NS], hashes: hs, tokenCounts: Array(7).fill(16) });
+    const pending = sm.lookup({
+      lookupId: 'x',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: Array(7).fill(16),
+    });
     await lower.gate.whenWaiting(1);
     assert.equal(sm.events.state('x'), 'ongoing');
     assert.equal(sm.serializer.inUse, 3, 'the prefetch holds its chunk budget while it runs');
@@ -99,7 +123,12 @@ describe('StorageManager lookup', () => {
     assert.equal(sm.serializer.inUse, 0);
     assert.equal(cpu.stats().pinnedChunks, 5, 'prefetched chunks are pinned in the CPU tier');
     const got = await cpu.batchedGet(NS, hs.slice(2, 5));
-    for (const [h, c] of lowerChunks) assert.deepEqual(Buffer.from(got.get(h)!.data), c.data, 'prefetched bytes are the stored bytes');
+    for (const [h, c] of lowerChunks)
+      assert.deepEqual(
+        Buffer.from(got.get(h)!.data),
+        c.data,
+        'prefetched bytes are the stored bytes',
+      );
     sm.cancel('x');
     assert.equal(cpu.stats().pinnedChunks, 0);
   });
@@ -112,10 +141,19 @@ describe('StorageManager lookup', () => {
     await cpu.put(NS, hs[0]!, chunk());
     for (const h of hs.slice(1)) await lower.put(NS, h, chunk());
     lower.shortGets = 2;
-    const out = await sm.lookup({ lookupId: 's', namespaces: [NS], hashes: hs, tokenCounts: Array(5).fill(16) });
+    const out = await sm.lookup({
+      lookupId: 's',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: Array(5).fill(16),
+    });
     assert.equal(out.hitChunks, 3);
     assert.equal(cpu.stats().pinnedChunks, 3);
-    assert.equal(lower.inner.stats().pinnedChunks, 0, 'lower-tier pins are released after the prefetch');
+    assert.equal(
+      lower.inner.stats().pinnedChunks,
+      0,
+      'lower-tier pins are released after the prefetch',
+    );
   });
 
   test('a chunk whose token count differs from the request is a miss', async () => {
@@ -126,7 +164,12 @@ describe('StorageManager lookup', () => {
     await lower.put(NS, hs[0]!, chunk(16));
     await lower.put(NS, hs[1]!, chunk(9));
     await lower.put(NS, hs[2]!, chunk(16));
-    const out = await sm.lookup({ lookupId: 't', namespaces: [NS], hashes: hs, tokenCounts: [16, 16, 16] });
+    const out = await sm.lookup({
+      lookupId: 't',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: [16, 16, 16],
+    });
     assert.equal(out.hitChunks, 1);
   });
 
@@ -138,7 +181,12 @@ describe('StorageManager lookup', () => {
     await lower.put(NS, hs[0]!, chunk());
     await lower.put(NS, hs[2]!, chunk());
     await lower.put(NS, hs[3]!, chunk());
-    const out = await sm.lookup({ lookupId: 'm', namespaces: [NS], hashes: hs, tokenCounts: Array(4).fill(16) });
+    const out = await sm.lookup({
+      lookupId: 'm',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: Array(4).fill(16),
+    });
     assert.equal(out.hitChunks, 1);
   });
 
@@ -151,10 +199,18 @@ describe('StorageManager lookup', () => {
     for (const h of hs.slice(1)) await lower.put(NS, h, chunk());
     lower.down = true;
     const counts = [16, 16, 16];
-    assert.equal((await sm.lookup({ lookupId: 'd1', namespaces: [NS], hashes: hs, tokenCounts: counts })).hitChunks, 1);
+    assert.equal(
+      (await sm.lookup({ lookupId: 'd1', namespaces: [NS], hashes: hs, tokenCounts: counts }))
+        .hitChunks,
+      1,
+    );
     lower.down = false;
     lower.failGets = true;
-    assert.equal((await sm.lookup({ lookupId: 'd2', namespaces: [NS], hashes: hs, tokenCounts: counts })).hitChunks, 1);
+    assert.equal(
+      (await sm.lookup({ lookupId: 'd2', namespaces: [NS], hashes: hs, tokenCounts: counts }))
+        .hitChunks,
+      1,
+    );
     assert.equal(cpu.stats().pinnedChunks, 1, 'only the answered CPU hit stays pinned');
     assert.equal(lower.inner.stats().pinnedChunks, 0, 'pins on the failing tier are released');
     lower.failGets = false;
@@ -162,7 +218,11 @@ describe('StorageManager lookup', () => {
     assert.equal(cpu.stats().pinnedChunks, 1, 'still pinned by the other lookup');
     sm.cancel('d2');
     assert.equal(cpu.stats().pinnedChunks, 0);
-    assert.equal((await sm.lookup({ lookupId: 'd3', namespaces: [NS], hashes: hs, tokenCounts: counts })).hitChunks, 3);
+    assert.equal(
+      (await sm.lookup({ lookupId: 'd3', namespaces: [NS], hashes: hs, tokenCounts: counts }))
+        .hitChunks,
+      3,
+    );
   });
 
   test('with several namespaces a chunk counts only when every namespace has it', async () => {
@@ -171,7 +231,12 @@ describe('StorageManager lookup', () => {
     const hs = hashes(4);
     for (const h of hs) await cpu.put(NS, h, chunk());
     for (const h of hs.slice(0, 2)) await cpu.put(NS2, h, chunk());
-    const out = await sm.lookup({ lookupId: 'r', namespaces: [NS, NS2], hashes: hs, tokenCounts: Array(4).fill(16) });
+    const out = await sm.lookup({
+      lookupId: 'r',
+      namespaces: [NS, NS2],
+      hashes: hs,
+      tokenCounts: Array(4).fill(16),
+    });
     assert.equal(out.hitChunks, 2);
     assert.equal(cpu.stats().pinnedChunks, 4, 'two chunks in each namespace, the rest released');
   });
@@ -183,7 +248,12 @@ describe('StorageManager lookup', () => {
     const hs = hashes(6);
     await cpu.put(NS, hs[0]!, chunk());
     for (const h of hs.slice(1)) await lower.put(NS, h, chunk());
-    const out = await sm.lookup({ lookupId: 'b', namespaces: [NS], hashes: hs, tokenCounts: Array(6).fill(16) });
+    const out = await sm.lookup({
+      lookupId: 'b',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: Array(6).fill(16),
+    });
     assert.equal(out.hitChunks, 3);
   });
 
@@ -196,7 +266,12 @@ describe('StorageManager lookup', () => {
     cpu.pin(NS, filler);
     const hs = hashes(4);
     for (const h of hs) await lower.put(NS, h, chunk());
-    const out = await sm.lookup({ lookupId: 'full', namespaces: [NS], hashes: hs, tokenCounts: Array(4).fill(16) });
+    const out = await sm.lookup({
+      lookupId: 'full',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: Array(4).fill(16),
+    });
     assert.equal(out.hitChunks, 1);
     assert.ok(cpu.stats().droppedPuts >= 1);
   });
@@ -208,7 +283,12 @@ describe('StorageManager lookup', () => {
     const hs = hashes(3);
     await cpu.put(NS, hs[0]!, chunk());
     for (const h of hs.slice(1)) await lower.put(NS, h, chunk());
-    const pending = sm.lookup({ lookupId: 'c', namespaces: [NS], hashes: hs, tokenCounts: [4, 4, 4] });
+    const pending = sm.lookup({
+      lookupId: 'c',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: [4, 4, 4],
+    });
     await lower.gate.whenWaiting(1);
     assert.equal(sm.cancel('c'), true);
     const out = await pending;
@@ -226,10 +306,20 @@ describe('StorageManager lookup', () => {
     const sm = manager([cpu, lower]);
     const hs = hashes(2);
     for (const h of hs) await lower.put(NS, h, chunk());
-    const first = sm.lookup({ lookupId: 'same', namespaces: [NS], hashes: hs, tokenCounts: [16, 16] });
+    const first = sm.lookup({
+      lookupId: 'same',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: [16, 16],
+    });
     await lower.gate.whenWaiting(1);
     lower.gate.open();
-    const second = sm.lookup({ lookupId: 'same', namespaces: [NS], hashes: hs, tokenCounts: [16, 16] });
+    const second = sm.lookup({
+      lookupId: 'same',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: [16, 16],
+    });
     assert.equal((await first).status, 'canceled');
     const out = await second;
     assert.equal(out.hitTokens, 32);
@@ -255,7 +345,12 @@ describe('StorageManager lookup', () => {
     assert.equal(out.hitTokens, 0);
     assert.equal(out.epoch, before + 1);
     assert.equal(cpu.stats().pinnedChunks, 0);
-    const again = await sm.lookup({ lookupId: 'e2', namespaces: [NS], hashes: hs, tokenCounts: [4, 4] });
+    const again = await sm.lookup({
+      lookupId: 'e2',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: [4, 4],
+    });
     assert.equal(again.hitChunks, 0, 'clear dropped the chunks from every tier');
   });
 
@@ -304,34 +399,62 @@ describe('StorageManager lookup', () => {
     const lower = new GatedBackend({ name: 'never' });
     const blocked = manager([cpuTier(), lower], { maxLookups: 1 });
     await lower.put(NS, hs[0]!, chunk());
-    const held = blocked.lookup({ lookupId: 'held', namespaces: [NS], hashes: hs, tokenCounts: [16] });
+    const held = blocked.lookup({
+      lookupId: 'held',
+      namespaces: [NS],
+      hashes: hs,
+      tokenCounts: [16],
+    });
     await lower.gate.whenWaiting(1);
-    await assert.rejects(blocked.lookup({ lookupId: 'next', namespaces: [NS], hashes: hs, tokenCounts: [16] }), (e: unknown) => e instanceof KvtierError && e.code === 'KVT_CAPACITY');
+    await assert.rejects(
+      blocked.lookup({ lookupId: 'next', namespaces: [NS], hashes: hs, tokenCounts: [16] }),
+      (e: unknown) => e instanceof KvtierError && e.code === 'KVT_CAPACITY',
+    );
     lower.gate.open();
     assert.equal((await held).hitChunks, 1);
     // Answered, pinned lookups are evicted oldest-first to make room.
     const own = hashes(3, 'own');
     for (const h of own) await cpu.put(NS, h, chunk());
-    for (let i = 0; i < 3; i++) await sm.lookup({ lookupId: `l${i}`, namespaces: [NS], hashes: [own[i]!], tokenCounts: [16] });
+    for (let i = 0; i < 3; i++)
+      await sm.lookup({
+        lookupId: `l${i}`,
+        namespaces: [NS],
+        hashes: [own[i]!],
+        tokenCounts: [16],
+      });
     assert.equal(sm.events.state('l0'), 'not_found');
     assert.equal(cpu.stats().pinnedChunks, 2, 'the evicted lookup released its pin');
   });
 
   test('rejects inconsistent input and work after close', async () => {
     const sm = manager([cpuTier()]);
-    await assert.rejects(sm.lookup({ lookupId: 'z', namespaces: [NS], hashes: hashes(2), tokenCounts: [1] }), { code: 'KVT_INVALID_ARGUMENT' });
-    await assert.rejects(sm.lookup({ lookupId: 'z', namespaces: [], hashes: [], tokenCounts: [] }), { code: 'KVT_INVALID_ARGUMENT' });
+    await assert.rejects(
+      sm.lookup({ lookupId: 'z', namespaces: [NS], hashes: hashes(2), tokenCounts: [1] }),
+      { code: 'KVT_INVALID_ARGUMENT' },
+    );
+    await assert.rejects(
+      sm.lookup({ lookupId: 'z', namespaces: [], hashes: [], tokenCounts: [] }),
+      { code: 'KVT_INVALID_ARGUMENT' },
+    );
     await sm.close();
     await sm.close();
-    await assert.rejects(sm.lookup({ lookupId: 'z', namespaces: [NS], hashes: [], tokenCounts: [] }), { code: 'KVT_CLOSED' });
+    await assert.rejects(
+      sm.lookup({ lookupId: 'z', namespaces: [NS], hashes: [], tokenCounts: [] }),
+      { code: 'KVT_CLOSED' },
+    );
     await assert.rejects(sm.put(NS, hashes(1)[0]!, chunk()), { code: 'KVT_CLOSED' });
   });
 
   test('the first tier must be host memory and names must be unique', () => {
-    assert.throws(() => new StorageManager({ tiers: [new MemoryBackend({}, { name: 'm' })] }), { code: 'KVT_CONFIG' });
+    assert.throws(() => new StorageManager({ tiers: [new MemoryBackend({}, { name: 'm' })] }), {
+      code: 'KVT_CONFIG',
+    });
     assert.throws(() => new StorageManager({ tiers: [] }), { code: 'KVT_CONFIG' });
     const a = cpuTier();
-    assert.throws(() => new StorageManager({ tiers: [a, new MemoryBackend({}, { name: 'cpu' })] }), { code: 'KVT_CONFIG' });
+    assert.throws(
+      () => new StorageManager({ tiers: [a, new MemoryBackend({}, { name: 'cpu' })] }),
+      { code: 'KVT_CONFIG' },
+    );
   });
 });
 
@@ -347,7 +470,9 @@ describe('StorageManager put and write-through', () => {
     await sm.writeQueue.idle();
     for (const tier of [a, b]) {
       const got = await tier.batchedGet(NS, hs);
-      hs.forEach((h, i) => assert.deepEqual(Buffer.from(got.get(h)!.data), chunks[i]!.data));
+      hs.forEach((h, i) => {
+        assert.deepEqual(Buffer.from(got.get(h)!.data), chunks[i]!.data);
+      });
     }
     assert.equal(cpu.stats().pinnedChunks, 0, 'write-through pins are released');
     assert.equal(await sm.put(NS, hs[0]!, chunks[0]!), 'exists');
@@ -369,9 +494,14 @@ describe('StorageManager put and write-through', () => {
     const metrics = new KvtierMetrics({ defaultMetrics: false });
     const sm = manager([cpu, slow], { writeThrough: { maxChunks: 2, concurrency: 1 }, metrics });
     const hs = hashes(4);
-    for (const h of hs) assert.equal(await sm.put(NS, h, chunk()), 'stored', 'the CPU tier took it');
+    for (const h of hs)
+      assert.equal(await sm.put(NS, h, chunk()), 'stored', 'the CPU tier took it');
     assert.equal(sm.writeQueue.depth, 2);
-    assert.equal(cpu.stats().pinnedChunks, 2, 'only queued chunks are pinned for the write-through');
+    assert.equal(
+      cpu.stats().pinnedChunks,
+      2,
+      'only queued chunks are pinned for the write-through',
+    );
     const text = await metrics.text();
     assert.match(text, /kvtier_writethrough_dropped_total\{tier="slow",reason="queue_full"\} 2/);
     releasePuts();

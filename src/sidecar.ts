@@ -1,0 +1,141 @@
+import { BackendRegistry } from './backends/registry.ts';
+import type { StorageBackend } from './backends/types.ts';
+import type { KvtierConfig } from './config/config.ts';
+import { LookupServer } from './lookup-server/lookup-server.ts';
+import { OpsHttpServer } from './metrics/http-server.ts';
+import { instrumentBackend } from './metrics/instrumented-backend.ts';
+import { KvtierMetrics } from './metrics/metrics.ts';
+import { StorageManager } from './storage-manager/storage-manager.ts';
+import { createLogger, type Logger } from './util/log.ts';
+
+export interface SidecarOptions {
+  config: KvtierConfig;
+  /** Backend types; default: the built-in ones. */
+  registry?: BackendRegistry;
+  log?: Logger;
+  /** Collect process metrics (CPU, memory, event loop); default true. */
+  processMetrics?: boolean;
+}
+
+/** Package version reported by PING and /healthz. */
+export const KVTIER_VERSION = '0.1.0';
+
+/**
+ * A running kvtier sidecar: tiers built from config (instrumented), the storage manager, the
+ * ZMQ lookup server and the ops HTTP endpoint. `start` builds and binds everything or fails
+ * loudly (closing what it built); `close` shuts down in reverse order.
+ */
+export class Sidecar {
+  readonly config: KvtierConfig;
+  readonly metrics: KvtierMetrics;
+  readonly storage: StorageManager;
+  readonly server: LookupServer;
+  readonly ops: OpsHttpServer | undefined;
+  readonly #log: Logger;
+  #closing: Promise<void> | undefined;
+
+  private constructor(
+    config: KvtierConfig,
+    metrics: KvtierMetrics,
+    storage: StorageManager,
+    server: LookupServer,
+    ops: OpsHttpServer | undefined,
+    log: Logger,
+  ) {
+    this.config = config;
+    this.metrics = metrics;
+    this.storage = storage;
+    this.server = server;
+    this.ops = ops;
+    this.#log = log;
+  }
+
+  /** Builds and starts a sidecar. @throws KvtierError KVT_CONFIG when a tier or an endpoint fails. */
+  static async start(opts: SidecarOptions): Promise<Sidecar> {
+    const { config } = opts;
+    const log = opts.log ?? createLogger('kvtier', { level: config.logLevel });
+    const metrics = new KvtierMetrics({ defaultMetrics: opts.processMetrics ?? true });
+    const registry = opts.registry ?? new BackendRegistry();
+    const raw: StorageBackend[] = await registry.createTiers(config.tiers);
+    const storage = new StorageManager({
+      tiers: raw.map((b) => instrumentBackend(b, metrics)),
+      prefetchBudgetChunks: config.storage.prefetchBudgetChunks,
+      pinTtlMs: config.storage.pinTtlMs,
+      maxLookups: config.storage.maxLookups,
+      writeThrough: config.storage.writeThrough,
+      metrics,
+      log: log.child('storage'),
+    });
+    const server = new LookupServer({
+      endpoint: config.listen,
+      storage,
+      limits: config.limits,
+      metrics,
+      log: log.child('server'),
+      info: () => ({ version: KVTIER_VERSION }),
+    });
+    let ops: OpsHttpServer | undefined;
+    try {
+      await server.start();
+      if (config.metrics !== null) {
+        ops = new OpsHttpServer({
+          host: config.metrics.host,
+          port: config.metrics.port,
+          metrics,
+          logger: log.child('ops'),
+          ready: () => {
+            const down = storage.tiers.filter((t) => t.health() === 'down').map((t) => t.name);
+            return {
+              ready: server.endpoint !== '' && down.length === 0,
+              detail: { endpoint: server.endpoint, tiersDown: down },
+            };
+          },
+          health: () => ({ version: KVTIER_VERSION, epoch: storage.epoch }),
+        });
+        await ops.start();
+      }
+    } catch (err) {
+      await ops?.close().catch(() => {});
+      await server.close();
+      await storage.close();
+      throw err;
+    }
+    metrics.bindSources({
+      backends: () => storage.tiers,
+      serializer: () => ({
+        capacity: storage.serializer.capacity,
+        inUse: storage.serializer.inUse,
+        waiters: storage.serializer.waiters,
+      }),
+      events: () => ({ ...storage.events.sizes(), expiredTotal: storage.events.expiredTotal }),
+      pinnedLookups: () => storage.events.sizes().done,
+      writeQueueDepth: () => storage.writeQueue.depth,
+      epoch: () => storage.epoch,
+    });
+    log.info('kvtier started', {
+      version: KVTIER_VERSION,
+      endpoint: server.endpoint,
+      metrics: ops === undefined ? null : `http://${config.metrics!.host}:${ops.port}/metrics`,
+      tiers: config.tiers.map((t) => ({ name: t.name, type: t.type })),
+    });
+    return new Sidecar(config, metrics, storage, server, ops, log);
+  }
+
+  /** Ops HTTP URL base, or undefined when disabled. */
+  get opsUrl(): string | undefined {
+    return this.ops === undefined
+      ? undefined
+      : `http://${this.config.metrics!.host}:${this.ops.port}`;
+  }
+
+  /** Stops serving, releases pins, flushes write-through and closes the tiers. Idempotent. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      await this.server.close();
+      await this.ops?.close();
+      await this.storage.close();
+      this.#log.info('kvtier stopped');
+    })();
+    return this.#closing;
+  }
+}

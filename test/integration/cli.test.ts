@@ -1,0 +1,239 @@
+/**
+ * The `kvtier` command as a user runs it: `bin/kvtier.js serve` with no config at all, the ops
+ * endpoints, the client commands against it, `hash`, SIGTERM, and the exit codes of bad input.
+ */
+import assert from 'node:assert/strict';
+import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
+import { mkdtemp, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, before, describe, it } from 'node:test';
+import { hashChunks, hashToHex } from '../../src/hashing/chunk-hasher.ts';
+import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
+import {
+  freeTcpPort,
+  REPO_ROOT,
+  randomNamespace,
+  randomPayload,
+  withDeadline,
+} from '../support/fixtures.ts';
+import { assertValidPromText } from '../support/prom-text.ts';
+
+const BIN = join(REPO_ROOT, 'bin', 'kvtier.js');
+/** Upper bound on any one CLI run or wait; exceeding it fails the test. */
+const DEADLINE_MS = 20_000;
+
+/** The environment without KVTIER_* variables, so only flags configure the CLI. */
+function cleanEnv(): NodeJS.ProcessEnv {
+  const env: NodeJS.ProcessEnv = {};
+  for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('KVTIER_')) env[k] = v;
+  return env;
+}
+
+function spawnCli(args: string[]): ChildProcessWithoutNullStreams {
+  return spawn(process.execPath, [BIN, ...args], {
+    cwd: REPO_ROOT,
+    env: cleanEnv(),
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
+}
+
+interface CliResult {
+  code: number | null;
+  signal: NodeJS.Signals | null;
+  stdout: string;
+  stderr: string;
+}
+
+/** Runs `kvtier ...args` to completion, feeding `input` on stdin. */
+async function runCli(args: string[], input = ''): Promise<CliResult> {
+  const child = spawnCli(args);
+  let stdout = '';
+  let stderr = '';
+  child.stdout.setEncoding('utf8').on('data', (d: string) => {
+    stdout += d;
+  });
+  child.stderr.setEncoding('utf8').on('data', (d: string) => {
+    stderr += d;
+  });
+  child.stdin.end(input);
+  const done = new Promise<CliResult>((resolve) => {
+    child.once('close', (code, signal) => resolve({ code, signal, stdout, stderr }));
+  });
+  try {
+    return await withDeadline(done, DEADLINE_MS, `kvtier ${args.join(' ')}`);
+  } finally {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  }
+}
+
+function nonEmptyLines(text: string): string[] {
+  return text.split('\n').filter((l) => l.trim() !== '');
+}
+
+// The tests of this suite run in order against one server: /metrics is read after a lookup has
+// been counted, and the last test stops the server.
+describe('kvtier serve with no config', () => {
+  let server: ChildProcessWithoutNullStreams | undefined;
+  let exited: Promise<{ code: number | null; signal: NodeJS.Signals | null }> | undefined;
+  let serverStderr = '';
+  let endpoint = '';
+  let metricsUrl = '';
+  let tmp = '';
+
+  before(async () => {
+    tmp = await mkdtemp(join(tmpdir(), 'kvtier-cli-'));
+    const port = await freeTcpPort();
+    endpoint = `tcp://127.0.0.1:${port}`;
+    const child = spawnCli(['serve', '--listen', endpoint, '--metrics-port', '0']);
+    server = child;
+    exited = new Promise((resolve) => {
+      child.once('exit', (code, signal) => resolve({ code, signal }));
+    });
+    child.stdin.end();
+    child.stdout.resume();
+    const found = new Promise<string>((resolve, reject) => {
+      child.stderr.setEncoding('utf8').on('data', (d: string) => {
+        serverStderr += d;
+        const m = /metrics at (http:\/\/\S+\/metrics)/.exec(serverStderr);
+        if (m !== null) resolve(m[1]!);
+      });
+      exited!.then(({ code }) =>
+        reject(new Error(`kvtier serve exited with ${code}:\n${serverStderr}`)),
+      );
+    });
+    metricsUrl = await withDeadline(found, DEADLINE_MS, 'kvtier serve start-up line');
+  });
+
+  after(async () => {
+    if (server !== undefined && server.exitCode === null && server.signalCode === null) {
+      server.kill('SIGKILL');
+      await exited;
+    }
+    if (tmp !== '') await rm(tmp, { recursive: true, force: true });
+  });
+
+  it('prints where it serves: the requested endpoint, the CPU tier size and the metrics URL', () => {
+    assert.match(
+      serverStderr,
+      new RegExp(`serving on ${endpoint.replace(/\./g, '\\.')}, cpu tier`),
+    );
+    assert.match(metricsUrl, /^http:\/\/127\.0\.0\.1:\d+\/metrics$/);
+    assert.doesNotMatch(metricsUrl, /:0\/metrics$/, 'the real port, not 0');
+  });
+
+  it('ping and stats exit 0 with JSON', async () => {
+    const ping = await runCli(['ping', '--endpoint', endpoint]);
+    assert.equal(ping.code, 0, ping.stderr);
+    const info = JSON.parse(ping.stdout) as Record<string, unknown>;
+    assert.equal(info.protocolVersion, 1);
+    assert.equal(typeof info.version, 'string');
+
+    const stats = await runCli(['stats', '--endpoint', endpoint]);
+    assert.equal(stats.code, 0, stats.stderr);
+    const s = JSON.parse(stats.stdout) as { tiers: { name: string; kind: string }[] };
+    assert.deepEqual(
+      s.tiers.map((t) => [t.name, t.kind]),
+      [['cpu', 'local-cpu']],
+    );
+  });
+
+  it('lookup reports tokens stored through a LookupClient as cached', async () => {
+    const ns = randomNamespace();
+    const tokens = Array.from({ length: 600 }, (_, i) => (i * 31 + 7) % 32_000);
+    const chunks = hashChunks(tokens, { chunkSize: 256, partial: true });
+    assert.equal(chunks.length, 3);
+    const c = new LookupClient({ endpoint, namespaces: [ns] });
+    try {
+      for (const ch of chunks.slice(0, 2)) {
+        assert.equal(
+          await c.put(ns, hashToHex(ch.hash), ch.end - ch.start, randomPayload(4096)),
+          'stored',
+        );
+      }
+    } finally {
+      await c.close();
+    }
+    const file = join(tmp, 'tokens.json');
+    await writeFile(file, JSON.stringify(tokens));
+    const res = await runCli([
+      'lookup',
+      '--namespace',
+      ns,
+      '--tokens',
+      file,
+      '--partial',
+      '--endpoint',
+      endpoint,
+    ]);
+    assert.equal(res.code, 0, res.stderr);
+    const lines = nonEmptyLines(res.stdout);
+    assert.match(lines[0] ?? '', /^512 of 600 tokens cached \(2 of 3 chunks, epoch \d+\)$/);
+    assert.deepEqual(lines.slice(1), ['  cpu: 512 tokens']);
+
+    const other = await runCli([
+      'lookup',
+      '--namespace',
+      randomNamespace(),
+      '--tokens',
+      file,
+      '--endpoint',
+      endpoint,
+    ]);
+    assert.equal(other.code, 0, other.stderr);
+    assert.match(
+      nonEmptyLines(other.stdout)[0] ?? '',
+      /^0 of 512 tokens cached \(0 of 2 chunks, epoch \d+\)$/,
+    );
+  });
+
+  it('serves valid Prometheus text on /metrics, and 200 on /healthz and /readyz', async () => {
+    const res = await fetch(metricsUrl);
+    assert.equal(res.status, 200);
+    const text = await res.text();
+    assertValidPromText(text);
+    assert.match(text, /^kvtier_lookups_total(\{[^}]*\})? \d+/m, 'a kvtier_lookups_total sample');
+    const base = metricsUrl.slice(0, -'/metrics'.length);
+    for (const path of ['/healthz', '/readyz']) {
+      const r = await fetch(`${base}${path}`);
+      assert.equal(r.status, 200, path);
+      await r.arrayBuffer();
+    }
+  });
+
+  it('exits 0 on SIGTERM', async () => {
+    assert.ok(server !== undefined && exited !== undefined);
+    assert.equal(server.kill('SIGTERM'), true);
+    const { code, signal } = await withDeadline(exited, DEADLINE_MS, 'exit after SIGTERM');
+    assert.equal(signal, null);
+    assert.equal(code, 0, serverStderr);
+  });
+});
+
+describe('kvtier client-side commands and errors', () => {
+  it('hash prints one line per chunk for tokens on stdin', async () => {
+    const tokens = Array.from({ length: 300 }, (_, i) => i);
+    const res = await runCli(['hash', '--chunk-size', '128', '--partial'], JSON.stringify(tokens));
+    assert.equal(res.code, 0, res.stderr);
+    const expected = hashChunks(tokens, { chunkSize: 128, partial: true }).map(
+      (c) => `${c.start} ${c.end} ${hashToHex(c.hash)}`,
+    );
+    assert.deepEqual(nonEmptyLines(res.stdout), expected);
+    assert.equal(expected.length, 3);
+  });
+
+  it('serve --config /nonexistent exits 2 with one clear error line', async () => {
+    const res = await runCli(['serve', '--config', '/nonexistent', '--metrics-port', '0']);
+    assert.equal(res.code, 2);
+    const lines = nonEmptyLines(res.stderr);
+    assert.equal(lines.length, 1, `expected one line, got:\n${res.stderr}`);
+    assert.match(lines[0]!, /^kvtier serve: .*\/nonexistent/);
+    assert.equal(res.stdout, '');
+  });
+
+  it('an unknown command exits 2', async () => {
+    const res = await runCli(['frobnicate']);
+    assert.equal(res.code, 2);
+    assert.match(res.stderr, /unknown command "frobnicate"/);
+  });
+});
