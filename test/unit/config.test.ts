@@ -1,0 +1,182 @@
+import assert from 'node:assert/strict';
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { describe, test } from 'node:test';
+import { BackendRegistry } from '../../src/backends/registry.ts';
+import type { StorageBackend } from '../../src/backends/types.ts';
+import { formatBytes, parseBytes } from '../../src/config/bytes.ts';
+import { defaultConfig, loadConfig, resolveConfig } from '../../src/config/config.ts';
+import { KvtierError } from '../../src/errors.ts';
+
+const isConfigError = (e: unknown) => e instanceof KvtierError && e.code === 'KVT_CONFIG';
+
+describe('byte sizes', () => {
+  test('parses integers and unit strings', () => {
+    assert.equal(parseBytes('x', 4096), 4096);
+    assert.equal(parseBytes('x', '512MiB'), 512 * 1024 ** 2);
+    assert.equal(parseBytes('x', '4 GiB'), 4 * 1024 ** 3);
+    assert.equal(parseBytes('x', '1.5G'), 1_500_000_000);
+    assert.equal(parseBytes('x', '10kb'), 10_000);
+  });
+  test('refuses what is not a size, naming the option', () => {
+    for (const bad of [-1, 1.5, '4 parsecs', '', 'GiB', {}, null]) {
+      assert.throws(
+        () => parseBytes('tiers[0].capacityBytes', bad),
+        (e: unknown) => isConfigError(e) && (e as Error).message.includes('tiers[0].capacityBytes'),
+      );
+    }
+  });
+  test('formats for people', () => {
+    assert.equal(formatBytes(6 * 1024 ** 3), '6 GiB');
+    assert.equal(formatBytes(1536), '1.5 KiB');
+  });
+});
+
+describe('config', () => {
+  test('the embedded default is one LocalCPU tier on loopback', () => {
+    const cfg = defaultConfig();
+    assert.equal(cfg.tiers.length, 1);
+    assert.equal(cfg.tiers[0]!.type, 'local-cpu');
+    assert.ok((cfg.tiers[0]!.options.capacityBytes as number) >= 64 * 1024 ** 2, 'at least 64 MiB');
+    assert.ok((cfg.tiers[0]!.options.capacityBytes as number) <= 8 * 1024 ** 3, 'at most 8 GiB');
+    assert.match(cfg.listen, /^tcp:\/\/127\.0\.0\.1:/);
+    assert.equal(cfg.metrics?.host, '127.0.0.1');
+  });
+
+  test('a file merges over the defaults; sizes in tier options become numbers', () => {
+    const cfg = resolveConfig({
+      listen: 'tcp://127.0.0.1:6000',
+      tiers: [
+        { name: 'hot', type: 'local-cpu', capacityBytes: '1GiB' },
+        { type: 'memory', capacityBytes: 1000 },
+      ],
+      storage: { pinTtlMs: 5000, writeThrough: { maxBytes: '64MiB' } },
+      metrics: null,
+    });
+    assert.equal(cfg.listen, 'tcp://127.0.0.1:6000');
+    assert.deepEqual(cfg.tiers, [
+      { name: 'hot', type: 'local-cpu', options: { capacityBytes: 1024 ** 3 } },
+      { name: 'memory', type: 'memory', options: { capacityBytes: 1000 } },
+    ]);
+    assert.equal(cfg.storage.pinTtlMs, 5000);
+    assert.equal(cfg.storage.prefetchBudgetChunks, 1024, 'untouched defaults stay');
+    assert.equal(cfg.storage.writeThrough.maxBytes, 64 * 1024 ** 2);
+    assert.equal(cfg.metrics, null);
+  });
+
+  test('refuses bad values with a message naming the key', () => {
+    const cases: [unknown, string][] = [
+      [[], '(root)'],
+      [{ bogus: 1 }, 'bogus'],
+      [{ listen: 'localhost:5555' }, 'listen'],
+      [{ tiers: [] }, 'tiers'],
+      [{ tiers: [{ name: 'a' }] }, 'tiers[0].type'],
+      [{ tiers: [{ type: 'local-cpu' }, { type: 'local-cpu' }] }, 'used twice'],
+      [{ tiers: [{ name: 'bad name!', type: 'memory' }] }, 'tiers[0].name'],
+      [{ storage: { pinTtlMs: 0 } }, 'storage.pinTtlMs'],
+      [{ storage: { writeThrough: { concurrency: 1000 } } }, 'storage.writeThrough.concurrency'],
+      [{ metrics: { port: 70000 } }, 'metrics.port'],
+      [{ limits: { maxChunksPerLookup: 0 } }, 'limits.maxChunksPerLookup'],
+      [{ logLevel: 'loud' }, 'logLevel'],
+    ];
+    for (const [raw, mention] of cases) {
+      assert.throws(
+        () => resolveConfig(raw),
+        (e: unknown) => isConfigError(e) && (e as Error).message.includes(mention),
+        `expected a KVT_CONFIG error mentioning ${mention} for ${JSON.stringify(raw)}`,
+      );
+    }
+  });
+
+  test('precedence: defaults < file < environment < flags', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'kvtier-config-'));
+    const file = join(dir, 'kvtier.json');
+    await writeFile(
+      file,
+      JSON.stringify({ listen: 'tcp://127.0.0.1:7001', metrics: { port: 7101 }, logLevel: 'warn' }),
+    );
+    const fromFile = await loadConfig({ configPath: file }, {});
+    assert.equal(fromFile.listen, 'tcp://127.0.0.1:7001');
+    assert.equal(fromFile.metrics?.port, 7101);
+    const env = {
+      KVTIER_CONFIG: file,
+      KVTIER_LISTEN: 'tcp://127.0.0.1:7002',
+      KVTIER_METRICS_PORT: '7102',
+      KVTIER_CPU_BYTES: '256MiB',
+    };
+    const fromEnv = await loadConfig({}, env);
+    assert.equal(fromEnv.listen, 'tcp://127.0.0.1:7002');
+    assert.equal(fromEnv.metrics?.port, 7102);
+    assert.equal(fromEnv.logLevel, 'warn', 'file values the environment does not touch stay');
+    assert.equal(fromEnv.tiers[0]!.options.capacityBytes, 256 * 1024 ** 2);
+    const fromFlags = await loadConfig({ listen: 'tcp://127.0.0.1:7003', metricsPort: 0 }, env);
+    assert.equal(fromFlags.listen, 'tcp://127.0.0.1:7003');
+    assert.equal(fromFlags.metrics?.port, 0);
+  });
+
+  test('an unreadable or malformed file is a KVT_CONFIG error', async () => {
+    await assert.rejects(loadConfig({ configPath: '/nonexistent/kvtier.json' }, {}), isConfigError);
+    const dir = await mkdtemp(join(tmpdir(), 'kvtier-config-'));
+    const file = join(dir, 'bad.json');
+    await writeFile(file, '{ "listen": ');
+    await assert.rejects(loadConfig({ configPath: file }, {}), isConfigError);
+    await assert.rejects(loadConfig({}, { KVTIER_METRICS_PORT: 'abc' }), isConfigError);
+  });
+});
+
+describe('backend registry', () => {
+  test('builds tiers in config order and refuses unknown types', async () => {
+    const reg = new BackendRegistry();
+    const tiers = await reg.createTiers([
+      { name: 'cpu', type: 'local-cpu', options: { capacityBytes: 1024 * 1024 } },
+      { name: 'mem', type: 'memory', options: {} },
+    ]);
+    assert.deepEqual(
+      tiers.map((t) => [t.name, t.kind]),
+      [
+        ['cpu', 'local-cpu'],
+        ['mem', 'memory'],
+      ],
+    );
+    await Promise.all(tiers.map((t) => t.close()));
+    await assert.rejects(
+      reg.createTiers([{ name: 'x', type: 'nope', options: {} }]),
+      (e: unknown) =>
+        isConfigError(e) && (e as Error).message.includes('unknown backend type "nope"'),
+    );
+  });
+
+  test('a tier that fails to start fails the whole start loudly and closes the tiers built before it', async () => {
+    const reg = new BackendRegistry();
+    let closed = 0;
+    reg.register('tracked', async (_o, ctx) => {
+      const inner = await reg.createTiers([{ name: ctx.name, type: 'memory', options: {} }]);
+      const b = inner[0]!;
+      return new Proxy(b, {
+        get(target, prop, recv) {
+          if (prop === 'close')
+            return async () => {
+              closed++;
+              await target.close();
+            };
+          return Reflect.get(target, prop, recv) as unknown;
+        },
+      }) as StorageBackend;
+    });
+    reg.register('broken', async () => {
+      throw new Error('disk not mounted');
+    });
+    await assert.rejects(
+      reg.createTiers([
+        { name: 'a', type: 'tracked', options: {} },
+        { name: 'b', type: 'broken', options: {} },
+      ]),
+      (e: unknown) =>
+        isConfigError(e) &&
+        (e as Error).message.includes('tier "b" (broken) failed to start: disk not mounted'),
+    );
+    assert.equal(closed, 1);
+    assert.throws(() => reg.register('memory', async () => assert.fail('unused')), isConfigError);
+  });
+});
