@@ -1,6 +1,9 @@
 import { KvtierError } from '../errors.ts';
+import type { Logger } from '../util/log.ts';
+import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-breaker.ts';
 import { createLocalCpuBackend } from './local-cpu.ts';
 import { createMemoryBackend } from './memory.ts';
+import { createModuleBackendFactory } from './plugin.ts';
 import type { BackendFactory, StorageBackend } from './types.ts';
 
 /** One tier as the config lists it: a unique name, a backend type and that backend's options. */
@@ -8,6 +11,19 @@ export interface TierConfig {
   name: string;
   type: string;
   options: Record<string, unknown>;
+  /**
+   * Health and circuit-breaker settings for a tier below host memory (every such tier gets a
+   * breaker with defaults); `false` turns the breaker off. Ignored for host-memory tiers.
+   */
+  health?: CircuitBreakerOptions | false;
+}
+
+export interface BackendRegistryOptions {
+  /** Register the built-in types (default true). */
+  builtins?: boolean;
+  /** Directory relative plug-in paths are resolved against (default: the working directory). */
+  pluginBaseDir?: string;
+  log?: Logger;
 }
 
 /**
@@ -16,11 +32,14 @@ export interface TierConfig {
  */
 export class BackendRegistry {
   readonly #factories = new Map<string, BackendFactory>();
+  readonly #log: Logger | undefined;
 
-  constructor(opts: { builtins?: boolean } = {}) {
+  constructor(opts: BackendRegistryOptions = {}) {
+    this.#log = opts.log;
     if (opts.builtins !== false) {
       this.register('local-cpu', createLocalCpuBackend);
       this.register('memory', createMemoryBackend);
+      this.register('module', createModuleBackendFactory(opts.pluginBaseDir));
     }
   }
 
@@ -52,8 +71,9 @@ export class BackendRegistry {
             `tier "${cfg.name}": unknown backend type "${cfg.type}"; known types: ${this.types().join(', ')}`,
           );
         }
+        let backend: StorageBackend;
         try {
-          built.push(await factory(cfg.options, { name: cfg.name }));
+          backend = await factory(cfg.options, { name: cfg.name });
         } catch (err) {
           const msg = err instanceof Error ? err.message : String(err);
           throw new KvtierError(
@@ -61,6 +81,24 @@ export class BackendRegistry {
             `tier "${cfg.name}" (${cfg.type}) failed to start: ${msg}`,
             { cause: err },
           );
+        }
+        // Tiers below host memory may be slow or down: a breaker bounds every call and bypasses
+        // a failing tier until a probe finds it healthy again.
+        const wrap = !backend.capabilities.hostMemory && cfg.health !== false;
+        if (!wrap) {
+          built.push(backend);
+          continue;
+        }
+        try {
+          const log = this.#log?.child(cfg.name);
+          built.push(
+            new CircuitBreakerBackend(backend, { ...(cfg.health || {}), ...(log ? { log } : {}) }),
+          );
+        } catch (err) {
+          await backend.close().catch(() => {});
+          throw new KvtierError('KVT_CONFIG', `tier "${cfg.name}": ${(err as Error).message}`, {
+            cause: err,
+          });
         }
       }
       return built;

@@ -1,5 +1,7 @@
 import { readFile } from 'node:fs/promises';
 import { totalmem } from 'node:os';
+import { dirname, resolve as resolvePath } from 'node:path';
+import { resolveCircuitBreakerOptions } from '../backends/circuit-breaker.ts';
 import type { TierConfig } from '../backends/registry.ts';
 import { KvtierError } from '../errors.ts';
 import type { ProtocolLimits } from '../protocol/messages.ts';
@@ -23,6 +25,8 @@ export interface KvtierConfig {
   };
   limits: ProtocolLimits;
   logLevel: LogLevel;
+  /** Directory relative paths in the config (plug-in modules) are resolved against. */
+  baseDir: string;
 }
 
 const LOG_LEVELS: readonly LogLevel[] = ['debug', 'info', 'warn', 'error', 'silent'];
@@ -54,6 +58,7 @@ export function defaultConfig(): KvtierConfig {
       maxTokensPerChunk: 65536,
     },
     logLevel: 'info',
+    baseDir: process.cwd(),
   };
 }
 
@@ -128,7 +133,7 @@ export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()
     const names = new Set<string>();
     cfg.tiers = o.tiers.map((t, i) => {
       const to = obj(`tiers[${i}]`, t);
-      const { name, type, ...options } = to;
+      const { name, type, health, ...options } = to;
       if (typeof type !== 'string' || type.length === 0)
         fail(`tiers[${i}].type`, `must be a backend type name, got ${describe(type)}`);
       const tierName = name ?? type;
@@ -137,7 +142,22 @@ export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()
       if (names.has(tierName))
         fail(`tiers[${i}].name`, `"${tierName}" is used twice; tier names must be unique`);
       names.add(tierName);
-      return { name: tierName, type, options: normalizeSizes(`tiers[${i}]`, options) };
+      const tier: TierConfig = {
+        name: tierName,
+        type,
+        options: normalizeSizes(`tiers[${i}]`, options),
+      };
+      if (health === false) tier.health = false;
+      else if (health !== undefined) {
+        const h = obj(`tiers[${i}].health`, health);
+        onlyKeys(`tiers[${i}].health`, h, ['timeoutMs', 'failureThreshold', 'probeIntervalMs']);
+        try {
+          tier.health = resolveCircuitBreakerOptions(h as Record<string, number>);
+        } catch (err) {
+          fail(`tiers[${i}].health`, (err as Error).message);
+        }
+      }
+      return tier;
     });
   }
   if (o.storage !== undefined) {
@@ -230,6 +250,7 @@ export async function loadConfig(
       );
     }
     cfg = resolveConfig(parsed, cfg);
+    cfg.baseDir = dirname(resolvePath(path));
   }
   const patch: Record<string, unknown> = {};
   if (env.KVTIER_LISTEN) patch.listen = env.KVTIER_LISTEN;
