@@ -1,8 +1,8 @@
 import { KvtierError } from '../errors.ts';
 import type { Logger } from '../util/log.ts';
 import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-breaker.ts';
-import { createLocalCpuBackend } from './local-cpu.ts';
-import { createMemoryBackend } from './memory.ts';
+import { createLocalCpuBackend, localCpuOptionsFromConfig } from './local-cpu.ts';
+import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
 import { createModuleBackendFactory } from './plugin.ts';
 import type { BackendFactory, StorageBackend } from './types.ts';
 
@@ -18,6 +18,9 @@ export interface TierConfig {
   health?: CircuitBreakerOptions | false;
 }
 
+/** Checks a tier's raw options; throws KVT_CONFIG naming the tier and the key. */
+export type OptionsValidator = (options: Record<string, unknown>, tier: string) => unknown;
+
 export interface BackendRegistryOptions {
   /** Register the built-in types (default true). */
   builtins?: boolean;
@@ -32,22 +35,40 @@ export interface BackendRegistryOptions {
  */
 export class BackendRegistry {
   readonly #factories = new Map<string, BackendFactory>();
+  readonly #validators = new Map<string, OptionsValidator>();
   readonly #log: Logger | undefined;
 
   constructor(opts: BackendRegistryOptions = {}) {
     this.#log = opts.log;
     if (opts.builtins !== false) {
-      this.register('local-cpu', createLocalCpuBackend);
-      this.register('memory', createMemoryBackend);
+      this.register('local-cpu', createLocalCpuBackend, localCpuOptionsFromConfig);
+      this.register('memory', createMemoryBackend, memoryOptionsFromConfig);
       this.register('module', createModuleBackendFactory(opts.pluginBaseDir));
     }
   }
 
-  /** Adds a backend type. @throws KVT_CONFIG when the type is already registered. */
-  register(type: string, factory: BackendFactory): void {
+  /**
+   * Adds a backend type. `validate` (optional) checks a tier's options without starting
+   * anything, for `validateTiers`. @throws KVT_CONFIG when the type is already registered.
+   */
+  register(type: string, factory: BackendFactory, validate?: OptionsValidator): void {
     if (this.#factories.has(type))
       throw new KvtierError('KVT_CONFIG', `backend type "${type}" is already registered`);
     this.#factories.set(type, factory);
+    if (validate !== undefined) this.#validators.set(type, validate);
+  }
+
+  /**
+   * Checks tier configs without starting anything: every type is known and every options object
+   * passes its type's validator. @throws KvtierError KVT_CONFIG naming the tier.
+   */
+  validateTiers(configs: readonly TierConfig[]): void {
+    for (const cfg of configs) {
+      if (!this.#factories.has(cfg.type)) {
+        throw new KvtierError('KVT_CONFIG', `tier "${cfg.name}": unknown backend type "${cfg.type}"; known types: ${this.types().join(', ')}`);
+      }
+      this.#validators.get(cfg.type)?.(cfg.options, cfg.name);
+    }
   }
 
   /** Registered type names. */

@@ -47,6 +47,8 @@ export interface BackendStats {
   readonly evictions: number;
   /** Puts dropped because there was no room (e.g. full of pinned data). */
   readonly droppedPuts: number;
+  /** Stored objects that failed verification on read (corrupt or misplaced) and were removed. */
+  readonly corruptObjects?: number;
 }
 
 /** Health as seen by the backend itself; remote tiers report 'down' while bypassed. */

@@ -104,6 +104,12 @@ const PER_TIER: ReadonlyArray<readonly [string, string, Kind, Read<BackendSnapsh
     (b) => b.stats?.droppedPuts,
   ],
   [
+    'kvtier_backend_corrupt_chunks_total',
+    'Stored chunks that failed verification on read and were removed, by tier.',
+    'counter',
+    (b) => b.stats?.corruptObjects,
+  ],
+  [
     'kvtier_backend_health',
     'Tier health: 1 up, 0.5 degraded, 0 down.',
     'gauge',
@@ -175,8 +181,6 @@ export class KvtierMetrics {
   readonly backendBytesWritten: Counter<'tier'>;
   /** kvtier_backend_errors_total{tier,op,code}: backend calls that threw, by KvtierError code. */
   readonly backendErrors: Counter<'tier' | 'op' | 'code'>;
-  /** kvtier_backend_corrupt_chunks_total{tier}: chunks that failed verification and were removed. */
-  readonly corruptChunks: Counter<'tier'>;
   /** kvtier_writethrough_dropped_total{tier,reason}: write-through puts dropped. */
   readonly writeThroughDropped: Counter<'tier' | 'reason'>;
   /** kvtier_pins_expired_total: pins released by TTL rather than by the client. */
@@ -263,11 +267,6 @@ export class KvtierMetrics {
       'kvtier_backend_errors_total',
       'Storage backend calls that failed, by tier, operation and error code.',
       ['tier', 'op', 'code'],
-    );
-    this.corruptChunks = counter(
-      'kvtier_backend_corrupt_chunks_total',
-      'Chunks that failed verification on read and were removed, by tier.',
-      ['tier'],
     );
     this.writeThroughDropped = counter(
       'kvtier_writethrough_dropped_total',
