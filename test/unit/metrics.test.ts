@@ -138,7 +138,7 @@ describe('KvtierMetrics', () => {
       evictions: 7,
       droppedPuts: 1,
     });
-    const disk = new FakeSource('disk', { ...STATS, chunks: 9 }, 'degraded');
+    const disk = new FakeSource('disk', { ...STATS, chunks: 9, corruptObjects: 3 }, 'degraded');
     let list: FakeSource[] = [cpu, disk];
     m.bindSources({ backends: () => list });
 
@@ -152,6 +152,12 @@ describe('KvtierMetrics', () => {
     assert.equal(tier('kvtier_backend_pinned_chunks', 'cpu'), 2);
     assert.equal(tier('kvtier_backend_evictions_total', 'cpu'), 7);
     assert.equal(tier('kvtier_backend_dropped_puts_total', 'cpu'), 1);
+    assert.equal(tier('kvtier_backend_corrupt_chunks_total', 'disk'), 3);
+    assert.equal(
+      tier('kvtier_backend_corrupt_chunks_total', 'cpu'),
+      undefined,
+      'absent when the tier does not report it',
+    );
     assert.equal(tier('kvtier_backend_health', 'cpu'), 1);
     assert.equal(tier('kvtier_backend_health', 'disk'), 0.5);
     assert.equal(cpu.statsCalls, 1, 'one stats() read per backend per scrape');
