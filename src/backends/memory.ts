@@ -142,7 +142,7 @@ export class MemoryBackend implements StorageBackend {
     const e: Entry = {
       ns,
       hash,
-      chunk: { tokens: chunk.tokens, data: chunk.data.slice() },
+      chunk: { tokens: chunk.tokens, data: new Uint8Array(chunk.data) },
       pins: 0,
     };
     this.#entries.set(keyOf(ns, hash), e);
