@@ -4,6 +4,7 @@ import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-bre
 import { createLocalCpuBackend, localCpuOptionsFromConfig } from './local-cpu.ts';
 import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
 import { createModuleBackendFactory } from './plugin.ts';
+import { createS3Backend, s3OptionsFromConfig } from './s3-backend.ts';
 import type { BackendFactory, StorageBackend } from './types.ts';
 
 /** One tier as the config lists it: a unique name, a backend type and that backend's options. */
@@ -43,6 +44,7 @@ export class BackendRegistry {
     if (opts.builtins !== false) {
       this.register('local-cpu', createLocalCpuBackend, localCpuOptionsFromConfig);
       this.register('memory', createMemoryBackend, memoryOptionsFromConfig);
+      this.register('s3', createS3Backend, s3OptionsFromConfig);
       this.register('module', createModuleBackendFactory(opts.pluginBaseDir));
     }
   }
