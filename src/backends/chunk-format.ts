@@ -1,0 +1,329 @@
+/**
+ * The stored chunk format (design decision 5): every chunk below the CPU tier is one object, a
+ * fixed 128-byte header followed by the payload. The byte layout, checksum parameters and reader
+ * rules are specified in docs/storage-format.md; keep the two in step (a test checks the doc's
+ * worked example against this encoder).
+ */
+import { crc32 } from 'node:zlib';
+import xxhash from 'xxhash-wasm';
+import { KvtierError } from '../errors.ts';
+import { describe } from '../util/validate.ts';
+import type { Chunk } from './types.ts';
+
+/** 4-byte magic at offset 0 of every stored chunk object: ASCII `KVTC`. */
+export const CHUNK_MAGIC: Buffer = Buffer.from('KVTC', 'latin1');
+
+/** Format version written at offset 4; readers treat any other version as a miss. */
+export const CHUNK_FORMAT_VERSION = 1;
+
+/** Fixed size of the header in bytes; the payload follows immediately. */
+export const CHUNK_HEADER_BYTES = 128;
+
+/** Largest payload the format accepts, in bytes (2 GiB; the length field itself is a u64). */
+export const CHUNK_MAX_PAYLOAD_BYTES = 2 ** 31;
+
+/** Payload checksum algorithm id 1: XXH64 with seed 0 over the payload bytes. */
+export const CHUNK_CHECKSUM_XXH64 = 1;
+
+/** Layout of the payload bytes (how KV is arranged); 0 = opaque bytes as given by the client. */
+export type ChunkLayout = number;
+
+/** Layout 0: the payload is opaque bytes exactly as the client gave them. */
+export const CHUNK_LAYOUT_OPAQUE: ChunkLayout = 0;
+
+/** A parsed, checked header. */
+export interface ChunkHeader {
+  version: number;
+  /** Namespace id, 32 lowercase hex digits. */
+  namespace: string;
+  /** Chunk hash, 64 lowercase hex digits. */
+  hash: string;
+  tokens: number;
+  layout: number;
+  payloadBytes: number;
+  /** XXH64 (seed 0) of the payload, as an unsigned 64-bit value. */
+  checksum: bigint;
+}
+
+/** Why a stored object was rejected; each one is a miss for the reader (see the doc). */
+export type ChunkDecodeFailure =
+  | 'truncated'
+  | 'magic'
+  | 'version'
+  | 'header' /* header self-check failed, or a field invalid in this version */
+  | 'namespace'
+  | 'hash'
+  | 'length'
+  | 'checksum';
+
+/** Every failure reason, e.g. for pre-registering metric label values. */
+export const CHUNK_DECODE_FAILURES: readonly ChunkDecodeFailure[] = [
+  'truncated',
+  'magic',
+  'version',
+  'header',
+  'namespace',
+  'hash',
+  'length',
+  'checksum',
+];
+
+// Byte offsets inside the header (all integers little-endian).
+const OFF_MAGIC = 0;
+const OFF_VERSION = 4; // u16
+const OFF_HEADER_BYTES = 6; // u16
+const OFF_FLAGS = 8; // u32, 0 in version 1
+const OFF_LAYOUT = 12; // u32
+const OFF_NAMESPACE = 16; // 16 raw bytes
+const OFF_HASH = 32; // 32 raw bytes
+const OFF_TOKENS = 64; // u32
+const OFF_CHECKSUM_ALG = 68; // u32
+const OFF_PAYLOAD_BYTES = 72; // u64
+const OFF_CHECKSUM = 80; // u64
+const OFF_RESERVED = 88; // zeros up to the header CRC
+const OFF_HEADER_CRC = 124; // u32, CRC-32 (IEEE) of bytes [0, 124)
+
+const U32_MAX = 0xffff_ffff;
+const NS_RE = /^[0-9a-f]{32}$/;
+const HASH_RE = /^[0-9a-f]{64}$/;
+
+// Hashing in slices keeps the WebAssembly memory (which never shrinks) at one slice instead of
+// the largest payload ever seen, and beats one-shot hashing on large payloads (bench/checksum.ts).
+const CHECKSUM_SLICE_BYTES = 128 * 1024;
+const xx = await xxhash();
+
+/**
+ * XXH64 (seed 0) of `data` as an unsigned 64-bit bigint: the payload checksum of algorithm 1.
+ * Synchronous on the calling thread: about 1 ms per 5-10 MB measured (bench/checksum.ts), so a
+ * 32 MiB payload holds the event loop for roughly 3-7 ms.
+ */
+export function chunkPayloadChecksum(data: Uint8Array): bigint {
+  if (data.byteLength <= CHECKSUM_SLICE_BYTES) return xx.h64Raw(data);
+  const h = xx.create64();
+  for (let off = 0; off < data.byteLength; off += CHECKSUM_SLICE_BYTES) {
+    h.update(data.subarray(off, Math.min(data.byteLength, off + CHECKSUM_SLICE_BYTES)));
+  }
+  return h.digest();
+}
+
+/** Total stored size in bytes of an object whose payload is `payloadBytes` long. */
+export function chunkObjectBytes(payloadBytes: number): number {
+  return CHUNK_HEADER_BYTES + payloadBytes;
+}
+
+function invalid(message: string): KvtierError {
+  return new KvtierError('KVT_INVALID_ARGUMENT', message);
+}
+
+function checkChunkArgs(ns: string, hash: string, chunk: Chunk, layout: number): void {
+  const n = chunk.data?.byteLength;
+  if (typeof n !== 'number' || n < 1 || n > CHUNK_MAX_PAYLOAD_BYTES) {
+    throw invalid(
+      `chunk.data must hold 1 to ${CHUNK_MAX_PAYLOAD_BYTES} bytes, got ${describe(n)} bytes`,
+    );
+  }
+  if (typeof ns !== 'string' || !NS_RE.test(ns)) {
+    throw invalid(`namespace must be 32 lowercase hex digits, got ${describe(ns)}`);
+  }
+  if (typeof hash !== 'string' || !HASH_RE.test(hash)) {
+    throw invalid(`chunk hash must be 64 lowercase hex digits, got ${describe(hash)}`);
+  }
+  const tokens = chunk.tokens;
+  if (!Number.isInteger(tokens) || tokens < 1 || tokens > U32_MAX) {
+    throw invalid(`chunk.tokens must be an integer in [1, ${U32_MAX}], got ${describe(tokens)}`);
+  }
+  if (!Number.isInteger(layout) || layout < 0 || layout > U32_MAX) {
+    throw invalid(`layout must be an integer in [0, ${U32_MAX}], got ${describe(layout)}`);
+  }
+}
+
+/** Writes a header for arguments already checked by `checkChunkArgs`. */
+function writeHeader(
+  out: Buffer,
+  ns: string,
+  hash: string,
+  chunk: Chunk,
+  layout: number,
+  checksum: bigint,
+): void {
+  out.fill(0, 0, CHUNK_HEADER_BYTES);
+  CHUNK_MAGIC.copy(out, OFF_MAGIC);
+  out.writeUInt16LE(CHUNK_FORMAT_VERSION, OFF_VERSION);
+  out.writeUInt16LE(CHUNK_HEADER_BYTES, OFF_HEADER_BYTES);
+  out.writeUInt32LE(0, OFF_FLAGS);
+  out.writeUInt32LE(layout, OFF_LAYOUT);
+  out.write(ns, OFF_NAMESPACE, 16, 'hex');
+  out.write(hash, OFF_HASH, 32, 'hex');
+  out.writeUInt32LE(chunk.tokens, OFF_TOKENS);
+  out.writeUInt32LE(CHUNK_CHECKSUM_XXH64, OFF_CHECKSUM_ALG);
+  out.writeBigUInt64LE(BigInt(chunk.data.byteLength), OFF_PAYLOAD_BYTES);
+  out.writeBigUInt64LE(checksum, OFF_CHECKSUM);
+  out.writeUInt32LE(crc32(out.subarray(0, OFF_HEADER_CRC)), OFF_HEADER_CRC);
+}
+
+/**
+ * The header for `chunk` stored under (ns, hash); computes the payload checksum.
+ * Write it followed by `chunk.data` (e.g. a file written in two parts, then renamed).
+ * @param layout payload layout id, default 0 (opaque).
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for a malformed ns or hash, tokens outside
+ *   [1, 2^32-1], an empty or over-large payload (see CHUNK_MAX_PAYLOAD_BYTES), or a bad layout.
+ */
+export function encodeChunkHeader(
+  ns: string,
+  hash: string,
+  chunk: Chunk,
+  layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
+): Buffer {
+  checkChunkArgs(ns, hash, chunk, layout);
+  const out = Buffer.allocUnsafe(CHUNK_HEADER_BYTES);
+  writeHeader(out, ns, hash, chunk, layout, chunkPayloadChecksum(chunk.data));
+  return out;
+}
+
+/**
+ * Header + payload in ONE new buffer (for single-value stores: Redis SET, S3 PutObject).
+ * Copies the payload once. Throws as `encodeChunkHeader`.
+ */
+export function encodeChunkObject(
+  ns: string,
+  hash: string,
+  chunk: Chunk,
+  layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
+): Buffer {
+  checkChunkArgs(ns, hash, chunk, layout);
+  const out = Buffer.allocUnsafe(CHUNK_HEADER_BYTES + chunk.data.byteLength);
+  writeHeader(out, ns, hash, chunk, layout, chunkPayloadChecksum(chunk.data));
+  out.set(chunk.data, CHUNK_HEADER_BYTES);
+  return out;
+}
+
+/**
+ * Writes header + payload into `target` at `offset` (e.g. a reused buffer: allocating fresh
+ * memory for every large object costs more than the checksum, see bench/checksum.ts). Returns
+ * the bytes written, `chunkObjectBytes(chunk.data.byteLength)`. Throws as `encodeChunkHeader`,
+ * and `KVT_INVALID_ARGUMENT` when the object does not fit in `target` after `offset`.
+ */
+export function encodeChunkObjectInto(
+  target: Uint8Array,
+  ns: string,
+  hash: string,
+  chunk: Chunk,
+  layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
+  offset = 0,
+): number {
+  checkChunkArgs(ns, hash, chunk, layout);
+  const total = chunkObjectBytes(chunk.data.byteLength);
+  if (!Number.isInteger(offset) || offset < 0 || offset + total > target.byteLength) {
+    throw invalid(
+      `target must hold ${total} bytes from offset ${describe(offset)}, has ${target.byteLength}`,
+    );
+  }
+  const out = Buffer.from(target.buffer, target.byteOffset + offset, total);
+  writeHeader(out, ns, hash, chunk, layout, chunkPayloadChecksum(chunk.data));
+  out.set(chunk.data, CHUNK_HEADER_BYTES);
+  return total;
+}
+
+type HeaderResult = { ok: true; header: ChunkHeader } | { ok: false; reason: ChunkDecodeFailure };
+
+function asBuffer(bytes: Uint8Array): Buffer {
+  return Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length);
+}
+
+function parseHeader(expectedNs: string, expectedHash: string, buf: Buffer): HeaderResult {
+  if (buf.length < CHUNK_HEADER_BYTES) return { ok: false, reason: 'truncated' };
+  if (CHUNK_MAGIC.compare(buf, OFF_MAGIC, OFF_MAGIC + 4) !== 0) {
+    return { ok: false, reason: 'magic' };
+  }
+  const version = buf.readUInt16LE(OFF_VERSION);
+  if (version !== CHUNK_FORMAT_VERSION) return { ok: false, reason: 'version' };
+  if (buf.readUInt32LE(OFF_HEADER_CRC) !== crc32(buf.subarray(0, OFF_HEADER_CRC))) {
+    return { ok: false, reason: 'header' };
+  }
+  // The CRC matched, so these can only fail for a header written by a broken or newer writer.
+  const tokens = buf.readUInt32LE(OFF_TOKENS);
+  const lenLo = buf.readUInt32LE(OFF_PAYLOAD_BYTES);
+  const lenHi = buf.readUInt32LE(OFF_PAYLOAD_BYTES + 4);
+  const payloadBytes = lenHi * 2 ** 32 + lenLo;
+  if (
+    buf.readUInt16LE(OFF_HEADER_BYTES) !== CHUNK_HEADER_BYTES ||
+    buf.readUInt32LE(OFF_FLAGS) !== 0 ||
+    buf.readUInt32LE(OFF_CHECKSUM_ALG) !== CHUNK_CHECKSUM_XXH64 ||
+    tokens === 0 ||
+    payloadBytes === 0 ||
+    payloadBytes > CHUNK_MAX_PAYLOAD_BYTES ||
+    !reservedIsZero(buf)
+  ) {
+    return { ok: false, reason: 'header' };
+  }
+  const namespace = buf.toString('hex', OFF_NAMESPACE, OFF_NAMESPACE + 16);
+  if (namespace !== expectedNs) return { ok: false, reason: 'namespace' };
+  const hash = buf.toString('hex', OFF_HASH, OFF_HASH + 32);
+  if (hash !== expectedHash) return { ok: false, reason: 'hash' };
+  return {
+    ok: true,
+    header: {
+      version,
+      namespace,
+      hash,
+      tokens,
+      layout: buf.readUInt32LE(OFF_LAYOUT),
+      payloadBytes,
+      checksum: buf.readBigUInt64LE(OFF_CHECKSUM),
+    },
+  };
+}
+
+function reservedIsZero(buf: Buffer): boolean {
+  for (let i = OFF_RESERVED; i < OFF_HEADER_CRC; i += 4) {
+    if (buf.readUInt32LE(i) !== 0) return false;
+  }
+  return true;
+}
+
+/**
+ * Parses and checks a header read from storage against the expected (ns, hash): magic, version,
+ * header CRC and field validity, namespace and hash. Only the first CHUNK_HEADER_BYTES of `buf`
+ * are read, so a whole object may be passed. The payload is not checked: use
+ * `verifyChunkPayload`. Never throws for bad bytes. The expected ids must be lowercase hex, as `NamespaceId` and
+ * `ChunkHash` are; any other spelling is reported as a mismatch.
+ */
+export function decodeChunkHeader(
+  expectedNs: string,
+  expectedHash: string,
+  buf: Uint8Array,
+): HeaderResult {
+  return parseHeader(expectedNs, expectedHash, asBuffer(buf));
+}
+
+/**
+ * Parses a whole stored object and verifies everything (magic, version, header check, namespace,
+ * hash, payload length == stored length, payload checksum). On success `chunk.data` is a view
+ * into `obj` (no copy), valid as long as the caller keeps `obj`. Never throws for bad bytes:
+ * corrupt data is a reported failure. A short object is 'truncated'; trailing bytes are 'length'.
+ */
+export function decodeChunkObject(
+  expectedNs: string,
+  expectedHash: string,
+  obj: Uint8Array,
+): { ok: true; chunk: Chunk; header: ChunkHeader } | { ok: false; reason: ChunkDecodeFailure } {
+  const parsed = parseHeader(expectedNs, expectedHash, asBuffer(obj));
+  if (!parsed.ok) return parsed;
+  const { header } = parsed;
+  const stored = obj.byteLength - CHUNK_HEADER_BYTES;
+  if (stored < header.payloadBytes) return { ok: false, reason: 'truncated' };
+  if (stored > header.payloadBytes) return { ok: false, reason: 'length' };
+  const data = obj.subarray(CHUNK_HEADER_BYTES);
+  if (chunkPayloadChecksum(data) !== header.checksum) return { ok: false, reason: 'checksum' };
+  return { ok: true, chunk: { tokens: header.tokens, data }, header };
+}
+
+/**
+ * Verifies a payload read separately (e.g. a file read in two parts) against its header: the
+ * length must equal `header.payloadBytes` and the XXH64 must match. Never throws.
+ */
+export function verifyChunkPayload(header: ChunkHeader, payload: Uint8Array): boolean {
+  return (
+    payload.byteLength === header.payloadBytes && chunkPayloadChecksum(payload) === header.checksum
+  );
+}
