@@ -3,6 +3,8 @@ import type { Logger } from '../util/log.ts';
 import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-breaker.ts';
 import { createLocalCpuBackend, localCpuOptionsFromConfig } from './local-cpu.ts';
 import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
+import { createFsBackend, fsOptionsFromConfig } from './fs-backend.ts';
+import { createLocalDiskBackend, localDiskOptionsFromConfig } from './local-disk.ts';
 import { createModuleBackendFactory } from './plugin.ts';
 import { createS3Backend, s3OptionsFromConfig } from './s3-backend.ts';
 import type { BackendFactory, StorageBackend } from './types.ts';
@@ -44,6 +46,8 @@ export class BackendRegistry {
     if (opts.builtins !== false) {
       this.register('local-cpu', createLocalCpuBackend, localCpuOptionsFromConfig);
       this.register('memory', createMemoryBackend, memoryOptionsFromConfig);
+      this.register('local-disk', createLocalDiskBackend, localDiskOptionsFromConfig);
+      this.register('fs', createFsBackend, fsOptionsFromConfig);
       this.register('s3', createS3Backend, s3OptionsFromConfig);
       this.register('module', createModuleBackendFactory(opts.pluginBaseDir));
     }

@@ -1,0 +1,387 @@
+/**
+ * File helpers shared by the LocalDisk and FS backends: the on-disk layout, atomic publish
+ * (temp file in the same directory, then rename), whole-object reads, per-operation deadlines
+ * and a walk over a store's directory tree.
+ *
+ * Layout: `<root>/<ns>/<hash[0..shardChars)>/<hash>.kvc` (no shard directory when
+ * `shardChars` is 0). Temp files are `<final>.<pid>.<rand>.tmp` next to their final name, so a
+ * rename publishes a whole object and a reader never sees a partial one.
+ */
+import { randomBytes } from 'node:crypto';
+import * as nodeFs from 'node:fs/promises';
+import { dirname, join } from 'node:path';
+import { abortedError, KvtierError } from '../errors.ts';
+import { describe } from '../util/validate.ts';
+import type { ChunkHash, NamespaceId } from './types.ts';
+
+/** Suffix of a published chunk object. */
+export const OBJECT_SUFFIX = '.kvc';
+/** Suffix of a temp file being written. */
+export const TEMP_SUFFIX = '.tmp';
+/** Most hex characters of the hash used for the shard directory. */
+export const MAX_SHARD_CHARS = 8;
+
+/**
+ * When written data is made durable: `none` leaves it to the OS; `data` (default) fdatasyncs
+ * the temp file before the rename; `always` also fsyncs the directory after the rename.
+ */
+export type FsyncPolicy = 'none' | 'data' | 'always';
+
+/** Every {@link FsyncPolicy}, for validation. */
+export const FSYNC_POLICIES: readonly FsyncPolicy[] = ['none', 'data', 'always'];
+
+/**
+ * The file-system calls the file backends make, as `node:fs/promises` spells them. Tests may
+ * substitute a wrapper (e.g. one whose calls never settle, to stand for a hung NFS mount).
+ */
+export type FileSystem = Pick<
+  typeof nodeFs,
+  'open' | 'stat' | 'rename' | 'unlink' | 'mkdir' | 'readdir'
+>;
+
+/** The real file system. */
+export const realFileSystem: FileSystem = nodeFs;
+
+const NS_RE = /^[0-9a-f]{32}$/;
+const HASH_RE = /^[0-9a-f]{64}$/;
+const SHARD_RE = /^[0-9a-f]+$/;
+
+/** True when `ns` is a namespace id the chunk format can store: 32 lowercase hex digits. */
+export function isStorableNamespace(ns: unknown): ns is NamespaceId {
+  return typeof ns === 'string' && NS_RE.test(ns);
+}
+
+/** True when `hash` is a chunk hash the chunk format can store: 64 lowercase hex digits. */
+export function isStorableHash(hash: unknown): hash is ChunkHash {
+  return typeof hash === 'string' && HASH_RE.test(hash);
+}
+
+/**
+ * Throws unless (ns, hash) can be stored as a file.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` naming what is wrong.
+ */
+export function requireStorableKey(ns: unknown, hash: unknown): void {
+  if (!isStorableNamespace(ns)) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `namespace must be 32 lowercase hex digits, got ${describe(ns)}`,
+    );
+  }
+  if (!isStorableHash(hash)) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `chunk hash must be 64 lowercase hex digits, got ${describe(hash)}`,
+    );
+  }
+}
+
+/** Directory holding the object of (ns, hash). */
+export function objectDir(root: string, ns: NamespaceId, hash: ChunkHash, shardChars: number) {
+  return shardChars === 0 ? join(root, ns) : join(root, ns, hash.slice(0, shardChars));
+}
+
+/** Path of the object of (ns, hash); callers validate the key first. */
+export function objectPath(
+  root: string,
+  ns: NamespaceId,
+  hash: ChunkHash,
+  shardChars: number,
+): string {
+  return join(objectDir(root, ns, hash, shardChars), `${hash}${OBJECT_SUFFIX}`);
+}
+
+/** A unique temp path next to `finalPath`. */
+export function tempPathFor(finalPath: string): string {
+  return `${finalPath}.${process.pid}.${randomBytes(6).toString('hex')}${TEMP_SUFFIX}`;
+}
+
+/** The `code` of a Node system error, if any. */
+export function errnoOf(err: unknown): string | undefined {
+  const code = (err as { code?: unknown } | null)?.code;
+  return typeof code === 'string' ? code : undefined;
+}
+
+/** True for "no such file or directory". */
+export function isNotFound(err: unknown): boolean {
+  return errnoOf(err) === 'ENOENT';
+}
+
+/** Options of {@link writeObjectAtomic}. */
+export interface AtomicWriteOptions {
+  readonly fsync: FsyncPolicy;
+  /**
+   * Creates the object's directory when it is missing; called at most once, after the first
+   * create failed with ENOENT.
+   */
+  readonly makeDir: () => Promise<void>;
+}
+
+/**
+ * Writes `parts` (header, payload) to a temp file next to `finalPath` and renames it into
+ * place, so readers see the whole object or nothing. The temp file is removed on failure.
+ * Returns the bytes written.
+ * @throws the underlying system error.
+ */
+export async function writeObjectAtomic(
+  fs: FileSystem,
+  finalPath: string,
+  parts: readonly Uint8Array[],
+  opts: AtomicWriteOptions,
+): Promise<number> {
+  const temp = tempPathFor(finalPath);
+  let fh: nodeFs.FileHandle;
+  try {
+    fh = await fs.open(temp, 'wx', 0o644);
+  } catch (err) {
+    if (!isNotFound(err)) throw err;
+    await opts.makeDir();
+    fh = await fs.open(temp, 'wx', 0o644);
+  }
+  let total = 0;
+  try {
+    try {
+      total = await writeAll(fh, parts);
+      if (opts.fsync !== 'none') await fh.datasync();
+    } finally {
+      await fh.close();
+    }
+    await fs.rename(temp, finalPath);
+  } catch (err) {
+    await fs.unlink(temp).catch(() => {});
+    throw err;
+  }
+  if (opts.fsync === 'always') await syncDir(fs, dirname(finalPath));
+  return total;
+}
+
+/** One writev, continued where the kernel wrote less than asked. */
+async function writeAll(fh: nodeFs.FileHandle, parts: readonly Uint8Array[]): Promise<number> {
+  let pending = parts.filter((p) => p.byteLength > 0);
+  let total = 0;
+  while (pending.length > 0) {
+    const { bytesWritten } = await fh.writev(pending);
+    if (bytesWritten <= 0) throw new KvtierError('KVT_BACKEND', 'write made no progress');
+    total += bytesWritten;
+    let skip = bytesWritten;
+    const rest: Uint8Array[] = [];
+    for (const p of pending) {
+      if (skip >= p.byteLength) {
+        skip -= p.byteLength;
+        continue;
+      }
+      rest.push(skip > 0 ? p.subarray(skip) : p);
+      skip = 0;
+    }
+    pending = rest;
+  }
+  return total;
+}
+
+/** Makes a directory's entries (a rename into it) durable. */
+async function syncDir(fs: FileSystem, dir: string): Promise<void> {
+  const fh = await fs.open(dir, 'r');
+  try {
+    await fh.sync();
+  } finally {
+    await fh.close();
+  }
+}
+
+/** A whole object read from a file, or why it could not be used. */
+export type ReadResult =
+  | { readonly kind: 'ok'; readonly bytes: Buffer; readonly mtimeMs: number }
+  | { readonly kind: 'missing' }
+  | { readonly kind: 'too-large'; readonly size: number };
+
+/**
+ * Reads a whole file into one Buffer with positional reads. A file that does not exist is
+ * `missing`; one over `maxBytes` is `too-large` (never allocated). A file cut short while being
+ * read yields the bytes that were there (the format check catches it).
+ * @throws the underlying system error other than ENOENT.
+ */
+export async function readObjectFile(
+  fs: FileSystem,
+  path: string,
+  maxBytes: number,
+): Promise<ReadResult> {
+  let fh: nodeFs.FileHandle;
+  try {
+    fh = await fs.open(path, 'r');
+  } catch (err) {
+    if (isNotFound(err)) return { kind: 'missing' };
+    throw err;
+  }
+  try {
+    const st = await fh.stat();
+    if (st.size > maxBytes) return { kind: 'too-large', size: st.size };
+    const bytes = Buffer.allocUnsafe(st.size);
+    let filled = 0;
+    while (filled < bytes.byteLength) {
+      const { bytesRead } = await fh.read(bytes, filled, bytes.byteLength - filled, filled);
+      if (bytesRead === 0) break;
+      filled += bytesRead;
+    }
+    return { kind: 'ok', bytes: bytes.subarray(0, filled), mtimeMs: st.mtimeMs };
+  } finally {
+    await fh.close();
+  }
+}
+
+/**
+ * Settles with `op`, or rejects with `KVT_TIMEOUT` after `timeoutMs` or with the abort error
+ * when `signal` fires, whichever comes first. `op` cannot be cancelled (a file operation on a
+ * hung mount never returns): it keeps running and its late outcome is ignored.
+ */
+export function withDeadline<T>(
+  op: Promise<T>,
+  timeoutMs: number,
+  signal: AbortSignal | undefined,
+  what: string,
+): Promise<T> {
+  if (signal?.aborted === true) {
+    op.catch(() => {});
+    return Promise.reject(abortedError(signal, what));
+  }
+  return new Promise<T>((resolve, reject) => {
+    const onAbort = () => {
+      cleanup();
+      reject(abortedError(signal, what));
+    };
+    const timer = setTimeout(() => {
+      cleanup();
+      reject(new KvtierError('KVT_TIMEOUT', `${what} timed out after ${timeoutMs} ms`));
+    }, timeoutMs);
+    const cleanup = () => {
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+    op.then(
+      (v) => {
+        cleanup();
+        resolve(v);
+      },
+      (err: unknown) => {
+        cleanup();
+        reject(err);
+      },
+    );
+  });
+}
+
+/** One entry found by {@link listStore}. */
+export type StoreEntry =
+  | { readonly kind: 'object'; readonly ns: NamespaceId; readonly hash: ChunkHash; path: string }
+  | { readonly kind: 'temp'; readonly path: string };
+
+/**
+ * Lists the objects and temp files under `root` in the layout of `shardChars`. Names that are
+ * not a valid (ns, hash) in the right place are left out (never touched), as are directories
+ * that vanish while being listed. `readdir` runs through `run` (a deadline, a limiter).
+ * @throws the underlying system error for `root` itself (other than ENOENT, which lists nothing).
+ */
+export async function listStore(
+  fs: FileSystem,
+  root: string,
+  shardChars: number,
+  run: <T>(op: () => Promise<T>) => Promise<T> = (op) => op(),
+  nsFilter?: NamespaceId,
+): Promise<StoreEntry[]> {
+  const out: StoreEntry[] = [];
+  const rootDirs = await readDirs(fs, root, run, true);
+  const nsNames = rootDirs.filter(
+    (n) => isStorableNamespace(n) && (nsFilter === undefined || n === nsFilter),
+  );
+  await Promise.all(
+    nsNames.map(async (ns) => {
+      const nsDir = join(root, ns);
+      if (shardChars === 0) {
+        await listFiles(fs, nsDir, ns, '', run, out);
+        return;
+      }
+      const shards = (await readDirs(fs, nsDir, run, false)).filter(
+        (s) => s.length === shardChars && SHARD_RE.test(s),
+      );
+      await Promise.all(shards.map((s) => listFiles(fs, join(nsDir, s), ns, s, run, out)));
+    }),
+  );
+  return out;
+}
+
+async function readDirs(
+  fs: FileSystem,
+  dir: string,
+  run: <T>(op: () => Promise<T>) => Promise<T>,
+  isRoot: boolean,
+): Promise<string[]> {
+  try {
+    const ents = await run(() => fs.readdir(dir, { withFileTypes: true }));
+    return ents.filter((e) => e.isDirectory()).map((e) => e.name);
+  } catch (err) {
+    if (isNotFound(err) || (!isRoot && errnoOf(err) === 'ENOTDIR')) return [];
+    throw err;
+  }
+}
+
+async function listFiles(
+  fs: FileSystem,
+  dir: string,
+  ns: NamespaceId,
+  shard: string,
+  run: <T>(op: () => Promise<T>) => Promise<T>,
+  out: StoreEntry[],
+): Promise<void> {
+  let names: string[];
+  try {
+    names = await run(() => fs.readdir(dir));
+  } catch (err) {
+    if (isNotFound(err) || errnoOf(err) === 'ENOTDIR') return;
+    throw err;
+  }
+  for (const name of names) {
+    const path = join(dir, name);
+    if (name.endsWith(TEMP_SUFFIX)) {
+      out.push({ kind: 'temp', path });
+    } else if (name.endsWith(OBJECT_SUFFIX)) {
+      const hash = name.slice(0, -OBJECT_SUFFIX.length);
+      if (isStorableHash(hash) && hash.startsWith(shard))
+        out.push({ kind: 'object', ns, hash, path });
+    }
+  }
+}
+
+/**
+ * Shared shape of `xOptionsFromConfig`: checks `raw` is an object with only `allowed` keys and
+ * that `resolve` accepts it.
+ * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
+ */
+export function optionsFromConfig<T>(
+  raw: Record<string, unknown>,
+  tier: string,
+  kind: string,
+  allowed: readonly string[],
+  resolve: (options: T) => unknown,
+): T {
+  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `tier "${tier}": options must be an object, got ${describe(raw)}`,
+    );
+  }
+  for (const key of Object.keys(raw)) {
+    if (!allowed.includes(key)) {
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `tier "${tier}": unknown ${kind} option "${key}"; allowed: ${allowed.join(', ')}`,
+      );
+    }
+  }
+  const options = { ...raw } as unknown as T;
+  try {
+    resolve(options);
+  } catch (err) {
+    const msg = err instanceof Error ? err.message : String(err);
+    throw new KvtierError('KVT_CONFIG', `tier "${tier}": ${msg}`, { cause: err });
+  }
+  return options;
+}
