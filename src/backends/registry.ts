@@ -6,6 +6,7 @@ import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
 import { createFsBackend, fsOptionsFromConfig } from './fs-backend.ts';
 import { createLocalDiskBackend, localDiskOptionsFromConfig } from './local-disk.ts';
 import { createModuleBackendFactory } from './plugin.ts';
+import { createRedisBackend, redisOptionsFromConfig } from './redis-backend.ts';
 import { createS3Backend, s3OptionsFromConfig } from './s3-backend.ts';
 import type { BackendFactory, StorageBackend } from './types.ts';
 
@@ -48,6 +49,7 @@ export class BackendRegistry {
       this.register('memory', createMemoryBackend, memoryOptionsFromConfig);
       this.register('local-disk', createLocalDiskBackend, localDiskOptionsFromConfig);
       this.register('fs', createFsBackend, fsOptionsFromConfig);
+      this.register('redis', createRedisBackend, redisOptionsFromConfig);
       this.register('s3', createS3Backend, s3OptionsFromConfig);
       this.register('module', createModuleBackendFactory(opts.pluginBaseDir));
     }
