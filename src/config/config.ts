@@ -1,5 +1,7 @@
+import { existsSync, statfsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { totalmem } from 'node:os';
+import { homedir, totalmem } from 'node:os';
+import { join } from 'node:path';
 import { dirname, resolve as resolvePath } from 'node:path';
 import { resolveCircuitBreakerOptions } from '../backends/circuit-breaker.ts';
 import type { TierConfig } from '../backends/registry.ts';
@@ -38,13 +40,42 @@ export function defaultCpuCapacityBytes(): number {
   return Math.max(64 * mib, Math.floor(Math.min(quarter, 8 * 1024 ** 3) / mib) * mib);
 }
 
-/** The embedded default: one LocalCPU tier, loopback-only endpoints. */
-export function defaultConfig(): KvtierConfig {
+/** Where the default disk tier lives: `$XDG_CACHE_HOME/kvtier/chunks`, else `~/.cache/kvtier/chunks`. */
+export function defaultDiskPath(env: NodeJS.ProcessEnv = process.env): string {
+  const base = env.XDG_CACHE_HOME !== undefined && env.XDG_CACHE_HOME !== '' ? env.XDG_CACHE_HOME : join(homedir(), '.cache');
+  return join(base, 'kvtier', 'chunks');
+}
+
+/**
+ * Default disk budget: a quarter of the free space of the filesystem that will hold `path`,
+ * at most 32 GiB, at least 256 MiB.
+ */
+export function defaultDiskCapacityBytes(path: string): number {
+  const mib = 1024 ** 2;
+  let dir = path;
+  while (!existsSync(dir) && dir !== join(dir, '..')) dir = join(dir, '..');
+  let free = 0;
+  try {
+    const st = statfsSync(dir);
+    free = st.bavail * st.bsize;
+  } catch {
+    free = 0;
+  }
+  return Math.max(256 * mib, Math.floor(Math.min(free / 4, 32 * 1024 ** 3) / mib) * mib);
+}
+
+/**
+ * The embedded default: a LocalCPU tier sized for the machine over a LocalDisk tier in the
+ * user's cache directory, loopback-only endpoints.
+ */
+export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfig {
+  const diskPath = defaultDiskPath(env);
   return {
     listen: 'tcp://127.0.0.1:5555',
     metrics: { host: '127.0.0.1', port: 9464 },
     tiers: [
       { name: 'cpu', type: 'local-cpu', options: { capacityBytes: defaultCpuCapacityBytes() } },
+      { name: 'disk', type: 'local-disk', options: { path: diskPath, capacityBytes: defaultDiskCapacityBytes(diskPath) } },
     ],
     storage: {
       prefetchBudgetChunks: 1024,
@@ -217,7 +248,29 @@ export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()
 }
 
 /**
- * Builds the effective config: defaults, then the JSON file (`overrides.configPath` or
+ * The default config adjusted by the variables that only make sense without a config file:
+ * KVTIER_DISK_PATH and KVTIER_DISK_BYTES move or resize the default disk tier, KVTIER_DISK=off
+ * drops it (host memory only).
+ */
+function embeddedDefault(env: NodeJS.ProcessEnv): KvtierConfig {
+  const cfg = defaultConfig(env);
+  const disk = cfg.tiers[1]!;
+  if (env.KVTIER_DISK === 'off') {
+    cfg.tiers = cfg.tiers.slice(0, 1);
+    return cfg;
+  }
+  if (env.KVTIER_DISK !== undefined && env.KVTIER_DISK !== '' && env.KVTIER_DISK !== 'on') {
+    throw new KvtierError('KVT_CONFIG', `KVTIER_DISK must be "on" or "off", got ${JSON.stringify(env.KVTIER_DISK)}`);
+  }
+  if (env.KVTIER_DISK_PATH) {
+    disk.options = { ...disk.options, path: env.KVTIER_DISK_PATH, capacityBytes: defaultDiskCapacityBytes(env.KVTIER_DISK_PATH) };
+  }
+  if (env.KVTIER_DISK_BYTES) disk.options = { ...disk.options, capacityBytes: parseBytes('KVTIER_DISK_BYTES', env.KVTIER_DISK_BYTES) };
+  return cfg;
+}
+
+/**
+ * Builds the effective config: defaults (with KVTIER_DISK*, see above), then the JSON file (`overrides.configPath` or
  * KVTIER_CONFIG), then the environment (KVTIER_LISTEN, KVTIER_METRICS_PORT, KVTIER_METRICS_HOST,
  * KVTIER_CPU_BYTES for the first tier's capacity, KVTIER_LOG_LEVEL), then command-line flags.
  * @throws KvtierError KVT_CONFIG for an unreadable file, bad JSON or a bad value.
@@ -226,7 +279,7 @@ export async function loadConfig(
   overrides: ConfigOverrides = {},
   env: NodeJS.ProcessEnv = process.env,
 ): Promise<KvtierConfig> {
-  let cfg = defaultConfig();
+  let cfg = embeddedDefault(env);
   const path = overrides.configPath ?? env.KVTIER_CONFIG;
   if (path !== undefined && path !== '') {
     let text: string;

@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
+import { existsSync, mkdtempSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -23,10 +24,13 @@ const BIN = join(REPO_ROOT, 'bin', 'kvtier.js');
 /** Upper bound on any one CLI run or wait; exceeding it fails the test. */
 const DEADLINE_MS = 20_000;
 
+/** The default disk tier lives under the cache directory: keep the test's in a temp dir. */
+const CACHE_HOME = mkdtempSync(join(tmpdir(), 'kvtier-cli-cache-'));
+
 /** The environment without KVTIER_* variables, so only flags configure the CLI. */
 function cleanEnv(): NodeJS.ProcessEnv {
-  const env: NodeJS.ProcessEnv = {};
-  for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('KVTIER_')) env[k] = v;
+  const env: NodeJS.ProcessEnv = { XDG_CACHE_HOME: CACHE_HOME };
+  for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('KVTIER_') && k !== 'XDG_CACHE_HOME') env[k] = v;
   return env;
 }
 
@@ -134,7 +138,10 @@ describe('kvtier serve with no config', () => {
     const s = JSON.parse(stats.stdout) as { tiers: { name: string; kind: string }[] };
     assert.deepEqual(
       s.tiers.map((t) => [t.name, t.kind]),
-      [['cpu', 'local-cpu']],
+      [
+        ['cpu', 'local-cpu'],
+        ['disk', 'local-disk'],
+      ],
     );
   });
 
@@ -193,6 +200,8 @@ describe('kvtier serve with no config', () => {
     const text = await res.text();
     assertValidPromText(text);
     assert.match(text, /^kvtier_lookups_total(\{[^}]*\})? \d+/m, 'a kvtier_lookups_total sample');
+    assert.match(text, /^kvtier_backend_capacity_bytes\{tier="disk"\} \d+/m, 'the default has a disk tier');
+    assert.ok(existsSync(join(CACHE_HOME, 'kvtier', 'chunks')), 'the disk tier lives in the cache directory');
     const base = metricsUrl.slice(0, -'/metrics'.length);
     for (const path of ['/healthz', '/readyz']) {
       const r = await fetch(`${base}${path}`);
