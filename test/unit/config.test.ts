@@ -34,14 +34,38 @@ describe('byte sizes', () => {
 });
 
 describe('config', () => {
-  test('the embedded default is one LocalCPU tier on loopback', () => {
-    const cfg = defaultConfig();
-    assert.equal(cfg.tiers.length, 1);
-    assert.equal(cfg.tiers[0]!.type, 'local-cpu');
-    assert.ok((cfg.tiers[0]!.options.capacityBytes as number) >= 64 * 1024 ** 2, 'at least 64 MiB');
-    assert.ok((cfg.tiers[0]!.options.capacityBytes as number) <= 8 * 1024 ** 3, 'at most 8 GiB');
+  test('the embedded default is LocalCPU over LocalDisk in the cache directory, on loopback', () => {
+    const cfg = defaultConfig({ XDG_CACHE_HOME: '/var/tmp/kvt-cache' });
+    assert.deepEqual(
+      cfg.tiers.map((t) => t.type),
+      ['local-cpu', 'local-disk'],
+    );
+    const cpu = cfg.tiers[0]!.options.capacityBytes as number;
+    assert.ok(
+      cpu >= 64 * 1024 ** 2 && cpu <= 8 * 1024 ** 3,
+      `cpu tier between 64 MiB and 8 GiB, got ${cpu}`,
+    );
+    assert.equal(cfg.tiers[1]!.options.path, '/var/tmp/kvt-cache/kvtier/chunks');
+    const disk = cfg.tiers[1]!.options.capacityBytes as number;
+    assert.ok(
+      disk >= 256 * 1024 ** 2 && disk <= 32 * 1024 ** 3,
+      `disk tier between 256 MiB and 32 GiB, got ${disk}`,
+    );
     assert.match(cfg.listen, /^tcp:\/\/127\.0\.0\.1:/);
     assert.equal(cfg.metrics?.host, '127.0.0.1');
+    new BackendRegistry().validateTiers(cfg.tiers);
+  });
+
+  test('KVTIER_DISK* move, resize or drop the default disk tier', async () => {
+    const moved = await loadConfig({}, { KVTIER_DISK_PATH: '/srv/kv', KVTIER_DISK_BYTES: '1GiB' });
+    assert.equal(moved.tiers[1]!.options.path, '/srv/kv');
+    assert.equal(moved.tiers[1]!.options.capacityBytes, 1024 ** 3);
+    const off = await loadConfig({}, { KVTIER_DISK: 'off' });
+    assert.deepEqual(
+      off.tiers.map((t) => t.type),
+      ['local-cpu'],
+    );
+    await assert.rejects(loadConfig({}, { KVTIER_DISK: 'maybe' }), isConfigError);
   });
 
   test('a file merges over the defaults; sizes in tier options become numbers', () => {
