@@ -106,7 +106,7 @@ export function isNotFound(err: unknown): boolean {
   return errnoOf(err) === 'ENOENT';
 }
 
-/** Options of {@link writeObjectAtomic}. */
+/** Options of {@link writeChunkFileAtomic}. */
 export interface AtomicWriteOptions {
   readonly fsync: FsyncPolicy;
   /**
@@ -117,15 +117,18 @@ export interface AtomicWriteOptions {
 }
 
 /**
- * Writes `parts` (header, payload) to a temp file next to `finalPath` and renames it into
- * place, so readers see the whole object or nothing. The temp file is removed on failure.
- * Returns the bytes written.
- * @throws the underlying system error.
+ * Writes one chunk object to a temp file next to `finalPath` and renames it into place, so
+ * readers see the whole object or nothing; the temp file is removed on failure. The checksum
+ * overlaps the I/O: the payload is written at `headerBytes` on the I/O pool while `makeHeader`
+ * computes the header (and its payload checksum) on this thread; the header is written last.
+ * Returns the bytes written. @throws the underlying system error.
  */
-export async function writeObjectAtomic(
+export async function writeChunkFileAtomic(
   fs: FileSystem,
   finalPath: string,
-  parts: readonly Uint8Array[],
+  makeHeader: () => Uint8Array,
+  headerBytes: number,
+  payload: Uint8Array,
   opts: AtomicWriteOptions,
 ): Promise<number> {
   const temp = tempPathFor(finalPath);
@@ -137,10 +140,25 @@ export async function writeObjectAtomic(
     await opts.makeDir();
     fh = await fs.open(temp, 'wx', 0o644);
   }
-  let total = 0;
   try {
     try {
-      total = await writeAll(fh, parts);
+      const payloadWrite = writeAllAt(fh, payload, headerBytes);
+      let header: Uint8Array;
+      try {
+        header = makeHeader();
+      } catch (err) {
+        await payloadWrite.catch(() => {});
+        throw err;
+      }
+      if (header.byteLength !== headerBytes) {
+        await payloadWrite.catch(() => {});
+        throw new KvtierError(
+          'KVT_INTERNAL',
+          `header is ${header.byteLength} bytes, expected ${headerBytes}`,
+        );
+      }
+      await payloadWrite;
+      await writeAllAt(fh, header, 0);
       if (opts.fsync !== 'none') await fh.datasync();
     } finally {
       await fh.close();
@@ -151,30 +169,17 @@ export async function writeObjectAtomic(
     throw err;
   }
   if (opts.fsync === 'always') await syncDir(fs, dirname(finalPath));
-  return total;
+  return headerBytes + payload.byteLength;
 }
 
-/** One writev, continued where the kernel wrote less than asked. */
-async function writeAll(fh: nodeFs.FileHandle, parts: readonly Uint8Array[]): Promise<number> {
-  let pending = parts.filter((p) => p.byteLength > 0);
-  let total = 0;
-  while (pending.length > 0) {
-    const { bytesWritten } = await fh.writev(pending);
+/** Positional write of all of `buf` at `position`, continued where the kernel wrote less. */
+async function writeAllAt(fh: nodeFs.FileHandle, buf: Uint8Array, position: number): Promise<void> {
+  let off = 0;
+  while (off < buf.byteLength) {
+    const { bytesWritten } = await fh.write(buf, off, buf.byteLength - off, position + off);
     if (bytesWritten <= 0) throw new KvtierError('KVT_BACKEND', 'write made no progress');
-    total += bytesWritten;
-    let skip = bytesWritten;
-    const rest: Uint8Array[] = [];
-    for (const p of pending) {
-      if (skip >= p.byteLength) {
-        skip -= p.byteLength;
-        continue;
-      }
-      rest.push(skip > 0 ? p.subarray(skip) : p);
-      skip = 0;
-    }
-    pending = rest;
+    off += bytesWritten;
   }
-  return total;
 }
 
 /** Makes a directory's entries (a rename into it) durable. */

@@ -20,7 +20,7 @@ import {
   realFileSystem,
   requireStorableKey,
   withDeadline,
-  writeObjectAtomic,
+  writeChunkFileAtomic,
 } from './file-store.ts';
 import { checkChunk } from './local-cpu.ts';
 import type {
@@ -492,14 +492,20 @@ export class FsBackend implements StorageBackend {
     const path = this.#path(ns, hash);
     if (await this.#exists(ns, hash, signal)) return 'exists';
     if (chunk.data.byteLength > this.options.maxChunkBytes) return this.#drop();
-    const header = encodeChunkHeader(ns, hash, chunk);
     try {
       const bytes = await this.#op(
         () =>
-          writeObjectAtomic(this.#fs, path, [header, chunk.data], {
-            fsync: this.options.fsync,
-            makeDir: () => this.#makeDirs(ns, hash),
-          }),
+          writeChunkFileAtomic(
+            this.#fs,
+            path,
+            () => encodeChunkHeader(ns, hash, chunk),
+            CHUNK_HEADER_BYTES,
+            chunk.data,
+            {
+              fsync: this.options.fsync,
+              makeDir: () => this.#makeDirs(ns, hash),
+            },
+          ),
         signal,
         'write',
       );

@@ -18,7 +18,7 @@ import {
   realFileSystem,
   requireStorableKey,
   withDeadline,
-  writeObjectAtomic,
+  writeChunkFileAtomic,
 } from './file-store.ts';
 import { checkChunk } from './local-cpu.ts';
 import type {
@@ -281,12 +281,11 @@ export class LocalDiskBackend implements StorageBackend {
       return 'exists';
     }
     if (inflight !== undefined && this.#writes.has(key)) return this.#drop();
-    const header = encodeChunkHeader(ns, hash, chunk);
-    const bytes = header.byteLength + chunk.data.byteLength;
+    const bytes = CHUNK_HEADER_BYTES + chunk.data.byteLength;
     if (chunk.data.byteLength > this.capabilities.maxChunkBytes || !this.#makeRoom(bytes)) {
       return this.#drop();
     }
-    const write = this.#store(key, ns, hash, [header, chunk.data], bytes, opts.pin === true);
+    const write = this.#store(key, ns, hash, chunk, bytes, opts.pin === true);
     this.#writes.set(key, write);
     this.#tasks.add(write);
     void write.finally(() => {
@@ -474,7 +473,7 @@ export class LocalDiskBackend implements StorageBackend {
     key: string,
     ns: NamespaceId,
     hash: ChunkHash,
-    parts: readonly Uint8Array[],
+    chunk: Chunk,
     bytes: number,
     pin: boolean,
   ): Promise<PutOutcome> {
@@ -485,14 +484,24 @@ export class LocalDiskBackend implements StorageBackend {
       await this.#deletes.get(key);
       const path = objectPath(this.options.path, ns, hash, this.options.shardChars);
       await this.#limit(() =>
-        writeObjectAtomic(this.#fs, path, parts, {
-          fsync: this.options.fsync,
-          makeDir: async () => {
-            await this.#fs.mkdir(objectDir(this.options.path, ns, hash, this.options.shardChars), {
-              recursive: true,
-            });
+        writeChunkFileAtomic(
+          this.#fs,
+          path,
+          () => encodeChunkHeader(ns, hash, chunk),
+          CHUNK_HEADER_BYTES,
+          chunk.data,
+          {
+            fsync: this.options.fsync,
+            makeDir: async () => {
+              await this.#fs.mkdir(
+                objectDir(this.options.path, ns, hash, this.options.shardChars),
+                {
+                  recursive: true,
+                },
+              );
+            },
           },
-        }),
+        ),
       );
       this.#filesWritten++;
       this.#health = 'up';

@@ -3,7 +3,8 @@ import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
-import { decodeChunkObject, encodeChunkObject } from './chunk-format.ts';
+import { BufferPool } from './buffer-pool.ts';
+import { chunkObjectBytes, decodeChunkObject, encodeChunkObjectInto } from './chunk-format.ts';
 import { checkChunk } from './local-cpu.ts';
 import type {
   BackendCapabilities,
@@ -22,6 +23,12 @@ import type {
 } from './types.ts';
 
 /** One Redis node address. */
+/**
+ * Commands that skip auto-pipelining: an auto-pipeline is sent as one concatenated buffer, which
+ * copies every multi-MiB SET value once more; a SET alone is written straight to the socket.
+ */
+const UNPIPELINED = ['set'];
+
 export interface RedisNodeAddress {
   host: string;
   port: number;
@@ -235,6 +242,7 @@ export class RedisBackend implements StorageBackend {
   readonly options: ResolvedRedisBackendOptions;
 
   readonly #client: Client;
+  readonly #pool = new BufferPool();
   readonly #onCorrupt: ((reason: string) => void) | undefined;
   readonly #log: Logger;
   #corruptObjects = 0;
@@ -389,17 +397,20 @@ export class RedisBackend implements StorageBackend {
       this.#droppedPuts++;
       return 'dropped';
     }
-    const obj = encodeChunkObject(ns, hash, chunk);
+    const obj = this.#pool.acquire(chunkObjectBytes(chunk.data.byteLength));
+    encodeChunkObjectInto(obj, ns, hash, chunk);
     const key = this.#key(ns, hash);
     const ttl = this.options.ttlMs;
     const c = this.#client;
+    const command = ttl === null ? c.set(key, obj, 'NX') : c.set(key, obj, 'PX', ttl, 'NX');
+    // The buffer is reused only once ioredis is done with the command, even if we stop waiting.
+    command.then(
+      () => this.#pool.release(obj),
+      () => this.#pool.release(obj),
+    );
     let reply: string | null;
     try {
-      reply = await this.#bounded(
-        'put',
-        opts.signal,
-        ttl === null ? c.set(key, obj, 'NX') : c.set(key, obj, 'PX', ttl, 'NX'),
-      );
+      reply = await this.#bounded('put', opts.signal, command);
     } catch (err) {
       if (this.#closing !== null) throw closedError(`backend ${this.name}`);
       if (err instanceof KvtierError && err.code === 'KVT_ABORTED') throw err;
@@ -580,6 +591,7 @@ function connect(o: ResolvedRedisBackendOptions): Client {
     return new Cluster([...o.cluster], {
       enableOfflineQueue: false,
       enableAutoPipelining: true,
+      autoPipeliningIgnoredCommands: UNPIPELINED,
       // Lost nodes are dropped (ioredis's default); when all are gone the cluster reconnects
       // from the seeds with this backoff, and its status shows the outage meanwhile.
       clusterRetryStrategy: retry,
@@ -592,6 +604,7 @@ function connect(o: ResolvedRedisBackendOptions): Client {
     db: o.db,
     enableOfflineQueue: false,
     enableAutoPipelining: true,
+    autoPipeliningIgnoredCommands: UNPIPELINED,
     retryStrategy: retry,
   };
   if (o.url !== null) return new Redis(o.url, stripUndefined(opts));
