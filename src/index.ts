@@ -1,0 +1,112 @@
+/**
+ * kvtier's public API. Everything an engine connector, an operator's tooling or a backend
+ * author needs is named here; modules not re-exported are internal.
+ */
+
+export {
+  CHUNK_FORMAT_VERSION,
+  CHUNK_HEADER_BYTES,
+  CHUNK_MAGIC,
+  type ChunkDecodeFailure,
+  type ChunkHeader,
+  chunkObjectBytes,
+  decodeChunkHeader,
+  decodeChunkObject,
+  encodeChunkHeader,
+  encodeChunkObject,
+  encodeChunkObjectInto,
+  verifyChunkPayload,
+} from './backends/chunk-format.ts';
+export { CircuitBreakerBackend, type CircuitBreakerOptions } from './backends/circuit-breaker.ts';
+export { FsBackend, type FsBackendOptions } from './backends/fs-backend.ts';
+export { LocalCpuBackend, type LocalCpuOptions } from './backends/local-cpu.ts';
+export { LocalDiskBackend, type LocalDiskOptions } from './backends/local-disk.ts';
+export { MemoryBackend, type MemoryBackendOptions } from './backends/memory.ts';
+export { RedisBackend, type RedisBackendOptions } from './backends/redis-backend.ts';
+export {
+  BackendRegistry,
+  type BackendRegistryOptions,
+  type TierConfig,
+} from './backends/registry.ts';
+export { S3Backend, type S3BackendOptions } from './backends/s3-backend.ts';
+// Backends: the interface, the stored format, the built-in tiers, plug-in support
+export type {
+  BackendCapabilities,
+  BackendContext,
+  BackendFactory,
+  BackendHealth,
+  BackendStats,
+  Chunk,
+  ChunkHash,
+  ContainsOptions,
+  GetOptions,
+  NamespaceId,
+  PutOptions,
+  PutOutcome,
+  StorageBackend,
+} from './backends/types.ts';
+export { formatBytes, parseBytes } from './config/bytes.ts';
+// Configuration, metrics, logging
+export { defaultConfig, type KvtierConfig, loadConfig, resolveConfig } from './config/config.ts';
+// Errors
+export { isKvtierError, KVTIER_ERROR_CODES, KvtierError, type KvtierErrorCode } from './errors.ts';
+export {
+  EventManager,
+  type EventManagerOptions,
+  type PrefetchState,
+} from './event-manager/event-manager.ts';
+// Chunk hashing and namespaces (client side; any language can reproduce them)
+export {
+  CHUNK_HASHER_DEFAULTS,
+  type ChunkHasherOptions,
+  type HashedChunk,
+  hashChunks,
+  hashSeed,
+  hashToHex,
+  hexToHash,
+  packHashes,
+  tokenCounts,
+} from './hashing/chunk-hasher.ts';
+// Scheduler side
+export {
+  type HashesInput,
+  type LookupAnswer,
+  type LookupCallOptions,
+  LookupClient,
+  type LookupClientOptions,
+} from './lookup-client/lookup-client.ts';
+export { MultiLookupClient } from './lookup-client/multi-lookup-client.ts';
+// Worker side
+export { LookupServer, type LookupServerOptions } from './lookup-server/lookup-server.ts';
+export { OpsHttpServer, type OpsServerOptions } from './metrics/http-server.ts';
+export { instrumentBackend } from './metrics/instrumented-backend.ts';
+export { KvtierMetrics, type KvtierMetricsOptions } from './metrics/metrics.ts';
+export {
+  bytesPerToken,
+  deriveNamespace,
+  isNamespaceId,
+  type Namespace,
+  type NamespaceSpec,
+  requireNamespaceId,
+} from './namespace/namespace.ts';
+// Protocol v1 (docs/protocol.md)
+export { decodeReply, decodeRequest, encodeReply, encodeRequest } from './protocol/codec.ts';
+export {
+  DEFAULT_LIMITS,
+  type LookupConfig,
+  PROTOCOL_VERSION,
+  type ProtocolLimits,
+  type Reply,
+  type Request,
+} from './protocol/messages.ts';
+export { AsyncSerializer, type AsyncSerializerOptions } from './serializer/async-serializer.ts';
+export { type Release, WeightedSemaphore } from './serializer/weighted-semaphore.ts';
+export { KVTIER_VERSION, Sidecar, type SidecarOptions } from './sidecar.ts';
+export {
+  type LookupInput,
+  type LookupOutcome,
+  type PinnedLookup,
+  StorageManager,
+  type StorageManagerOptions,
+} from './storage-manager/storage-manager.ts';
+export { createLogger, type Logger, type LogLevel, silentLogger } from './util/log.ts';
