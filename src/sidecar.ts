@@ -55,7 +55,9 @@ export class Sidecar {
     const { config } = opts;
     const log = opts.log ?? createLogger('kvtier', { level: config.logLevel });
     const metrics = new KvtierMetrics({ defaultMetrics: opts.processMetrics ?? true });
-    const registry = opts.registry ?? new BackendRegistry({ pluginBaseDir: config.baseDir, log: log.child('tier') });
+    const registry =
+      opts.registry ??
+      new BackendRegistry({ pluginBaseDir: config.baseDir, log: log.child('tier') });
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
     const storage = new StorageManager({
       tiers: raw.map((b) => instrumentBackend(b, metrics)),

@@ -1,10 +1,10 @@
 import { KvtierError } from '../errors.ts';
 import type { Logger } from '../util/log.ts';
 import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-breaker.ts';
-import { createLocalCpuBackend, localCpuOptionsFromConfig } from './local-cpu.ts';
-import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
 import { createFsBackend, fsOptionsFromConfig } from './fs-backend.ts';
+import { createLocalCpuBackend, localCpuOptionsFromConfig } from './local-cpu.ts';
 import { createLocalDiskBackend, localDiskOptionsFromConfig } from './local-disk.ts';
+import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
 import { createModuleBackendFactory } from './plugin.ts';
 import { createRedisBackend, redisOptionsFromConfig } from './redis-backend.ts';
 import { createS3Backend, s3OptionsFromConfig } from './s3-backend.ts';
@@ -73,7 +73,10 @@ export class BackendRegistry {
   validateTiers(configs: readonly TierConfig[]): void {
     for (const cfg of configs) {
       if (!this.#factories.has(cfg.type)) {
-        throw new KvtierError('KVT_CONFIG', `tier "${cfg.name}": unknown backend type "${cfg.type}"; known types: ${this.types().join(', ')}`);
+        throw new KvtierError(
+          'KVT_CONFIG',
+          `tier "${cfg.name}": unknown backend type "${cfg.type}"; known types: ${this.types().join(', ')}`,
+        );
       }
       this.#validators.get(cfg.type)?.(cfg.options, cfg.name);
     }

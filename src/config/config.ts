@@ -1,8 +1,7 @@
 import { existsSync, statfsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { homedir, totalmem } from 'node:os';
-import { join } from 'node:path';
-import { dirname, resolve as resolvePath } from 'node:path';
+import { dirname, join, resolve as resolvePath } from 'node:path';
 import { resolveCircuitBreakerOptions } from '../backends/circuit-breaker.ts';
 import type { TierConfig } from '../backends/registry.ts';
 import { KvtierError } from '../errors.ts';
@@ -42,7 +41,10 @@ export function defaultCpuCapacityBytes(): number {
 
 /** Where the default disk tier lives: `$XDG_CACHE_HOME/kvtier/chunks`, else `~/.cache/kvtier/chunks`. */
 export function defaultDiskPath(env: NodeJS.ProcessEnv = process.env): string {
-  const base = env.XDG_CACHE_HOME !== undefined && env.XDG_CACHE_HOME !== '' ? env.XDG_CACHE_HOME : join(homedir(), '.cache');
+  const base =
+    env.XDG_CACHE_HOME !== undefined && env.XDG_CACHE_HOME !== ''
+      ? env.XDG_CACHE_HOME
+      : join(homedir(), '.cache');
   return join(base, 'kvtier', 'chunks');
 }
 
@@ -75,7 +77,11 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfi
     metrics: { host: '127.0.0.1', port: 9464 },
     tiers: [
       { name: 'cpu', type: 'local-cpu', options: { capacityBytes: defaultCpuCapacityBytes() } },
-      { name: 'disk', type: 'local-disk', options: { path: diskPath, capacityBytes: defaultDiskCapacityBytes(diskPath) } },
+      {
+        name: 'disk',
+        type: 'local-disk',
+        options: { path: diskPath, capacityBytes: defaultDiskCapacityBytes(diskPath) },
+      },
     ],
     storage: {
       prefetchBudgetChunks: 1024,
@@ -260,12 +266,23 @@ function embeddedDefault(env: NodeJS.ProcessEnv): KvtierConfig {
     return cfg;
   }
   if (env.KVTIER_DISK !== undefined && env.KVTIER_DISK !== '' && env.KVTIER_DISK !== 'on') {
-    throw new KvtierError('KVT_CONFIG', `KVTIER_DISK must be "on" or "off", got ${JSON.stringify(env.KVTIER_DISK)}`);
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `KVTIER_DISK must be "on" or "off", got ${JSON.stringify(env.KVTIER_DISK)}`,
+    );
   }
   if (env.KVTIER_DISK_PATH) {
-    disk.options = { ...disk.options, path: env.KVTIER_DISK_PATH, capacityBytes: defaultDiskCapacityBytes(env.KVTIER_DISK_PATH) };
+    disk.options = {
+      ...disk.options,
+      path: env.KVTIER_DISK_PATH,
+      capacityBytes: defaultDiskCapacityBytes(env.KVTIER_DISK_PATH),
+    };
   }
-  if (env.KVTIER_DISK_BYTES) disk.options = { ...disk.options, capacityBytes: parseBytes('KVTIER_DISK_BYTES', env.KVTIER_DISK_BYTES) };
+  if (env.KVTIER_DISK_BYTES)
+    disk.options = {
+      ...disk.options,
+      capacityBytes: parseBytes('KVTIER_DISK_BYTES', env.KVTIER_DISK_BYTES),
+    };
   return cfg;
 }
 

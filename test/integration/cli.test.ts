@@ -30,7 +30,8 @@ const CACHE_HOME = mkdtempSync(join(tmpdir(), 'kvtier-cli-cache-'));
 /** The environment without KVTIER_* variables, so only flags configure the CLI. */
 function cleanEnv(): NodeJS.ProcessEnv {
   const env: NodeJS.ProcessEnv = { XDG_CACHE_HOME: CACHE_HOME };
-  for (const [k, v] of Object.entries(process.env)) if (!k.startsWith('KVTIER_') && k !== 'XDG_CACHE_HOME') env[k] = v;
+  for (const [k, v] of Object.entries(process.env))
+    if (!k.startsWith('KVTIER_') && k !== 'XDG_CACHE_HOME') env[k] = v;
   return env;
 }
 
@@ -200,8 +201,15 @@ describe('kvtier serve with no config', () => {
     const text = await res.text();
     assertValidPromText(text);
     assert.match(text, /^kvtier_lookups_total(\{[^}]*\})? \d+/m, 'a kvtier_lookups_total sample');
-    assert.match(text, /^kvtier_backend_capacity_bytes\{tier="disk"\} \d+/m, 'the default has a disk tier');
-    assert.ok(existsSync(join(CACHE_HOME, 'kvtier', 'chunks')), 'the disk tier lives in the cache directory');
+    assert.match(
+      text,
+      /^kvtier_backend_capacity_bytes\{tier="disk"\} \d+/m,
+      'the default has a disk tier',
+    );
+    assert.ok(
+      existsSync(join(CACHE_HOME, 'kvtier', 'chunks')),
+      'the disk tier lives in the cache directory',
+    );
     const base = metricsUrl.slice(0, -'/metrics'.length);
     for (const path of ['/healthz', '/readyz']) {
       const r = await fetch(`${base}${path}`);
