@@ -4,6 +4,7 @@ import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireOneOf, requireString } from '../util/validate.ts';
 import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
+import { optionsFromConfig } from './config-options.ts';
 import {
   errnoOf,
   type FileSystem,
@@ -15,7 +16,6 @@ import {
   listStore,
   MAX_SHARD_CHARS,
   objectPath,
-  optionsFromConfig,
   readObjectFile,
   realFileSystem,
   requireStorableKey,

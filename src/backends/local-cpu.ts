@@ -1,6 +1,7 @@
 import { LRUCache } from 'lru-cache';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { describe, requireInt } from '../util/validate.ts';
+import { optionsFromConfig } from './config-options.ts';
 import {
   type ArenaBlock,
   HostArena,
@@ -461,28 +462,7 @@ export function localCpuOptionsFromConfig(
   raw: Record<string, unknown>,
   tier = 'local-cpu',
 ): LocalCpuOptions {
-  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
-    throw new KvtierError(
-      'KVT_CONFIG',
-      `tier "${tier}": options must be an object, got ${describe(raw)}`,
-    );
-  }
-  for (const key of Object.keys(raw)) {
-    if (!OPTION_KEYS.includes(key)) {
-      throw new KvtierError(
-        'KVT_CONFIG',
-        `tier "${tier}": unknown local-cpu option "${key}"; allowed: ${OPTION_KEYS.join(', ')}`,
-      );
-    }
-  }
-  const options = { ...raw } as unknown as LocalCpuOptions;
-  try {
-    resolveLocalCpuOptions(options);
-  } catch (err) {
-    const msg = err instanceof Error ? err.message : String(err);
-    throw new KvtierError('KVT_CONFIG', `tier "${tier}": ${msg}`, { cause: err });
-  }
-  return options;
+  return optionsFromConfig(raw, tier, 'local-cpu', OPTION_KEYS, resolveLocalCpuOptions);
 }
 
 /** Builds a {@link LocalCpuBackend} from config options. @throws `KVT_CONFIG` on bad options. */

@@ -4,6 +4,7 @@ import { abortedError, closedError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireOneOf, requireString } from '../util/validate.ts';
 import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
+import { optionsFromConfig } from './config-options.ts';
 import {
   type FileSystem,
   FSYNC_POLICIES,
@@ -13,7 +14,6 @@ import {
   MAX_SHARD_CHARS,
   objectDir,
   objectPath,
-  optionsFromConfig,
   readObjectFile,
   realFileSystem,
   requireStorableKey,

@@ -1,5 +1,6 @@
-import { abortedError, closedError, KvtierError } from '../errors.ts';
-import { describe, requireInt } from '../util/validate.ts';
+import { abortedError, closedError } from '../errors.ts';
+import { requireInt } from '../util/validate.ts';
+import { optionsFromConfig } from './config-options.ts';
 import { MAX_SLAB_BYTES } from './host-arena.ts';
 import { checkChunk } from './local-cpu.ts';
 import type {
@@ -277,28 +278,13 @@ export function memoryOptionsFromConfig(
   raw: Record<string, unknown>,
   tier = 'memory',
 ): MemoryBackendOptions {
-  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
-    throw new KvtierError(
-      'KVT_CONFIG',
-      `tier "${tier}": options must be an object, got ${describe(raw)}`,
-    );
-  }
-  for (const key of Object.keys(raw)) {
-    if (!OPTION_KEYS.includes(key)) {
-      throw new KvtierError(
-        'KVT_CONFIG',
-        `tier "${tier}": unknown memory option "${key}"; allowed: ${OPTION_KEYS.join(', ')}`,
-      );
-    }
-  }
-  const options = { ...raw } as MemoryBackendOptions;
-  try {
-    resolveMemoryBackendOptions(options);
-  } catch (err) {
-    const msg = err instanceof Error ? err.message : String(err);
-    throw new KvtierError('KVT_CONFIG', `tier "${tier}": ${msg}`, { cause: err });
-  }
-  return options;
+  return optionsFromConfig<MemoryBackendOptions>(
+    raw,
+    tier,
+    'memory',
+    OPTION_KEYS,
+    resolveMemoryBackendOptions,
+  );
 }
 
 /** Builds a {@link MemoryBackend} from config options. @throws `KVT_CONFIG` on bad options. */

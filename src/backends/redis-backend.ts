@@ -5,6 +5,7 @@ import { createLogger, type Logger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
 import { BufferPool } from './buffer-pool.ts';
 import { chunkObjectBytes, decodeChunkObject, encodeChunkObjectInto } from './chunk-format.ts';
+import { optionsFromConfig } from './config-options.ts';
 import { checkChunk } from './local-cpu.ts';
 import type {
   BackendCapabilities,
@@ -658,28 +659,13 @@ export function redisOptionsFromConfig(
   raw: Record<string, unknown>,
   tier = 'redis',
 ): RedisBackendOptions {
-  if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
-    throw new KvtierError(
-      'KVT_CONFIG',
-      `tier "${tier}": options must be an object, got ${describe(raw)}`,
-    );
-  }
-  for (const key of Object.keys(raw)) {
-    if (!CONFIG_KEYS.includes(key)) {
-      throw new KvtierError(
-        'KVT_CONFIG',
-        `tier "${tier}": unknown redis option "${key}"; allowed: ${CONFIG_KEYS.join(', ')}`,
-      );
-    }
-  }
-  const options = { ...raw } as RedisBackendOptions;
-  try {
-    resolveRedisBackendOptions(options);
-  } catch (err) {
-    const msg = err instanceof Error ? err.message : String(err);
-    throw new KvtierError('KVT_CONFIG', `tier "${tier}": ${msg}`, { cause: err });
-  }
-  return options;
+  return optionsFromConfig<RedisBackendOptions>(
+    raw,
+    tier,
+    'redis',
+    CONFIG_KEYS,
+    resolveRedisBackendOptions,
+  );
 }
 
 /**

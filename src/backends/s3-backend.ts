@@ -18,6 +18,7 @@ import { abortedError, closedError, isKvtierError, KvtierError } from '../errors
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireBoolean, requireInt, requireString } from '../util/validate.ts';
 import { CHUNK_MAX_PAYLOAD_BYTES, decodeChunkObject, encodeChunkObject } from './chunk-format.ts';
+import { optionsFromConfig } from './config-options.ts';
 import { checkChunk } from './local-cpu.ts';
 import type {
   BackendCapabilities,
@@ -718,26 +719,7 @@ function checkKeys(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
  * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
  */
 export function s3OptionsFromConfig(raw: Record<string, unknown>, tier = 's3'): S3BackendOptions {
-  if (typeof raw !== 'object' || raw === null || Array.isArray(raw))
-    throw new KvtierError(
-      'KVT_CONFIG',
-      `tier "${tier}": options must be an object, got ${describe(raw)}`,
-    );
-  for (const key of Object.keys(raw)) {
-    if (!CONFIG_KEYS.includes(key))
-      throw new KvtierError(
-        'KVT_CONFIG',
-        `tier "${tier}": unknown s3 option "${key}"; allowed: ${CONFIG_KEYS.join(', ')}`,
-      );
-  }
-  const options = { ...raw } as unknown as S3BackendOptions;
-  try {
-    resolveS3BackendOptions(options);
-  } catch (err) {
-    const msg = err instanceof Error ? err.message : String(err);
-    throw new KvtierError('KVT_CONFIG', `tier "${tier}": ${msg}`, { cause: err });
-  }
-  return options;
+  return optionsFromConfig(raw, tier, 's3', CONFIG_KEYS, resolveS3BackendOptions);
 }
 
 /**
