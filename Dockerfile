@@ -1,10 +1,7 @@
 # kvtier sidecar image.
 FROM node:20-bookworm-slim
 WORKDIR /opt/kvtier
-COPY package.json package-lock.json tsconfig.json tsconfig.build.json ./
-COPY bin ./bin
-COPY src ./src
-COPY bench ./bench
+COPY . .
 RUN npm ci --no-audit --no-fund && npm prune --omit=dev --no-audit --no-fund
 ENV KVTIER_LISTEN=tcp://0.0.0.0:5555 \
     KVTIER_METRICS_HOST=0.0.0.0 \

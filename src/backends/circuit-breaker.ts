@@ -16,7 +16,10 @@ import type {
 } from './types.ts';
 
 export interface CircuitBreakerOptions {
-  /** Longest any call may take before it counts as failed and is answered as a miss; default 1000 ms. */
+  /**
+   * Longest one call (a whole batched contains or get) may take before it counts as failed and
+   * is answered as a miss; default 5000 ms. Size it for the largest batch a lookup prefetches.
+   */
   timeoutMs?: number;
   /** Consecutive failures (errors or timeouts) that open the breaker; default 3. */
   failureThreshold?: number;
@@ -32,7 +35,7 @@ export interface ResolvedCircuitBreakerOptions {
 }
 
 export const CIRCUIT_BREAKER_DEFAULTS: Readonly<ResolvedCircuitBreakerOptions> = {
-  timeoutMs: 1000,
+  timeoutMs: 5000,
   failureThreshold: 3,
   probeIntervalMs: 1000,
 };
