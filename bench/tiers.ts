@@ -212,34 +212,52 @@ async function fileRaw(): Promise<Raw> {
 
 function redisRaw(port: number): Raw {
   const r = new Redis({ host: '127.0.0.1', port, lazyConnect: false });
+  let gen = 0;
+  let written: string[] = [];
   return {
+    async nextRound() {
+      // New keys each round (the previous round's are deleted untimed), like new chunk keys.
+      if (written.length > 0) await r.del(...written);
+      written = [];
+      gen++;
+    },
     async put(i, data) {
-      await r.set(`raw:${i}`, data);
+      const key = `raw:${gen}:${i}`;
+      await r.set(key, data);
+      written.push(key);
     },
     async get(i) {
-      const b = await r.getBuffer(`raw:${i}`);
+      const b = await r.getBuffer(`raw:${gen}:${i}`);
       return b?.length ?? 0;
     },
     async cleanup() {
+      if (written.length > 0) await r.del(...written);
       r.disconnect();
     },
   };
 }
 
 function s3Raw(client: S3Client, bucket: string): Raw {
+  let gen = 0;
   return {
+    async nextRound() {
+      // New keys each round, like new chunk keys (the bucket is discarded at the end).
+      gen++;
+    },
     async put(i, data) {
       await client.send(
         new PutObjectCommand({
           Bucket: bucket,
-          Key: `raw/${i}`,
+          Key: `raw/${gen}/${i}`,
           Body: data,
           ContentLength: data.length,
         }),
       );
     },
     async get(i) {
-      const out = await client.send(new GetObjectCommand({ Bucket: bucket, Key: `raw/${i}` }));
+      const out = await client.send(
+        new GetObjectCommand({ Bucket: bucket, Key: `raw/${gen}/${i}` }),
+      );
       const bytes = await out.Body!.transformToByteArray();
       return bytes.length;
     },
