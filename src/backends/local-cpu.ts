@@ -1,4 +1,3 @@
-import { LRUCache } from 'lru-cache';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { describe, requireInt } from '../util/validate.ts';
 import { optionsFromConfig } from './config-options.ts';
@@ -8,6 +7,7 @@ import {
   type ResolvedHostArenaOptions,
   resolveHostArenaOptions,
 } from './host-arena.ts';
+import { RecencyList, type RecencyNode } from './recency-list.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -40,12 +40,6 @@ export type ResolvedLocalCpuOptions = ResolvedHostArenaOptions;
 const OPTION_KEYS: readonly string[] = ['capacityBytes', 'pageBytes', 'slabBytes'];
 
 /**
- * Most unpinned chunks the recency index tracks (2^21); beyond it the least recently used is
- * evicted even if bytes remain. Bounds the index's preallocated memory (~28 bytes per slot).
- */
-export const MAX_UNPINNED_CHUNKS = 1 << 21;
-
-/**
  * Applies defaults and validates.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the bad option and what is allowed.
  */
@@ -67,7 +61,7 @@ export interface ChunkReservation {
   abort(): void;
 }
 
-interface Entry {
+interface Entry extends RecencyNode<Entry> {
   readonly ns: NamespaceId;
   readonly hash: ChunkHash;
   readonly block: ArenaBlock;
@@ -88,7 +82,7 @@ interface OrphanGroup {
 
 /**
  * The CPU tier: chunks copied into a {@link HostArena}, indexed by namespace and hash, evicted
- * least-recently-used first (also past {@link MAX_UNPINNED_CHUNKS} unpinned chunks). Pinned
+ * least-recently-used first. Pinned
  * chunks are never evicted or freed while pinned; stores never wait (they evict unpinned chunks
  * or are dropped and counted). Chunks returned by `batchedGet`
  * are views into the arena (valid while pinned, or until the caller yields).
@@ -100,8 +94,12 @@ export class LocalCpuBackend implements StorageBackend {
 
   #arena: HostArena | null;
   readonly #index = new Map<NamespaceId, Map<ChunkHash, Entry>>();
-  /** Recency of unpinned live entries only, so eviction is a plain pop. */
-  readonly #lru: LRUCache<Entry, Entry>;
+  /**
+   * Recency of unpinned live entries only, so eviction is a plain pop. Intrusive (links in the
+   * entries): a lookup pins and later unpins every chunk it counts, and a general-purpose LRU
+   * map made those two moves the largest cost of a 512-chunk lookup.
+   */
+  readonly #lru = new RecencyList<Entry>();
   readonly #orphans = new Map<NamespaceId, Map<ChunkHash, OrphanGroup>>();
   #chunks = 0;
   #pinnedLive = 0;
@@ -116,13 +114,6 @@ export class LocalCpuBackend implements StorageBackend {
     const arena = new HostArena(resolveLocalCpuOptions(options));
     this.#arena = arena;
     this.name = ctx.name;
-    // lru-cache preallocates per slot; past the page count a slot could never be used.
-    this.#lru = new LRUCache<Entry, Entry>({
-      max: Math.min(arena.totalPages, MAX_UNPINNED_CHUNKS),
-      dispose: (e, _key, reason) => {
-        if (reason === 'evict') this.#evicted(e);
-      },
-    });
     this.capabilities = Object.freeze({
       pinning: true,
       hostMemory: true,
@@ -333,7 +324,7 @@ export class LocalCpuBackend implements StorageBackend {
   }
 
   #store(ns: NamespaceId, hash: ChunkHash, block: ArenaBlock, tokens: number, pin: boolean): void {
-    const e: Entry = { ns, hash, block, tokens, pins: 0 };
+    const e: Entry = { ns, hash, block, tokens, pins: 0, prev: null, next: null, listed: false };
     let space = this.#index.get(ns);
     if (space === undefined) {
       space = new Map();
@@ -362,15 +353,16 @@ export class LocalCpuBackend implements StorageBackend {
     for (;;) {
       const block = arena.allocate(bytes);
       if (block !== null) return block;
-      // pop() reports the victim to the dispose hook, which frees it.
-      if (this.#lru.pop() === undefined) {
+      const victim = this.#lru.popLeastRecent();
+      if (victim === undefined) {
         this.#droppedPuts++;
         return null;
       }
+      this.#evicted(victim);
     }
   }
 
-  /** Frees an entry the LRU gave up (on `pop`, or past its count bound). */
+  /** Frees an entry taken off the LRU by eviction. */
   #evicted(e: Entry): void {
     const arena = this.#arena!;
     this.#evictableBytes -= e.block.pages * arena.pageBytes;
@@ -418,16 +410,16 @@ export class LocalCpuBackend implements StorageBackend {
   }
 
   #touch(e: Entry): void {
-    if (e.pins === 0) this.#lru.get(e);
+    if (e.pins === 0) this.#lru.touch(e);
   }
 
   #lruAdd(e: Entry): void {
-    this.#lru.set(e, e);
-    this.#evictableBytes += e.block.pages * this.#arena!.pageBytes;
+    if (!e.listed) this.#evictableBytes += e.block.pages * this.#arena!.pageBytes;
+    this.#lru.touch(e);
   }
 
   #lruRemove(e: Entry): void {
-    if (this.#lru.delete(e)) this.#evictableBytes -= e.block.pages * this.#arena!.pageBytes;
+    if (this.#lru.remove(e)) this.#evictableBytes -= e.block.pages * this.#arena!.pageBytes;
   }
 }
 
