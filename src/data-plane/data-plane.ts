@@ -1,0 +1,720 @@
+import { type FileHandle, open } from 'node:fs/promises';
+import type { ChunkReservation } from '../backends/local-cpu.ts';
+import type { ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
+import { closedError, KvtierError } from '../errors.ts';
+import type { PinnedLookup, StorageManager } from '../storage-manager/storage-manager.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { describe, requireInt, requireString } from '../util/validate.ts';
+import {
+  appendChunkOps,
+  checkRegionsFit,
+  chunkPayloadBytes,
+  type KvLayout,
+  type KvRegistration,
+  resolveKvRegistration,
+  splitBlocks,
+} from './kv-layout.ts';
+
+/** A KV container the copy engine opened: a host file (mapped or by positional I/O) or a GPU allocation. */
+export interface DeviceSurface {
+  readonly sizeBytes: number;
+  /** Releases the mapping or handle; idempotent. */
+  close(): Promise<void>;
+}
+
+/** What copy ops address: host memory (arena pages) or an opened device surface. */
+export type CopySurface = Uint8Array | DeviceSurface;
+
+/**
+ * Copies between surfaces off the event loop. `ops` is a flat list of 5-tuples
+ * `[srcSurface, srcOffset, dstSurface, dstOffset, length]` indexing `surfaces` (the shape the
+ * native addon's `jsCopyBatch` takes). Rejects when any op fails; the destination may then be
+ * partly written.
+ */
+export interface CopyEngine {
+  /** Opens a host shared-memory KV (or state) file for reading and writing, shared with its creator. */
+  openFile(path: string): Promise<DeviceSurface>;
+  /** Opens a CUDA IPC allocation; absent on engines without CUDA. */
+  openCuda?(ipcHandle: string, allocationBytes: number): Promise<DeviceSurface>;
+  copy(surfaces: readonly CopySurface[], ops: Float64Array): Promise<void>;
+}
+
+class FsSurface implements DeviceSurface {
+  #closing: Promise<void> | undefined;
+  constructor(
+    readonly handle: FileHandle,
+    readonly sizeBytes: number,
+  ) {}
+  close(): Promise<void> {
+    this.#closing ??= this.handle.close().catch(() => {});
+    return this.#closing;
+  }
+}
+
+/**
+ * The fallback engine: host files by positional reads and writes on the libuv pool (never a
+ * private in-memory copy, so the engine process sees every write), memory by `set`. Adjacent
+ * ops are coalesced; at most `concurrency` file ops run at once (default 16).
+ */
+export function createFsCopyEngine(opts: { concurrency?: number } = {}): CopyEngine {
+  const concurrency = requireInt('copyEngine.concurrency', opts.concurrency ?? 16, 1, 1024);
+  return {
+    async openFile(path) {
+      const handle = await open(path, 'r+');
+      try {
+        return new FsSurface(handle, (await handle.stat()).size);
+      } catch (err) {
+        await handle.close();
+        throw err;
+      }
+    },
+    async copy(surfaces, ops) {
+      const runs = coalesce(ops);
+      for (let i = 0; i < runs.length; i += 5) checkOp(surfaces, runs, i);
+      let next = 0;
+      const worker = async () => {
+        while (next < runs.length) {
+          const i = next;
+          next += 5;
+          await copyOne(
+            surfaces[runs[i]!]!,
+            runs[i + 1]!,
+            surfaces[runs[i + 2]!]!,
+            runs[i + 3]!,
+            runs[i + 4]!,
+          );
+        }
+      };
+      await Promise.all(Array.from({ length: Math.min(concurrency, runs.length / 5) }, worker));
+    },
+  };
+}
+
+function coalesce(ops: Float64Array): number[] {
+  const out: number[] = [];
+  for (let i = 0; i + 4 < ops.length; i += 5) {
+    const [s, so, d, dd, len] = [ops[i]!, ops[i + 1]!, ops[i + 2]!, ops[i + 3]!, ops[i + 4]!];
+    const n = out.length;
+    if (
+      n > 0 &&
+      out[n - 5] === s &&
+      out[n - 3] === d &&
+      out[n - 4]! + out[n - 1]! === so &&
+      out[n - 2]! + out[n - 1]! === dd
+    )
+      out[n - 1] = out[n - 1]! + len;
+    else out.push(s, so, d, dd, len);
+  }
+  return out;
+}
+
+function checkOp(surfaces: readonly CopySurface[], ops: number[], i: number): void {
+  const len = ops[i + 4]!;
+  for (const [s, off] of [
+    [ops[i]!, ops[i + 1]!],
+    [ops[i + 2]!, ops[i + 3]!],
+  ] as const) {
+    const surface = surfaces[s];
+    const size = surface instanceof Uint8Array ? surface.byteLength : surface?.sizeBytes;
+    if (size === undefined || off < 0 || len < 0 || off + len > size)
+      throw new KvtierError(
+        'KVT_INTERNAL',
+        `copy op ${i / 5} is out of bounds (surface ${s}, offset ${off}, length ${len})`,
+      );
+  }
+}
+
+async function copyOne(
+  src: CopySurface,
+  so: number,
+  dst: CopySurface,
+  dd: number,
+  len: number,
+): Promise<void> {
+  if (src instanceof Uint8Array && dst instanceof Uint8Array) {
+    dst.set(src.subarray(so, so + len), dd);
+    return;
+  }
+  if (src instanceof FsSurface && dst instanceof Uint8Array) {
+    for (let done = 0; done < len; ) {
+      const { bytesRead } = await src.handle.read(dst, dd + done, len - done, so + done);
+      if (bytesRead === 0)
+        throw new KvtierError('KVT_BACKEND', 'KV file ended before the requested block');
+      done += bytesRead;
+    }
+    return;
+  }
+  if (src instanceof Uint8Array && dst instanceof FsSurface) {
+    for (let done = 0; done < len; ) {
+      const { bytesWritten } = await dst.handle.write(src, so + done, len - done, dd + done);
+      done += bytesWritten;
+    }
+    return;
+  }
+  throw new KvtierError(
+    'KVT_INTERNAL',
+    'the fs copy engine copies only between host memory and files',
+  );
+}
+
+/** Values of a load's completion word: the engine zeroes it before asking, kvtier writes the outcome. */
+export const LOAD_STATE = Object.freeze({ PENDING: 0, DONE: 1, FAILED: 2 });
+
+/** Options of {@link DataPlane}. */
+export interface DataPlaneOptions {
+  /** Not owned: the data plane neither starts nor closes it. */
+  storage: StorageManager;
+  /** Default: {@link createFsCopyEngine}. */
+  copyEngine?: CopyEngine;
+  /** An engine silent this long (no heartbeat or call) is treated as gone; default 30 000 ms. */
+  heartbeatTimeoutMs?: number;
+  /** How often silent engines are swept, ms; 0 disables the timer (call `sweep()`); default 5000. */
+  sweepIntervalMs?: number;
+  /** Clock for heartbeats and load deadlines (ms); default Date.now. */
+  now?: () => number;
+  log?: Logger;
+}
+
+/** A save after a forward pass: the blocks of the chunks to gather. */
+export interface SaveRequest {
+  engineId: string;
+  requestId: string;
+  /** Blocks of the chunks, in order: chunk i owns blockIds[i * blocksPerChunk ...]. */
+  blockIds: ArrayLike<number>;
+  chunkHashes: readonly ChunkHash[];
+  /** Leading chunks the engine knows are stored; default 0. */
+  skipChunks?: number;
+}
+
+/** Chunk counts of a save; they add up to the number of chunk hashes. */
+export interface SaveResult {
+  saved: number;
+  /** Skipped by request or already in the CPU tier. */
+  skipped: number;
+  /** No room in the CPU tier (counted there). */
+  dropped: number;
+}
+
+/** A load before a forward pass: pinned chunks to scatter into the blocks. */
+export interface LoadRequest {
+  engineId: string;
+  requestId: string;
+  /** The lookup whose pins cover the chunks (held by `holdLookup` or still in the storage manager). */
+  lookupId: string;
+  /** Destination blocks, aligned with the chunks like {@link SaveRequest.blockIds}. */
+  blockIds: ArrayLike<number>;
+  chunkHashes: readonly ChunkHash[];
+  /** Chunks not started by this time (on the `now` clock, ms) are reported invalid. */
+  deadlineMs?: number;
+  /** Slot of the registered state file to set to DONE or FAILED. */
+  stateSlot?: number;
+  /** In-process completion word (element 0), set with `Atomics.store` and notified. */
+  stateWord?: Int32Array;
+}
+
+/** The reply to a load (vLLM's load-failure recovery reads `invalidBlockIds`). */
+export interface LoadResult {
+  loadedTokens: number;
+  /** Blocks not written with valid KV: those of the first chunk that failed and every later chunk. */
+  invalidBlockIds: number[];
+}
+
+interface RequestState {
+  readonly held: Map<string, PinnedLookup>;
+  active: number;
+  finished: boolean;
+}
+
+interface EngineState {
+  readonly layout: KvLayout;
+  readonly surfaces: DeviceSurface[];
+  readonly regionSurface: number[];
+  readonly stateSurface: DeviceSurface | null;
+  readonly requests: Map<string, RequestState>;
+  readonly inflight: Set<Promise<unknown>>;
+  lastSeenMs: number;
+  gone: boolean;
+}
+
+type Reservable = StorageBackend & {
+  reserve(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    bytes: number,
+    tokens: number,
+  ): ChunkReservation | 'exists' | 'dropped';
+};
+
+const HASH = /^[0-9a-f]{64}$/;
+const DEFAULTS = { heartbeatTimeoutMs: 30_000, sweepIntervalMs: 5000 };
+
+/**
+ * The worker-side data plane (design decision 6): engines register their KV caches, saves gather
+ * blocks into the CPU tier and write them through, loads scatter pinned chunks into blocks.
+ * Pins are released on terminal request end (finished or aborted), never on preemption, and
+ * all of an engine's pins and mappings when it goes away.
+ */
+export class DataPlane {
+  readonly #storage: StorageManager;
+  readonly #copy: CopyEngine;
+  readonly #now: () => number;
+  readonly #log: Logger;
+  readonly #heartbeatTimeoutMs: number;
+  readonly #engines = new Map<string, EngineState>();
+  readonly #timer: ReturnType<typeof setInterval> | undefined;
+  #writeDrops = 0;
+  #closing: Promise<void> | undefined;
+
+  /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
+  constructor(opts: DataPlaneOptions) {
+    this.#storage = opts.storage;
+    this.#copy = opts.copyEngine ?? createFsCopyEngine();
+    this.#now = opts.now ?? Date.now;
+    this.#log = opts.log ?? silentLogger;
+    this.#heartbeatTimeoutMs = requireInt(
+      'heartbeatTimeoutMs',
+      opts.heartbeatTimeoutMs ?? DEFAULTS.heartbeatTimeoutMs,
+      1,
+    );
+    const every = requireInt(
+      'sweepIntervalMs',
+      opts.sweepIntervalMs ?? DEFAULTS.sweepIntervalMs,
+      0,
+    );
+    if (every > 0) {
+      this.#timer = setInterval(() => void this.sweep(), every);
+      this.#timer.unref();
+    }
+  }
+
+  /**
+   * Registers an engine's KV caches: validates, opens every file (or IPC allocation) once and
+   * checks each region fits. Re-registering an engine id first releases the old registration.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` for a bad registration or an unopenable file;
+   *   `KVT_CONFIG` for the cuda device without a CUDA copy engine; `KVT_CLOSED` after close.
+   */
+  async register(reg: KvRegistration): Promise<KvLayout> {
+    this.#open();
+    const layout = resolveKvRegistration(reg);
+    if (layout.device === 'cuda' && this.#copy.openCuda === undefined)
+      throw new KvtierError(
+        'KVT_CONFIG',
+        'the cuda device needs the native copy engine (CUDA build on a GPU machine)',
+      );
+    if (this.#engines.has(layout.engineId)) await this.engineGone(layout.engineId);
+    const opened = new Map<string, number>();
+    const surfaces: DeviceSurface[] = [];
+    const sizes = new Map<string, number>();
+    const openOne = async (key: string, make: () => Promise<DeviceSurface>): Promise<number> => {
+      let idx = opened.get(key);
+      if (idx === undefined) {
+        const s = await make();
+        idx = surfaces.push(s) - 1;
+        opened.set(key, idx);
+        sizes.set(key, s.sizeBytes);
+      }
+      return idx;
+    };
+    const openFile = (path: string) =>
+      this.#copy.openFile(path).catch((err: unknown) => {
+        throw new KvtierError(
+          'KVT_INVALID_ARGUMENT',
+          `registration: cannot open ${path}: ${(err as Error).message}`,
+          { cause: err },
+        );
+      });
+    try {
+      const regionSurface: number[] = [];
+      for (const r of layout.regions) {
+        const loc = r.location;
+        regionSurface.push(
+          loc.device === 'host'
+            ? await openOne(loc.path, () => openFile(loc.path))
+            : await openOne(`cuda:${loc.ipcHandle}`, () =>
+                this.#copy.openCuda!(loc.ipcHandle, loc.allocationBytes),
+              ),
+        );
+      }
+      const sf = layout.stateFile;
+      const stateIdx = sf === null ? -1 : await openOne(sf.path, () => openFile(sf.path));
+      checkRegionsFit(layout, (p) => sizes.get(p) ?? 0);
+      this.#open();
+      // A concurrent registration of the same engine won the race: this one replaces it.
+      if (this.#engines.has(layout.engineId)) await this.engineGone(layout.engineId);
+      this.#engines.set(layout.engineId, {
+        layout,
+        surfaces,
+        regionSurface,
+        stateSurface: stateIdx < 0 ? null : surfaces[stateIdx]!,
+        requests: new Map(),
+        inflight: new Set(),
+        lastSeenMs: this.#now(),
+        gone: false,
+      });
+      this.#log.info('kv cache registered', {
+        engineId: layout.engineId,
+        namespace: layout.namespace.label,
+      });
+      return layout;
+    } catch (err) {
+      await Promise.all(surfaces.map((s) => s.close()));
+      throw err;
+    }
+  }
+
+  /** Records that an engine is alive; returns false for an unknown engine. */
+  heartbeat(engineId: string): boolean {
+    const eng = this.#engines.get(engineId);
+    if (eng !== undefined) eng.lastSeenMs = this.#now();
+    return eng !== undefined;
+  }
+
+  /**
+   * Gathers each chunk not skipped and not already in the CPU tier from every region into a CPU
+   * reservation, indexes it, and queues the write-through to lower tiers (the arena pages are
+   * pinned until written, so no second copy). Resolves when the blocks may be reused.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`, or the copy
+   *   engine's error (nothing is indexed then).
+   */
+  async save(req: SaveRequest): Promise<SaveResult> {
+    const eng = this.#engine(req.engineId);
+    const { layout } = eng;
+    const hashes = checkHashes(req.chunkHashes, 'save');
+    const chunks = splitBlocks(layout, req.blockIds, hashes.length, 'save');
+    const skip = requireInt('save.skipChunks', req.skipChunks ?? 0, 0, hashes.length);
+    const ns = layout.namespace.id;
+    const cpu = this.#storage.cpu as Partial<Reservable>;
+    const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
+    const surfaces: CopySurface[] = [...eng.surfaces];
+    const ops: number[] = [];
+    const pending: {
+      hash: ChunkHash;
+      tokens: number;
+      res: ChunkReservation | null;
+      data: Uint8Array;
+    }[] = [];
+    for (let i = skip; i < hashes.length; i++) {
+      const ids = chunks[i]!;
+      const bytes = chunkPayloadBytes(layout, ids.length);
+      const tokens = ids.length * layout.blockSize;
+      let res: ChunkReservation | null = null;
+      let data: Uint8Array;
+      if (typeof cpu.reserve === 'function') {
+        const r = cpu.reserve(ns, hashes[i]!, bytes, tokens);
+        if (r === 'exists') result.skipped++;
+        if (r === 'dropped') result.dropped++;
+        if (typeof r === 'string') continue;
+        res = r;
+        data = r.view;
+      } else {
+        // A CPU tier without in-place reservations gets a gathered copy through `put`.
+        data = Buffer.allocUnsafe(bytes);
+      }
+      appendChunkOps(ops, layout, 'gather', ids, eng.regionSurface, surfaces.push(data) - 1);
+      pending.push({ hash: hashes[i]!, tokens, res, data });
+    }
+    const work = this.#copy.copy(surfaces, Float64Array.from(ops));
+    try {
+      await this.#track(eng, work);
+    } catch (err) {
+      for (const p of pending) p.res?.abort();
+      throw err;
+    }
+    for (const p of pending) {
+      const outcome =
+        p.res === null
+          ? await this.#storage.put(ns, p.hash, { tokens: p.tokens, data: p.data })
+          : this.#commit(ns, p.hash, p.tokens, p.res);
+      result[outcome === 'stored' ? 'saved' : outcome === 'exists' ? 'skipped' : 'dropped']++;
+    }
+    return result;
+  }
+
+  #commit(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    tokens: number,
+    res: ChunkReservation,
+  ): 'stored' | 'exists' {
+    const lower = this.#storage.tiers.slice(1);
+    const cpu = this.#storage.cpu;
+    const outcome = res.commit({ pin: lower.length > 0 });
+    if (lower.length === 0) return outcome as 'stored' | 'exists';
+    if (outcome === 'exists') {
+      cpu.unpin(ns, [hash]);
+      return 'exists';
+    }
+    const queued = this.#storage.writeQueue.enqueue({
+      ns,
+      hash,
+      chunk: { tokens, data: res.view },
+      targets: lower,
+      done: () => cpu.unpin(ns, [hash]),
+    });
+    if (!queued) {
+      cpu.unpin(ns, [hash]);
+      this.#writeDrops++;
+    }
+    return 'stored';
+  }
+
+  /**
+   * Moves a lookup's pins from the storage manager (where they expire with the pin TTL) to the
+   * request, where they last until the request's load or terminal end, or its engine goes away.
+   * @returns the number of chunks held, 0 when the lookup is unknown, running or expired.
+   */
+  holdLookup(engineId: string, requestId: string, lookupId: string): number {
+    const eng = this.#engine(engineId);
+    const pinned = this.#storage.takeLookup(lookupId);
+    if (pinned === undefined) return 0;
+    const req = this.#request(eng, requestId);
+    const old = req.held.get(lookupId);
+    if (old !== undefined) this.#storage.releaseLookup(old);
+    req.held.set(lookupId, pinned);
+    return pinned.hitChunks;
+  }
+
+  /**
+   * Scatters the lookup's pinned chunks into the blocks and releases the pins. Chunks are matched
+   * by hash against the pinned set; a chunk that is not pinned, gone, malformed, past the deadline
+   * or cut short by the request's end, and every chunk after it, are reported in
+   * `invalidBlockIds`, never as loaded. `signal` and `deadlineMs` are checked between chunks (a
+   * chunk being copied completes). Chunk `i` goes to `blockIds[i * blocksPerChunk ...]`.
+   *
+   * Completion word: a 4-byte little-endian int32 the engine sets to `LOAD_STATE.PENDING` before
+   * asking and polls; kvtier writes `DONE` (every chunk loaded) or `FAILED` (some invalid, or the
+   * load was refused) after the last block write, also when the call throws. Either slot
+   * `stateSlot` of the registered state file (at byte `4 * stateSlot`, for an engine in another
+   * process that maps the file) or element 0 of `stateWord` (in-process; notified when shared).
+   * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`.
+   */
+  async load(req: LoadRequest, opts: { signal?: AbortSignal } = {}): Promise<LoadResult> {
+    let eng: EngineState | undefined;
+    let result: LoadResult | undefined;
+    try {
+      eng = this.#engine(req.engineId);
+      const lookupId = requireString('load.lookupId', req.lookupId, { nonEmpty: true });
+      const hashes = checkHashes(req.chunkHashes, 'load');
+      const chunks = splitBlocks(eng.layout, req.blockIds, hashes.length, 'load');
+      if (new Set(chunks.flat()).size !== req.blockIds.length)
+        throw new KvtierError('KVT_INVALID_ARGUMENT', 'load.blockIds must not repeat a block');
+      if (req.stateSlot !== undefined)
+        requireInt('load.stateSlot', req.stateSlot, 0, (eng.layout.stateFile?.slots ?? 0) - 1);
+      const state = this.#request(
+        eng,
+        requireString('load.requestId', req.requestId, { nonEmpty: true }),
+      );
+      const pinned = state.held.get(lookupId) ?? this.#storage.takeLookup(lookupId);
+      state.held.delete(lookupId);
+      state.active++;
+      try {
+        result = await this.#track(
+          eng,
+          this.#scatter(eng, state, pinned, hashes, chunks, req.deadlineMs, opts.signal),
+        );
+      } finally {
+        if (pinned !== undefined) this.#storage.releaseLookup(pinned);
+        state.active--;
+        if (state.finished && state.active === 0) eng.requests.delete(req.requestId);
+      }
+      return result;
+    } finally {
+      await this.#setState(eng, req, result !== undefined && result.invalidBlockIds.length === 0);
+    }
+  }
+
+  async #scatter(
+    eng: EngineState,
+    state: RequestState,
+    pinned: PinnedLookup | undefined,
+    hashes: readonly ChunkHash[],
+    chunks: number[][],
+    deadlineMs: number | undefined,
+    signal: AbortSignal | undefined,
+  ): Promise<LoadResult> {
+    const { layout } = eng;
+    const ns = layout.namespace.id;
+    const ready =
+      pinned !== undefined && pinned.status === 'ok' && pinned.namespaces.includes(ns)
+        ? new Set(pinned.hashes)
+        : new Set<ChunkHash>();
+    const wanted = hashes.filter((h) => ready.has(h));
+    const found = wanted.length === 0 ? new Map() : await this.#storage.cpu.batchedGet(ns, wanted);
+    let loadedTokens = 0;
+    let i = 0;
+    for (; i < hashes.length; i++) {
+      if (state.finished || eng.gone || signal?.aborted === true) break;
+      if (deadlineMs !== undefined && this.#now() >= deadlineMs) break;
+      const hash = hashes[i]!;
+      const ids = chunks[i]!;
+      const chunk = ready.has(hash) ? found.get(hash) : undefined;
+      const tokens = ids.length * layout.blockSize;
+      if (chunk == null) break;
+      if (
+        chunk.tokens !== tokens ||
+        chunk.data.byteLength !== chunkPayloadBytes(layout, ids.length)
+      ) {
+        this.#log.warn('stored chunk does not match the layout; reported invalid', {
+          hash,
+          tokens: chunk.tokens,
+          bytes: chunk.data.byteLength,
+        });
+        break;
+      }
+      const ops: number[] = [];
+      appendChunkOps(ops, layout, 'scatter', ids, eng.regionSurface, eng.surfaces.length);
+      try {
+        await this.#copy.copy([...eng.surfaces, chunk.data], Float64Array.from(ops));
+      } catch (err) {
+        this.#log.warn('scatter failed; chunk reported invalid', { hash, err });
+        break;
+      }
+      loadedTokens += tokens;
+    }
+    return { loadedTokens, invalidBlockIds: chunks.slice(i).flat() };
+  }
+
+  async #setState(eng: EngineState | undefined, req: LoadRequest, ok: boolean): Promise<void> {
+    const value = ok ? LOAD_STATE.DONE : LOAD_STATE.FAILED;
+    if (req.stateWord instanceof Int32Array && req.stateWord.length > 0) {
+      Atomics.store(req.stateWord, 0, value);
+      if (req.stateWord.buffer instanceof SharedArrayBuffer) Atomics.notify(req.stateWord, 0);
+    }
+    const slot = req.stateSlot;
+    const file = eng?.stateSurface;
+    if (file == null || !Number.isInteger(slot) || slot! < 0 || slot! * 4 + 4 > file.sizeBytes)
+      return;
+    const word = new Uint8Array(4);
+    new DataView(word.buffer).setInt32(0, value, true);
+    try {
+      await this.#copy.copy([word, file], Float64Array.of(0, 0, 1, slot! * 4, 4));
+    } catch (err) {
+      this.#log.warn('could not write the load state word', { engineId: req.engineId, slot, err });
+    }
+  }
+
+  /** Terminal end (finished or aborted): releases the request's held pins and state. In-flight loads stop at the next chunk. */
+  requestFinished(engineId: string, requestId: string): void {
+    const eng = this.#engines.get(engineId);
+    const state = eng?.requests.get(requestId);
+    if (eng === undefined || state === undefined) return;
+    state.finished = true;
+    this.#releaseHeld(state);
+    if (state.active === 0) eng.requests.delete(requestId);
+  }
+
+  /** Preemption keeps everything: a preempted request asks again and may still load what it holds. */
+  requestPreempted(engineId: string, requestId: string): void {
+    this.#log.debug('request preempted; pins kept', { engineId, requestId });
+  }
+
+  /**
+   * Releases every pin and mapping of an engine (disconnect or missed heartbeats). Waits for its
+   * in-flight copies before closing mappings. Returns false for an unknown engine.
+   */
+  async engineGone(engineId: string): Promise<boolean> {
+    const eng = this.#engines.get(engineId);
+    if (eng === undefined) return false;
+    this.#engines.delete(engineId);
+    eng.gone = true;
+    for (const state of eng.requests.values()) {
+      state.finished = true;
+      this.#releaseHeld(state);
+    }
+    await Promise.allSettled([...eng.inflight]);
+    eng.requests.clear();
+    await Promise.all(eng.surfaces.map((s) => s.close()));
+    this.#log.info('engine released', { engineId });
+    return true;
+  }
+
+  /** Releases engines silent for longer than `heartbeatTimeoutMs`; returns how many. */
+  async sweep(): Promise<number> {
+    const now = this.#now();
+    const stale = [...this.#engines]
+      .filter(([, e]) => now - e.lastSeenMs > this.#heartbeatTimeoutMs)
+      .map(([id]) => id);
+    await Promise.all(stale.map((id) => this.engineGone(id)));
+    return stale.length;
+  }
+
+  /** A JSON-friendly snapshot. */
+  stats(): { engines: number; requests: number; heldLookups: number; writeThroughDropped: number } {
+    let requests = 0;
+    let heldLookups = 0;
+    for (const e of this.#engines.values()) {
+      requests += e.requests.size;
+      for (const r of e.requests.values()) heldLookups += r.held.size;
+    }
+    return {
+      engines: this.#engines.size,
+      requests,
+      heldLookups,
+      writeThroughDropped: this.#writeDrops,
+    };
+  }
+
+  /** Releases every engine; idempotent. Work after close rejects with `KVT_CLOSED`. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      if (this.#timer !== undefined) clearInterval(this.#timer);
+      await Promise.all([...this.#engines.keys()].map((id) => this.engineGone(id)));
+    })();
+    return this.#closing;
+  }
+
+  #open(): void {
+    if (this.#closing !== undefined) throw closedError('data plane');
+  }
+
+  #engine(engineId: string): EngineState {
+    this.#open();
+    const eng = this.#engines.get(engineId);
+    if (eng === undefined)
+      throw new KvtierError(
+        'KVT_NOT_FOUND',
+        `engine ${describe(engineId)} has no registered KV cache`,
+      );
+    eng.lastSeenMs = this.#now();
+    return eng;
+  }
+
+  #request(eng: EngineState, requestId: string): RequestState {
+    let state = eng.requests.get(requestId);
+    if (state === undefined) {
+      state = { held: new Map(), active: 0, finished: false };
+      eng.requests.set(requestId, state);
+    }
+    return state;
+  }
+
+  #releaseHeld(state: RequestState): void {
+    for (const p of state.held.values()) this.#storage.releaseLookup(p);
+    state.held.clear();
+  }
+
+  async #track<T>(eng: EngineState, work: Promise<T>): Promise<T> {
+    eng.inflight.add(work);
+    try {
+      return await work;
+    } finally {
+      eng.inflight.delete(work);
+    }
+  }
+}
+
+function checkHashes(hashes: readonly ChunkHash[], what: string): readonly ChunkHash[] {
+  if (!Array.isArray(hashes))
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `${what}.chunkHashes must be an array, got ${describe(hashes)}`,
+    );
+  hashes.forEach((h, i) => {
+    if (typeof h !== 'string' || !HASH.test(h))
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `${what}.chunkHashes[${i}] must be 64 lowercase hex digits, got ${describe(h)}`,
+      );
+  });
+  return hashes;
+}

@@ -1,0 +1,360 @@
+import { isAbsolute } from 'node:path';
+import { KvtierError } from '../errors.ts';
+import {
+  bytesPerToken,
+  deriveNamespace,
+  type Namespace,
+  type NamespaceSpec,
+} from '../namespace/namespace.ts';
+import {
+  describe,
+  requireBoolean,
+  requireInt,
+  requireOneOf,
+  requireString,
+} from '../util/validate.ts';
+
+/**
+ * KV cache registration and address math (design decision 6).
+ *
+ * Chunk payload layout (layout version 1), independent of the engine's block ids and strides:
+ * regions in registration order (layer 0 K, layer 0 V, layer 1 K, ...; MLA: one latent region per
+ * layer), and within a region the chunk's blocks in chunk order, each block contributing exactly
+ * `blockSize * bytesPerTokenPerLayer` bytes (stride padding is not stored). So a chunk of `n`
+ * blocks is `regions * n * blockBytes` bytes, and block `j` of region `r` starts at
+ * `(r * n + j) * blockBytes`. A chunk saved from one block table loads into any other.
+ */
+
+/** Where the engine's KV cache lives. */
+export type KvDeviceKind = 'host' | 'cuda';
+
+/** Bytes of one CUDA IPC memory handle (`cudaIpcMemHandle_t`). */
+export const CUDA_IPC_HANDLE_BYTES = 64;
+
+/** One K, V or latent region: block `b` lives at `offsetBytes + b * blockStrideBytes`. */
+export interface KvRegionSpec {
+  /** Host device: absolute path of the shared-memory file holding the region. */
+  path?: string;
+  /** CUDA device: the allocation's IPC handle, 128 hex digits. */
+  ipcHandle?: string;
+  /** CUDA device: size of the IPC allocation in bytes (what the region is checked against). */
+  allocationBytes?: number;
+  /** Byte offset of block 0 within the file or allocation. */
+  offsetBytes: number;
+}
+
+/** One attention layer: K and V, or for MLA only `k` (the latent). */
+export interface KvLayerSpec {
+  k: KvRegionSpec;
+  v?: KvRegionSpec;
+}
+
+/** A small file of 4-byte completion words the engine maps and polls (see `DataPlane.load`). */
+export interface KvStateFileSpec {
+  /** Absolute path; the file must hold at least `slots * 4` bytes. */
+  path: string;
+  slots: number;
+}
+
+/** What the worker sends once to register its KV caches. */
+export interface KvRegistration {
+  engineId: string;
+  device: KvDeviceKind;
+  modelId: string;
+  /** KV element type, e.g. `bfloat16` (aliases as in `normalizeDtype`). */
+  dtype: string;
+  /** KV heads of the whole model (per-rank heads are derived), or latents per layer for MLA. */
+  numKvHeads: number;
+  headDim: number;
+  tpSize: number;
+  tpRank: number;
+  mla: boolean;
+  /** Blocks in each region. */
+  numBlocks: number;
+  /** Tokens per engine block. */
+  blockSize: number;
+  /** Distance between consecutive blocks of one region, bytes; >= blockSize * bytesPerTokenPerLayer. */
+  blockStrideBytes: number;
+  /** Bytes of K (and of V) per token per layer on this rank; derived when omitted, checked when given. */
+  bytesPerTokenPerLayer?: number;
+  /** Tokens per stored chunk; a multiple of blockSize. Default 256. */
+  chunkSize?: number;
+  /** In-page layout version that enters the namespace; default 1. */
+  layoutVersion?: number;
+  /** One entry per layer, in model order. */
+  layers: KvLayerSpec[];
+  stateFile?: KvStateFileSpec;
+}
+
+/** Where a region's bytes are: a host file or a CUDA allocation. */
+export type KvLocation =
+  | { readonly device: 'host'; readonly path: string }
+  | { readonly device: 'cuda'; readonly ipcHandle: string; readonly allocationBytes: number };
+
+/** A validated region, in payload order. */
+export interface KvRegion {
+  readonly layer: number;
+  readonly kind: 'k' | 'v' | 'latent';
+  readonly location: KvLocation;
+  readonly offsetBytes: number;
+  /** Bytes from block 0's start to the end of the last block: (numBlocks - 1) * stride + blockBytes. */
+  readonly extentBytes: number;
+}
+
+/** A validated registration with everything derived. */
+export interface KvLayout {
+  readonly engineId: string;
+  readonly device: KvDeviceKind;
+  readonly namespace: Namespace;
+  readonly numLayers: number;
+  readonly numBlocks: number;
+  readonly blockSize: number;
+  readonly chunkSize: number;
+  readonly blocksPerChunk: number;
+  readonly blockStrideBytes: number;
+  readonly bytesPerTokenPerLayer: number;
+  /** Stored bytes of one block of one region: blockSize * bytesPerTokenPerLayer. */
+  readonly blockBytes: number;
+  readonly regions: readonly KvRegion[];
+  readonly stateFile: Readonly<KvStateFileSpec> | null;
+}
+
+const DEFAULT_CHUNK_SIZE = 256;
+const IPC_HANDLE = /^[0-9a-f]{128}$/;
+
+function invalid(message: string): KvtierError {
+  return new KvtierError('KVT_INVALID_ARGUMENT', message);
+}
+
+function requirePath(name: string, value: unknown): string {
+  const p = requireString(name, value, { nonEmpty: true });
+  if (!isAbsolute(p)) throw invalid(`${name} must be an absolute path, got ${describe(value)}`);
+  return p;
+}
+
+/**
+ * Validates a registration and derives its namespace and layout. File and allocation sizes are
+ * checked separately by {@link checkRegionsFit} once the regions are opened.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the first bad field and what is allowed.
+ */
+export function resolveKvRegistration(reg: KvRegistration): KvLayout {
+  if (typeof reg !== 'object' || reg === null)
+    throw invalid(`registration must be an object, got ${describe(reg)}`);
+  const engineId = requireString('registration.engineId', reg.engineId, { nonEmpty: true });
+  if (engineId.length > 256) throw invalid('registration.engineId must be at most 256 characters');
+  const device = requireOneOf('registration.device', reg.device, ['host', 'cuda'] as const);
+  if (!Array.isArray(reg.layers) || reg.layers.length === 0)
+    throw invalid(
+      `registration.layers must be a non-empty array, got ${describe(reg.layers as unknown)}`,
+    );
+  const mla = requireBoolean('registration.mla', reg.mla);
+  const blockSize = requireInt('registration.blockSize', reg.blockSize, 1, 1 << 20);
+  const spec: NamespaceSpec = {
+    modelId: reg.modelId,
+    dtype: reg.dtype,
+    numLayers: reg.layers.length,
+    numKvHeads: reg.numKvHeads,
+    headDim: reg.headDim,
+    blockSize,
+    tpSize: reg.tpSize,
+    tpRank: reg.tpRank,
+    mla,
+    layoutVersion: reg.layoutVersion ?? 1,
+  };
+  const namespace = deriveNamespace(spec);
+  const regionsPerLayer = mla ? 1 : 2;
+  const derived = bytesPerToken(spec) / (reg.layers.length * regionsPerLayer);
+  const bytesPerTokenPerLayer =
+    reg.bytesPerTokenPerLayer === undefined
+      ? derived
+      : requireInt('registration.bytesPerTokenPerLayer', reg.bytesPerTokenPerLayer, 1);
+  if (bytesPerTokenPerLayer !== derived)
+    throw invalid(
+      `registration.bytesPerTokenPerLayer is ${bytesPerTokenPerLayer} but the model shape gives ${derived} (heads per rank * headDim * dtype bytes)`,
+    );
+  const numBlocks = requireInt('registration.numBlocks', reg.numBlocks, 1, 2 ** 31 - 1);
+  const blockBytes = blockSize * bytesPerTokenPerLayer;
+  const blockStrideBytes = requireInt('registration.blockStrideBytes', reg.blockStrideBytes, 1);
+  if (blockStrideBytes < blockBytes)
+    throw invalid(
+      `registration.blockStrideBytes must be >= blockSize * bytesPerTokenPerLayer = ${blockBytes}, got ${blockStrideBytes}`,
+    );
+  const chunkSize = requireInt(
+    'registration.chunkSize',
+    reg.chunkSize ?? DEFAULT_CHUNK_SIZE,
+    1,
+    1 << 24,
+  );
+  if (chunkSize % blockSize !== 0)
+    throw invalid(
+      `registration.chunkSize must be a multiple of blockSize (${blockSize}), got ${chunkSize}`,
+    );
+  const extentBytes = (numBlocks - 1) * blockStrideBytes + blockBytes;
+  if (!Number.isSafeInteger(extentBytes))
+    throw invalid('registration.numBlocks * blockStrideBytes is too large');
+  const regions: KvRegion[] = [];
+  reg.layers.forEach((layer, l) => {
+    const name = `registration.layers[${l}]`;
+    if (typeof layer !== 'object' || layer === null)
+      throw invalid(`${name} must be an object, got ${describe(layer)}`);
+    if (mla && layer.v !== undefined)
+      throw invalid(`${name}.v must be absent for MLA (one latent region per layer)`);
+    if (!mla && layer.v === undefined) throw invalid(`${name}.v is required (K and V regions)`);
+    regions.push(region(`${name}.k`, device, layer.k, l, mla ? 'latent' : 'k', extentBytes));
+    if (!mla) regions.push(region(`${name}.v`, device, layer.v, l, 'v', extentBytes));
+  });
+  let stateFile: KvStateFileSpec | null = null;
+  if (reg.stateFile !== undefined) {
+    const sf = reg.stateFile;
+    if (typeof sf !== 'object' || sf === null)
+      throw invalid(`registration.stateFile must be an object, got ${describe(sf)}`);
+    stateFile = Object.freeze({
+      path: requirePath('registration.stateFile.path', sf.path),
+      slots: requireInt('registration.stateFile.slots', sf.slots, 1, 1 << 24),
+    });
+  }
+  return Object.freeze({
+    engineId,
+    device,
+    namespace,
+    numLayers: reg.layers.length,
+    numBlocks,
+    blockSize,
+    chunkSize,
+    blocksPerChunk: chunkSize / blockSize,
+    blockStrideBytes,
+    bytesPerTokenPerLayer,
+    blockBytes,
+    regions: Object.freeze(regions),
+    stateFile,
+  });
+}
+
+function region(
+  name: string,
+  device: KvDeviceKind,
+  spec: KvRegionSpec | undefined,
+  layer: number,
+  kind: KvRegion['kind'],
+  extentBytes: number,
+): KvRegion {
+  if (typeof spec !== 'object' || spec === null)
+    throw invalid(`${name} must be an object, got ${describe(spec)}`);
+  const offsetBytes = requireInt(`${name}.offsetBytes`, spec.offsetBytes, 0);
+  let location: KvLocation;
+  if (device === 'host') {
+    if (spec.ipcHandle !== undefined) throw invalid(`${name}.ipcHandle is for the cuda device`);
+    location = { device, path: requirePath(`${name}.path`, spec.path) };
+  } else {
+    if (spec.path !== undefined) throw invalid(`${name}.path is for the host device`);
+    const handle = requireString(`${name}.ipcHandle`, spec.ipcHandle, { nonEmpty: true });
+    if (!IPC_HANDLE.test(handle))
+      throw invalid(
+        `${name}.ipcHandle must be ${CUDA_IPC_HANDLE_BYTES} bytes as ${CUDA_IPC_HANDLE_BYTES * 2} lowercase hex digits, got ${describe(handle)}`,
+      );
+    const allocationBytes = requireInt(`${name}.allocationBytes`, spec.allocationBytes, 1);
+    location = { device, ipcHandle: handle, allocationBytes };
+  }
+  return Object.freeze({ layer, kind, location, offsetBytes, extentBytes });
+}
+
+/**
+ * Checks that every region lies inside its file or allocation:
+ * `offsetBytes + (numBlocks - 1) * blockStrideBytes + blockBytes <= size`. The last block's
+ * stride padding is not required, so layouts that interleave K and V within one stride fit.
+ * @param sizeOf size in bytes of a host file (by path); unused for cuda regions.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the region and the sizes.
+ */
+export function checkRegionsFit(layout: KvLayout, sizeOf: (path: string) => number): void {
+  layout.regions.forEach((r) => {
+    const size =
+      r.location.device === 'host' ? sizeOf(r.location.path) : r.location.allocationBytes;
+    const end = r.offsetBytes + r.extentBytes;
+    if (end > size) {
+      const where = r.location.device === 'host' ? `file ${r.location.path}` : 'the IPC allocation';
+      throw invalid(
+        `registration.layers[${r.layer}].${r.kind === 'latent' ? 'k' : r.kind}: offsetBytes ${r.offsetBytes} + ${layout.numBlocks} blocks at stride ${layout.blockStrideBytes} ends at byte ${end}, beyond ${where} (${size} bytes)`,
+      );
+    }
+  });
+  const sf = layout.stateFile;
+  if (sf !== null && sf.slots * 4 > sizeOf(sf.path))
+    throw invalid(
+      `registration.stateFile: ${sf.slots} slots need ${sf.slots * 4} bytes, file ${sf.path} has ${sizeOf(sf.path)}`,
+    );
+}
+
+/** Byte offset of block `blockId` of region `regionIndex` in its file or allocation. */
+export function blockOffset(layout: KvLayout, regionIndex: number, blockId: number): number {
+  return layout.regions[regionIndex]!.offsetBytes + blockId * layout.blockStrideBytes;
+}
+
+/** Payload bytes of a chunk of `blocks` blocks. */
+export function chunkPayloadBytes(layout: KvLayout, blocks: number): number {
+  return layout.regions.length * blocks * layout.blockBytes;
+}
+
+/** Offset within a chunk payload of block `j` (of `blocks`) of region `regionIndex`. */
+export function payloadOffset(
+  layout: KvLayout,
+  regionIndex: number,
+  j: number,
+  blocks: number,
+): number {
+  return (regionIndex * blocks + j) * layout.blockBytes;
+}
+
+/**
+ * Splits a block table over chunks: chunk `i` owns blocks `[i * blocksPerChunk, ...)`; only the
+ * last chunk may have fewer blocks. Validates ids against `numBlocks`.
+ * @returns the block ids of each chunk.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` when counts do not match or an id is out of range.
+ */
+export function splitBlocks(
+  layout: KvLayout,
+  blockIds: ArrayLike<number>,
+  chunks: number,
+  what: string,
+): number[][] {
+  const per = layout.blocksPerChunk;
+  const n = blockIds.length;
+  if (chunks === 0 ? n !== 0 : n <= (chunks - 1) * per || n > chunks * per)
+    throw invalid(
+      `${what}: ${chunks} chunks of ${per} blocks need ${chunks === 0 ? 0 : `${(chunks - 1) * per + 1}..${chunks * per}`} block ids, got ${n}`,
+    );
+  const out: number[][] = [];
+  for (let i = 0; i < chunks; i++) {
+    const ids: number[] = [];
+    for (let k = i * per; k < Math.min(n, (i + 1) * per); k++)
+      ids.push(requireInt(`${what}.blockIds[${k}]`, blockIds[k], 0, layout.numBlocks - 1));
+    out.push(ids);
+  }
+  return out;
+}
+
+/**
+ * Appends the copy ops of one chunk as 5-tuples `[src, srcOffset, dst, dstOffset, length]`.
+ * `gather` copies blocks into the payload, `scatter` the payload into blocks.
+ * @param regionSurface surface index of each region; @param payload surface index of the payload.
+ */
+export function appendChunkOps(
+  out: number[],
+  layout: KvLayout,
+  direction: 'gather' | 'scatter',
+  blockIds: readonly number[],
+  regionSurface: readonly number[],
+  payload: number,
+  payloadBase = 0,
+): void {
+  const n = blockIds.length;
+  const len = layout.blockBytes;
+  for (let r = 0; r < layout.regions.length; r++) {
+    const surface = regionSurface[r]!;
+    for (let j = 0; j < n; j++) {
+      const dev = blockOffset(layout, r, blockIds[j]!);
+      const pay = payloadBase + payloadOffset(layout, r, j, n);
+      if (direction === 'gather') out.push(surface, dev, payload, pay, len);
+      else out.push(payload, pay, surface, dev, len);
+    }
+  }
+}
