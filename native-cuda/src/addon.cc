@@ -1,0 +1,49 @@
+// Module entry: registers the functions declared in src/native/native.ts (RawAddon).
+#include <napi.h>
+
+#include "copy_batch.h"
+#include "cuda_device.h"
+#include "host_memory.h"
+
+namespace kvtier {
+namespace {
+
+Napi::Value Probe(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const CudaProbe& p = ProbeCuda();
+  Napi::Object cuda = Napi::Object::New(env);
+  cuda.Set("compiled", Napi::Boolean::New(env, p.compiled));
+  cuda.Set("available", Napi::Boolean::New(env, p.available));
+  cuda.Set("devices", Napi::Number::New(env, p.devices));
+  cuda.Set("reason", Napi::String::New(env, p.reason));
+  Napi::Object out = Napi::Object::New(env);
+  out.Set("host", Napi::Boolean::New(env, true));
+  out.Set("pageBytes", Napi::Number::New(env, static_cast<double>(PageBytes())));
+  out.Set("cuda", cuda);
+  return out;
+}
+
+}  // namespace
+}  // namespace kvtier
+
+namespace {
+
+Napi::Object Init(Napi::Env env, Napi::Object exports) {
+  using namespace kvtier;
+  exports.Set("probe", Napi::Function::New(env, Probe, "probe"));
+  exports.Set("allocSlab", Napi::Function::New(env, AllocSlab, "allocSlab"));
+  exports.Set("mapFile", Napi::Function::New(env, MapFile, "mapFile"));
+  exports.Set("addressOf", Napi::Function::New(env, AddressOf, "addressOf"));
+  exports.Set("copyBatch", Napi::Function::New(env, CopyBatch, "copyBatch"));
+  exports.Set("cudaIpcOpen", Napi::Function::New(env, CudaIpcOpen, "cudaIpcOpen"));
+  exports.Set("cudaIpcClose", Napi::Function::New(env, CudaIpcClose, "cudaIpcClose"));
+  exports.Set("cudaIpcGetHandle", Napi::Function::New(env, CudaIpcGetHandle, "cudaIpcGetHandle"));
+  exports.Set("cudaMalloc", Napi::Function::New(env, CudaMalloc, "cudaMalloc"));
+  exports.Set("cudaFree", Napi::Function::New(env, CudaFree, "cudaFree"));
+  exports.Set("copyBatchDevice", Napi::Function::New(env, CopyBatchDevice, "copyBatchDevice"));
+  return exports;
+}
+
+}  // namespace
+
+NODE_API_MODULE(kvtier_native, Init)

@@ -1,0 +1,157 @@
+#include "copy_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <system_error>
+#include <thread>
+#include <utility>
+
+namespace kvtier {
+namespace {
+
+// Below this many bytes per thread, starting a thread costs more than it saves.
+constexpr size_t kMinBytesPerThread = 8u << 20;
+
+bool ReadIndex(double v, size_t* out) {
+  constexpr double kMaxSafe = 9007199254740991.0;
+  if (!std::isfinite(v) || v < 0 || v > kMaxSafe || std::floor(v) != v) return false;
+  *out = static_cast<size_t>(v);
+  return true;
+}
+
+Failure OpFailure(const char* code, size_t op, const std::string& what) {
+  return Failure{code, "op " + std::to_string(op) + ": " + what};
+}
+
+Failure CheckRange(const std::vector<Region>& regions, size_t op, const char* side, size_t index,
+                   size_t offset, size_t length, uint8_t** out) {
+  if (index >= regions.size()) {
+    return OpFailure(kErrBadOp, op,
+                     std::string(side) + " buffer index " + std::to_string(index) +
+                         " is out of range (" + std::to_string(regions.size()) + " buffers)");
+  }
+  const Region& r = regions[index];
+  if (offset > r.bytes || length > r.bytes - offset) {
+    return OpFailure(kErrOutOfRange, op,
+                     std::string(side) + " range [" + std::to_string(offset) + ", " +
+                         std::to_string(offset + length) + ") exceeds buffer " +
+                         std::to_string(index) + " of " + std::to_string(r.bytes) + " bytes");
+  }
+  *out = r.base + offset;
+  return Failure{};
+}
+
+using Span = std::pair<uintptr_t, uintptr_t>;  // [begin, end)
+
+Failure CheckOverlap(const std::vector<Run>& runs) {
+  std::vector<Span> dst;
+  std::vector<Span> src;
+  dst.reserve(runs.size());
+  src.reserve(runs.size());
+  for (const Run& r : runs) {
+    src.emplace_back(reinterpret_cast<uintptr_t>(r.a), reinterpret_cast<uintptr_t>(r.a) + r.bytes);
+    dst.emplace_back(reinterpret_cast<uintptr_t>(r.b), reinterpret_cast<uintptr_t>(r.b) + r.bytes);
+  }
+  std::sort(dst.begin(), dst.end());
+  std::sort(src.begin(), src.end());
+  for (size_t i = 1; i < dst.size(); i++) {
+    if (dst[i].first < dst[i - 1].second) {
+      return Failure{kErrOverlap, "two ops write the same destination bytes"};
+    }
+  }
+  // Destinations are sorted and disjoint, so one forward sweep finds any source that meets one.
+  size_t d = 0;
+  for (const Span& s : src) {
+    while (d < dst.size() && dst[d].second <= s.first) d++;
+    if (d == dst.size()) break;
+    if (dst[d].first < s.second) {
+      return Failure{kErrOverlap, "an op reads bytes that the batch also writes"};
+    }
+  }
+  return Failure{};
+}
+
+}  // namespace
+
+Failure PlanCopies(const std::vector<Region>& as, const std::vector<Region>& bs,
+                   const std::vector<double>& ops, bool checkOverlap, std::vector<Run>* runs) {
+  if (ops.size() % kOpWidth != 0) {
+    return Failure{kErrBadOp, "ops length " + std::to_string(ops.size()) +
+                                  " is not a multiple of 5 ([aIndex, aOffset, bIndex, "
+                                  "bOffset, length] per op)"};
+  }
+  const size_t count = ops.size() / kOpWidth;
+  size_t prevA = SIZE_MAX;
+  size_t prevB = SIZE_MAX;
+  for (size_t i = 0; i < count; i++) {
+    size_t v[kOpWidth];
+    for (size_t k = 0; k < kOpWidth; k++) {
+      if (!ReadIndex(ops[i * kOpWidth + k], &v[k])) {
+        return OpFailure(kErrBadOp, i,
+                         "field " + std::to_string(k) + " must be a non-negative integer");
+      }
+    }
+    uint8_t* a = nullptr;
+    uint8_t* b = nullptr;
+    Failure f = CheckRange(as, i, "source", v[0], v[1], v[4], &a);
+    if (f.failed()) return f;
+    f = CheckRange(bs, i, "destination", v[2], v[3], v[4], &b);
+    if (f.failed()) return f;
+    if (v[4] == 0) continue;
+    if (!runs->empty() && v[0] == prevA && v[2] == prevB) {
+      Run& last = runs->back();
+      if (last.a + last.bytes == a && last.b + last.bytes == b) {
+        last.bytes += v[4];
+        continue;
+      }
+    }
+    runs->push_back(Run{a, b, v[4]});
+    prevA = v[0];
+    prevB = v[2];
+  }
+  if (checkOverlap) return CheckOverlap(*runs);
+  return Failure{};
+}
+
+void ExecuteHostRuns(const std::vector<Run>& runs, size_t maxThreads) {
+  size_t total = 0;
+  for (const Run& r : runs) total += r.bytes;
+  const size_t threads =
+      std::max<size_t>(1, std::min(maxThreads, total / kMinBytesPerThread));
+  if (threads == 1) {
+    for (const Run& r : runs) std::memcpy(r.b, r.a, r.bytes);
+    return;
+  }
+  // Thread t copies bytes [t*total/threads, (t+1)*total/threads) of the concatenated runs.
+  auto part = [&runs, total, threads](size_t t) {
+    size_t begin = total / threads * t;
+    const size_t end = t + 1 == threads ? total : total / threads * (t + 1);
+    size_t pos = 0;
+    for (const Run& r : runs) {
+      if (begin >= end) break;
+      const size_t runEnd = pos + r.bytes;
+      if (runEnd > begin) {
+        const size_t from = begin - pos;
+        const size_t to = std::min(runEnd, end) - pos;
+        std::memcpy(r.b + from, r.a + from, to - from);
+        begin = pos + to;
+      }
+      pos = runEnd;
+    }
+  };
+  std::vector<std::thread> helpers;
+  helpers.reserve(threads - 1);
+  for (size_t t = 1; t < threads; t++) {
+    try {
+      helpers.emplace_back(part, t);
+    } catch (const std::system_error&) {
+      part(t);  // out of threads: this share runs here instead
+    }
+  }
+  part(0);
+  for (std::thread& h : helpers) h.join();
+}
+
+}  // namespace kvtier

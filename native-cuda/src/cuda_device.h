@@ -1,0 +1,39 @@
+// The CUDA side of the addon. Every entry point works in a build without CUDA: the probe says
+// why CUDA is missing and the CUDA functions throw ERR_NO_CUDA.
+#pragma once
+
+#include <napi.h>
+
+#include <string>
+
+namespace kvtier {
+
+struct CudaProbe {
+  bool compiled;
+  bool available;
+  int devices;
+  std::string reason;
+};
+
+// Probes once per process (the first call loads the driver, if any) and caches the answer.
+const CudaProbe& ProbeCuda();
+
+// Registers host memory as pinned when CUDA is available; false when it did not.
+bool PinHost(void* base, size_t bytes);
+void UnpinHost(void* base);
+
+// cudaIpcOpen(handle: 64-byte view, device) -> bigint device pointer
+Napi::Value CudaIpcOpen(const Napi::CallbackInfo& info);
+// cudaIpcClose(ptr: bigint, device)
+Napi::Value CudaIpcClose(const Napi::CallbackInfo& info);
+// cudaMalloc(bytes, device) -> bigint; cudaFree(ptr, device); for tests and benchmarks.
+Napi::Value CudaMalloc(const Napi::CallbackInfo& info);
+Napi::Value CudaFree(const Napi::CallbackInfo& info);
+// cudaIpcGetHandle(ptr, device) -> ArrayBuffer of 64 bytes
+Napi::Value CudaIpcGetHandle(const Napi::CallbackInfo& info);
+// copyBatchDevice(direction, hostBuffers, deviceRegions: BigUint64Array [ptr, bytes]*,
+//                 ops: Float64Array [hostIndex, hostOffset, deviceIndex, deviceOffset, length]*,
+//                 device) -> Promise<number of coalesced copies>
+Napi::Value CopyBatchDevice(const Napi::CallbackInfo& info);
+
+}  // namespace kvtier

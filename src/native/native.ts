@@ -1,0 +1,500 @@
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { availableParallelism } from 'node:os';
+import { dirname, join, resolve } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { abortedError, KvtierError, type KvtierErrorCode } from '../errors.ts';
+import { describe, requireInt } from '../util/validate.ts';
+
+/**
+ * The one declaration of the `native-cuda` addon's surface (`kvtier_native.node`), its loader,
+ * and the pure-JS copy fallback used when the addon is not built.
+ */
+
+/** Numbers per copy op in an ops array: `[srcIndex, srcOffset, dstIndex, dstOffset, length]`. */
+export const COPY_OP_WIDTH = 5;
+
+/** Largest slab {@link NativeAddon.allocSlab} hands out: 1 GiB. */
+export const MAX_NATIVE_SLAB_BYTES = 1024 * 1024 * 1024;
+
+/** Default `maxThreads` of a host copy batch: the core count, at most 4. */
+export const DEFAULT_COPY_THREADS = Math.max(1, Math.min(4, availableParallelism()));
+
+/**
+ * Codes the addon (and {@link jsCopyBatch}) put on errors; file errors carry the errno name
+ * instead (`'ENOENT'`, `'EACCES'`, ...).
+ */
+export type NativeErrorCode =
+  | 'ERR_INVALID_ARG'
+  | 'ERR_BAD_OP'
+  | 'ERR_OUT_OF_RANGE'
+  | 'ERR_OVERLAP'
+  | 'ERR_MISALIGNED'
+  | 'ERR_TOO_LARGE'
+  | 'ERR_NO_CUDA'
+  | 'ERR_CUDA'
+  | 'ERR_INTERNAL';
+
+const KVT_CODE_OF: Readonly<Record<string, KvtierErrorCode>> = {
+  ERR_INVALID_ARG: 'KVT_INVALID_ARGUMENT',
+  ERR_BAD_OP: 'KVT_INVALID_ARGUMENT',
+  ERR_OUT_OF_RANGE: 'KVT_INVALID_ARGUMENT',
+  ERR_OVERLAP: 'KVT_INVALID_ARGUMENT',
+  ERR_MISALIGNED: 'KVT_INVALID_ARGUMENT',
+  ERR_TOO_LARGE: 'KVT_TOO_LARGE',
+  ERR_NO_CUDA: 'KVT_BACKEND',
+  ERR_CUDA: 'KVT_BACKEND',
+  ENOENT: 'KVT_NOT_FOUND',
+  ENOTDIR: 'KVT_NOT_FOUND',
+  ENOMEM: 'KVT_CAPACITY',
+  EINVAL: 'KVT_INVALID_ARGUMENT',
+};
+
+/**
+ * An error from the addon or the JS copy fallback. `code` is the kvtier code callers branch on
+ * (e.g. `KVT_INVALID_ARGUMENT` for a bad op, `KVT_NOT_FOUND` for a missing file); `nativeCode`
+ * is the addon's own, finer code ({@link NativeErrorCode} or an errno name such as `'EACCES'`).
+ */
+export class NativeError extends KvtierError {
+  readonly nativeCode: string;
+
+  constructor(nativeCode: string, message: string, options?: { cause?: unknown }) {
+    const code =
+      KVT_CODE_OF[nativeCode] ?? (/^E[A-Z0-9]+$/.test(nativeCode) ? 'KVT_BACKEND' : 'KVT_INTERNAL');
+    super(code, message, options);
+    this.name = 'NativeError';
+    this.nativeCode = nativeCode;
+  }
+}
+
+/** What the CUDA side can do in this process. */
+export interface CudaProbe {
+  /** The addon was built with the CUDA part (nvcc found, `KVTIER_NO_CUDA` unset). */
+  readonly compiled: boolean;
+  /** A driver and at least one device answered; CUDA functions work only when true. */
+  readonly available: boolean;
+  /** Number of visible devices (0 when unavailable). */
+  readonly devices: number;
+  /** `'ok'`, or why CUDA is unavailable (no driver, no device, not compiled, disabled). */
+  readonly reason: string;
+}
+
+/** Result of {@link NativeAddon.probe}. */
+export interface NativeProbe {
+  /** The host part (slabs, file mappings, host copies) always works once the addon loads. */
+  readonly host: true;
+  /** System page size in bytes; `mapFile` offsets must be multiples of it. */
+  readonly pageBytes: number;
+  readonly cuda: CudaProbe;
+}
+
+/** Memory a copy op may name: a whole ArrayBuffer, or the bytes a view covers. */
+export type CopyBuffer = ArrayBuffer | ArrayBufferView;
+
+/** Options of a host copy batch. */
+export interface CopyBatchOptions {
+  /** Threads one large batch may use, the worker included: 1..64. Default {@link DEFAULT_COPY_THREADS}. */
+  maxThreads?: number;
+  /** Checked before the batch starts; a started batch runs to completion. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link NativeAddon.mapFile}. */
+export interface MapFileOptions {
+  /** Where the mapping starts in the file; a multiple of the page size. Default 0. */
+  offsetBytes?: number;
+  /** Bytes to map; default (or 0): to the end of the file. Must lie inside the file. */
+  lengthBytes?: number;
+  /**
+   * Default false. True maps the file shared: writes reach the file and every other mapping.
+   * False maps it copy-on-write: other processes' writes are seen, this process's stay private.
+   */
+  writable?: boolean;
+}
+
+/** A device memory range, e.g. from {@link NativeAddon.cudaIpcOpenMemHandle}. */
+export interface DeviceRegion {
+  readonly ptr: bigint;
+  readonly bytes: number;
+}
+
+/** Options naming a CUDA device: index 0.. (default 0). */
+export interface DeviceOptions {
+  device?: number;
+}
+
+/** Direction of a device batch: host to device, or device to host. */
+export type CopyDirection = 'h2d' | 'd2h';
+
+/** The addon's exports as the C++ side registers them (native-cuda/src/addon.cc). */
+interface RawAddon {
+  probe(): NativeProbe;
+  allocSlab(bytes: number): ArrayBuffer;
+  mapFile(path: string, offset: number, length: number, writable: boolean): ArrayBuffer;
+  addressOf(buffer: CopyBuffer): bigint;
+  copyBatch(buffers: readonly CopyBuffer[], ops: Float64Array, maxThreads: number): Promise<number>;
+  cudaIpcOpen(handle: Uint8Array, device: number): bigint;
+  cudaIpcClose(ptr: bigint, device: number): void;
+  cudaIpcGetHandle(ptr: bigint, device: number): ArrayBuffer;
+  cudaMalloc(bytes: number, device: number): bigint;
+  cudaFree(ptr: bigint, device: number): void;
+  copyBatchDevice(
+    direction: CopyDirection,
+    hostBuffers: readonly CopyBuffer[],
+    deviceRegions: BigUint64Array,
+    ops: Float64Array,
+    device: number,
+  ): Promise<number>;
+}
+
+/**
+ * The loaded addon. Every method throws (or rejects with) {@link NativeError}. Memory returned
+ * as an ArrayBuffer is owned by that ArrayBuffer and released when it is garbage collected.
+ */
+export interface NativeAddon {
+  /** Absolute path of the loaded `.node` file. */
+  readonly path: string;
+  /** Capabilities; the CUDA part is probed once per process. Never throws. */
+  probe(): NativeProbe;
+  /**
+   * Page-aligned, zero-filled host memory of `bytes` (1..1 GiB), pinned with CUDA when CUDA is
+   * available. Throws `KVT_TOO_LARGE` above 1 GiB, `KVT_CAPACITY` when the host is out of memory.
+   */
+  allocSlab(bytes: number): ArrayBuffer;
+  /**
+   * Maps a file (e.g. an engine's KV cache in /dev/shm). Throws `KVT_INVALID_ARGUMENT`
+   * (`ERR_MISALIGNED` offset, `ERR_OUT_OF_RANGE` beyond the end of the file), `KVT_NOT_FOUND`
+   * (`ENOENT`), or `KVT_BACKEND` with the errno name as `nativeCode`. Touching a mapping after
+   * the file was truncated below it kills the process (SIGBUS): files must not shrink.
+   */
+  mapFile(path: string, options?: MapFileOptions): ArrayBuffer;
+  /** Address of the first byte of `buffer` (tests and diagnostics). */
+  addressOf(buffer: CopyBuffer): bigint;
+  /**
+   * Runs a batch of copies on the libuv pool; see {@link jsCopyBatch} for the op format and the
+   * rules. Resolves with the number of contiguous copies left after coalescing.
+   */
+  copyBatch(
+    buffers: readonly CopyBuffer[],
+    ops: Float64Array,
+    options?: CopyBatchOptions,
+  ): Promise<number>;
+  /** Opens an engine's 64-byte CUDA IPC handle; returns the device pointer. Needs CUDA. */
+  cudaIpcOpenMemHandle(handle: Uint8Array, options?: DeviceOptions): bigint;
+  /** Closes a pointer from {@link NativeAddon.cudaIpcOpenMemHandle}. Needs CUDA. */
+  cudaIpcCloseMemHandle(ptr: bigint, options?: DeviceOptions): void;
+  /** Exports a 64-byte IPC handle of device memory (tests, benchmarks). Needs CUDA. */
+  cudaIpcGetMemHandle(ptr: bigint, options?: DeviceOptions): Uint8Array;
+  /** Allocates device memory (tests, benchmarks); free with `cudaFree`. Needs CUDA. */
+  cudaMalloc(bytes: number, options?: DeviceOptions): bigint;
+  /** Frees memory from {@link NativeAddon.cudaMalloc}. Needs CUDA. */
+  cudaFree(ptr: bigint, options?: DeviceOptions): void;
+  /**
+   * Copies between host buffers and device regions with cudaMemcpyAsync on one stream; ops are
+   * `[hostIndex, hostOffset, deviceIndex, deviceOffset, length]` whatever the direction, all
+   * bounds-checked first, adjacent ones coalesced. Resolves (with the number of copies) once a
+   * completion event fired. Rejects `KVT_BACKEND` / `ERR_NO_CUDA` without CUDA.
+   */
+  copyBatchDevice(
+    direction: CopyDirection,
+    hostBuffers: readonly CopyBuffer[],
+    deviceRegions: readonly DeviceRegion[],
+    ops: Float64Array,
+    options?: DeviceOptions & { signal?: AbortSignal },
+  ): Promise<number>;
+}
+
+/** Result of {@link loadNative}: the addon, or why it could not be loaded. */
+export type LoadNativeResult = { addon: NativeAddon } | { addon: null; reason: string };
+
+const ADDON_FILE = join('native-cuda', 'build', 'Release', 'kvtier_native.node');
+let loaded: LoadNativeResult | undefined;
+
+/**
+ * Loads the addon once per process and caches the outcome; never throws. The file is
+ * `$KVTIER_NATIVE_PATH` when set, otherwise `native-cuda/build/Release/kvtier_native.node` in
+ * the nearest enclosing directory that has one (so this works from `src/` and from `dist/`).
+ */
+export function loadNative(): LoadNativeResult {
+  loaded ??= tryLoad();
+  return loaded;
+}
+
+function tryLoad(): LoadNativeResult {
+  const fromEnv = process.env.KVTIER_NATIVE_PATH;
+  const path = fromEnv ? resolve(fromEnv) : findAddon();
+  if (path === null) {
+    return {
+      addon: null,
+      reason: `native addon not built: no ${ADDON_FILE} above ${here()} (run the build:native script)`,
+    };
+  }
+  if (!existsSync(path)) {
+    return {
+      addon: null,
+      reason: `native addon not found: KVTIER_NATIVE_PATH=${fromEnv} does not exist`,
+    };
+  }
+  try {
+    const raw = createRequire(import.meta.url)(path) as RawAddon;
+    return { addon: wrap(raw, path) };
+  } catch (err) {
+    return { addon: null, reason: `native addon at ${path} failed to load: ${String(err)}` };
+  }
+}
+
+function here(): string {
+  return dirname(fileURLToPath(import.meta.url));
+}
+
+function findAddon(): string | null {
+  let dir = here();
+  for (let i = 0; i < 6; i++) {
+    const candidate = join(dir, ADDON_FILE);
+    if (existsSync(candidate)) return candidate;
+    dir = dirname(dir);
+  }
+  return null;
+}
+
+function toNativeError(err: unknown): unknown {
+  if (err instanceof KvtierError) return err;
+  const code = (err as { code?: unknown } | null)?.code;
+  if (err instanceof Error && typeof code === 'string') {
+    return new NativeError(code, err.message, { cause: err });
+  }
+  return err;
+}
+
+function guard<T>(fn: () => T): T {
+  try {
+    return fn();
+  } catch (err) {
+    throw toNativeError(err);
+  }
+}
+
+function deviceOf(options: DeviceOptions | undefined): number {
+  return requireInt('device', options?.device ?? 0, 0, 1023);
+}
+
+function wrap(raw: RawAddon, path: string): NativeAddon {
+  return {
+    path,
+    probe: () => raw.probe(),
+    allocSlab: (bytes) =>
+      guard(() => raw.allocSlab(requireInt('bytes', bytes, 1, MAX_NATIVE_SLAB_BYTES))),
+    mapFile: (file, options = {}) =>
+      guard(() =>
+        raw.mapFile(
+          file,
+          requireInt('offsetBytes', options.offsetBytes ?? 0, 0),
+          requireInt('lengthBytes', options.lengthBytes ?? 0, 0),
+          options.writable ?? false,
+        ),
+      ),
+    addressOf: (buffer) => guard(() => raw.addressOf(buffer)),
+    copyBatch: async (buffers, ops, options = {}) => {
+      if (options.signal?.aborted) throw abortedError(options.signal, 'copyBatch');
+      const threads = requireInt('maxThreads', options.maxThreads ?? DEFAULT_COPY_THREADS, 1, 64);
+      return guard(() => raw.copyBatch(buffers, ops, threads)).catch((err: unknown) => {
+        throw toNativeError(err);
+      });
+    },
+    cudaIpcOpenMemHandle: (handle, options) =>
+      guard(() => raw.cudaIpcOpen(handle, deviceOf(options))),
+    cudaIpcCloseMemHandle: (ptr, options) => guard(() => raw.cudaIpcClose(ptr, deviceOf(options))),
+    cudaIpcGetMemHandle: (ptr, options) =>
+      new Uint8Array(guard(() => raw.cudaIpcGetHandle(ptr, deviceOf(options)))),
+    cudaMalloc: (bytes, options) =>
+      guard(() => raw.cudaMalloc(requireInt('bytes', bytes, 1), deviceOf(options))),
+    cudaFree: (ptr, options) => guard(() => raw.cudaFree(ptr, deviceOf(options))),
+    copyBatchDevice: async (direction, hostBuffers, deviceRegions, ops, options = {}) => {
+      if (options.signal?.aborted) throw abortedError(options.signal, 'copyBatchDevice');
+      const regions = new BigUint64Array(deviceRegions.length * 2);
+      deviceRegions.forEach((r, i) => {
+        regions[2 * i] = r.ptr;
+        regions[2 * i + 1] = BigInt(requireInt(`deviceRegions[${i}].bytes`, r.bytes, 0));
+      });
+      const device = deviceOf(options);
+      return guard(() => raw.copyBatchDevice(direction, hostBuffers, regions, ops, device)).catch(
+        (err: unknown) => {
+          throw toNativeError(err);
+        },
+      );
+    },
+  };
+}
+
+/**
+ * Runs a copy batch with the addon when it is loaded, else with {@link jsCopyBatch}; both have
+ * the same rules and errors, and resolve with the number of copies after coalescing.
+ */
+export function copyBatch(
+  buffers: readonly CopyBuffer[],
+  ops: Float64Array,
+  options?: CopyBatchOptions,
+): Promise<number> {
+  const { addon } = loadNative();
+  return addon === null
+    ? jsCopyBatch(buffers, ops, options)
+    : addon.copyBatch(buffers, ops, options);
+}
+
+interface Bytes {
+  readonly ab: ArrayBufferLike;
+  readonly base: number;
+  readonly length: number;
+}
+
+interface PlannedRun {
+  src: Bytes;
+  srcAt: number;
+  dst: Bytes;
+  dstAt: number;
+  length: number;
+  srcIndex: number;
+  dstIndex: number;
+}
+
+/**
+ * The copy engine in plain JS, on the calling thread: the fallback when the addon is not built,
+ * and the reference the addon is tested against.
+ *
+ * `ops` holds 5-tuples `[srcIndex, srcOffset, dstIndex, dstOffset, length]` indexing `buffers`.
+ * Every op is checked before anything is copied: fields are non-negative integers
+ * (`ERR_BAD_OP`), indexes exist (`ERR_BAD_OP`), ranges lie inside their buffers
+ * (`ERR_OUT_OF_RANGE`), and no byte is written twice or both read and written by the batch
+ * (`ERR_OVERLAP`, judged per underlying ArrayBuffer), so the copies may run in any order. A bad
+ * batch rejects with a {@link NativeError} (`KVT_INVALID_ARGUMENT`) and copies nothing.
+ * Zero-length ops are checked and skipped; an op whose source and destination both continue
+ * the previous op's (same buffers) is merged into it.
+ * @returns the number of contiguous copies performed after coalescing.
+ */
+export async function jsCopyBatch(
+  buffers: readonly CopyBuffer[],
+  ops: Float64Array,
+  options: CopyBatchOptions = {},
+): Promise<number> {
+  if (options.signal?.aborted) throw abortedError(options.signal, 'copyBatch');
+  if (options.maxThreads !== undefined) requireInt('maxThreads', options.maxThreads, 1, 64);
+  const runs = planJsCopies(buffers, ops);
+  for (const r of runs) {
+    const src = new Uint8Array(r.src.ab, r.src.base + r.srcAt, r.length);
+    new Uint8Array(r.dst.ab, r.dst.base + r.dstAt, r.length).set(src);
+  }
+  return runs.length;
+}
+
+function bytesOf(buffer: unknown, i: number): Bytes {
+  if (buffer instanceof ArrayBuffer) return { ab: buffer, base: 0, length: buffer.byteLength };
+  if (ArrayBuffer.isView(buffer)) {
+    return { ab: buffer.buffer, base: buffer.byteOffset, length: buffer.byteLength };
+  }
+  throw new NativeError(
+    'ERR_INVALID_ARG',
+    `buffers[${i}] is not an ArrayBuffer or a view of one, got ${describe(buffer)}`,
+  );
+}
+
+function planJsCopies(buffers: readonly CopyBuffer[], ops: Float64Array): PlannedRun[] {
+  if (!Array.isArray(buffers)) throw new NativeError('ERR_INVALID_ARG', 'buffers must be an array');
+  if (!(ops instanceof Float64Array))
+    throw new NativeError('ERR_INVALID_ARG', 'ops must be a Float64Array');
+  const regions = buffers.map(bytesOf);
+  if (ops.length % COPY_OP_WIDTH !== 0) {
+    throw new NativeError(
+      'ERR_BAD_OP',
+      `ops length ${ops.length} is not a multiple of 5 ([aIndex, aOffset, bIndex, bOffset, length] per op)`,
+    );
+  }
+  const runs: PlannedRun[] = [];
+  for (let i = 0; i < ops.length / COPY_OP_WIDTH; i++) {
+    const v = ops.subarray(i * COPY_OP_WIDTH, (i + 1) * COPY_OP_WIDTH);
+    for (let k = 0; k < COPY_OP_WIDTH; k++) {
+      const x = v[k]!;
+      if (!Number.isSafeInteger(x) || x < 0) {
+        throw new NativeError('ERR_BAD_OP', `op ${i}: field ${k} must be a non-negative integer`);
+      }
+    }
+    const [si, so, di, dOff, len] = v as unknown as [number, number, number, number, number];
+    const src = checkRange(regions, i, 'source', si, so, len);
+    const dst = checkRange(regions, i, 'destination', di, dOff, len);
+    if (len === 0) continue;
+    const last = runs.at(-1);
+    if (
+      last !== undefined &&
+      last.srcIndex === si &&
+      last.dstIndex === di &&
+      last.srcAt + last.length === so &&
+      last.dstAt + last.length === dOff
+    ) {
+      last.length += len;
+      continue;
+    }
+    runs.push({ src, srcAt: so, dst, dstAt: dOff, length: len, srcIndex: si, dstIndex: di });
+  }
+  checkJsOverlap(runs);
+  return runs;
+}
+
+function checkRange(
+  regions: Bytes[],
+  op: number,
+  side: string,
+  index: number,
+  offset: number,
+  length: number,
+): Bytes {
+  const r = regions[index];
+  if (r === undefined) {
+    throw new NativeError(
+      'ERR_BAD_OP',
+      `op ${op}: ${side} buffer index ${index} is out of range (${regions.length} buffers)`,
+    );
+  }
+  if (offset + length > r.length) {
+    throw new NativeError(
+      'ERR_OUT_OF_RANGE',
+      `op ${op}: ${side} range [${offset}, ${offset + length}) exceeds buffer ${index} of ${r.length} bytes`,
+    );
+  }
+  return r;
+}
+
+type Span = [number, number];
+
+function checkJsOverlap(runs: readonly PlannedRun[]): void {
+  const byBuffer = new Map<ArrayBufferLike, { dst: Span[]; src: Span[] }>();
+  const spansOf = (ab: ArrayBufferLike) => {
+    const known = byBuffer.get(ab);
+    if (known !== undefined) return known;
+    const fresh = { dst: [] as Span[], src: [] as Span[] };
+    byBuffer.set(ab, fresh);
+    return fresh;
+  };
+  for (const r of runs) {
+    const s = r.src.base + r.srcAt;
+    const d = r.dst.base + r.dstAt;
+    spansOf(r.src.ab).src.push([s, s + r.length]);
+    spansOf(r.dst.ab).dst.push([d, d + r.length]);
+  }
+  const order = (a: Span, b: Span) => a[0] - b[0] || a[1] - b[1];
+  for (const { dst, src } of byBuffer.values()) {
+    dst.sort(order);
+    src.sort(order);
+    for (let i = 1; i < dst.length; i++) {
+      if (dst[i]![0] < dst[i - 1]![1]) {
+        throw new NativeError('ERR_OVERLAP', 'two ops write the same destination bytes');
+      }
+    }
+    let d = 0;
+    for (const [start, end] of src) {
+      while (d < dst.length && dst[d]![1] <= start) d++;
+      if (d === dst.length) break;
+      if (dst[d]![0] < end) {
+        throw new NativeError('ERR_OVERLAP', 'an op reads bytes that the batch also writes');
+      }
+    }
+  }
+}
