@@ -48,6 +48,34 @@ export type {
 export { formatBytes, parseBytes } from './config/bytes.ts';
 // Configuration, metrics, logging
 export { defaultConfig, type KvtierConfig, loadConfig, resolveConfig } from './config/config.ts';
+export { KvtierSchedulerConnector } from './connector/scheduler-connector.ts';
+export type {
+  ConnectorMeta,
+  ConnectorOutput,
+  ConnectorRequest,
+  FinishedTransfers,
+  LoadIntent,
+  SaveIntent,
+} from './connector/types.ts';
+export { KvtierWorkerConnector } from './connector/worker-connector.ts';
+// Data plane and the engine-facing connector
+export {
+  type CopyEngine,
+  createFsCopyEngine,
+  DataPlane,
+  type DataPlaneOptions,
+  LOAD_STATE,
+} from './data-plane/data-plane.ts';
+export {
+  DataPlaneClient,
+  type DataPlaneClientOptions,
+  type RegisteredEngine,
+} from './data-plane/data-plane-client.ts';
+export {
+  type KvLayout,
+  type KvRegistration,
+  resolveKvRegistration,
+} from './data-plane/kv-layout.ts';
 // Errors
 export { isKvtierError, KVTIER_ERROR_CODES, KvtierError, type KvtierErrorCode } from './errors.ts';
 export {
@@ -89,6 +117,13 @@ export {
   type NamespaceSpec,
   requireNamespaceId,
 } from './namespace/namespace.ts';
+export { createNativeCopyEngine } from './native/copy-engine.ts';
+export {
+  type LoadNativeResult,
+  loadNative,
+  type NativeAddon,
+  type NativeProbe,
+} from './native/native.ts';
 // Protocol v1 (docs/protocol.md)
 export { decodeReply, decodeRequest, encodeReply, encodeRequest } from './protocol/codec.ts';
 export {

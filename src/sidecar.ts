@@ -1,6 +1,7 @@
 import { BackendRegistry } from './backends/registry.ts';
 import type { StorageBackend } from './backends/types.ts';
 import type { KvtierConfig } from './config/config.ts';
+import { createFsCopyEngine, DataPlane } from './data-plane/data-plane.ts';
 import { LookupServer } from './lookup-server/lookup-server.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
 import { instrumentBackend } from './metrics/instrumented-backend.ts';
@@ -22,13 +23,16 @@ export const KVTIER_VERSION = '0.1.0';
 
 /**
  * A running kvtier sidecar: tiers built from config (instrumented), the storage manager, the
- * ZMQ lookup server and the ops HTTP endpoint. `start` builds and binds everything or fails
+ * data plane (host files through the fs copy engine), the ZMQ lookup server that also serves the
+ * data-plane messages, and the ops HTTP endpoint. `start` builds and binds everything or fails
  * loudly (closing what it built); `close` shuts down in reverse order.
  */
 export class Sidecar {
   readonly config: KvtierConfig;
   readonly metrics: KvtierMetrics;
   readonly storage: StorageManager;
+  /** Engines' KV registrations, saves and loads, served by `server` (owned: closed by `close`). */
+  readonly dataPlane: DataPlane;
   readonly server: LookupServer;
   readonly ops: OpsHttpServer | undefined;
   readonly #log: Logger;
@@ -38,6 +42,7 @@ export class Sidecar {
     config: KvtierConfig,
     metrics: KvtierMetrics,
     storage: StorageManager,
+    dataPlane: DataPlane,
     server: LookupServer,
     ops: OpsHttpServer | undefined,
     log: Logger,
@@ -45,6 +50,7 @@ export class Sidecar {
     this.config = config;
     this.metrics = metrics;
     this.storage = storage;
+    this.dataPlane = dataPlane;
     this.server = server;
     this.ops = ops;
     this.#log = log;
@@ -68,9 +74,15 @@ export class Sidecar {
       metrics,
       log: log.child('storage'),
     });
+    const dataPlane = new DataPlane({
+      storage,
+      copyEngine: createFsCopyEngine(),
+      log: log.child('data-plane'),
+    });
     const server = new LookupServer({
       endpoint: config.listen,
       storage,
+      dataPlane,
       limits: config.limits,
       metrics,
       log: log.child('server'),
@@ -99,6 +111,7 @@ export class Sidecar {
     } catch (err) {
       await ops?.close().catch(() => {});
       await server.close();
+      await dataPlane.close();
       await storage.close();
       throw err;
     }
@@ -120,7 +133,7 @@ export class Sidecar {
       metrics: ops === undefined ? null : `http://${config.metrics!.host}:${ops.port}/metrics`,
       tiers: config.tiers.map((t) => ({ name: t.name, type: t.type })),
     });
-    return new Sidecar(config, metrics, storage, server, ops, log);
+    return new Sidecar(config, metrics, storage, dataPlane, server, ops, log);
   }
 
   /** Ops HTTP URL base, or undefined when disabled. */
@@ -130,10 +143,14 @@ export class Sidecar {
       : `http://${this.config.metrics!.host}:${this.ops.port}`;
   }
 
-  /** Stops serving, releases pins, flushes write-through and closes the tiers. Idempotent. */
+  /**
+   * Stops serving, releases engines' mappings and pins, flushes write-through and closes the
+   * tiers. Idempotent.
+   */
   close(): Promise<void> {
     this.#closing ??= (async () => {
       await this.server.close();
+      await this.dataPlane.close();
       await this.ops?.close();
       await this.storage.close();
       this.#log.info('kvtier stopped');

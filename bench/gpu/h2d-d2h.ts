@@ -33,9 +33,9 @@ async function main(): Promise<void> {
   const region = [{ ptr: dev, bytes: TOTAL }];
   try {
     const contiguous = new Float64Array(slabs.length * 5);
-    slabs.forEach((_, i) =>
-      contiguous.set([i, 0, 0, i * SLAB, Math.min(SLAB, TOTAL - i * SLAB)], i * 5),
-    );
+    for (let i = 0; i < slabs.length; i++) {
+      contiguous.set([i, 0, 0, i * SLAB, Math.min(SLAB, TOTAL - i * SLAB)], i * 5);
+    }
     // Block-granular ops in a scattered device order (as blocks of a paged KV cache are).
     const blocks = TOTAL / BLOCK;
     const perSlab = SLAB / BLOCK;

@@ -1,6 +1,4 @@
-import * as zmq from 'zeromq';
-import { abortedError, closedError, KvtierError } from '../errors.ts';
-import { decodeReply, encodeRequest } from '../protocol/codec.ts';
+import { KvtierError } from '../errors.ts';
 import {
   HASH_BYTES,
   type LookupConfig,
@@ -8,7 +6,7 @@ import {
   type Request,
   type TierTokens,
 } from '../protocol/messages.ts';
-import { SocketSendQueue } from '../protocol/send-queue.ts';
+import { RequestSocket, unexpectedReply as unexpected } from '../protocol/request-socket.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 
@@ -43,11 +41,6 @@ export interface LookupAnswer {
   tiers: TierTokens[];
 }
 
-interface PendingRequest {
-  resolve: (r: Reply) => void;
-  reject: (e: unknown) => void;
-}
-
 interface PendingLookup {
   deadline: number;
   answer: number | undefined;
@@ -62,19 +55,13 @@ const DEFAULTS = { lookupTimeoutMs: 2000, requestTimeoutMs: 10_000 };
  * and requests lost with the old server run into their deadline.
  */
 export class LookupClient {
-  readonly #socket: zmq.Dealer;
-  readonly #sendQueue: SocketSendQueue;
-  readonly #pending = new Map<number, PendingRequest>();
+  readonly #rs: RequestSocket;
   readonly #lookups = new Map<string, PendingLookup>();
   readonly #namespaces: readonly string[];
   readonly #lookupTimeoutMs: number;
   readonly #requestTimeoutMs: number;
   readonly #now: () => number;
-  readonly #log: Logger;
-  #nextId = 1;
   #maxEpoch = 0;
-  #closed = false;
-  readonly #loop: Promise<void>;
 
   /** Connects at once (ZMQ connects in the background and reconnects on its own). */
   constructor(opts: LookupClientOptions) {
@@ -91,17 +78,15 @@ export class LookupClient {
       1,
     );
     this.#now = opts.now ?? Date.now;
-    this.#log = opts.log ?? silentLogger;
-    this.#socket = new zmq.Dealer({
-      linger: 0,
-      reconnectInterval: 100,
-      reconnectMaxInterval: 1000,
-      sendHighWaterMark: 100_000,
-      receiveHighWaterMark: 100_000,
+    this.#rs = new RequestSocket({
+      endpoint,
+      requestTimeoutMs: this.#requestTimeoutMs,
+      name: 'lookup client',
+      log: opts.log ?? silentLogger,
+      onReply: (rep) => {
+        if ('epoch' in rep && rep.epoch > this.#maxEpoch) this.#maxEpoch = rep.epoch;
+      },
     });
-    this.#socket.connect(endpoint);
-    this.#sendQueue = new SocketSendQueue(this.#socket, { log: this.#log });
-    this.#loop = this.#receiveLoop();
   }
 
   /** Highest epoch seen in any reply; answers from an older epoch are stale. */
@@ -111,7 +96,7 @@ export class LookupClient {
 
   /** Requests waiting for a reply. */
   get pendingRequests(): number {
-    return this.#pending.size;
+    return this.#rs.pending;
   }
 
   /**
@@ -125,7 +110,7 @@ export class LookupClient {
     tokenCounts: ArrayLike<number>,
     opts: LookupCallOptions = {},
   ): number | null {
-    if (this.#closed) return 0;
+    if (this.#rs.closed) return 0;
     const state = this.#lookups.get(lookupId);
     if (state === undefined) {
       const entry: PendingLookup = {
@@ -281,7 +266,7 @@ export class LookupClient {
   }
 
   #abandon(lookupId: string): void {
-    if (this.#closed) return;
+    if (this.#rs.closed) return;
     this.#request({ type: 'cancel', requestId: 0, lookupId }, {}).catch(() => {});
   }
 
@@ -289,83 +274,14 @@ export class LookupClient {
     req: Request,
     opts: { signal?: AbortSignal | undefined; timeoutMs?: number | undefined },
   ): Promise<Reply> {
-    if (this.#closed) return Promise.reject(closedError('lookup client'));
-    const signal = opts.signal;
-    if (signal?.aborted) return Promise.reject(abortedError(signal, `${req.type} request`));
-    const requestId = this.#nextId;
-    this.#nextId = this.#nextId >= 0xffffffff ? 1 : this.#nextId + 1;
-    req.requestId = requestId;
-    const frame = encodeRequest(req);
-    return new Promise<Reply>((resolve, reject) => {
-      const timeoutMs = opts.timeoutMs ?? this.#requestTimeoutMs;
-      const cleanup = () => {
-        clearTimeout(timer);
-        signal?.removeEventListener('abort', onAbort);
-        this.#pending.delete(requestId);
-      };
-      const onAbort = () => {
-        cleanup();
-        reject(abortedError(signal, `${req.type} request`));
-      };
-      const timer = setTimeout(() => {
-        cleanup();
-        reject(
-          new KvtierError('KVT_TIMEOUT', `${req.type} request got no reply within ${timeoutMs} ms`),
-        );
-      }, timeoutMs);
-      signal?.addEventListener('abort', onAbort, { once: true });
-      this.#pending.set(requestId, {
-        resolve: (r) => {
-          cleanup();
-          resolve(r);
-        },
-        reject: (e) => {
-          cleanup();
-          reject(e);
-        },
-      });
-      if (!this.#sendQueue.send(frame)) {
-        this.#pending.get(requestId)?.reject(new KvtierError('KVT_CAPACITY', 'send queue is full'));
-      }
-    });
-  }
-
-  async #receiveLoop(): Promise<void> {
-    try {
-      for await (const frames of this.#socket) {
-        const frame = frames[frames.length - 1];
-        if (frame === undefined) continue;
-        let rep: Reply;
-        try {
-          rep = decodeReply(frame);
-        } catch (err) {
-          this.#log.warn('malformed reply dropped', { err });
-          continue;
-        }
-        if ('epoch' in rep && rep.epoch > this.#maxEpoch) this.#maxEpoch = rep.epoch;
-        const p = this.#pending.get(rep.requestId);
-        if (p === undefined) continue;
-        if (rep.type === 'error') p.reject(new KvtierError(rep.code, `server: ${rep.message}`));
-        else p.resolve(rep);
-      }
-    } catch (err) {
-      if (!this.#socket.closed) this.#log.error('client receive loop failed', { err });
-    }
+    return this.#rs.request(req, opts);
   }
 
   /** Rejects pending requests with KVT_CLOSED and closes the socket. Idempotent. */
   async close(): Promise<void> {
-    if (this.#closed) return this.#loop;
-    this.#closed = true;
-    for (const p of [...this.#pending.values()]) p.reject(closedError('lookup client'));
     this.#lookups.clear();
-    this.#socket.close();
-    return this.#loop;
+    return this.#rs.close();
   }
-}
-
-function unexpected(rep: Reply): KvtierError {
-  return new KvtierError('KVT_PROTOCOL', `unexpected reply type ${rep.type}`);
 }
 
 /** Packs hashes into one buffer of 32-byte entries, validating sizes. */

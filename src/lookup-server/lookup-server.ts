@@ -1,7 +1,11 @@
+import { createServer } from 'node:net';
 import * as zmq from 'zeromq';
+import type { DataPlane } from '../data-plane/data-plane.ts';
+import type { KvRegistration } from '../data-plane/kv-layout.ts';
 import { closedError, KvtierError } from '../errors.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import { decodeRequest, encodeReply, hashesToHex, peekRequestId } from '../protocol/codec.ts';
+import { DATA_PLANE_LIMITS, type DataPlaneRequest } from '../protocol/data-plane-messages.ts';
 import {
   DEFAULT_LIMITS,
   type LookupRequest,
@@ -26,7 +30,20 @@ export interface LookupServerOptions {
   log?: Logger;
   /** Extra fields for the PING reply (version, config summary...). */
   info?: () => Record<string, unknown>;
+  /**
+   * Serves the data-plane messages (REGISTER, SAVE, LOAD, HOLD, REQUEST_FINISHED, HEARTBEAT)
+   * when given; without it they are refused with `KVT_INVALID_ARGUMENT`. Not owned: the server
+   * neither starts nor closes it.
+   */
+  dataPlane?: DataPlane;
+  /** Deadline of a LOAD that asks for the default (deadlineMs 0), ms; default 20 000. */
+  loadDeadlineMs?: number;
 }
+
+/** Longest timer Node can arm, ms; longer load deadlines are cut to it. */
+const MAX_TIMER_MS = 2 ** 31 - 1;
+/** Largest data-plane frame the limits allow (3 MiB of ids and hashes), with room to spare. */
+const DATA_PLANE_FRAME_BYTES = 4 * 1024 * 1024;
 
 /** Resolves and validates protocol limits. */
 export function resolveLimits(l: Partial<ProtocolLimits> = {}): ProtocolLimits {
@@ -72,6 +89,8 @@ export class LookupServer {
   readonly #log: Logger;
   readonly #info: () => Record<string, unknown>;
   readonly #requestedEndpoint: string;
+  readonly #dataPlane: DataPlane | undefined;
+  readonly #loadDeadlineMs: number;
   #router: zmq.Router | undefined;
   #sendQueue: SocketSendQueue | undefined;
   #endpoint = '';
@@ -88,6 +107,13 @@ export class LookupServer {
     this.#metrics = opts.metrics;
     this.#log = opts.log ?? silentLogger;
     this.#info = opts.info ?? (() => ({}));
+    this.#dataPlane = opts.dataPlane;
+    this.#loadDeadlineMs = requireInt(
+      'loadDeadlineMs',
+      opts.loadDeadlineMs ?? 20_000,
+      1,
+      MAX_TIMER_MS,
+    );
   }
 
   /** The bound endpoint (with the real port when `*` was asked for); empty before start. */
@@ -105,7 +131,10 @@ export class LookupServer {
     if (this.#router !== undefined) return;
     const router = new zmq.Router({
       linger: 0,
-      maxMessageSize: 2 * this.#limits.maxPayloadBytes + 1024 * 1024,
+      maxMessageSize: Math.max(
+        2 * this.#limits.maxPayloadBytes + 1024 * 1024,
+        DATA_PLANE_FRAME_BYTES,
+      ),
       sendHighWaterMark: 100_000,
       receiveHighWaterMark: 100_000,
     });
@@ -191,6 +220,7 @@ export class LookupServer {
           requestId: req.requestId,
           stats: {
             ...storage.stats(),
+            ...(this.#dataPlane === undefined ? {} : { dataPlane: this.#dataPlane.stats() }),
             server: {
               sendQueueDepth: this.#sendQueue?.depth ?? 0,
               sendDropped: this.#sendQueue?.dropped ?? 0,
@@ -217,6 +247,87 @@ export class LookupServer {
               : Buffer.from(chunk.data.buffer, chunk.data.byteOffset, chunk.data.byteLength),
         });
       }
+      default:
+        return this.#dataPlaneRequest(envelope, req);
+    }
+  }
+
+  async #dataPlaneRequest(envelope: Buffer[], req: DataPlaneRequest): Promise<void> {
+    const dp = this.#dataPlane;
+    if (dp === undefined) throw new KvtierError('KVT_INVALID_ARGUMENT', 'data plane not enabled');
+    const { requestId } = req;
+    switch (req.type) {
+      case 'register': {
+        // Every field is validated by the data plane (resolveKvRegistration).
+        const layout = await dp.register(req.registration as unknown as KvRegistration);
+        return this.#reply(envelope, {
+          type: 'register-result',
+          requestId,
+          engineId: layout.engineId,
+          namespace: layout.namespace.id,
+          chunkSize: layout.chunkSize,
+          blockSize: layout.blockSize,
+        });
+      }
+      case 'save': {
+        const r = await dp.save({
+          engineId: req.engineId,
+          requestId: req.engineRequestId,
+          blockIds: req.blockIds,
+          chunkHashes: hashesToHex(req.chunkHashes),
+          skipChunks: req.skipChunks,
+        });
+        return this.#reply(envelope, { type: 'save-result', requestId, ...r });
+      }
+      case 'load': {
+        // Relative deadline from receipt, as an abort: the data plane checks it between chunks.
+        const ms = Math.min(
+          req.deadlineMs === 0 ? this.#loadDeadlineMs : req.deadlineMs,
+          MAX_TIMER_MS,
+        );
+        const ac = new AbortController();
+        const timer = setTimeout(() => ac.abort(), ms);
+        try {
+          const r = await dp.load(
+            {
+              engineId: req.engineId,
+              requestId: req.engineRequestId,
+              lookupId: req.lookupId,
+              blockIds: req.blockIds,
+              chunkHashes: hashesToHex(req.chunkHashes),
+              ...(req.stateSlot >= 0 ? { stateSlot: req.stateSlot } : {}),
+            },
+            { signal: ac.signal },
+          );
+          return this.#reply(envelope, {
+            type: 'load-result',
+            requestId,
+            loadedTokens: r.loadedTokens,
+            invalidBlockIds: Uint32Array.from(r.invalidBlockIds),
+          });
+        } finally {
+          clearTimeout(timer);
+        }
+      }
+      case 'hold': {
+        const heldChunks = dp.holdLookup(req.engineId, req.engineRequestId, req.lookupId);
+        return this.#reply(envelope, { type: 'hold-result', requestId, heldChunks });
+      }
+      case 'request-finished': {
+        let released = false;
+        if (req.kind === 'preempted') dp.requestPreempted(req.engineId, req.engineRequestId);
+        else {
+          released = dp.heartbeat(req.engineId);
+          dp.requestFinished(req.engineId, req.engineRequestId);
+        }
+        return this.#reply(envelope, { type: 'request-finished-result', requestId, released });
+      }
+      case 'heartbeat':
+        return this.#reply(envelope, {
+          type: 'heartbeat-result',
+          requestId,
+          known: dp.heartbeat(req.engineId),
+        });
     }
   }
 
@@ -244,6 +355,7 @@ export class LookupServer {
       epoch: this.#storage.epoch,
       uptimeMs: Date.now() - this.#startedAt,
       limits: this.#limits,
+      dataPlane: this.#dataPlane === undefined ? null : DATA_PLANE_LIMITS,
       tiers: this.#storage.tiers.map((t) => ({ name: t.name, kind: t.kind, health: t.health() })),
       ...this.#info(),
     };
@@ -269,14 +381,30 @@ export class LookupServer {
   close(): Promise<void> {
     this.#closing ??= (async () => {
       const router = this.#router;
-      // Unbind first and wait for it, so the port is free when close() resolves (a restart on
-      // the same endpoint must not race ZMQ's background close).
-      if (router !== undefined && !router.closed && this.#endpoint !== '') {
-        await router.unbind(this.#endpoint).catch(() => {});
-      }
       router?.close();
       await this.#loop;
+      // ZMQ closes the listener on its I/O thread; resolve once the port is free again so a
+      // restart on the same endpoint does not race it. (Unbinding first instead can trip a
+      // libzmq assertion when a peer reconnects during the teardown.)
+      if (this.#endpoint.startsWith('tcp://')) await waitForPortFree(this.#endpoint);
     })();
     return this.#closing;
+  }
+}
+
+/** Polls until a TCP listener can bind the endpoint's address (at most ~2 s); never throws. */
+async function waitForPortFree(endpoint: string): Promise<void> {
+  const m = /^tcp:\/\/(.+):(\d+)$/.exec(endpoint);
+  if (m === null) return;
+  const host = m[1]!.replace(/^\[|\]$/g, '');
+  const port = Number(m[2]);
+  for (let attempt = 0; attempt < 200; attempt++) {
+    const free = await new Promise<boolean>((resolve) => {
+      const probe = createServer();
+      probe.once('error', () => resolve(false));
+      probe.listen({ port, host, exclusive: true }, () => probe.close(() => resolve(true)));
+    });
+    if (free) return;
+    await new Promise((r) => setTimeout(r, 10));
   }
 }

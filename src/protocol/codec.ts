@@ -6,6 +6,12 @@
  */
 import { KVTIER_ERROR_CODES, KvtierError, type KvtierErrorCode } from '../errors.ts';
 import {
+  decodeDataPlaneReply,
+  decodeDataPlaneRequest,
+  encodeDataPlaneReply,
+  encodeDataPlaneRequest,
+} from './data-plane-codec.ts';
+import {
   DEFAULT_LIMITS,
   HASH_BYTES,
   HEADER_BYTES,
@@ -69,7 +75,8 @@ export function peekRequestId(buf: Uint8Array): number {
 // ---------------------------------------------------------------------------------------------
 // Writer: sizes are computed first so each message is one allocation and no copies.
 
-class Writer {
+/** Builds one message in a single allocation; shared with data-plane-codec.ts. */
+export class Writer {
   readonly buf: Buffer;
   off = 0;
   constructor(size: number, type: MessageTypeCode, requestId: number) {
@@ -247,6 +254,11 @@ export function encodeRequest(req: Request): Buffer {
       w.hex(req.hash, HASH_BYTES);
       return w.done();
     }
+    default:
+      return encodeDataPlaneRequest(
+        req,
+        (body, type) => new Writer(HEADER_BYTES + body, type, req.requestId),
+      );
   }
 }
 
@@ -326,6 +338,11 @@ export function encodeReply(rep: Reply): Buffer {
       w.str(msg);
       return w.done();
     }
+    default:
+      return encodeDataPlaneReply(
+        rep,
+        (body, type) => new Writer(HEADER_BYTES + body, type, rep.requestId),
+      );
   }
 }
 
@@ -340,7 +357,8 @@ function truncateUtf8(s: string, maxBytes: number): string {
 // ---------------------------------------------------------------------------------------------
 // Reader: every read is bounds-checked and names the offset of a problem.
 
-class Reader {
+/** Bounds-checked reader of one message body; shared with data-plane-codec.ts. */
+export class Reader {
   readonly buf: Buffer;
   off = HEADER_BYTES;
   constructor(buf: Uint8Array) {
@@ -507,8 +525,11 @@ export function decodeRequest(buf: Uint8Array, limits: ProtocolLimits = DEFAULT_
       r.end('get');
       return { type: 'get', requestId, namespace, hash };
     }
-    default:
+    default: {
+      const dp = decodeDataPlaneRequest(type, requestId, r);
+      if (dp !== undefined) return dp;
       throw new KvtierError('KVT_PROTOCOL', `unknown request type 0x${type.toString(16)}`);
+    }
   }
 }
 
@@ -625,8 +646,11 @@ export function decodeReply(buf: Uint8Array): Reply {
         : 'KVT_INTERNAL';
       return { type: 'error', requestId, code, message };
     }
-    default:
+    default: {
+      const dp = decodeDataPlaneReply(type, requestId, r);
+      if (dp !== undefined) return dp;
       throw new KvtierError('KVT_PROTOCOL', `unknown reply type 0x${type.toString(16)}`);
+    }
   }
 }
 

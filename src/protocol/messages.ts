@@ -3,6 +3,7 @@
  * codec in codec.ts is its only implementation in this repository.
  */
 import type { KvtierErrorCode } from '../errors.ts';
+import type { DataPlaneReply, DataPlaneRequest } from './data-plane-messages.ts';
 
 /** First two bytes of every message: ASCII "kv". */
 export const MAGIC = 0x766b; // 'k' (0x6b) then 'v' (0x76), read as u16le
@@ -24,6 +25,12 @@ export const MessageType = {
   Put: 0x05,
   Get: 0x06,
   Stats: 0x07,
+  Register: 0x08,
+  Save: 0x09,
+  Load: 0x0a,
+  Hold: 0x0b,
+  RequestFinished: 0x0c,
+  Heartbeat: 0x0d,
   LookupResult: 0x81,
   CancelResult: 0x82,
   ClearResult: 0x83,
@@ -31,6 +38,12 @@ export const MessageType = {
   PutResult: 0x85,
   GetResult: 0x86,
   StatsResult: 0x87,
+  RegisterResult: 0x88,
+  SaveResult: 0x89,
+  LoadResult: 0x8a,
+  HoldResult: 0x8b,
+  RequestFinishedResult: 0x8c,
+  HeartbeatResult: 0x8d,
   Error: 0xff,
 } as const;
 export type MessageTypeCode = (typeof MessageType)[keyof typeof MessageType];
@@ -135,7 +148,8 @@ export type Request =
   | PingRequest
   | StatsRequest
   | PutRequest
-  | GetRequest;
+  | GetRequest
+  | DataPlaneRequest;
 
 export interface TierTokens {
   tier: string;
@@ -209,4 +223,5 @@ export type Reply =
   | StatsResult
   | PutResult
   | GetResult
+  | DataPlaneReply
   | ErrorReply;

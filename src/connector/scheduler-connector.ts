@@ -1,0 +1,388 @@
+import { closedError, KvtierError } from '../errors.ts';
+import { CHUNK_HASHER_DEFAULTS, type HashedChunk, hashChunks } from '../hashing/chunk-hasher.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { requireInt, requireString } from '../util/validate.ts';
+import type {
+  ConnectorLookup,
+  ConnectorMeta,
+  ConnectorOutput,
+  ConnectorRequest,
+  LoadIntent,
+  RequestEnd,
+  RequestFinishedParams,
+  SaveIntent,
+  SchedulerStep,
+} from './types.ts';
+
+/** Options of {@link KvtierSchedulerConnector}. */
+export interface SchedulerConnectorOptions {
+  /** Owned: `close()` closes it when it has a `close` method (a `LookupClient` does). */
+  lookup: ConnectorLookup;
+  /** Engine block size in tokens, an integer >= 1. */
+  blockSize: number;
+  /** Tokens per stored chunk, a multiple of `blockSize`; default 256 (must match the worker's registration). */
+  chunkSize?: number;
+  /** Default cache salt of requests that carry none; default `''`. */
+  salt?: string;
+  /** Namespaces to look up in; default: the lookup client's own. */
+  namespaces?: readonly string[];
+  log?: Logger;
+}
+
+type LookupState = 'none' | 'pending' | 'answered' | 'consumed';
+
+interface Tracked {
+  readonly requestId: string;
+  readonly promptLength: number;
+  /** Hashes of the prompt's full chunks. */
+  readonly chunks: readonly HashedChunk[];
+  attempt: number;
+  lookupId: string;
+  lookup: LookupState;
+  hitTokens: number;
+  /** What the last `getNumNewMatchedTokens` offered. */
+  offered: { numComputed: number; tokens: number } | null;
+  /** Set by `updateStateAfterAlloc`, emitted by the next `buildConnectorMeta`. */
+  intent: LoadIntent | null;
+  /** Emitted, not yet reported in `finishedRecving`. */
+  loading: LoadIntent | null;
+  /** Leading chunks kvtier holds or is saving. */
+  storedChunks: number;
+  savedAny: boolean;
+}
+
+/**
+ * Scheduler side of the kvtier connector (vLLM `KVConnectorBase_V1`, scheduler role). Pure
+ * bookkeeping over a non-blocking lookup client: no method waits for I/O. Claims are whole
+ * chunks (kvtier loads whole chunks, and a chunk is a whole number of blocks), never the last
+ * prompt token, and only beyond what the engine's own prefix cache computed.
+ */
+export class KvtierSchedulerConnector {
+  readonly #lookup: ConnectorLookup;
+  readonly #blockSize: number;
+  readonly #chunkSize: number;
+  readonly #blocksPerChunk: number;
+  readonly #salt: string;
+  readonly #namespaces: readonly string[] | undefined;
+  readonly #log: Logger;
+  readonly #requests = new Map<string, Tracked>();
+  #ended: RequestEnd[] = [];
+  #closing: Promise<void> | undefined;
+
+  /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
+  constructor(opts: SchedulerConnectorOptions) {
+    if (typeof opts?.lookup?.lookup !== 'function')
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        'lookup must be a LookupClient or MultiLookupClient',
+      );
+    this.#lookup = opts.lookup;
+    this.#blockSize = requireInt('blockSize', opts.blockSize, 1, 1 << 20);
+    this.#chunkSize = requireInt(
+      'chunkSize',
+      opts.chunkSize ?? CHUNK_HASHER_DEFAULTS.chunkSize,
+      1,
+      1 << 20,
+    );
+    if (this.#chunkSize % this.#blockSize !== 0)
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `chunkSize must be a multiple of blockSize (${this.#blockSize}), got ${this.#chunkSize}`,
+      );
+    this.#blocksPerChunk = this.#chunkSize / this.#blockSize;
+    this.#salt = requireString('salt', opts.salt ?? '');
+    this.#namespaces = opts.namespaces === undefined ? undefined : [...opts.namespaces];
+    this.#log = opts.log ?? silentLogger;
+  }
+
+  /** Requests the connector currently tracks (for gauges and leak checks). */
+  get trackedRequests(): number {
+    return this.#requests.size;
+  }
+
+  /**
+   * vLLM `get_num_new_matched_tokens`. Returns `[tokens, loadAsync]`: `[null, false]` while the
+   * lookup is pending ("ask again next step"), else the tokens kvtier can load beyond
+   * `numComputedTokens` and whether to wait for an async load (always when tokens > 0: loads
+   * never block the forward pass). The lookup covers the full chunks that end before the last
+   * prompt token; the claim is whole chunks starting at `numComputedTokens`, so a local prefix
+   * that ends inside a chunk gets 0 (partial-chunk loads would write into the engine's cached blocks).
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` for a bad request or count; `KVT_CLOSED`.
+   */
+  getNumNewMatchedTokens(
+    request: ConnectorRequest,
+    numComputedTokens: number,
+  ): [tokens: number | null, loadAsync: boolean] {
+    this.#open();
+    const t = this.#track(request);
+    const computed = requireInt('numComputedTokens', numComputedTokens, 0);
+    t.offered = null;
+    const lookupChunks = this.#lookupChunks(t);
+    if (computed % this.#chunkSize !== 0 || computed >= lookupChunks * this.#chunkSize)
+      return [0, false];
+    if (t.lookup === 'none' || t.lookup === 'consumed') {
+      t.attempt++;
+      t.lookupId = `${t.requestId}#${t.attempt}`;
+      t.lookup = 'pending';
+    }
+    if (t.lookup === 'pending') {
+      const chunks = t.chunks.slice(0, lookupChunks);
+      const answer = this.#lookup.lookup(
+        t.lookupId,
+        Buffer.concat(chunks.map((c) => c.hash)),
+        chunks.map((c) => c.end - c.start),
+        this.#namespaces === undefined ? {} : { namespaces: this.#namespaces },
+      );
+      if (answer === null) return [null, false];
+      t.lookup = 'answered';
+      t.hitTokens = answer;
+      t.storedChunks = Math.max(t.storedChunks, Math.floor(answer / this.#chunkSize));
+      this.#log.debug('lookup answered', { requestId: t.requestId, hitTokens: answer });
+    }
+    let claim = Math.min(t.hitTokens, t.promptLength - 1);
+    claim -= claim % this.#blockSize;
+    claim -= claim % this.#chunkSize;
+    const tokens = claim > computed ? claim - computed : 0;
+    if (tokens === 0) {
+      // Nothing to load: the pins would only wait for their TTL.
+      if (t.hitTokens > 0) this.#releaseLookup(t);
+      return [0, false];
+    }
+    t.offered = { numComputed: computed, tokens };
+    return [tokens, true];
+  }
+
+  /**
+   * vLLM `update_state_after_alloc`: records which blocks receive which chunks. `blockIds` is the
+   * request's whole block table; `numExternalTokens` is what `getNumNewMatchedTokens` returned
+   * (0 clears the intent). A second call for the same request replaces the first intent.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` when the tokens were not offered or the table is
+   *   too short for them; `KVT_CLOSED`.
+   */
+  updateStateAfterAlloc(
+    request: ConnectorRequest,
+    blockIds: readonly number[],
+    numExternalTokens: number,
+  ): void {
+    this.#open();
+    const tokens = requireInt('numExternalTokens', numExternalTokens, 0);
+    const t = this.#requests.get(request?.requestId);
+    if (tokens === 0) {
+      if (t !== undefined) t.intent = null;
+      return;
+    }
+    const offered = t?.offered;
+    if (t === undefined || offered == null || tokens > offered.tokens || tokens % this.#chunkSize)
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `updateStateAfterAlloc: ${tokens} external tokens for request ${request?.requestId} were not offered (offered ${offered?.tokens ?? 0}; claims are whole chunks of ${this.#chunkSize})`,
+      );
+    const first = offered.numComputed / this.#chunkSize;
+    const end = first + tokens / this.#chunkSize;
+    const bpc = this.#blocksPerChunk;
+    if (!Array.isArray(blockIds) || blockIds.length < end * bpc)
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `updateStateAfterAlloc: chunks ${first}..${end - 1} need ${end * bpc} blocks in the table, got ${Array.isArray(blockIds) ? blockIds.length : 'none'}`,
+      );
+    t.intent = {
+      requestId: t.requestId,
+      lookupId: t.lookupId,
+      firstChunk: first,
+      numTokens: tokens,
+      blockIds: blockIds.slice(first * bpc, end * bpc),
+      chunkHashes: Buffer.concat(t.chunks.slice(first, end).map((c) => c.hash)),
+    };
+  }
+
+  /**
+   * vLLM `build_connector_meta`: the loads recorded since the last call, the saves of full prompt
+   * chunks that `step` completes (chunks kvtier holds already are skipped), and the requests that
+   * ended. Each item appears in exactly one metadata.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` for a bad step; `KVT_CLOSED`.
+   */
+  buildConnectorMeta(step: SchedulerStep = { scheduled: [] }): ConnectorMeta {
+    this.#open();
+    const loads: LoadIntent[] = [];
+    for (const t of this.#requests.values()) {
+      if (t.intent === null) continue;
+      loads.push(t.intent);
+      t.loading = t.intent;
+      t.intent = null;
+      // The load consumes the lookup's pins; a later ask needs a fresh lookup.
+      t.lookup = 'consumed';
+      t.storedChunks = Math.max(t.storedChunks, t.loading.firstChunk + this.#chunksOf(t.loading));
+    }
+    const saves: SaveIntent[] = [];
+    for (const [i, s] of (step.scheduled ?? []).entries()) {
+      const t = this.#track(s.request);
+      const computed =
+        requireInt(`scheduled[${i}].numComputedTokens`, s.numComputedTokens, 0) +
+        requireInt(`scheduled[${i}].numScheduledTokens`, s.numScheduledTokens, 0);
+      const blocks = Array.isArray(s.blockIds) ? s.blockIds : [];
+      const full = Math.min(
+        t.chunks.length,
+        Math.floor(Math.min(computed, t.promptLength) / this.#chunkSize),
+        Math.floor(blocks.length / this.#blocksPerChunk),
+      );
+      if (full <= t.storedChunks) continue;
+      const bpc = this.#blocksPerChunk;
+      saves.push({
+        requestId: t.requestId,
+        firstChunk: t.storedChunks,
+        blockIds: blocks.slice(t.storedChunks * bpc, full * bpc),
+        chunkHashes: Buffer.concat(t.chunks.slice(t.storedChunks, full).map((c) => c.hash)),
+      });
+      t.storedChunks = full;
+      t.savedAny = true;
+    }
+    const finished = this.#ended;
+    this.#ended = [];
+    return { loads, saves, finished };
+  }
+
+  /**
+   * vLLM `update_connector_output`: settles loads reported in `finishedRecving`; a failed load's
+   * chunks (from the first invalid block on) are no longer counted as stored, so they are saved
+   * again once the engine recomputes them.
+   */
+  updateConnectorOutput(output: ConnectorOutput): void {
+    const invalid = new Set(output.invalidBlockIds ?? []);
+    const done = new Set(output.finishedRecving ?? []);
+    for (const t of this.#requests.values()) {
+      const l = t.loading;
+      if (l === null) continue;
+      if (invalid.size > 0) {
+        const at = l.blockIds.findIndex((b) => invalid.has(b));
+        if (at >= 0)
+          t.storedChunks = Math.min(
+            t.storedChunks,
+            l.firstChunk + Math.floor(at / this.#blocksPerChunk),
+          );
+      }
+      if (done.has(t.requestId)) t.loading = null;
+    }
+  }
+
+  /**
+   * vLLM `request_finished` (terminal free: finished or aborted). Cancels a pending lookup,
+   * releases unused pins, drops an unsent load, and queues the release for the workers. Returns
+   * `[delayFree, params]`: `delayFree` is true while the request's blocks may still be read by a
+   * save or written by a load; the engine then frees them when a worker reports the id in
+   * `finishedSending`. `blockIds` is accepted for parity with vLLM (the blocks are known from the
+   * intents).
+   */
+  requestFinished(
+    request: ConnectorRequest,
+    _blockIds?: readonly number[],
+  ): [delayFree: boolean, params: RequestFinishedParams | null] {
+    const t = this.#requests.get(request?.requestId);
+    if (t === undefined) return [false, null];
+    this.#requests.delete(t.requestId);
+    this.#releaseLookup(t);
+    t.intent = null;
+    const delayFree = t.savedAny || t.loading !== null;
+    this.#ended.push({
+      requestId: t.requestId,
+      kind: request.aborted === true ? 'aborted' : 'finished',
+      delayFree,
+    });
+    const storedTokens = t.storedChunks * this.#chunkSize;
+    return [delayFree, storedTokens > 0 ? { storedTokens } : null];
+  }
+
+  /**
+   * Preemption (vLLM frees the blocks and requeues the request): nothing is released. Unused pins
+   * stay for the request's next ask; an unsent load is dropped (its blocks are gone). Workers get
+   * the id so they can finish saves that read those blocks before the engine reuses them.
+   */
+  requestPreempted(request: ConnectorRequest): void {
+    const t = this.#requests.get(request?.requestId);
+    if (t === undefined) return;
+    t.intent = null;
+    t.offered = null;
+    this.#ended.push({ requestId: t.requestId, kind: 'preempted', delayFree: false });
+  }
+
+  /**
+   * vLLM `reset_prefix_cache`: forgets every cached lookup answer (releasing its pins), so
+   * waiting requests look up afresh. Loads already recorded or running are kept: their requests
+   * are waiting on them. kvtier's stored chunks are not touched.
+   */
+  resetPrefixCache(): boolean {
+    for (const t of this.#requests.values()) {
+      if (t.intent !== null || t.loading !== null) continue;
+      this.#releaseLookup(t);
+      t.offered = null;
+    }
+    return true;
+  }
+
+  /** Forgets every request and closes the lookup client it owns. Idempotent. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      for (const t of this.#requests.values()) this.#releaseLookup(t);
+      this.#requests.clear();
+      this.#ended = [];
+      await this.#lookup.close?.();
+    })();
+    return this.#closing;
+  }
+
+  #open(): void {
+    if (this.#closing !== undefined) throw closedError('scheduler connector');
+  }
+
+  #track(request: ConnectorRequest): Tracked {
+    const id = requireString('request.requestId', request?.requestId, { nonEmpty: true });
+    let t = this.#requests.get(id);
+    if (t !== undefined) return t;
+    const tokens = request.promptTokenIds;
+    if (!Array.isArray(tokens) && !(tokens instanceof Uint32Array))
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `request ${id}: promptTokenIds must be an array or Uint32Array`,
+      );
+    const chunks = hashChunks(tokens, {
+      chunkSize: this.#chunkSize,
+      salt: request.cacheSalt ?? this.#salt,
+    });
+    t = {
+      requestId: id,
+      promptLength: tokens.length,
+      chunks,
+      attempt: 0,
+      lookupId: '',
+      lookup: 'none',
+      hitTokens: 0,
+      offered: null,
+      intent: null,
+      loading: null,
+      storedChunks: 0,
+      savedAny: false,
+    };
+    this.#requests.set(id, t);
+    return t;
+  }
+
+  /** Full chunks that end before the last prompt token (which the engine always computes). */
+  #lookupChunks(t: Tracked): number {
+    return Math.min(t.chunks.length, Math.floor(Math.max(0, t.promptLength - 1) / this.#chunkSize));
+  }
+
+  #chunksOf(intent: LoadIntent): number {
+    return intent.blockIds.length / this.#blocksPerChunk;
+  }
+
+  #releaseLookup(t: Tracked): void {
+    if (t.lookup === 'pending') this.#lookup.forget(t.lookupId);
+    else if (t.lookup === 'answered' && t.hitTokens > 0)
+      this.#lookup.cancel(t.lookupId).catch((err: unknown) => {
+        this.#log.debug('lookup cancel failed; the pin TTL releases it', {
+          lookupId: t.lookupId,
+          err,
+        });
+      });
+    if (t.lookup === 'pending' || t.lookup === 'answered') t.lookup = 'consumed';
+  }
+}

@@ -1,0 +1,306 @@
+import { closedError, KvtierError } from '../errors.ts';
+import { type HashesInput, packHashes } from '../lookup-client/lookup-client.ts';
+import type { RequestEndKindName } from '../protocol/data-plane-messages.ts';
+import type { Reply, Request } from '../protocol/messages.ts';
+import { RequestSocket, unexpectedReply } from '../protocol/request-socket.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { requireInt, requireOneOf, requireString } from '../util/validate.ts';
+import type { KvRegistration } from './kv-layout.ts';
+
+/** Options of {@link DataPlaneClient}. */
+export interface DataPlaneClientOptions {
+  /** The sidecar's endpoint, e.g. 'tcp://127.0.0.1:5555'. */
+  endpoint: string;
+  /** Deadline of every request, ms; default 30 000. */
+  requestTimeoutMs?: number;
+  /**
+   * How often a registered client sends HEARTBEAT, ms; 0 turns heartbeats off. Default 5000.
+   * The sidecar releases an engine silent for its `heartbeatTimeoutMs` (default 30 000).
+   */
+  heartbeatIntervalMs?: number;
+  log?: Logger;
+}
+
+/** What the sidecar answered to a registration. */
+export interface RegisteredEngine {
+  engineId: string;
+  /** Namespace id derived from the registration (32 hex digits): what lookups must name. */
+  namespace: string;
+  /** Tokens per stored chunk. */
+  chunkSize: number;
+  /** Tokens per engine block. */
+  blockSize: number;
+}
+
+/** Per-call options. */
+export interface DataPlaneCallOptions {
+  signal?: AbortSignal;
+}
+
+const DEFAULTS = { requestTimeoutMs: 30_000, heartbeatIntervalMs: 5000 };
+const U32_MAX = 0xffffffff;
+
+function blockIdArray(name: string, ids: readonly number[]): Uint32Array {
+  if (!Array.isArray(ids))
+    throw new KvtierError('KVT_INVALID_ARGUMENT', `${name} must be an array`);
+  const out = new Uint32Array(ids.length);
+  for (let i = 0; i < ids.length; i++) out[i] = requireInt(`${name}[${i}]`, ids[i], 0, U32_MAX);
+  return out;
+}
+
+/**
+ * The engine worker's side of the data plane (docs/protocol.md section 4.9): registers the
+ * worker's KV caches with the sidecar once, then saves blocks after a forward pass and loads
+ * looked-up chunks into blocks before one. While registered it sends a HEARTBEAT every
+ * `heartbeatIntervalMs`, because the sidecar cannot see a DEALER disconnect: an engine that
+ * stops heartbeating is released (pins and mappings) by the sidecar's sweep.
+ */
+export class DataPlaneClient {
+  readonly #rs: RequestSocket;
+  readonly #heartbeatIntervalMs: number;
+  readonly #log: Logger;
+  #engineId: string | undefined;
+  #timer: ReturnType<typeof setInterval> | undefined;
+  #beating = false;
+  #closing: Promise<void> | undefined;
+
+  /**
+   * Connects at once (ZMQ connects in the background and reconnects on its own).
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options.
+   */
+  constructor(opts: DataPlaneClientOptions) {
+    const endpoint = requireString('endpoint', opts.endpoint, { nonEmpty: true });
+    const requestTimeoutMs = requireInt(
+      'requestTimeoutMs',
+      opts.requestTimeoutMs ?? DEFAULTS.requestTimeoutMs,
+      1,
+    );
+    this.#heartbeatIntervalMs = requireInt(
+      'heartbeatIntervalMs',
+      opts.heartbeatIntervalMs ?? DEFAULTS.heartbeatIntervalMs,
+      0,
+      2 ** 31 - 1,
+    );
+    this.#log = opts.log ?? silentLogger;
+    this.#rs = new RequestSocket({
+      endpoint,
+      requestTimeoutMs,
+      name: 'data plane client',
+      log: this.#log,
+    });
+  }
+
+  /** The registered engine id, or undefined before `register` resolves. */
+  get engineId(): string | undefined {
+    return this.#engineId;
+  }
+
+  /**
+   * Registers the worker's KV caches (the sidecar opens and checks every region) and starts the
+   * heartbeats. Registering again replaces the registration on the sidecar.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` from the sidecar for a bad registration (its
+   *   message names the field); `KVT_TIMEOUT`, `KVT_ABORTED`, `KVT_CLOSED`.
+   */
+  async register(reg: KvRegistration, opts: DataPlaneCallOptions = {}): Promise<RegisteredEngine> {
+    if (typeof reg !== 'object' || reg === null)
+      throw new KvtierError('KVT_INVALID_ARGUMENT', 'registration must be an object');
+    const rep = await this.#call(
+      {
+        type: 'register',
+        requestId: 0,
+        registration: reg as unknown as Record<string, unknown>,
+      },
+      opts,
+    );
+    if (rep.type !== 'register-result') throw unexpectedReply(rep);
+    if (this.#closing !== undefined) throw closedError('data plane client');
+    this.#engineId = rep.engineId;
+    this.#startHeartbeats();
+    return {
+      engineId: rep.engineId,
+      namespace: rep.namespace,
+      chunkSize: rep.chunkSize,
+      blockSize: rep.blockSize,
+    };
+  }
+
+  /**
+   * Gathers the blocks of the chunks into the sidecar's CPU tier (and on to lower tiers in the
+   * background). Chunk `i` owns `blockIds[i * blocksPerChunk ...]`; only the last may be short.
+   * Resolves when the blocks may be reused; the counts add up to the number of chunks.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` (before `register`, or bad ids/hashes),
+   *   `KVT_NOT_FOUND` (the sidecar does not know the engine), `KVT_TOO_LARGE`, `KVT_TIMEOUT`,
+   *   `KVT_CLOSED`.
+   */
+  async save(
+    a: {
+      requestId: string;
+      blockIds: readonly number[];
+      chunkHashes: HashesInput;
+      skipChunks?: number;
+    },
+    opts: DataPlaneCallOptions = {},
+  ): Promise<{ saved: number; skipped: number; dropped: number }> {
+    const rep = await this.#call(
+      {
+        type: 'save',
+        requestId: 0,
+        engineId: this.#registered(),
+        engineRequestId: a.requestId,
+        skipChunks: requireInt('skipChunks', a.skipChunks ?? 0, 0, U32_MAX),
+        blockIds: blockIdArray('blockIds', a.blockIds),
+        chunkHashes: packHashes(a.chunkHashes),
+      },
+      opts,
+    );
+    if (rep.type !== 'save-result') throw unexpectedReply(rep);
+    return { saved: rep.saved, skipped: rep.skipped, dropped: rep.dropped };
+  }
+
+  /**
+   * Scatters the chunks pinned by lookup `lookupId` into the blocks. A chunk that could not be
+   * loaded (evicted, not pinned, past the deadline) and every chunk after it come back as
+   * `invalidBlockIds`; they hold no valid KV and must be recomputed.
+   * @param a.deadlineMs relative to the sidecar's receipt, ms; default (or 0) the sidecar's.
+   * @param a.stateSlot slot of the registered state file the sidecar sets on completion.
+   * @throws KvtierError as {@link save}.
+   */
+  async load(
+    a: {
+      requestId: string;
+      lookupId: string;
+      blockIds: readonly number[];
+      chunkHashes: HashesInput;
+      deadlineMs?: number;
+      stateSlot?: number;
+    },
+    opts: DataPlaneCallOptions = {},
+  ): Promise<{ loadedTokens: number; invalidBlockIds: number[] }> {
+    const rep = await this.#call(
+      {
+        type: 'load',
+        requestId: 0,
+        engineId: this.#registered(),
+        engineRequestId: a.requestId,
+        lookupId: a.lookupId,
+        deadlineMs: requireInt('deadlineMs', a.deadlineMs ?? 0, 0, U32_MAX),
+        stateSlot: requireInt('stateSlot', a.stateSlot ?? -1, -1, 2 ** 31 - 1),
+        blockIds: blockIdArray('blockIds', a.blockIds),
+        chunkHashes: packHashes(a.chunkHashes),
+      },
+      opts,
+    );
+    if (rep.type !== 'load-result') throw unexpectedReply(rep);
+    return { loadedTokens: rep.loadedTokens, invalidBlockIds: Array.from(rep.invalidBlockIds) };
+  }
+
+  /**
+   * Moves lookup `lookupId`'s pins to engine request `requestId`, where preemption keeps them
+   * until the load or the request's terminal end. Resolves the chunks held (0 when the lookup
+   * was unknown, still running or expired).
+   * @throws KvtierError as {@link save}.
+   */
+  async hold(
+    requestId: string,
+    lookupId: string,
+    opts: DataPlaneCallOptions = {},
+  ): Promise<number> {
+    const rep = await this.#call(
+      {
+        type: 'hold',
+        requestId: 0,
+        engineId: this.#registered(),
+        engineRequestId: requestId,
+        lookupId,
+      },
+      opts,
+    );
+    if (rep.type !== 'hold-result') throw unexpectedReply(rep);
+    return rep.heldChunks;
+  }
+
+  /**
+   * Reports how an engine request ended. `finished` and `aborted` release its pins and state and
+   * resolve true (false when the sidecar no longer knows the engine); `preempted` keeps
+   * everything (the request will ask again) and resolves false.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` (before `register`, bad kind), `KVT_TIMEOUT`,
+   *   `KVT_CLOSED`.
+   */
+  async requestFinished(
+    requestId: string,
+    kind: RequestEndKindName,
+    opts: DataPlaneCallOptions = {},
+  ): Promise<boolean> {
+    const rep = await this.#call(
+      {
+        type: 'request-finished',
+        requestId: 0,
+        engineId: this.#registered(),
+        engineRequestId: requestId,
+        kind: requireOneOf('kind', kind, ['finished', 'aborted', 'preempted'] as const),
+      },
+      opts,
+    );
+    if (rep.type !== 'request-finished-result') throw unexpectedReply(rep);
+    return rep.released;
+  }
+
+  /**
+   * Sends one HEARTBEAT now (the timer does this on its own); resolves whether the sidecar knows
+   * the engine. False means it restarted or released the engine: register again.
+   * @throws KvtierError as {@link requestFinished}.
+   */
+  async heartbeat(opts: DataPlaneCallOptions = {}): Promise<boolean> {
+    const rep = await this.#call(
+      { type: 'heartbeat', requestId: 0, engineId: this.#registered() },
+      opts,
+    );
+    if (rep.type !== 'heartbeat-result') throw unexpectedReply(rep);
+    return rep.known;
+  }
+
+  /** Stops the heartbeats, rejects pending requests with `KVT_CLOSED`, closes the socket. Idempotent. */
+  close(): Promise<void> {
+    this.#closing ??= (async () => {
+      if (this.#timer !== undefined) clearInterval(this.#timer);
+      this.#timer = undefined;
+      await this.#rs.close();
+    })();
+    return this.#closing;
+  }
+
+  #registered(): string {
+    if (this.#closing !== undefined) throw closedError('data plane client');
+    if (this.#engineId === undefined)
+      throw new KvtierError('KVT_INVALID_ARGUMENT', 'register() the KV caches first');
+    return this.#engineId;
+  }
+
+  #call(req: Request, opts: DataPlaneCallOptions): Promise<Reply> {
+    if (this.#closing !== undefined) return Promise.reject(closedError('data plane client'));
+    return this.#rs.request(req, { signal: opts.signal });
+  }
+
+  #startHeartbeats(): void {
+    if (this.#heartbeatIntervalMs === 0 || this.#timer !== undefined) return;
+    this.#timer = setInterval(() => {
+      // One heartbeat at a time: a slow sidecar must not pile them up.
+      if (this.#beating) return;
+      this.#beating = true;
+      this.heartbeat()
+        .then(
+          (known) => {
+            if (!known)
+              this.#log.warn('the sidecar does not know this engine; register again', {
+                engineId: this.#engineId,
+              });
+          },
+          (err: unknown) => this.#log.debug('heartbeat failed', { err }),
+        )
+        .finally(() => {
+          this.#beating = false;
+        });
+    }, this.#heartbeatIntervalMs);
+    this.#timer.unref();
+  }
+}

@@ -1,0 +1,157 @@
+/**
+ * Protocol v1 data-plane messages (docs/protocol.md section 4.9): an engine worker registers its
+ * KV caches with the sidecar, then asks it to save blocks after a forward pass and to load
+ * pinned chunks into blocks before one. Encoded by data-plane-codec.ts, dispatched from codec.ts.
+ */
+
+/** Wire limits of the data-plane messages; a decoder refuses anything over them. */
+export const DATA_PLANE_LIMITS = {
+  /** Bytes of an engine, request or lookup id (each 1..256). */
+  maxIdBytes: 256,
+  /** Bytes of a REGISTER's JSON body (1 MiB). */
+  maxRegistrationBytes: 1024 * 1024,
+  /** Block ids in one SAVE or LOAD (1 MiB of ids). */
+  maxBlocksPerMessage: 262_144,
+  /** Chunk hashes in one SAVE or LOAD (2 MiB of hashes). */
+  maxChunksPerMessage: 65_536,
+} as const;
+
+/** REQUEST_FINISHED kind byte. */
+export const RequestEndKind = { finished: 0, aborted: 1, preempted: 2 } as const;
+/** How an engine request ended: terminal (finished, aborted) or preempted (will ask again). */
+export type RequestEndKindName = keyof typeof RequestEndKind;
+
+/** REGISTER (0x08): the worker's `KvRegistration`, carried as JSON and validated by the data plane. */
+export interface RegisterRequest {
+  type: 'register';
+  requestId: number;
+  /** The parsed JSON object; its fields are checked by `resolveKvRegistration`. */
+  registration: Record<string, unknown>;
+}
+
+/** SAVE (0x09): gather the blocks of these chunks into the CPU tier. */
+export interface SaveRequestMessage {
+  type: 'save';
+  requestId: number;
+  engineId: string;
+  engineRequestId: string;
+  /** Leading chunks the engine knows are stored. */
+  skipChunks: number;
+  blockIds: Uint32Array;
+  /** Packed chunk hashes, 32 bytes each. */
+  chunkHashes: Buffer;
+}
+
+/** LOAD (0x0A): scatter a lookup's pinned chunks into these blocks. */
+export interface LoadRequestMessage {
+  type: 'load';
+  requestId: number;
+  engineId: string;
+  engineRequestId: string;
+  lookupId: string;
+  /** Relative to the server's receipt, ms; 0 means the server's default. */
+  deadlineMs: number;
+  /** Slot of the registered state file to set on completion; -1 for none. */
+  stateSlot: number;
+  blockIds: Uint32Array;
+  /** Packed chunk hashes, 32 bytes each. */
+  chunkHashes: Buffer;
+}
+
+/** HOLD (0x0B): move a lookup's pins to an engine request (kept across preemption). */
+export interface HoldRequest {
+  type: 'hold';
+  requestId: number;
+  engineId: string;
+  engineRequestId: string;
+  lookupId: string;
+}
+
+/** REQUEST_FINISHED (0x0C): an engine request ended. */
+export interface RequestFinishedRequest {
+  type: 'request-finished';
+  requestId: number;
+  engineId: string;
+  engineRequestId: string;
+  kind: RequestEndKindName;
+}
+
+/** HEARTBEAT (0x0D): the engine is alive. */
+export interface HeartbeatRequest {
+  type: 'heartbeat';
+  requestId: number;
+  engineId: string;
+}
+
+/** Every data-plane request. */
+export type DataPlaneRequest =
+  | RegisterRequest
+  | SaveRequestMessage
+  | LoadRequestMessage
+  | HoldRequest
+  | RequestFinishedRequest
+  | HeartbeatRequest;
+
+/** REGISTER_RESULT (0x88). */
+export interface RegisterResult {
+  type: 'register-result';
+  requestId: number;
+  engineId: string;
+  /** Namespace id derived from the registration, 32 hex digits. */
+  namespace: string;
+  /** Tokens per stored chunk. */
+  chunkSize: number;
+  /** Tokens per engine block. */
+  blockSize: number;
+}
+
+/** SAVE_RESULT (0x89): chunk counts that add up to the chunks sent. */
+export interface SaveResultMessage {
+  type: 'save-result';
+  requestId: number;
+  saved: number;
+  skipped: number;
+  dropped: number;
+}
+
+/** LOAD_RESULT (0x8A). */
+export interface LoadResultMessage {
+  type: 'load-result';
+  requestId: number;
+  loadedTokens: number;
+  /** Blocks not written with valid KV (vLLM's load-failure recovery). */
+  invalidBlockIds: Uint32Array;
+}
+
+/** HOLD_RESULT (0x8B). */
+export interface HoldResult {
+  type: 'hold-result';
+  requestId: number;
+  /** Chunks now held for the request; 0 when the lookup was unknown, running or expired. */
+  heldChunks: number;
+}
+
+/** REQUEST_FINISHED_RESULT (0x8C). */
+export interface RequestFinishedResult {
+  type: 'request-finished-result';
+  requestId: number;
+  /** True when the request's pins and state were released (terminal end, known engine). */
+  released: boolean;
+}
+
+/** HEARTBEAT_RESULT (0x8D). */
+export interface HeartbeatResult {
+  type: 'heartbeat-result';
+  requestId: number;
+  /** False when the server has no registration for the engine (restarted, or swept as silent). */
+  known: boolean;
+}
+
+/** Every data-plane reply. */
+export type DataPlaneReply =
+  | RegisterResult
+  | SaveResultMessage
+  | LoadResultMessage
+  | HoldResult
+  | RequestFinishedResult
+  | HeartbeatResult;

@@ -1,0 +1,424 @@
+/**
+ * The data-plane messages (docs/protocol.md section 4.9) through the one codec: round trips,
+ * byte layouts built by hand, every validation error on decode and on encode.
+ */
+import assert from 'node:assert/strict';
+import { describe, it } from 'node:test';
+import { KvtierError, type KvtierErrorCode } from '../../src/errors.ts';
+import {
+  decodeReply,
+  decodeRequest,
+  encodeReply,
+  encodeRequest,
+} from '../../src/protocol/codec.ts';
+import {
+  DATA_PLANE_LIMITS,
+  type DataPlaneReply,
+  type DataPlaneRequest,
+  type LoadRequestMessage,
+  type SaveRequestMessage,
+} from '../../src/protocol/data-plane-messages.ts';
+import type { Request } from '../../src/protocol/messages.ts';
+
+const NS = '48f3d9651eaf7e9014cf0c0d7bc30fba';
+const H0 = '9023a6f72e494c809d3ea5b388ef2ff49d20cc1d48e046e2a6c8d259b8592548';
+const H1 = '3b0d4074d7c396f8848f7b6439a3a8d85f5996b37d759ea087988e8960a9b73c';
+const HASHES = Buffer.from(H0 + H1, 'hex');
+
+function save(over: Partial<SaveRequestMessage> = {}): SaveRequestMessage {
+  return {
+    type: 'save',
+    requestId: 21,
+    engineId: 'eng-0',
+    engineRequestId: 'req-é',
+    skipChunks: 1,
+    blockIds: Uint32Array.of(7, 3, 0xffffffff, 9),
+    chunkHashes: HASHES,
+    ...over,
+  };
+}
+
+function load(over: Partial<LoadRequestMessage> = {}): LoadRequestMessage {
+  return {
+    type: 'load',
+    requestId: 22,
+    engineId: 'eng-0',
+    engineRequestId: 'req-1',
+    lookupId: 'lk-1',
+    deadlineMs: 2500,
+    stateSlot: 3,
+    blockIds: Uint32Array.of(1, 2, 3),
+    chunkHashes: HASHES,
+    ...over,
+  };
+}
+
+const REQUESTS: DataPlaneRequest[] = [
+  {
+    type: 'register',
+    requestId: 20,
+    registration: { engineId: 'eng-0', layers: [{ k: { path: '/dev/shm/kv', offsetBytes: 0 } }] },
+  },
+  save(),
+  save({ skipChunks: 0, blockIds: new Uint32Array(0), chunkHashes: Buffer.alloc(0) }),
+  load(),
+  load({ deadlineMs: 0, stateSlot: -1 }),
+  load({ deadlineMs: 0xffffffff, stateSlot: 0x7fffffff }),
+  { type: 'hold', requestId: 23, engineId: 'e', engineRequestId: 'r', lookupId: 'l' },
+  ...(['finished', 'aborted', 'preempted'] as const).map(
+    (kind): DataPlaneRequest => ({
+      type: 'request-finished',
+      requestId: 24,
+      engineId: 'e',
+      engineRequestId: 'r',
+      kind,
+    }),
+  ),
+  { type: 'heartbeat', requestId: 0xffffffff, engineId: 'eng-0' },
+];
+
+const REPLIES: DataPlaneReply[] = [
+  {
+    type: 'register-result',
+    requestId: 20,
+    engineId: 'eng-0',
+    namespace: NS,
+    chunkSize: 256,
+    blockSize: 16,
+  },
+  { type: 'save-result', requestId: 21, saved: 3, skipped: 1, dropped: 0xffffffff },
+  { type: 'load-result', requestId: 22, loadedTokens: 512, invalidBlockIds: Uint32Array.of(5, 1) },
+  { type: 'load-result', requestId: 22, loadedTokens: 0, invalidBlockIds: new Uint32Array(0) },
+  { type: 'hold-result', requestId: 23, heldChunks: 4 },
+  { type: 'request-finished-result', requestId: 24, released: true },
+  { type: 'request-finished-result', requestId: 24, released: false },
+  { type: 'heartbeat-result', requestId: 25, known: true },
+  { type: 'heartbeat-result', requestId: 25, known: false },
+];
+
+function throwsCode(fn: () => unknown, code: KvtierErrorCode, label: string): void {
+  assert.throws(
+    fn,
+    (err: unknown) => {
+      assert.ok(err instanceof KvtierError, `${label}: expected a KvtierError, got ${String(err)}`);
+      assert.equal(err.code, code, `${label}: ${err.message}`);
+      return true;
+    },
+    label,
+  );
+}
+
+/** Builds a frame by hand (independently of the codec) from a header and body parts. */
+function frame(type: number, ...parts: (Buffer | number[])[]): Buffer {
+  const head = Buffer.from([0x6b, 0x76, 1, type, 5, 0, 0, 0]);
+  return Buffer.concat([head, ...parts.map((p) => (Buffer.isBuffer(p) ? p : Buffer.from(p)))]);
+}
+const u32 = (v: number) => {
+  const b = Buffer.alloc(4);
+  b.writeUInt32LE(v);
+  return b;
+};
+const i32 = (v: number) => {
+  const b = Buffer.alloc(4);
+  b.writeInt32LE(v);
+  return b;
+};
+const str = (s: string | Buffer) => {
+  const bytes = Buffer.isBuffer(s) ? s : Buffer.from(s, 'utf8');
+  const len = Buffer.alloc(2);
+  len.writeUInt16LE(bytes.length);
+  return Buffer.concat([len, bytes]);
+};
+const ids = (...v: number[]) => Buffer.concat([u32(v.length), ...v.map(u32)]);
+const hashes = (n: number) => Buffer.concat([u32(n), Buffer.alloc(32 * n, 0xab)]);
+
+describe('data-plane codec: round trips', () => {
+  it('decodes every request it encodes to the same message', () => {
+    for (const req of REQUESTS) assert.deepEqual(decodeRequest(encodeRequest(req)), req, req.type);
+  });
+
+  it('decodes every reply it encodes to the same message', () => {
+    for (const rep of REPLIES) assert.deepEqual(decodeReply(encodeReply(rep)), rep, rep.type);
+  });
+
+  it('lays out SAVE, LOAD, HOLD and REQUEST_FINISHED exactly as documented', () => {
+    const s = save({ requestId: 5, skipChunks: 1, blockIds: Uint32Array.of(7, 3) });
+    assert.deepEqual(
+      encodeRequest(s),
+      frame(0x09, str('eng-0'), str('req-é'), u32(1), ids(7, 3), u32(2), HASHES),
+    );
+    const l = load({ requestId: 5, stateSlot: -1, blockIds: Uint32Array.of(4) });
+    assert.deepEqual(
+      encodeRequest(l),
+      frame(
+        0x0a,
+        str('eng-0'),
+        str('req-1'),
+        str('lk-1'),
+        u32(2500),
+        i32(-1),
+        ids(4),
+        u32(2),
+        HASHES,
+      ),
+    );
+    assert.deepEqual(
+      encodeRequest({
+        type: 'hold',
+        requestId: 5,
+        engineId: 'e',
+        engineRequestId: 'r',
+        lookupId: 'l',
+      }),
+      frame(0x0b, str('e'), str('r'), str('l')),
+    );
+    assert.deepEqual(
+      encodeRequest({
+        type: 'request-finished',
+        requestId: 5,
+        engineId: 'e',
+        engineRequestId: 'r',
+        kind: 'preempted',
+      }),
+      frame(0x0c, str('e'), str('r'), [2]),
+    );
+    assert.deepEqual(
+      encodeReply({
+        type: 'load-result',
+        requestId: 5,
+        loadedTokens: 32,
+        invalidBlockIds: Uint32Array.of(9),
+      }),
+      frame(0x8a, u32(32), ids(9)),
+    );
+    assert.deepEqual(
+      encodeReply({
+        type: 'register-result',
+        requestId: 5,
+        engineId: 'e',
+        namespace: NS,
+        chunkSize: 256,
+        blockSize: 16,
+      }),
+      frame(0x88, str('e'), Buffer.from(NS, 'hex'), u32(256), u32(16)),
+    );
+  });
+
+  it('refuses every truncation of every valid request and reply', () => {
+    for (const req of REQUESTS) {
+      const bytes = encodeRequest(req);
+      for (let n = 8; n < bytes.length; n++)
+        throwsCode(
+          () => decodeRequest(bytes.subarray(0, n)),
+          'KVT_PROTOCOL',
+          `${req.type} cut at ${n}`,
+        );
+      throwsCode(
+        () => decodeRequest(Buffer.concat([bytes, Buffer.from([0])])),
+        'KVT_PROTOCOL',
+        `${req.type} with a trailing byte`,
+      );
+    }
+    for (const rep of REPLIES) {
+      const bytes = encodeReply(rep);
+      for (let n = 8; n < bytes.length; n++)
+        throwsCode(
+          () => decodeReply(bytes.subarray(0, n)),
+          'KVT_PROTOCOL',
+          `${rep.type} cut at ${n}`,
+        );
+      throwsCode(
+        () => decodeReply(Buffer.concat([bytes, Buffer.from([0])])),
+        'KVT_PROTOCOL',
+        `${rep.type} with a trailing byte`,
+      );
+    }
+  });
+});
+
+describe('data-plane codec: decode validation', () => {
+  const cases: [string, Buffer, KvtierErrorCode][] = [
+    [
+      'register: JSON over 1 MiB',
+      frame(0x08, u32(DATA_PLANE_LIMITS.maxRegistrationBytes + 1)),
+      'KVT_TOO_LARGE',
+    ],
+    ['register: not JSON', frame(0x08, u32(3), Buffer.from('{x}')), 'KVT_PROTOCOL'],
+    ['register: JSON array', frame(0x08, u32(2), Buffer.from('[]')), 'KVT_INVALID_ARGUMENT'],
+    ['register: JSON null', frame(0x08, u32(4), Buffer.from('null')), 'KVT_INVALID_ARGUMENT'],
+    ['register: JSON number', frame(0x08, u32(1), Buffer.from('7')), 'KVT_INVALID_ARGUMENT'],
+    [
+      'save: empty engineId',
+      frame(0x09, str(''), str('r'), u32(0), ids(), hashes(0)),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'save: empty requestId',
+      frame(0x09, str('e'), str(''), u32(0), ids(), hashes(0)),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    ['save: engineId over 256 bytes', frame(0x09, str('e'.repeat(257))), 'KVT_TOO_LARGE'],
+    [
+      'save: engineId not UTF-8',
+      frame(0x09, str(Buffer.from([0xff, 0xfe])), str('r')),
+      'KVT_PROTOCOL',
+    ],
+    [
+      'save: too many blocks',
+      frame(0x09, str('e'), str('r'), u32(0), u32(DATA_PLANE_LIMITS.maxBlocksPerMessage + 1)),
+      'KVT_TOO_LARGE',
+    ],
+    [
+      'save: too many chunks',
+      frame(
+        0x09,
+        str('e'),
+        str('r'),
+        u32(0),
+        ids(1),
+        u32(DATA_PLANE_LIMITS.maxChunksPerMessage + 1),
+      ),
+      'KVT_TOO_LARGE',
+    ],
+    [
+      'save: block ids truncated',
+      frame(0x09, str('e'), str('r'), u32(0), u32(3), u32(1)),
+      'KVT_PROTOCOL',
+    ],
+    [
+      'save: hashes truncated',
+      frame(0x09, str('e'), str('r'), u32(0), ids(1), u32(2), Buffer.alloc(40)),
+      'KVT_PROTOCOL',
+    ],
+    [
+      'save: skipChunks over the chunk count',
+      frame(0x09, str('e'), str('r'), u32(3), ids(1, 2), hashes(2)),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'load: empty lookupId',
+      frame(0x0a, str('e'), str('r'), str(''), u32(0), i32(-1), ids(), hashes(0)),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'load: stateSlot -2',
+      frame(0x0a, str('e'), str('r'), str('l'), u32(0), i32(-2), ids(), hashes(0)),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'load: too many chunks',
+      frame(
+        0x0a,
+        str('e'),
+        str('r'),
+        str('l'),
+        u32(0),
+        i32(-1),
+        ids(),
+        u32(DATA_PLANE_LIMITS.maxChunksPerMessage + 1),
+      ),
+      'KVT_TOO_LARGE',
+    ],
+    ['hold: empty lookupId', frame(0x0b, str('e'), str('r'), str('')), 'KVT_INVALID_ARGUMENT'],
+    [
+      'hold: lookupId over 256 bytes',
+      frame(0x0b, str('e'), str('r'), str('l'.repeat(257))),
+      'KVT_TOO_LARGE',
+    ],
+    ['request finished: kind 3', frame(0x0c, str('e'), str('r'), [3]), 'KVT_INVALID_ARGUMENT'],
+    ['request finished: no kind', frame(0x0c, str('e'), str('r')), 'KVT_PROTOCOL'],
+    ['heartbeat: empty engineId', frame(0x0d, str('')), 'KVT_INVALID_ARGUMENT'],
+    ['heartbeat: trailing bytes', frame(0x0d, str('e'), [0]), 'KVT_PROTOCOL'],
+    ['unknown request type 0x0e', frame(0x0e), 'KVT_PROTOCOL'],
+  ];
+  for (const [label, bytes, code] of cases) {
+    it(`${label} → ${code}`, () => throwsCode(() => decodeRequest(bytes), code, label));
+  }
+
+  it('accepts the limits themselves (decoding the largest SAVE the limits allow)', () => {
+    const nb = DATA_PLANE_LIMITS.maxBlocksPerMessage;
+    const nc = DATA_PLANE_LIMITS.maxChunksPerMessage;
+    const bytes = frame(
+      0x09,
+      str('e'),
+      str('r'),
+      u32(0),
+      u32(nb),
+      Buffer.alloc(4 * nb),
+      hashes(nc),
+    );
+    const req = decodeRequest(bytes) as SaveRequestMessage;
+    assert.equal(req.blockIds.length, nb);
+    assert.equal(req.chunkHashes.length, 32 * nc);
+  });
+
+  it('reads an unknown reply type as an error, and a reply flag other than 1 as false', () => {
+    throwsCode(() => decodeReply(frame(0x8e)), 'KVT_PROTOCOL', 'reply type 0x8e');
+    assert.deepEqual(decodeReply(frame(0x8d, [7])), {
+      type: 'heartbeat-result',
+      requestId: 5,
+      known: false,
+    });
+  });
+});
+
+describe('data-plane codec: encode validation', () => {
+  const cases: [string, Request, KvtierErrorCode][] = [
+    ['empty engineId', save({ engineId: '' }), 'KVT_INVALID_ARGUMENT'],
+    ['requestId over 256 bytes', save({ engineRequestId: 'é'.repeat(129) }), 'KVT_TOO_LARGE'],
+    ['negative skipChunks', save({ skipChunks: -1 }), 'KVT_INVALID_ARGUMENT'],
+    [
+      'hash bytes not a multiple of 32',
+      save({ chunkHashes: Buffer.alloc(33) }),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'too many block ids',
+      save({ blockIds: new Uint32Array(DATA_PLANE_LIMITS.maxBlocksPerMessage + 1) }),
+      'KVT_TOO_LARGE',
+    ],
+    [
+      'too many chunks',
+      save({ chunkHashes: Buffer.alloc(32 * (DATA_PLANE_LIMITS.maxChunksPerMessage + 1)) }),
+      'KVT_TOO_LARGE',
+    ],
+    ['empty lookupId', load({ lookupId: '' }), 'KVT_INVALID_ARGUMENT'],
+    ['stateSlot -2', load({ stateSlot: -2 }), 'KVT_INVALID_ARGUMENT'],
+    ['stateSlot 2^31', load({ stateSlot: 2 ** 31 }), 'KVT_INVALID_ARGUMENT'],
+    ['deadline over u32', load({ deadlineMs: 2 ** 32 }), 'KVT_INVALID_ARGUMENT'],
+    ['fractional deadline', load({ deadlineMs: 1.5 }), 'KVT_INVALID_ARGUMENT'],
+    [
+      'unknown end kind',
+      {
+        type: 'request-finished',
+        requestId: 1,
+        engineId: 'e',
+        engineRequestId: 'r',
+        kind: 'evicted' as 'finished',
+      },
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'registration not an object',
+      { type: 'register', requestId: 1, registration: null as unknown as Record<string, unknown> },
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'registration over 1 MiB',
+      {
+        type: 'register',
+        requestId: 1,
+        registration: { modelId: 'x'.repeat(DATA_PLANE_LIMITS.maxRegistrationBytes) },
+      },
+      'KVT_TOO_LARGE',
+    ],
+    [
+      'empty heartbeat engineId',
+      { type: 'heartbeat', requestId: 1, engineId: '' },
+      'KVT_INVALID_ARGUMENT',
+    ],
+  ];
+  for (const [label, req, code] of cases) {
+    it(`${label} → ${code}`, () => throwsCode(() => encodeRequest(req), code, label));
+  }
+});
