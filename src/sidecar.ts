@@ -6,6 +6,7 @@ import { LookupServer } from './lookup-server/lookup-server.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
 import { instrumentBackend } from './metrics/instrumented-backend.ts';
 import { KvtierMetrics } from './metrics/metrics.ts';
+import { createNativeCopyEngine } from './native/copy-engine.ts';
 import { StorageManager } from './storage-manager/storage-manager.ts';
 import { createLogger, type Logger } from './util/log.ts';
 
@@ -74,9 +75,14 @@ export class Sidecar {
       metrics,
       log: log.child('storage'),
     });
+    // The addon maps the engine's KV file and copies on worker threads; without a build, the
+    // data plane still works through positional file I/O.
+    const native = createNativeCopyEngine();
+    if (native.engine === null)
+      log.warn('native addon unavailable; data plane uses file I/O', { reason: native.reason });
     const dataPlane = new DataPlane({
       storage,
-      copyEngine: createFsCopyEngine(),
+      copyEngine: native.engine ?? createFsCopyEngine(),
       log: log.child('data-plane'),
     });
     const server = new LookupServer({
