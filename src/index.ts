@@ -61,7 +61,6 @@ export { KvtierWorkerConnector } from './connector/worker-connector.ts';
 // Data plane and the engine-facing connector
 export {
   type CopyEngine,
-  createFsCopyEngine,
   DataPlane,
   type DataPlaneOptions,
   LOAD_STATE,
@@ -71,6 +70,7 @@ export {
   type DataPlaneClientOptions,
   type RegisteredEngine,
 } from './data-plane/data-plane-client.ts';
+export { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 export {
   type KvLayout,
   type KvRegistration,

@@ -1,7 +1,8 @@
 import { BackendRegistry } from './backends/registry.ts';
 import type { StorageBackend } from './backends/types.ts';
 import type { KvtierConfig } from './config/config.ts';
-import { createFsCopyEngine, DataPlane } from './data-plane/data-plane.ts';
+import { DataPlane } from './data-plane/data-plane.ts';
+import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 import { LookupServer } from './lookup-server/lookup-server.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
 import { instrumentBackend } from './metrics/instrumented-backend.ts';

@@ -8,11 +8,11 @@ import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
 import { MemoryBackend } from '../../src/backends/memory.ts';
 import {
   type CopyEngine,
-  createFsCopyEngine,
   DataPlane,
   type DataPlaneOptions,
   LOAD_STATE,
 } from '../../src/data-plane/data-plane.ts';
+import { createFsCopyEngine } from '../../src/data-plane/fs-copy-engine.ts';
 import type { KvRegistration } from '../../src/data-plane/kv-layout.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { StorageManager } from '../../src/storage-manager/storage-manager.ts';
