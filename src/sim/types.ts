@@ -1,0 +1,117 @@
+/**
+ * Shared types of the engine simulator: the workloads produce `SimRequest`s, the engine
+ * (`runSimulation`) schedules them as vLLM's v1 scheduler would against a real kvtier sidecar and
+ * produces a `SimReport`, which the CLI prints, sweeps and charts.
+ */
+
+/** One request of a workload. */
+export interface SimRequest {
+  /** Unique id within the run. */
+  id: string;
+  /** Arrival time in ms from the start of the run (already time-scaled). */
+  arrivalMs: number;
+  /** Prompt token ids (u32). Equal prefixes give equal chunk hashes. */
+  promptTokens: Uint32Array;
+  /** Tokens to generate after the prompt (decode steps). */
+  outputTokens: number;
+  /** Free-form tag for reports, e.g. the user or document id. */
+  group?: string;
+}
+
+/** A workload: a name and its requests in arrival order. */
+export interface Workload {
+  name: string;
+  requests: SimRequest[];
+}
+
+/** Model and engine shape of a run (defaults follow a small Llama-like model). */
+export interface SimModel {
+  /** Layers; default 4 (small so a run moves little memory). */
+  numLayers: number;
+  /** KV heads; default 2. */
+  numKvHeads: number;
+  /** Head dim; default 16. */
+  headDim: number;
+  /** Tokens per engine block; default 16. */
+  blockSize: number;
+  /** Tokens per stored chunk; default 256. */
+  chunkSize: number;
+}
+
+/** What the engine can do per step, and how fast compute is modeled. */
+export interface SimEngineOptions {
+  /** GPU KV blocks (the engine's own prefix cache lives in them); default 4096. */
+  numGpuBlocks: number;
+  /** Token budget per step (prefill + decode); default 8192. */
+  maxTokensPerStep: number;
+  /** Most running requests; default 64. */
+  maxRunning: number;
+  /** Modeled prefill throughput for the TTFT model, tokens/s; default 20 000. */
+  prefillTokensPerSec: number;
+  /** What to do with blocks that failed to load. */
+  kvLoadFailurePolicy: 'recompute' | 'fail';
+  /** Lookup deadline in ms passed to the lookup client; default 2000. */
+  lookupTimeoutMs: number;
+}
+
+/** Tiers of the sidecar under test (the simulator starts it), as kvtier config tiers. */
+export interface SimTierConfig {
+  name: string;
+  type: string;
+  options: Record<string, unknown>;
+}
+
+/** Faults injected during a run. */
+export interface SimFaults {
+  /** Kill the Redis tier at this step and restart it this many steps later. */
+  redisOutage?: { atStep: number; forSteps: number };
+  /** Restart the sidecar at this step (the disk tier must be recovered). */
+  sidecarRestartAtStep?: number;
+  /** Corrupt this many stored chunks on the lowest tier at this step. */
+  corruptChunks?: { atStep: number; count: number };
+  /** Force lookups to time out at this step (the deadline passes). */
+  lookupDeadlineAtStep?: number;
+  /** Evict the CPU tier between lookup and load at this step. */
+  evictBetweenLookupAndLoadAtStep?: number;
+}
+
+/** Tokens by where they came from. */
+export interface TokenSources {
+  /** Served by the engine's own GPU prefix cache. */
+  gpuPrefixCache: number;
+  /** Served by kvtier, by tier name (host memory, disk, remote...). */
+  byTier: Record<string, number>;
+  /** Recomputed by the engine. */
+  recomputed: number;
+}
+
+/** Everything a run measured. Times marked "modeled" are computed, not measured. */
+export interface SimReport {
+  workload: string;
+  requests: number;
+  finished: number;
+  failed: number;
+  promptTokens: number;
+  tokens: TokenSources;
+  /** Bytes kvtier moved per direction (measured from the data plane's replies). */
+  bytes: { saved: number; loaded: number };
+  /** Lookups that answered `null` at least once, and the steps requests waited on them. */
+  pendingLookups: { lookups: number; stepsWaited: number };
+  /** Blocks verified byte-exact against recomputation, and mismatches (must be 0). */
+  verifiedBlocks: number;
+  mismatchedBlocks: number;
+  /** Each mismatch: request, block and layer (first 20). */
+  mismatches: { requestId: string; block: number; layer: number }[];
+  /** Load failures by cause and how they were handled. */
+  failures: {
+    invalidBlocks: number;
+    recomputedAfterFailure: number;
+    failedRequests: number;
+    faultsInjected: string[];
+  };
+  /** Modeled time to first token (ms): prefill of recomputed tokens at the modeled rate plus measured load time. */
+  modeledTtftMs: { p50: number; p90: number; mean: number };
+  /** Wall time of the run (ms), measured. */
+  wallMs: number;
+  steps: number;
+}
