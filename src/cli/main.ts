@@ -7,6 +7,7 @@ import { hashChunks } from '../hashing/chunk-hasher.ts';
 import { LookupClient } from '../lookup-client/lookup-client.ts';
 import { KVTIER_VERSION, Sidecar } from '../sidecar.ts';
 import { runHashCommand } from './hash-command.ts';
+import { processSimulateIo, runSimulateCommand } from './simulate-command.ts';
 
 const USAGE = `kvtier ${KVTIER_VERSION} — KV-cache tiering sidecar
 
@@ -16,6 +17,7 @@ Usage:
   kvtier lookup --namespace ID [--tokens FILE] [--endpoint E] [--chunk-size N] [--salt S] [--partial]
   kvtier stats  [--endpoint E]
   kvtier ping   [--endpoint E]
+  kvtier simulate --workload multi-round|long-doc|trace [--sweep cpu=64M,256M,1G] [--chart FILE] ...
   kvtier version
 
 serve starts with no config at all: one LocalCPU tier sized for the machine, the lookup server on
@@ -38,6 +40,8 @@ export async function main(argv: string[]): Promise<number> {
           out: (l) => process.stdout.write(`${l}\n`),
           err: (l) => process.stderr.write(`${l}\n`),
         });
+      case 'simulate':
+        return await runSimulateCommand(rest, processSimulateIo());
       case 'lookup':
         return await lookup(rest);
       case 'stats':

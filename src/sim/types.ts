@@ -91,6 +91,8 @@ export interface SimReport {
   requests: number;
   finished: number;
   failed: number;
+  /** Requests aborted by the caller (the engine simulator sets it; optional for older producers). */
+  aborted?: number;
   promptTokens: number;
   tokens: TokenSources;
   /** Bytes kvtier moved per direction (measured from the data plane's replies). */

@@ -1,0 +1,174 @@
+import { formatBytes } from '../config/bytes.ts';
+import { KvtierError } from '../errors.ts';
+import { requireInt, requireString } from '../util/validate.ts';
+
+/**
+ * A dependency-free SVG line chart of hit rate against tier capacity, for capacity sweeps: one
+ * line per series, a labelled point per sweep value, axes with units, a title and a legend.
+ */
+
+/** One line of the chart. */
+export interface ChartSeries {
+  /** Legend text, e.g. "kvtier". */
+  name: string;
+  /** Hit rates in [0, 1], one per capacity, in the order of `capacitiesBytes`. */
+  values: readonly number[];
+}
+
+/** Options of {@link renderHitRateChart}. */
+export interface HitRateChartOptions {
+  /** Chart title. */
+  title: string;
+  /** What was swept, e.g. "CPU tier capacity"; the axis label adds the unit. */
+  xLabel: string;
+  /** The swept capacities in bytes (> 0 for a log axis), one per point. */
+  capacitiesBytes: readonly number[];
+  /** The lines; at least one. */
+  series: readonly ChartSeries[];
+  /** Image width in px; default 800. */
+  widthPx?: number;
+  /** Image height in px; default 480. */
+  heightPx?: number;
+}
+
+/** The defaults of {@link HitRateChartOptions}, in one place. */
+export const HIT_RATE_CHART_DEFAULTS = Object.freeze({ widthPx: 800, heightPx: 480 });
+
+const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd'];
+const MARGIN = { left: 80, right: 30, top: 72, bottom: 70 };
+
+/**
+ * Renders the chart as a standalone SVG document. Points are placed in capacity order on a
+ * logarithmic x axis (capacities are usually swept by factors), or a linear one when a capacity
+ * is 0; the y axis runs from 0% to 100% of prompt tokens.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` when there are no capacities or series, a capacity
+ *   is negative or not finite, or a series does not hold one finite value per capacity.
+ */
+export function renderHitRateChart(opts: HitRateChartOptions): string {
+  const title = requireString('title', opts.title);
+  const xLabel = requireString('xLabel', opts.xLabel);
+  const width = requireInt('widthPx', opts.widthPx ?? HIT_RATE_CHART_DEFAULTS.widthPx, 200, 10_000);
+  const height = requireInt(
+    'heightPx',
+    opts.heightPx ?? HIT_RATE_CHART_DEFAULTS.heightPx,
+    150,
+    10_000,
+  );
+  const caps = opts.capacitiesBytes;
+  if (caps.length === 0) invalid('capacitiesBytes must hold at least one capacity');
+  for (const [i, c] of caps.entries()) {
+    if (!Number.isFinite(c) || c < 0) {
+      invalid(`capacitiesBytes[${i}] must be a finite number >= 0, got ${c}`);
+    }
+  }
+  if (opts.series.length === 0) invalid('series must hold at least one series');
+  for (const s of opts.series) {
+    if (s.values.length !== caps.length || !s.values.every(Number.isFinite)) {
+      invalid(
+        `series "${s.name}" must hold one finite value per capacity (${caps.length}), got ${s.values.length}`,
+      );
+    }
+  }
+
+  const order = caps.map((_, i) => i).sort((a, b) => (caps[a] as number) - (caps[b] as number));
+  const log = caps.every((c) => c > 0);
+  const xs = caps.map((c) => (log ? Math.log2(c) : c));
+  const xMin = Math.min(...xs);
+  const xMax = Math.max(...xs);
+  const plotW = width - MARGIN.left - MARGIN.right;
+  const plotH = height - MARGIN.top - MARGIN.bottom;
+  // Points sit inside the axes so the first one does not hide on the y axis.
+  const inset = Math.min(40, plotW / 10);
+  const px = (i: number) =>
+    MARGIN.left +
+    (xMax === xMin
+      ? plotW / 2
+      : inset + (((xs[i] as number) - xMin) / (xMax - xMin)) * (plotW - 2 * inset));
+  const py = (v: number) => MARGIN.top + (1 - Math.min(1, Math.max(0, v))) * plotH;
+  const bottom = MARGIN.top + plotH;
+  const right = MARGIN.left + plotW;
+
+  const out: string[] = [
+    `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`,
+    `<rect x="0" y="0" width="${width}" height="${height}" fill="#ffffff"/>`,
+    `<text x="${width / 2}" y="28" text-anchor="middle" font-size="16" font-weight="bold">${esc(title)}</text>`,
+  ];
+  // Horizontal grid and y ticks every 20%.
+  for (let pctTick = 0; pctTick <= 100; pctTick += 20) {
+    const y = fmt(py(pctTick / 100));
+    out.push(
+      `<line x1="${MARGIN.left}" y1="${y}" x2="${right}" y2="${y}" stroke="#dddddd"/>`,
+      `<text x="${MARGIN.left - 8}" y="${y}" text-anchor="end" dominant-baseline="middle">${pctTick}%</text>`,
+    );
+  }
+  // One x tick per swept capacity.
+  for (const i of order) {
+    const x = fmt(px(i));
+    out.push(
+      `<line x1="${x}" y1="${bottom}" x2="${x}" y2="${bottom + 5}" stroke="#333333"/>`,
+      `<text x="${x}" y="${bottom + 20}" text-anchor="middle">${esc(formatCapacity(caps[i] as number))}</text>`,
+    );
+  }
+  out.push(
+    `<line x1="${MARGIN.left}" y1="${bottom}" x2="${right}" y2="${bottom}" stroke="#333333"/>`,
+    `<line x1="${MARGIN.left}" y1="${MARGIN.top}" x2="${MARGIN.left}" y2="${bottom}" stroke="#333333"/>`,
+    `<text x="${MARGIN.left + plotW / 2}" y="${height - 20}" text-anchor="middle">${esc(`${xLabel} (bytes${log ? ', log scale' : ''})`)}</text>`,
+    `<text x="20" y="${MARGIN.top + plotH / 2}" text-anchor="middle" transform="rotate(-90 20 ${MARGIN.top + plotH / 2})">hit rate (% of prompt tokens)</text>`,
+  );
+  for (const [k, s] of opts.series.entries()) {
+    const color = COLORS[k % COLORS.length] as string;
+    const pts = order.map((i) => `${fmt(px(i))},${fmt(py(s.values[i] as number))}`);
+    out.push(
+      `<polyline fill="none" stroke="${color}" stroke-width="2" points="${pts.join(' ')}"><title>${esc(s.name)}</title></polyline>`,
+    );
+    for (const i of order) {
+      const v = s.values[i] as number;
+      const x = fmt(px(i));
+      const y = fmt(py(v));
+      const label = `${(v * 100).toFixed(1)}%`;
+      out.push(
+        `<circle cx="${x}" cy="${y}" r="4" fill="${color}"><title>${esc(`${s.name}: ${label} at ${formatCapacity(caps[i] as number)}`)}</title></circle>`,
+        `<text x="${x}" y="${fmt(py(v) - 9)}" text-anchor="middle" fill="${color}">${label}</text>`,
+      );
+    }
+    // Legend in one row under the title, above the 100% line.
+    const lx = MARGIN.left + k * 220;
+    out.push(
+      `<line x1="${lx}" y1="46" x2="${lx + 20}" y2="46" stroke="${color}" stroke-width="2"/>`,
+      `<text x="${lx + 26}" y="46" dominant-baseline="middle">${esc(s.name)}</text>`,
+    );
+  }
+  out.push('</svg>');
+  return `${out.join('\n')}\n`;
+}
+
+/**
+ * Formats a capacity the way an operator typed it: binary units (e.g. "256 MiB") when it is a
+ * whole number of them, else decimal units (e.g. "64 MB") when it is a round decimal size, else
+ * binary units with one decimal.
+ */
+export function formatCapacity(bytes: number): string {
+  const binary = formatBytes(bytes);
+  if (/^\d+ /.test(binary)) return binary;
+  for (const [unit, size] of [
+    ['TB', 1e12],
+    ['GB', 1e9],
+    ['MB', 1e6],
+    ['kB', 1e3],
+  ] as const) {
+    if (bytes >= size && Number.isInteger((bytes * 10) / size)) return `${bytes / size} ${unit}`;
+  }
+  return binary;
+}
+
+function invalid(msg: string): never {
+  throw new KvtierError('KVT_INVALID_ARGUMENT', msg);
+}
+
+function fmt(n: number): string {
+  return String(Math.round(n * 10) / 10);
+}
+
+function esc(s: string): string {
+  return s.replace(/[&<>"']/g, (c) => `&#${c.charCodeAt(0)};`);
+}

@@ -1,0 +1,329 @@
+import { closeSync, ftruncateSync, openSync, readSync, writeSync } from 'node:fs';
+import {
+  type DataPlaneCallOptions,
+  DataPlaneClient,
+  type DataPlaneClientOptions,
+} from '../data-plane/data-plane-client.ts';
+import type { KvRegistration } from '../data-plane/kv-layout.ts';
+import { abortedError, KvtierError } from '../errors.ts';
+import {
+  type HashesInput,
+  type LookupAnswer,
+  type LookupCallOptions,
+  LookupClient,
+  type LookupClientOptions,
+} from '../lookup-client/lookup-client.ts';
+import type { TierTokens } from '../protocol/messages.ts';
+
+/**
+ * The simulator's I/O pieces: a wake-up signal for the step loop (so an idle engine waits for
+ * an event instead of spinning), the real kvtier clients with a thin recording layer (tier
+ * breakdown of lookups, bytes and wall time of transfers), and the host-device KV file.
+ */
+
+/**
+ * A counter the step loop waits on: every settled lookup or transfer bumps it. A waiter that
+ * read `seen` before doing its work returns at once if anything happened since.
+ */
+export class Activity {
+  #count = 0;
+  #waiters = new Set<() => void>();
+
+  /** Events so far. */
+  get count(): number {
+    return this.#count;
+  }
+
+  /** Records an event and wakes every waiter. */
+  bump(): void {
+    this.#count++;
+    const w = this.#waiters;
+    this.#waiters = new Set();
+    for (const wake of w) wake();
+  }
+
+  /**
+   * Resolves when the count moves past `seen`, after `timeoutMs` (when given), or rejects with
+   * `KVT_ABORTED` when `signal` aborts. Timers and listeners are removed on the way out.
+   */
+  async wait(seen: number, opts: { timeoutMs?: number; signal?: AbortSignal } = {}): Promise<void> {
+    if (this.#count !== seen) return;
+    const { signal } = opts;
+    if (signal?.aborted) throw abortedError(signal, 'simulation');
+    let timer: NodeJS.Timeout | undefined;
+    let wake!: () => void;
+    let onAbort: (() => void) | undefined;
+    try {
+      await new Promise<void>((resolve, reject) => {
+        wake = resolve;
+        this.#waiters.add(wake);
+        if (opts.timeoutMs !== undefined)
+          timer = setTimeout(resolve, Math.max(0, Math.ceil(opts.timeoutMs)));
+        if (signal !== undefined) {
+          onAbort = () => reject(abortedError(signal, 'simulation'));
+          signal.addEventListener('abort', onAbort, { once: true });
+        }
+      });
+    } finally {
+      this.#waiters.delete(wake);
+      if (timer !== undefined) clearTimeout(timer);
+      if (onAbort !== undefined) signal?.removeEventListener('abort', onAbort);
+    }
+  }
+}
+
+interface LookupRecord {
+  deadline: number;
+  settled: boolean;
+}
+
+/** Options of {@link SimLookupClient}: a `LookupClient`'s, plus the wake-up signal. */
+export interface SimLookupClientOptions extends LookupClientOptions {
+  activity: Activity;
+}
+
+/**
+ * A real `LookupClient` that also keeps each answer's tier breakdown (the non-blocking `lookup`
+ * the connector calls returns only the hit tokens), counts lookups whose deadline passed before
+ * the answer arrived, and bumps the step loop's activity when an answer arrives.
+ */
+export class SimLookupClient extends LookupClient {
+  readonly #activity: Activity;
+  readonly #now: () => number;
+  readonly #timeoutMs: number;
+  readonly #records = new Map<string, LookupRecord>();
+  /** Tier breakdown of each answered lookup, by lookup id (in tier order: contiguous chunks). */
+  readonly tiersByLookup = new Map<string, TierTokens[]>();
+  /** Lookups that returned 0 because their deadline passed first. */
+  timedOut = 0;
+
+  constructor(opts: SimLookupClientOptions) {
+    super(opts);
+    this.#activity = opts.activity;
+    this.#now = opts.now ?? Date.now;
+    this.#timeoutMs = opts.lookupTimeoutMs ?? 2000;
+  }
+
+  /** Lookups sent and not answered yet. */
+  get pendingLookups(): number {
+    let n = 0;
+    for (const r of this.#records.values()) if (!r.settled) n++;
+    return n;
+  }
+
+  /** Earliest deadline (on this client's clock) of a lookup still waiting, or undefined. */
+  nextDeadline(): number | undefined {
+    let min: number | undefined;
+    for (const r of this.#records.values())
+      if (!r.settled && (min === undefined || r.deadline < min)) min = r.deadline;
+    return min;
+  }
+
+  /** The client's clock (ms), as deadlines are measured. */
+  clock(): number {
+    return this.#now();
+  }
+
+  override lookup(
+    lookupId: string,
+    hashes: HashesInput,
+    tokenCounts: ArrayLike<number>,
+    opts: LookupCallOptions = {},
+  ): number | null {
+    const answer = super.lookup(lookupId, hashes, tokenCounts, opts);
+    if (answer !== null) {
+      const rec = this.#records.get(lookupId);
+      if (rec !== undefined && !rec.settled) this.timedOut++;
+      this.#records.delete(lookupId);
+    }
+    return answer;
+  }
+
+  override forget(lookupId: string): void {
+    this.#records.delete(lookupId);
+    super.forget(lookupId);
+  }
+
+  override lookupAsync(
+    lookupId: string,
+    hashes: HashesInput,
+    tokenCounts: ArrayLike<number>,
+    opts: LookupCallOptions & { signal?: AbortSignal; timeoutMs?: number } = {},
+  ): Promise<LookupAnswer> {
+    const rec: LookupRecord = { deadline: this.#now() + this.#timeoutMs, settled: false };
+    this.#records.set(lookupId, rec);
+    const settle = () => {
+      rec.settled = true;
+      this.#activity.bump();
+    };
+    return super.lookupAsync(lookupId, hashes, tokenCounts, opts).then(
+      (a) => {
+        if (a.status === 'ok' && a.hitTokens > 0) this.tiersByLookup.set(lookupId, a.tiers);
+        settle();
+        return a;
+      },
+      (err: unknown) => {
+        settle();
+        throw err;
+      },
+    );
+  }
+}
+
+/** Options of {@link SimDataPlaneClient}: a `DataPlaneClient`'s, plus what it reports into. */
+export interface SimDataPlaneClientOptions extends DataPlaneClientOptions {
+  activity: Activity;
+  /** Payload bytes of one full chunk, to turn chunk counts into bytes. */
+  chunkBytes: number;
+  /** Payload bytes of one token (all layers, K and V). */
+  tokenBytes: number;
+}
+
+/**
+ * A real `DataPlaneClient` that measures what moved: bytes saved and loaded (from the replies),
+ * each request's load wall time, and bumps the step loop's activity when a transfer settles.
+ */
+export class SimDataPlaneClient extends DataPlaneClient {
+  readonly #activity: Activity;
+  readonly #chunkBytes: number;
+  readonly #tokenBytes: number;
+  bytesSaved = 0;
+  bytesLoaded = 0;
+  /** Saves and loads sent and not settled. */
+  inFlight = 0;
+  /** Measured wall time of loads, ms, by engine request id (summed over its loads). */
+  readonly loadMsByRequest = new Map<string, number>();
+
+  constructor(opts: SimDataPlaneClientOptions) {
+    super(opts);
+    this.#activity = opts.activity;
+    this.#chunkBytes = opts.chunkBytes;
+    this.#tokenBytes = opts.tokenBytes;
+  }
+
+  override async save(
+    a: Parameters<DataPlaneClient['save']>[0],
+    opts: DataPlaneCallOptions = {},
+  ): Promise<{ saved: number; skipped: number; dropped: number }> {
+    this.inFlight++;
+    try {
+      const r = await super.save(a, opts);
+      this.bytesSaved += r.saved * this.#chunkBytes;
+      return r;
+    } finally {
+      this.inFlight--;
+      this.#activity.bump();
+    }
+  }
+
+  override async load(
+    a: Parameters<DataPlaneClient['load']>[0],
+    opts: DataPlaneCallOptions = {},
+  ): Promise<{ loadedTokens: number; invalidBlockIds: number[] }> {
+    const t0 = performance.now();
+    this.inFlight++;
+    try {
+      const r = await super.load(a, opts);
+      this.bytesLoaded += r.loadedTokens * this.#tokenBytes;
+      return r;
+    } finally {
+      this.inFlight--;
+      const ms = performance.now() - t0;
+      this.loadMsByRequest.set(a.requestId, (this.loadMsByRequest.get(a.requestId) ?? 0) + ms);
+      this.#activity.bump();
+    }
+  }
+}
+
+/** Shape of the host-device KV file. */
+export interface KvFileShape {
+  numBlocks: number;
+  numLayers: number;
+  blockSize: number;
+  bytesPerTokenPerLayer: number;
+}
+
+/**
+ * The engine's KV cache on the host device: one file, regions in registration order (layer 0 K,
+ * layer 0 V, layer 1 K, ...), each `numBlocks` blocks of `blockSize * bytesPerTokenPerLayer`
+ * bytes with no padding. The engine writes and reads it with positional I/O; the sidecar maps
+ * the same file.
+ */
+export class KvFile {
+  readonly path: string;
+  readonly shape: Readonly<KvFileShape>;
+  readonly blockBytes: number;
+  readonly regionBytes: number;
+  #fd: number | undefined;
+
+  /** Creates (or truncates) the file at its full size. */
+  constructor(path: string, shape: KvFileShape) {
+    this.path = path;
+    this.shape = { ...shape };
+    this.blockBytes = shape.blockSize * shape.bytesPerTokenPerLayer;
+    this.regionBytes = shape.numBlocks * this.blockBytes;
+    this.#fd = openSync(path, 'w+');
+    ftruncateSync(this.#fd, 2 * shape.numLayers * this.regionBytes);
+  }
+
+  /** The registration of this file for `DataPlaneClient.register`. */
+  registration(a: {
+    engineId: string;
+    modelId: string;
+    numKvHeads: number;
+    headDim: number;
+    chunkSize: number;
+  }): KvRegistration {
+    return {
+      engineId: a.engineId,
+      device: 'host',
+      modelId: a.modelId,
+      dtype: 'bf16',
+      numKvHeads: a.numKvHeads,
+      headDim: a.headDim,
+      tpSize: 1,
+      tpRank: 0,
+      mla: false,
+      numBlocks: this.shape.numBlocks,
+      blockSize: this.shape.blockSize,
+      blockStrideBytes: this.blockBytes,
+      bytesPerTokenPerLayer: this.shape.bytesPerTokenPerLayer,
+      chunkSize: a.chunkSize,
+      layers: Array.from({ length: this.shape.numLayers }, (_, l) => ({
+        k: { path: this.path, offsetBytes: 2 * l * this.regionBytes },
+        v: { path: this.path, offsetBytes: (2 * l + 1) * this.regionBytes },
+      })),
+    };
+  }
+
+  /** Writes the bytes of tokens starting at `tokenInBlock` of block `blockId`, region `region`. */
+  write(blockId: number, region: number, tokenInBlock: number, bytes: Uint8Array): void {
+    writeSync(this.#open(), bytes, 0, bytes.length, this.#at(blockId, region, tokenInBlock));
+  }
+
+  /** Reads block `blockId` of region `region` into `out` (`blockBytes` bytes). */
+  read(blockId: number, region: number, out: Uint8Array): void {
+    const n = readSync(this.#open(), out, 0, this.blockBytes, this.#at(blockId, region, 0));
+    if (n !== this.blockBytes)
+      throw new KvtierError('KVT_INTERNAL', `short read of block ${blockId}: ${n} bytes`);
+  }
+
+  /** Closes the file (it stays on disk). Idempotent. */
+  close(): void {
+    if (this.#fd !== undefined) closeSync(this.#fd);
+    this.#fd = undefined;
+  }
+
+  #at(blockId: number, region: number, tokenInBlock: number): number {
+    return (
+      region * this.regionBytes +
+      blockId * this.blockBytes +
+      tokenInBlock * this.shape.bytesPerTokenPerLayer
+    );
+  }
+
+  #open(): number {
+    if (this.#fd === undefined) throw new KvtierError('KVT_CLOSED', 'KV file is closed');
+    return this.#fd;
+  }
+}
