@@ -7,6 +7,7 @@ import {
   type ResolvedHostArenaOptions,
   resolveHostArenaOptions,
 } from './host-arena.ts';
+import { countPrefixHits, pinPresent } from './index-ops.ts';
 import { RecencyList, type RecencyNode } from './recency-list.ts';
 import type {
   BackendCapabilities,
@@ -130,15 +131,15 @@ export class LocalCpuBackend implements StorageBackend {
     opts: ContainsOptions = {},
   ): Promise<number> {
     this.#open(opts.signal, 'contains');
-    const hits: Entry[] = [];
-    for (const hash of hashes) {
-      const e = this.#lookup(ns, hash);
-      if (e === undefined) break;
-      this.#touch(e);
-      hits.push(e);
-    }
-    if (opts.pin === true) for (const e of hits) this.#pinEntry(e);
-    return hits.length;
+    return countPrefixHits(
+      hashes,
+      (h) => {
+        const e = this.#lookup(ns, h);
+        if (e !== undefined) this.#touch(e);
+        return e;
+      },
+      opts.pin === true ? (e) => this.#pinEntry(e) : undefined,
+    );
   }
 
   async batchedGet(
@@ -235,14 +236,11 @@ export class LocalCpuBackend implements StorageBackend {
 
   pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
     this.#open(undefined, 'pin');
-    let pinned = 0;
-    for (const hash of hashes) {
-      const e = this.#lookup(ns, hash);
-      if (e === undefined) continue;
-      this.#pinEntry(e);
-      pinned++;
-    }
-    return pinned;
+    return pinPresent(
+      hashes,
+      (h) => this.#lookup(ns, h),
+      (e) => this.#pinEntry(e),
+    );
   }
 
   unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {

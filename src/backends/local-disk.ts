@@ -20,6 +20,7 @@ import {
   withDeadline,
   writeChunkFileAtomic,
 } from './file-store.ts';
+import { countPrefixHits, pinPresent } from './index-ops.ts';
 import { checkChunk } from './local-cpu.ts';
 import type {
   BackendCapabilities,
@@ -225,15 +226,15 @@ export class LocalDiskBackend implements StorageBackend {
     opts: ContainsOptions = {},
   ): Promise<number> {
     this.#open(opts.signal, 'contains');
-    const hits: Entry[] = [];
-    for (const hash of hashes) {
-      const e = this.#index.get(keyOf(ns, hash));
-      if (e === undefined) break;
-      this.#touch(e);
-      hits.push(e);
-    }
-    if (opts.pin === true) for (const e of hits) this.#pinEntry(e);
-    return hits.length;
+    return countPrefixHits(
+      hashes,
+      (h) => {
+        const e = this.#index.get(keyOf(ns, h));
+        if (e !== undefined) this.#touch(e);
+        return e;
+      },
+      opts.pin === true ? (e) => this.#pinEntry(e) : undefined,
+    );
   }
 
   async batchedGet(
@@ -317,14 +318,11 @@ export class LocalDiskBackend implements StorageBackend {
 
   pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
     this.#open(undefined, 'pin');
-    let pinned = 0;
-    for (const hash of hashes) {
-      const e = this.#index.get(keyOf(ns, hash));
-      if (e === undefined) continue;
-      this.#pinEntry(e);
-      pinned++;
-    }
-    return pinned;
+    return pinPresent(
+      hashes,
+      (h) => this.#index.get(keyOf(ns, h)),
+      (e) => this.#pinEntry(e),
+    );
   }
 
   unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {

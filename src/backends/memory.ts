@@ -2,6 +2,7 @@ import { abortedError, closedError } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';
 import { optionsFromConfig } from './config-options.ts';
 import { MAX_SLAB_BYTES } from './host-arena.ts';
+import { countPrefixHits, pinPresent } from './index-ops.ts';
 import { checkChunk } from './local-cpu.ts';
 import type {
   BackendCapabilities,
@@ -101,14 +102,11 @@ export class MemoryBackend implements StorageBackend {
     opts: ContainsOptions = {},
   ): Promise<number> {
     this.#open(opts.signal, 'contains');
-    const hits: Entry[] = [];
-    for (const hash of hashes) {
-      const e = this.#touch(ns, hash);
-      if (e === undefined) break;
-      hits.push(e);
-    }
-    if (opts.pin === true) for (const e of hits) this.#pinEntry(e);
-    return hits.length;
+    return countPrefixHits(
+      hashes,
+      (h) => this.#touch(ns, h),
+      opts.pin === true ? (e) => this.#pinEntry(e) : undefined,
+    );
   }
 
   async batchedGet(
@@ -166,14 +164,11 @@ export class MemoryBackend implements StorageBackend {
 
   pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
     this.#open(undefined, 'pin');
-    let pinned = 0;
-    for (const hash of hashes) {
-      const e = this.#entries.get(keyOf(ns, hash));
-      if (e === undefined) continue;
-      this.#pinEntry(e);
-      pinned++;
-    }
-    return pinned;
+    return pinPresent(
+      hashes,
+      (h) => this.#entries.get(keyOf(ns, h)),
+      (e) => this.#pinEntry(e),
+    );
   }
 
   unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
