@@ -43,15 +43,33 @@ export interface NamespaceSpec {
   mla: boolean;
   /** Version of the in-page KV layout, an integer >= 1. */
   layoutVersion: number;
+  /**
+   * Pipeline-parallel world size, 1..1024; default 1 (no pipeline parallelism, and the id is the
+   * same as for a spec without the pp fields). When > 1, `numLayers` is this stage's layer count.
+   */
+  ppSize?: number;
+  /** This pipeline stage in [0, ppSize); default 0. Enters the id only when `ppSize` > 1. */
+  ppRank?: number;
+  /**
+   * Index in the model of this stage's first layer, an integer >= 0; default 0, and must be 0 when
+   * `ppSize` is 1. Enters the id only when `ppSize` > 1.
+   */
+  ppFirstLayer?: number;
 }
 
 /** A derived namespace. */
 export interface Namespace {
   /** 32 lowercase hex digits: the first 16 bytes of SHA-256 of the canonical encoding. */
   id: string;
-  /** Human-readable summary for logs and metrics, e.g. `llama-3-8b/bfloat16/L32/H8x128/B16/tp2r0/v1`. */
+  /**
+   * Human-readable summary for logs and metrics, e.g. `llama-3-8b/bfloat16/L32/H8x128/B16/tp2r0/v1`,
+   * or with pipeline parallelism `.../tp2r0/pp4r1@L8/v1` (stage 1 of 4, first layer 8).
+   */
   label: string;
-  /** The validated spec with `dtype` in canonical spelling (frozen). */
+  /**
+   * The validated spec with `dtype` in canonical spelling and `ppSize`, `ppRank`, `ppFirstLayer`
+   * filled in with their defaults (frozen).
+   */
   spec: Readonly<NamespaceSpec>;
 }
 
@@ -107,6 +125,10 @@ const NAMESPACE_ID = /^[0-9a-f]{32}$/;
 const CONTROL = /[\u0000-\u001f\u007f]/;
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 const MAX_DIM = 1 << 20;
+const MAX_LAYERS = 100_000;
+
+/** Largest accepted pipeline-parallel world size. */
+export const MAX_PP_SIZE = 1024;
 
 /**
  * Maps a dtype spelling to its canonical name. Case-insensitive; a `torch.` prefix is accepted.
@@ -140,7 +162,7 @@ export function normalizeNamespaceSpec(spec: NamespaceSpec): Readonly<NamespaceS
   }
   const modelId = requireModelId(spec.modelId);
   const dtype = normalizeDtype(spec.dtype, 'namespace.dtype');
-  const numLayers = requireInt('namespace.numLayers', spec.numLayers, 1, 100_000);
+  const numLayers = requireInt('namespace.numLayers', spec.numLayers, 1, MAX_LAYERS);
   const numKvHeads = requireInt('namespace.numKvHeads', spec.numKvHeads, 1, MAX_DIM);
   const headDim = requireInt('namespace.headDim', spec.headDim, 1, MAX_DIM);
   const blockSize = requireInt('namespace.blockSize', spec.blockSize, 1, MAX_DIM);
@@ -148,6 +170,15 @@ export function normalizeNamespaceSpec(spec: NamespaceSpec): Readonly<NamespaceS
   const tpSize = requireInt('namespace.tpSize', spec.tpSize, 1, 65_536);
   const tpRank = requireInt('namespace.tpRank', spec.tpRank, 0, tpSize - 1);
   const layoutVersion = requireInt('namespace.layoutVersion', spec.layoutVersion, 1, 65_535);
+  const ppSize = requireInt('namespace.ppSize', spec.ppSize ?? 1, 1, MAX_PP_SIZE);
+  const ppRank = requireInt('namespace.ppRank', spec.ppRank ?? 0, 0, ppSize - 1);
+  const ppFirstLayer = requireInt('namespace.ppFirstLayer', spec.ppFirstLayer ?? 0, 0, MAX_LAYERS);
+  if (ppSize === 1 && ppFirstLayer !== 0) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `namespace.ppFirstLayer must be 0 when namespace.ppSize is 1 (the only stage starts at layer 0), got ${ppFirstLayer}`,
+    );
+  }
   if (!mla && numKvHeads % tpSize !== 0 && tpSize % numKvHeads !== 0) {
     throw new KvtierError(
       'KVT_INVALID_ARGUMENT',
@@ -165,6 +196,9 @@ export function normalizeNamespaceSpec(spec: NamespaceSpec): Readonly<NamespaceS
     tpRank,
     mla,
     layoutVersion,
+    ppSize,
+    ppRank,
+    ppFirstLayer,
   });
 }
 
@@ -188,7 +222,8 @@ function requireModelId(value: unknown): string {
  * The canonical encoding the id is the hash of: UTF-8 lines, each ending in `\n`, in this order:
  * the tag, then `model_id`, `dtype`, `num_layers`, `num_kv_heads`, `head_dim`, `block_size`,
  * `mla` (0|1), `tp_size`, `tp_rank` (both `*` when MLA), `layout_version`, as `key=value` with
- * decimal integers. Exposed so other implementations can compare bytes.
+ * decimal integers; when `ppSize` > 1, three more lines follow: `pp_size`, `pp_rank`,
+ * `pp_first_layer` (kept with MLA too). Exposed so other implementations can compare bytes.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
  */
 export function canonicalNamespaceEncoding(spec: NamespaceSpec): string {
@@ -210,12 +245,16 @@ function encode(s: Readonly<NamespaceSpec>): string {
     `tp_rank=${s.mla ? '*' : s.tpRank}`,
     `layout_version=${s.layoutVersion}`,
   ];
+  if ((s.ppSize ?? 1) > 1) {
+    lines.push(`pp_size=${s.ppSize}`, `pp_rank=${s.ppRank}`, `pp_first_layer=${s.ppFirstLayer}`);
+  }
   return `${lines.join('\n')}\n`;
 }
 
 /**
  * Derives the namespace of a spec. For MLA specs, `tpSize` and `tpRank` do not enter the id, so
- * every rank of an MLA model shares one namespace; otherwise each rank has its own.
+ * every rank of an MLA model shares one namespace; otherwise each rank has its own. Pipeline
+ * stages (`ppSize` > 1) always have their own namespaces, MLA or not.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
  */
 export function deriveNamespace(spec: NamespaceSpec): Namespace {
@@ -225,7 +264,8 @@ export function deriveNamespace(spec: NamespaceSpec): Namespace {
     .digest()
     .subarray(0, NAMESPACE_ID_HEX_LENGTH / 2)
     .toString('hex');
-  const parallel = s.mla ? 'mla' : `tp${s.tpSize}r${s.tpRank}`;
+  let parallel = s.mla ? 'mla' : `tp${s.tpSize}r${s.tpRank}`;
+  if ((s.ppSize ?? 1) > 1) parallel += `/pp${s.ppSize}r${s.ppRank}@L${s.ppFirstLayer}`;
   const label = `${s.modelId}/${s.dtype}/L${s.numLayers}/H${s.numKvHeads}x${s.headDim}/B${s.blockSize}/${parallel}/v${s.layoutVersion}`;
   return Object.freeze({ id, label, spec: s });
 }

@@ -52,7 +52,7 @@ describe('deriveNamespace worked examples', () => {
     const ns = deriveNamespace(LLAMA);
     assert.equal(ns.id, '48f3d9651eaf7e9014cf0c0d7bc30fba');
     assert.equal(ns.label, 'meta-llama/Meta-Llama-3-8B/bfloat16/L32/H8x128/B16/tp2r0/v1');
-    assert.deepEqual({ ...ns.spec }, LLAMA);
+    assert.deepEqual({ ...ns.spec }, { ...LLAMA, ppSize: 1, ppRank: 0, ppFirstLayer: 0 });
     assert.ok(Object.isFrozen(ns) && Object.isFrozen(ns.spec));
   });
 
@@ -75,6 +75,99 @@ describe('deriveNamespace worked examples', () => {
     );
     assert.match(canonicalNamespaceEncoding(DSV3), /\nmla=1\ntp_size=\*\ntp_rank=\*\n/);
   });
+});
+
+describe('pipeline parallelism', () => {
+  // Llama-3-8B at tp2 with four pipeline stages of 8 layers each (ids from Python's hashlib).
+  const STAGE: NamespaceSpec = { ...LLAMA, numLayers: 8, ppSize: 4 };
+  const STAGE_IDS = [
+    '70c930c60e3889f3d812c9612fe934b5',
+    '4d3e1899d1e47e773c001b5d7d7d50f7',
+    '9be9a2bc0cc95eb82fbf39fc5dc3c636',
+    '456a997bc07c54a49cb55d383fe0d7c7',
+  ];
+
+  test('each stage has its own id', () => {
+    STAGE_IDS.forEach((id, r) => {
+      const ns = deriveNamespace({ ...STAGE, ppRank: r, ppFirstLayer: 8 * r });
+      assert.equal(ns.id, id, `stage ${r}`);
+      assert.equal(
+        ns.label,
+        `meta-llama/Meta-Llama-3-8B/bfloat16/L8/H8x128/B16/tp2r0/pp4r${r}@L${8 * r}/v1`,
+      );
+    });
+  });
+
+  test('encoding appends three pp lines after layout_version', () => {
+    assert.equal(
+      canonicalNamespaceEncoding({ ...STAGE, ppRank: 1, ppFirstLayer: 8 }),
+      'kvtier-ns/v1\nmodel_id=meta-llama/Meta-Llama-3-8B\ndtype=bfloat16\nnum_layers=8\n' +
+        'num_kv_heads=8\nhead_dim=128\nblock_size=16\nmla=0\ntp_size=2\ntp_rank=0\n' +
+        'layout_version=1\npp_size=4\npp_rank=1\npp_first_layer=8\n',
+    );
+  });
+
+  test('ppSize 1 gives the same id and encoding as a spec without pp fields', () => {
+    const explicit = { ...LLAMA, ppSize: 1, ppRank: 0, ppFirstLayer: 0 };
+    assert.equal(deriveNamespace(explicit).id, deriveNamespace(LLAMA).id);
+    assert.equal(canonicalNamespaceEncoding(explicit), canonicalNamespaceEncoding(LLAMA));
+    assert.equal(deriveNamespace({ ...LLAMA, ppSize: 1 }).label, deriveNamespace(LLAMA).label);
+  });
+
+  test('MLA keeps the pp lines: stages differ, tp ranks within a stage do not', () => {
+    const stage1 = { ...DSV3, numLayers: 30, ppSize: 2, ppRank: 1, ppFirstLayer: 31 };
+    const ns = deriveNamespace(stage1);
+    assert.equal(ns.id, 'ff24b8a667123038c818b6189f355818');
+    assert.equal(ns.label, 'deepseek-ai/DeepSeek-V3/bfloat16/L30/H1x576/B64/mla/pp2r1@L31/v1');
+    assert.equal(deriveNamespace({ ...stage1, tpRank: 0 }).id, ns.id);
+    assert.notEqual(deriveNamespace({ ...stage1, ppRank: 0, ppFirstLayer: 0 }).id, ns.id);
+    assert.match(
+      canonicalNamespaceEncoding(stage1),
+      /\npp_size=2\npp_rank=1\npp_first_layer=31\n$/,
+    );
+  });
+
+  test('every pp field changes the id', () => {
+    const base = { ...STAGE, ppRank: 1, ppFirstLayer: 8 };
+    const ids = new Set(
+      [
+        base,
+        { ...base, ppSize: 8 },
+        { ...base, ppRank: 2 },
+        { ...base, ppFirstLayer: 9 },
+        { ...base, ppSize: 1, ppRank: 0, ppFirstLayer: 0 },
+      ].map((s) => deriveNamespace(s).id),
+    );
+    assert.equal(ids.size, 5);
+  });
+
+  const bad: [string, Partial<NamespaceSpec>, RegExp][] = [
+    ['ppSize 0', { ppSize: 0 }, /namespace\.ppSize must be an integer in \[1, 1024\], got 0/],
+    ['ppSize over 1024', { ppSize: 1025 }, /namespace\.ppSize/],
+    ['fractional ppSize', { ppSize: 2.5 }, /namespace\.ppSize/],
+    [
+      'ppRank out of range',
+      { ppSize: 4, ppRank: 4 },
+      /namespace\.ppRank must be an integer in \[0, 3\], got 4/,
+    ],
+    ['ppRank without ppSize', { ppRank: 1 }, /namespace\.ppRank must be an integer in \[0, 0\]/],
+    [
+      'negative ppFirstLayer',
+      { ppSize: 2, ppRank: 1, ppFirstLayer: -1 },
+      /namespace\.ppFirstLayer/,
+    ],
+    ['string ppSize', { ppSize: '2' as unknown as number }, /namespace\.ppSize/],
+    [
+      'ppFirstLayer without pipeline parallelism',
+      { ppFirstLayer: 4 },
+      /namespace\.ppFirstLayer must be 0 when namespace\.ppSize is 1/,
+    ],
+  ];
+  for (const [name, patch, pattern] of bad) {
+    test(`rejects ${name}`, () => {
+      assertInvalid(() => deriveNamespace({ ...LLAMA, ...patch }), pattern);
+    });
+  }
 });
 
 describe('deriveNamespace identity', () => {
