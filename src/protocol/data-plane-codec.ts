@@ -9,6 +9,7 @@ import {
   DATA_PLANE_LIMITS,
   type DataPlaneReply,
   type DataPlaneRequest,
+  type LoadRequestMessage,
   RequestEndKind,
   type RequestEndKindName,
 } from './data-plane-messages.ts';
@@ -117,13 +118,19 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
           `stateSlot must be -1 (none) or an integer in [0, 2^31), got ${req.stateSlot}`,
         );
       const n = checkArrays('load', req.blockIds, req.chunkHashes);
+      const skip = req.skipBlocks;
+      if (skip !== undefined) {
+        checkU32('skipBlocks', skip);
+        if (skip > 0 && n === 0) throw invalid('skipBlocks > 0 needs at least one chunk');
+      }
       const w = make(
         strBytes(req.engineId) +
           strBytes(req.engineRequestId) +
           strBytes(req.lookupId) +
           16 +
           4 * req.blockIds.length +
-          req.chunkHashes.length,
+          req.chunkHashes.length +
+          (skip === undefined ? 0 : 4),
         MessageType.Load,
       );
       w.str(req.engineId);
@@ -135,6 +142,7 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
       writeU32s(w, req.blockIds);
       w.u32(n);
       w.bytes(req.chunkHashes);
+      if (skip !== undefined) w.u32(skip);
       return w.done();
     }
     case 'hold': {
@@ -168,6 +176,12 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
     case 'heartbeat': {
       checkId('engineId', req.engineId);
       const w = make(strBytes(req.engineId), MessageType.Heartbeat);
+      w.str(req.engineId);
+      return w.done();
+    }
+    case 'unregister': {
+      checkId('engineId', req.engineId);
+      const w = make(strBytes(req.engineId), MessageType.Unregister);
       w.str(req.engineId);
       return w.done();
     }
@@ -216,6 +230,11 @@ export function encodeDataPlaneReply(rep: DataPlaneReply, make: WriterFactory): 
       w.u8(rep.known ? 1 : 0);
       return w.done();
     }
+    case 'unregister-result': {
+      const w = make(1, MessageType.UnregisterResult);
+      w.u8(rep.released ? 1 : 0);
+      return w.done();
+    }
   }
 }
 
@@ -233,6 +252,7 @@ function readU32s(r: Reader, n: number, what: string): Uint32Array {
   return out;
 }
 
+/** Reads the block ids and hashes of a SAVE or LOAD; the caller checks the end of the body. */
 function readBlocksAndHashes(
   r: Reader,
   what: string,
@@ -251,7 +271,6 @@ function readBlocksAndHashes(
       `${what} has ${nc} chunks, the limit is ${DATA_PLANE_LIMITS.maxChunksPerMessage}`,
     );
   const chunkHashes = r.bytes(nc * HASH_BYTES, 'chunk hashes');
-  r.end(what);
   return { blockIds, chunkHashes };
 }
 
@@ -290,6 +309,7 @@ export function decodeDataPlaneRequest(
       const engineRequestId = readId(r, 'requestId');
       const skipChunks = r.u32('skipChunks');
       const { blockIds, chunkHashes } = readBlocksAndHashes(r, 'save');
+      r.end('save');
       if (skipChunks > chunkHashes.length / HASH_BYTES)
         throw invalid(
           `skipChunks is ${skipChunks}, more than the ${chunkHashes.length / HASH_BYTES} chunks`,
@@ -314,7 +334,14 @@ export function decodeDataPlaneRequest(
       r.off += 4;
       if (stateSlot < -1) throw invalid(`stateSlot must be -1 (none) or >= 0, got ${stateSlot}`);
       const { blockIds, chunkHashes } = readBlocksAndHashes(r, 'load');
-      return {
+      // Optional trailing skipBlocks: exactly 0 or 4 bytes may follow the hashes.
+      const rest = r.buf.length - r.off;
+      if (rest !== 0 && rest !== 4)
+        throw new KvtierError(
+          'KVT_PROTOCOL',
+          `load has ${rest} bytes after the hashes at offset ${r.off}; only a 4-byte skipBlocks may follow`,
+        );
+      const msg: LoadRequestMessage = {
         type: 'load',
         requestId,
         engineId,
@@ -325,6 +352,14 @@ export function decodeDataPlaneRequest(
         blockIds,
         chunkHashes,
       };
+      if (rest === 4) {
+        const skipBlocks = r.u32('skipBlocks');
+        if (skipBlocks > 0 && chunkHashes.length === 0)
+          throw invalid(`skipBlocks is ${skipBlocks} but the load has no chunks`);
+        msg.skipBlocks = skipBlocks;
+      }
+      r.end('load');
+      return msg;
     }
     case MessageType.Hold: {
       const engineId = readId(r, 'engineId');
@@ -347,6 +382,11 @@ export function decodeDataPlaneRequest(
       const engineId = readId(r, 'engineId');
       r.end('heartbeat');
       return { type: 'heartbeat', requestId, engineId };
+    }
+    case MessageType.Unregister: {
+      const engineId = readId(r, 'engineId');
+      r.end('unregister');
+      return { type: 'unregister', requestId, engineId };
     }
     default:
       return undefined;
@@ -398,6 +438,11 @@ export function decodeDataPlaneReply(
       const known = r.u8('known') === 1;
       r.end('heartbeat result');
       return { type: 'heartbeat-result', requestId, known };
+    }
+    case MessageType.UnregisterResult: {
+      const released = r.u8('released') === 1;
+      r.end('unregister result');
+      return { type: 'unregister-result', requestId, released };
     }
     default:
       return undefined;

@@ -56,6 +56,12 @@ export interface LoadRequestMessage {
   blockIds: Uint32Array;
   /** Packed chunk hashes, 32 bytes each. */
   chunkHashes: Buffer;
+  /**
+   * Leading blocks of the first chunk the engine already holds: not written and not in
+   * `blockIds`. The optional trailing u32 of the body; absent on the wire means 0. The encoder
+   * writes it whenever it is defined (0 included); the decoder sets it only when present.
+   */
+  skipBlocks?: number;
 }
 
 /** HOLD (0x0B): move a lookup's pins to an engine request (kept across preemption). */
@@ -83,6 +89,13 @@ export interface HeartbeatRequest {
   engineId: string;
 }
 
+/** UNREGISTER (0x0E): the worker is shutting down; release everything its engine holds. */
+export interface UnregisterRequest {
+  type: 'unregister';
+  requestId: number;
+  engineId: string;
+}
+
 /** Every data-plane request. */
 export type DataPlaneRequest =
   | RegisterRequest
@@ -90,7 +103,8 @@ export type DataPlaneRequest =
   | LoadRequestMessage
   | HoldRequest
   | RequestFinishedRequest
-  | HeartbeatRequest;
+  | HeartbeatRequest
+  | UnregisterRequest;
 
 /** REGISTER_RESULT (0x88). */
 export interface RegisterResult {
@@ -147,6 +161,14 @@ export interface HeartbeatResult {
   known: boolean;
 }
 
+/** UNREGISTER_RESULT (0x8E). */
+export interface UnregisterResult {
+  type: 'unregister-result';
+  requestId: number;
+  /** True when the engine was registered (and is now released); false for an unknown engine. */
+  released: boolean;
+}
+
 /** Every data-plane reply. */
 export type DataPlaneReply =
   | RegisterResult
@@ -154,4 +176,5 @@ export type DataPlaneReply =
   | LoadResultMessage
   | HoldResult
   | RequestFinishedResult
-  | HeartbeatResult;
+  | HeartbeatResult
+  | UnregisterResult;

@@ -31,6 +31,7 @@ export const MessageType = {
   Hold: 0x0b,
   RequestFinished: 0x0c,
   Heartbeat: 0x0d,
+  Unregister: 0x0e,
   LookupResult: 0x81,
   CancelResult: 0x82,
   ClearResult: 0x83,
@@ -44,6 +45,7 @@ export const MessageType = {
   HoldResult: 0x8b,
   RequestFinishedResult: 0x8c,
   HeartbeatResult: 0x8d,
+  UnregisterResult: 0x8e,
   Error: 0xff,
 } as const;
 export type MessageTypeCode = (typeof MessageType)[keyof typeof MessageType];

@@ -64,6 +64,10 @@ const REQUESTS: DataPlaneRequest[] = [
   load(),
   load({ deadlineMs: 0, stateSlot: -1 }),
   load({ deadlineMs: 0xffffffff, stateSlot: 0x7fffffff }),
+  load({ skipBlocks: 0 }),
+  load({ skipBlocks: 3 }),
+  load({ skipBlocks: 0xffffffff }),
+  load({ skipBlocks: 0, blockIds: new Uint32Array(0), chunkHashes: Buffer.alloc(0) }),
   { type: 'hold', requestId: 23, engineId: 'e', engineRequestId: 'r', lookupId: 'l' },
   ...(['finished', 'aborted', 'preempted'] as const).map(
     (kind): DataPlaneRequest => ({
@@ -75,6 +79,7 @@ const REQUESTS: DataPlaneRequest[] = [
     }),
   ),
   { type: 'heartbeat', requestId: 0xffffffff, engineId: 'eng-0' },
+  { type: 'unregister', requestId: 26, engineId: 'eng-é' },
 ];
 
 const REPLIES: DataPlaneReply[] = [
@@ -94,7 +99,14 @@ const REPLIES: DataPlaneReply[] = [
   { type: 'request-finished-result', requestId: 24, released: false },
   { type: 'heartbeat-result', requestId: 25, known: true },
   { type: 'heartbeat-result', requestId: 25, known: false },
+  { type: 'unregister-result', requestId: 26, released: true },
+  { type: 'unregister-result', requestId: 26, released: false },
 ];
+
+function withoutSkip(req: LoadRequestMessage): LoadRequestMessage {
+  const { skipBlocks: _, ...rest } = req;
+  return rest;
+}
 
 function throwsCode(fn: () => unknown, code: KvtierErrorCode, label: string): void {
   assert.throws(
@@ -163,6 +175,30 @@ describe('data-plane codec: round trips', () => {
       ),
     );
     assert.deepEqual(
+      encodeRequest({ ...l, skipBlocks: 2 }),
+      frame(
+        0x0a,
+        str('eng-0'),
+        str('req-1'),
+        str('lk-1'),
+        u32(2500),
+        i32(-1),
+        ids(4),
+        u32(2),
+        HASHES,
+        u32(2),
+      ),
+      'skipBlocks is a u32 after the hashes',
+    );
+    assert.deepEqual(
+      encodeRequest({ type: 'unregister', requestId: 5, engineId: 'e' }),
+      frame(0x0e, str('e')),
+    );
+    assert.deepEqual(
+      encodeReply({ type: 'unregister-result', requestId: 5, released: true }),
+      frame(0x8e, [1]),
+    );
+    assert.deepEqual(
       encodeRequest({
         type: 'hold',
         requestId: 5,
@@ -207,12 +243,17 @@ describe('data-plane codec: round trips', () => {
   it('refuses every truncation of every valid request and reply', () => {
     for (const req of REQUESTS) {
       const bytes = encodeRequest(req);
+      // Cutting LOAD's optional trailing skipBlocks whole leaves a valid LOAD without it.
+      const optionalTail = req.type === 'load' && req.skipBlocks !== undefined;
       for (let n = 8; n < bytes.length; n++)
-        throwsCode(
-          () => decodeRequest(bytes.subarray(0, n)),
-          'KVT_PROTOCOL',
-          `${req.type} cut at ${n}`,
-        );
+        if (optionalTail && n === bytes.length - 4)
+          assert.deepEqual(decodeRequest(bytes.subarray(0, n)), withoutSkip(req));
+        else
+          throwsCode(
+            () => decodeRequest(bytes.subarray(0, n)),
+            'KVT_PROTOCOL',
+            `${req.type} cut at ${n}`,
+          );
       throwsCode(
         () => decodeRequest(Buffer.concat([bytes, Buffer.from([0])])),
         'KVT_PROTOCOL',
@@ -329,7 +370,36 @@ describe('data-plane codec: decode validation', () => {
     ['request finished: no kind', frame(0x0c, str('e'), str('r')), 'KVT_PROTOCOL'],
     ['heartbeat: empty engineId', frame(0x0d, str('')), 'KVT_INVALID_ARGUMENT'],
     ['heartbeat: trailing bytes', frame(0x0d, str('e'), [0]), 'KVT_PROTOCOL'],
-    ['unknown request type 0x0e', frame(0x0e), 'KVT_PROTOCOL'],
+    ...[1, 2, 3, 5, 8].map((n): [string, Buffer, KvtierErrorCode] => [
+      `load: ${n} bytes after the hashes`,
+      frame(
+        0x0a,
+        str('e'),
+        str('r'),
+        str('l'),
+        u32(0),
+        i32(-1),
+        ids(1),
+        hashes(1),
+        Buffer.alloc(n),
+      ),
+      'KVT_PROTOCOL',
+    ]),
+    [
+      'load: skipBlocks 1 with no chunks',
+      frame(0x0a, str('e'), str('r'), str('l'), u32(0), i32(-1), ids(), hashes(0), u32(1)),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'load: stateSlot -2 is reported before a bad skipBlocks (wire order)',
+      frame(0x0a, str('e'), str('r'), str('l'), u32(0), i32(-2), ids(), hashes(0), u32(1)),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    ['unregister: empty engineId', frame(0x0e, str('')), 'KVT_INVALID_ARGUMENT'],
+    ['unregister: engineId over 256 bytes', frame(0x0e, str('e'.repeat(257))), 'KVT_TOO_LARGE'],
+    ['unregister: no engineId', frame(0x0e), 'KVT_PROTOCOL'],
+    ['unregister: trailing bytes', frame(0x0e, str('e'), [0]), 'KVT_PROTOCOL'],
+    ['unknown request type 0x0f', frame(0x0f), 'KVT_PROTOCOL'],
   ];
   for (const [label, bytes, code] of cases) {
     it(`${label} → ${code}`, () => throwsCode(() => decodeRequest(bytes), code, label));
@@ -352,8 +422,24 @@ describe('data-plane codec: decode validation', () => {
     assert.equal(req.chunkHashes.length, 32 * nc);
   });
 
+  it('decodes a LOAD without the trailing skipBlocks as before, and with it as given', () => {
+    const base = [str('e'), str('r'), str('l'), u32(0), i32(-1), ids(1, 2), hashes(1)];
+    const without = decodeRequest(frame(0x0a, ...base)) as LoadRequestMessage;
+    assert.equal(without.skipBlocks, undefined);
+    assert.equal('skipBlocks' in without, false);
+    const withSkip = decodeRequest(frame(0x0a, ...base, u32(3))) as LoadRequestMessage;
+    assert.equal(withSkip.skipBlocks, 3);
+    const zero = decodeRequest(frame(0x0a, ...base, u32(0))) as LoadRequestMessage;
+    assert.equal(zero.skipBlocks, 0);
+  });
+
   it('reads an unknown reply type as an error, and a reply flag other than 1 as false', () => {
-    throwsCode(() => decodeReply(frame(0x8e)), 'KVT_PROTOCOL', 'reply type 0x8e');
+    throwsCode(() => decodeReply(frame(0x8f)), 'KVT_PROTOCOL', 'reply type 0x8f');
+    assert.deepEqual(decodeReply(frame(0x8e, [2])), {
+      type: 'unregister-result',
+      requestId: 5,
+      released: false,
+    });
     assert.deepEqual(decodeReply(frame(0x8d, [7])), {
       type: 'heartbeat-result',
       requestId: 5,
@@ -387,6 +473,24 @@ describe('data-plane codec: encode validation', () => {
     ['stateSlot 2^31', load({ stateSlot: 2 ** 31 }), 'KVT_INVALID_ARGUMENT'],
     ['deadline over u32', load({ deadlineMs: 2 ** 32 }), 'KVT_INVALID_ARGUMENT'],
     ['fractional deadline', load({ deadlineMs: 1.5 }), 'KVT_INVALID_ARGUMENT'],
+    ['negative skipBlocks', load({ skipBlocks: -1 }), 'KVT_INVALID_ARGUMENT'],
+    ['fractional skipBlocks', load({ skipBlocks: 1.5 }), 'KVT_INVALID_ARGUMENT'],
+    ['skipBlocks over u32', load({ skipBlocks: 2 ** 32 }), 'KVT_INVALID_ARGUMENT'],
+    [
+      'skipBlocks with no chunks',
+      load({ skipBlocks: 1, blockIds: new Uint32Array(0), chunkHashes: Buffer.alloc(0) }),
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'empty unregister engineId',
+      { type: 'unregister', requestId: 1, engineId: '' },
+      'KVT_INVALID_ARGUMENT',
+    ],
+    [
+      'unregister engineId over 256 bytes',
+      { type: 'unregister', requestId: 1, engineId: 'é'.repeat(129) },
+      'KVT_TOO_LARGE',
+    ],
     [
       'unknown end kind',
       {
