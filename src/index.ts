@@ -95,6 +95,7 @@ export {
   packHashes,
   tokenCounts,
 } from './hashing/chunk-hasher.ts';
+export { MAX_MM_ID_BYTES, type MultiModalSpan } from './hashing/mm-spans.ts';
 // Scheduler side
 export {
   type HashesInput,

@@ -7,6 +7,7 @@ import {
   hashToHex,
   MAX_CHUNK_SIZE,
 } from '../hashing/chunk-hasher.ts';
+import type { MultiModalSpan } from '../hashing/mm-spans.ts';
 
 /** What `kvtier hash` reads from and writes to; injected so tests need no process or files. */
 export interface HashCommandIo {
@@ -24,10 +25,11 @@ export interface HashCommandIo {
 export const EXIT_USAGE = 2;
 
 /** Usage text of `kvtier hash`. */
-export const HASH_COMMAND_USAGE = `Usage: kvtier hash [--tokens FILE] [--chunk-size N] [--salt S] [--partial]
+export const HASH_COMMAND_USAGE = `Usage: kvtier hash [--tokens FILE] [--chunk-size N] [--salt S] [--lora NAME]
+                   [--mm ID:OFFSET:LENGTH]... [--partial]
 
-Hashes token ids with kvtier's default chunk hasher (docs/hashing.md), so a miss can be compared
-across languages. Reads a JSON array of token ids (integers in [0, 4294967295]) from stdin, or
+Hashes token ids with kvtier's default chunk hasher (docs/protocol.md section 9), so a miss can
+be compared across languages. Reads a JSON array of token ids (integers in [0, 4294967295]) from stdin, or
 from FILE with --tokens. Prints one line per chunk: <start> <end> <hash>, where tokens
 [start, end) form the chunk and <hash> is 64 lowercase hex digits.
 
@@ -35,6 +37,10 @@ Options:
   --tokens FILE     read token ids from FILE instead of stdin
   --chunk-size N    tokens per chunk, 1..${MAX_CHUNK_SIZE} (default ${CHUNK_HASHER_DEFAULTS.chunkSize})
   --salt S          cache salt (default empty)
+  --lora NAME       LoRA adapter name (default none)
+  --mm ID:OFFSET:LENGTH
+                    an extra input (e.g. an image) with id ID (its UTF-8 bytes; may contain
+                    ':') behind prompt tokens [OFFSET, OFFSET+LENGTH); repeatable
   --partial         also hash a trailing chunk shorter than N
   --help            print this text
 
@@ -56,6 +62,8 @@ export async function runHashCommand(argv: string[], io: HashCommandIo): Promise
     tokens?: string;
     'chunk-size'?: string;
     salt?: string;
+    lora?: string;
+    mm?: string[];
     partial?: boolean;
     help?: boolean;
   };
@@ -68,6 +76,8 @@ export async function runHashCommand(argv: string[], io: HashCommandIo): Promise
         tokens: { type: 'string' },
         'chunk-size': { type: 'string' },
         salt: { type: 'string' },
+        lora: { type: 'string' },
+        mm: { type: 'string', multiple: true },
         partial: { type: 'boolean' },
         help: { type: 'boolean' },
       },
@@ -85,7 +95,19 @@ export async function runHashCommand(argv: string[], io: HashCommandIo): Promise
   const opts: ChunkHasherOptions = {
     salt: values.salt ?? CHUNK_HASHER_DEFAULTS.salt,
     partial: values.partial ?? false,
+    lora: values.lora ?? CHUNK_HASHER_DEFAULTS.lora,
   };
+  const mm: MultiModalSpan[] = [];
+  for (const raw of values.mm ?? []) {
+    const m = /^(.+):([0-9]+):([0-9]+)$/s.exec(raw);
+    if (m === null) {
+      return fail(
+        `--mm must be ID:OFFSET:LENGTH with decimal OFFSET and LENGTH, got ${JSON.stringify(raw)}`,
+      );
+    }
+    mm.push({ id: m[1] as string, offset: Number(m[2]), length: Number(m[3]) });
+  }
+  if (mm.length > 0) opts.mm = mm;
   const rawChunkSize = values['chunk-size'];
   if (rawChunkSize !== undefined) {
     if (!/^[0-9]+$/.test(rawChunkSize)) {
@@ -134,9 +156,13 @@ function asFlagMessage(msg: string): string {
   for (const [option, flag] of [
     ['chunkSize', '--chunk-size'],
     ['salt', '--salt'],
+    ['lora', '--lora'],
   ] as const) {
     if (msg.startsWith(`${option} `)) return `${flag}${msg.slice(option.length)}`;
   }
+  // `mm[2].id must be ...` -> `--mm #3: id must be ...`
+  const span = /^mm\[(\d+)\]\.(.*)$/.exec(msg);
+  if (span !== null) return `--mm #${Number(span[1]) + 1}: ${span[2]}`;
   return msg;
 }
 

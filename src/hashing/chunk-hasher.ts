@@ -1,16 +1,28 @@
 import { createHash } from 'node:crypto';
 import { KvtierError } from '../errors.ts';
 import { describe, requireBoolean, requireInt, requireString } from '../util/validate.ts';
+import {
+  encodeChunkSpans,
+  type MultiModalSpan,
+  type ResolvedMultiModalSpan,
+  resolveMultiModalSpans,
+} from './mm-spans.ts';
 
 /**
  * The default kvtier chunk hasher (design decision 1). A chunk's key is a 32-byte SHA-256 chained
  * over the whole prefix before it, so equal keys mean equal prefixes. The exact byte-level spec,
- * with test vectors and a reference script, is in docs/hashing.md; any change here is a protocol
- * change and must bump the domain tag.
+ * with test vectors and a reference script, is in docs/protocol.md section 9; any change here is a
+ * protocol change and must bump the domain tag.
  */
 
 /** Domain tag hashed into the seed; versioned so a future scheme can never collide with this one. */
 export const HASH_DOMAIN = 'kvtier/v1';
+
+/** Domain tag of the seed when a LoRA adapter is named (the salt is then length-prefixed). */
+export const HASH_DOMAIN_EXTRA = 'kvtier/v1x';
+
+/** Domain tag of a chunk's link when extra-input spans overlap the chunk. */
+export const HASH_DOMAIN_MM = 'kvtier/v1/mm';
 
 /** Length of one chunk hash in bytes (SHA-256). */
 export const HASH_BYTES = 32;
@@ -29,6 +41,25 @@ export interface ChunkHasherOptions {
   salt?: string;
   /** Hash a trailing chunk shorter than `chunkSize`. Default `false`. */
   partial?: boolean;
+  /**
+   * Name of the LoRA adapter the KV was computed with (vLLM `lora_request.lora_name`), hashed as
+   * UTF-8 into the seed. Default `''`: no adapter, and the seed is the same as without this option.
+   */
+  lora?: string;
+  /**
+   * Extra-input spans (multimodal inputs behind placeholder tokens). A chunk that overlaps a span
+   * gets a different hash; chunks that overlap none hash as without this option. Default `[]`.
+   */
+  mm?: readonly MultiModalSpan[];
+}
+
+/** {@link ChunkHasherOptions} with defaults filled in and `mm` validated and sorted. */
+export interface ResolvedChunkHasherOptions {
+  chunkSize: number;
+  salt: string;
+  partial: boolean;
+  lora: string;
+  mm: ResolvedMultiModalSpan[];
 }
 
 /** One hashed chunk: tokens `[start, end)` of the input and the chained hash of that prefix. */
@@ -46,6 +77,8 @@ export const CHUNK_HASHER_DEFAULTS: Readonly<Required<ChunkHasherOptions>> = Obj
   chunkSize: 256,
   salt: '',
   partial: false,
+  lora: '',
+  mm: Object.freeze([]) as readonly MultiModalSpan[],
 });
 
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
@@ -57,60 +90,95 @@ const HEX_HASH = /^[0-9a-f]{64}$/;
 /**
  * Fills in defaults and validates.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` when `chunkSize` is not an integer in
- *   [1, {@link MAX_CHUNK_SIZE}], `salt` is not a well-formed string (lone UTF-16 surrogates have
- *   no UTF-8 encoding, so other languages could not reproduce the seed), or `partial` is not a
- *   boolean.
+ *   [1, {@link MAX_CHUNK_SIZE}], `salt` or `lora` is not a well-formed string (lone UTF-16
+ *   surrogates have no UTF-8 encoding, so other languages could not reproduce the seed),
+ *   `partial` is not a boolean, or a span of `mm` is malformed (id not 1..1024 bytes, offset not an
+ *   integer >= 0, length not an integer >= 1, offset + length not < 2^32).
  */
-export function resolveChunkHasherOptions(
-  o: ChunkHasherOptions = {},
-): Required<ChunkHasherOptions> {
+export function resolveChunkHasherOptions(o: ChunkHasherOptions = {}): ResolvedChunkHasherOptions {
   const chunkSize = requireInt(
     'chunkSize',
     o.chunkSize ?? CHUNK_HASHER_DEFAULTS.chunkSize,
     1,
     MAX_CHUNK_SIZE,
   );
-  const salt = requireWellFormedSalt(o.salt ?? CHUNK_HASHER_DEFAULTS.salt);
+  const salt = requireWellFormedString('salt', o.salt ?? CHUNK_HASHER_DEFAULTS.salt);
   const partial = requireBoolean('partial', o.partial ?? CHUNK_HASHER_DEFAULTS.partial);
-  return { chunkSize, salt, partial };
+  const lora = requireWellFormedString('lora', o.lora ?? CHUNK_HASHER_DEFAULTS.lora);
+  const mm = resolveMultiModalSpans('mm', o.mm ?? CHUNK_HASHER_DEFAULTS.mm);
+  return { chunkSize, salt, partial, lora, mm };
 }
 
-function requireWellFormedSalt(value: unknown): string {
-  const salt = requireString('salt', value);
-  if (LONE_SURROGATE.test(salt)) {
+function requireWellFormedString(name: string, value: unknown): string {
+  const s = requireString(name, value);
+  if (LONE_SURROGATE.test(s)) {
     throw new KvtierError(
       'KVT_INVALID_ARGUMENT',
-      'salt must be a well-formed Unicode string (it contains a lone UTF-16 surrogate)',
+      `${name} must be a well-formed Unicode string (it contains a lone UTF-16 surrogate)`,
     );
   }
-  return salt;
+  return s;
 }
 
 /**
- * The chain seed `h[-1] = SHA-256("kvtier/v1" || 0x00 || UTF-8(salt))`.
+ * The chain seed `h[-1]`: without a LoRA `SHA-256("kvtier/v1" || 0x00 || UTF-8(salt))`; with one,
+ * `SHA-256("kvtier/v1x" || 0x00 || u32le(len(S)) || S || u32le(len(L)) || L)` where `S` and `L`
+ * are the UTF-8 bytes of the salt and the LoRA name.
  * @param salt cache salt; default `''`.
+ * @param lora LoRA adapter name; default `''` (none).
  * @returns a fresh 32-byte buffer.
- * @throws KvtierError `KVT_INVALID_ARGUMENT` for a non-string or ill-formed salt.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for a non-string or ill-formed salt or LoRA name.
  */
-export function hashSeed(salt = ''): Buffer {
-  const s = requireWellFormedSalt(salt);
-  return seedOf(s);
+export function hashSeed(salt = '', lora = ''): Buffer {
+  return seedOf(requireWellFormedString('salt', salt), requireWellFormedString('lora', lora));
 }
 
-function seedOf(salt: string): Buffer {
+function seedOf(salt: string, lora: string): Buffer {
+  if (lora === '') {
+    return createHash('sha256')
+      .update(HASH_DOMAIN, 'utf8')
+      .update(ZERO_BYTE)
+      .update(salt, 'utf8')
+      .digest();
+  }
+  const s = Buffer.from(salt, 'utf8');
+  const l = Buffer.from(lora, 'utf8');
   return createHash('sha256')
-    .update(HASH_DOMAIN, 'utf8')
+    .update(HASH_DOMAIN_EXTRA, 'utf8')
     .update(ZERO_BYTE)
-    .update(salt, 'utf8')
+    .update(u32le(s.length))
+    .update(s)
+    .update(u32le(l.length))
+    .update(l)
     .digest();
+}
+
+/** The link of chunk `i`: `h[i-1]`, or with overlapping spans `SHA-256("kvtier/v1/mm" || 0x00 || h[i-1] || e_i)`. */
+function linkOf(prev: Buffer, spans: Buffer | undefined): Buffer {
+  if (spans === undefined) return prev;
+  return createHash('sha256')
+    .update(HASH_DOMAIN_MM, 'utf8')
+    .update(ZERO_BYTE)
+    .update(prev)
+    .update(spans)
+    .digest();
+}
+
+function u32le(v: number): Buffer {
+  const b = Buffer.allocUnsafe(4);
+  b.writeUInt32LE(v, 0);
+  return b;
 }
 
 const ZERO_BYTE = new Uint8Array([0]);
 
 /**
  * Splits `tokens` into chunks of `chunkSize` and returns each chunk's prefix-chained hash:
- * `h[i] = SHA-256(h[i-1] || u32le(t) for each token t of chunk i)`, `h[-1] = hashSeed(salt)`.
- * A trailing chunk shorter than `chunkSize` is returned only when `partial` is set.
+ * `h[i] = SHA-256(link[i] || u32le(t) for each token t of chunk i)`, `h[-1] = hashSeed(salt, lora)`,
+ * where `link[i]` is `h[i-1]`, or, when spans of `mm` overlap chunk `i`,
+ * `SHA-256("kvtier/v1/mm" || 0x00 || h[i-1] || e_i)` with `e_i` the overlapping spans encoded in
+ * (offset, length, id) order. A trailing chunk shorter than `chunkSize` is returned only when
+ * `partial` is set.
  *
  * A `Uint32Array` is hashed straight from its bytes on little-endian hosts (no per-token work);
  * a `number[]` is validated and packed token by token into one reused scratch buffer.
@@ -123,21 +191,22 @@ export function hashChunks(
   tokens: readonly number[] | Uint32Array,
   opts?: ChunkHasherOptions,
 ): HashedChunk[] {
-  const { chunkSize, salt, partial } = resolveChunkHasherOptions(opts);
+  const { chunkSize, salt, partial, lora, mm } = resolveChunkHasherOptions(opts);
   const n = tokens.length;
   const full = Math.floor(n / chunkSize);
   const count = partial && n % chunkSize !== 0 ? full + 1 : full;
   if (!(tokens instanceof Uint32Array)) requireTokenIds(tokens);
   if (count === 0) return [];
   const out: HashedChunk[] = new Array(count);
+  const spans = mm.length === 0 ? undefined : encodeChunkSpans(mm, chunkSize, n, count);
 
-  let prev = seedOf(salt);
+  let prev = seedOf(salt, lora);
   if (tokens instanceof Uint32Array && LITTLE_ENDIAN_HOST) {
     for (let i = 0; i < count; i++) {
       const start = i * chunkSize;
       const end = Math.min(start + chunkSize, n);
       const bytes = new Uint8Array(tokens.buffer, tokens.byteOffset + start * 4, (end - start) * 4);
-      prev = createHash('sha256').update(prev).update(bytes).digest();
+      prev = createHash('sha256').update(linkOf(prev, spans?.[i])).update(bytes).digest();
       out[i] = { start, end, hash: prev };
     }
     return out;
@@ -156,7 +225,7 @@ export function hashChunks(
       for (let j = 0; j < len; j++) view.setUint32(j * 4, tokenAt(tokens, start + j), true);
     }
     prev = createHash('sha256')
-      .update(prev)
+      .update(linkOf(prev, spans?.[i]))
       .update(scratchBytes.subarray(0, len * 4))
       .digest();
     out[i] = { start, end, hash: prev };

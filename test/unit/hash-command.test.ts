@@ -41,7 +41,7 @@ async function assertUsageError(r: Promise<Run>, pattern: RegExp): Promise<void>
   assert.match(err[0] ?? '', pattern);
 }
 
-// Same vectors as test/unit/hashing.test.ts and docs/hashing.md.
+// Same vectors as test/unit/hashing.test.ts and docs/protocol.md 9.3.
 const A0 = '0 256 9023a6f72e494c809d3ea5b388ef2ff49d20cc1d48e046e2a6c8d259b8592548';
 const A1 = '256 512 3b0d4074d7c396f8848f7b6439a3a8d85f5996b37d759ea087988e8960a9b73c';
 const B2 = '512 600 87aeb361fb11f300e6a1be34afcd9db475aa1ba6b34a7703bdaa5681bc0dee5b';
@@ -49,6 +49,21 @@ const C = [
   '0 256 abbe6e77a2a624a3f8660f9670d0d8ebeace117a760dc0ecb2f8b72c5e0e185d',
   '256 512 161e3fc9b8a584b5ed88b507eb18554b567a371e217784654640291f54af8864',
   '512 600 f1b6e5b31257d7105eaf36f7b12c32d9199bc5e60a05accb06777af319e58b5d',
+];
+const I = [
+  '0 256 d88c53c78ca9d1971e841302411b654ff3bf99146c479392579496abf47a767f',
+  '256 512 5fc8628785858c9e88d24327ffac77b539d3d41b27f43c6c4f71d1d6141d26f1',
+  '512 600 4bc8604f60694a979ffcbb46ec9936a76d04fe904a010ae6a5819f82178a44aa',
+];
+const J = [
+  '0 256 02ee7be5a350f17415c167a89ab99d6b5db4ee0d8224eba7cd306ff00eb7d7dc',
+  '256 512 de3a4bb7a36345e0e671a9e885cd79df1c780ae1b8df490e4f7f798c0f772c40',
+  '512 768 afd3e39b52854016782d81b09fd57893f5283ffe1055438ba841927a67d663a4',
+];
+const K = [
+  '0 256 a7b705cdd00119307d78fc9e54d3b731303f0aa9dbee60f4c03fe6dcb63f0d0b',
+  '256 512 989fd695ff4bf0a1ce1d002b1669567888543711b6d871b4bf73d4260ef3d7f3',
+  '512 600 960e20e5cfe65a5f73eb34beaa8f4e645a8c6808c286e59eae9b680cfb04c72b',
 ];
 const G = [
   '0 4 f5b9f2d27bf39f4eb2bf9e1298157f390eec75f904949579a311c00abf912f82',
@@ -83,6 +98,37 @@ describe('kvtier hash: output', () => {
     assert.deepEqual((await run(['--chunk-size=4'], tokens)).out, [G[0]]);
   });
 
+  test('--lora seeds with the adapter name', async () => {
+    const r = await run(['--lora', 'sql-lora', '--partial'], JSON.stringify(range(600)));
+    assert.deepEqual(r, { code: 0, out: I, err: [] });
+    assert.deepEqual((await run(['--lora', '', '--partial'], JSON.stringify(range(600)))).out, [
+      A0,
+      A1,
+      B2,
+    ]);
+  });
+
+  test('--mm is repeatable and its order does not matter', async () => {
+    const spans = ['img-b:300:10', 'img-a:100:200', 'aud:300:10', 'vid:500:12'];
+    const argv = spans.flatMap((s) => ['--mm', s]);
+    assert.deepEqual(await run(argv, JSON.stringify(range(800))), { code: 0, out: J, err: [] });
+    const reversed = [...spans].reverse().map((s) => `--mm=${s}`);
+    assert.deepEqual((await run(reversed, JSON.stringify(range(800)))).out, J);
+  });
+
+  test('--salt, --lora and --mm together (vector K)', async () => {
+    const argv = ['--salt', 'tenant-a', '--lora', 'café-lora', '--partial'];
+    argv.push('--mm', '7b2a0c9d5e1f:0:576', '--mm', 'img-2:590:10');
+    assert.deepEqual(await run(argv, JSON.stringify(range(600))), { code: 0, out: K, err: [] });
+  });
+
+  test('an --mm id may contain colons', async () => {
+    const a = await run(['--mm', 'a:b:0:1', '--chunk-size', '2'], '[1, 2]');
+    const b = await run(['--mm', 'a:c:0:1', '--chunk-size', '2'], '[1, 2]');
+    assert.equal(a.code, 0);
+    assert.notDeepEqual(a.out, b.out);
+  });
+
   test('an empty array prints nothing and succeeds', async () => {
     assert.deepEqual(await run(['--partial'], ' [ ]\n'), { code: 0, out: [], err: [] });
   });
@@ -109,6 +155,27 @@ describe('kvtier hash: output', () => {
 });
 
 describe('kvtier hash: errors exit 2 with one line', () => {
+  test('a malformed --mm', async () => {
+    for (const bad of ['img', 'img:1', ':1:2', 'img:-1:2', 'img:1:x', 'img:1.5:2']) {
+      await assertUsageError(run(['--mm', bad], '[1]'), /--mm must be ID:OFFSET:LENGTH/);
+    }
+  });
+
+  test('an --mm span the hasher refuses names the flag and its position', async () => {
+    await assertUsageError(
+      run(['--mm', 'a:0:1', '--mm', 'b:0:0'], '[1]'),
+      /--mm #2: length must be an integer >= 1, got 0/,
+    );
+    await assertUsageError(
+      run(['--mm', `${'x'.repeat(1025)}:0:1`], '[1]'),
+      /--mm #1: id must be 1\.\.1024 bytes/,
+    );
+  });
+
+  test('an ill-formed --lora', async () => {
+    await assertUsageError(run(['--lora', 'a\uD800'], '[1]'), /--lora must be a well-formed/);
+  });
+
   test('input that is not JSON', async () => {
     await assertUsageError(run([], '[1, 2'), /stdin is not valid JSON/);
     await assertUsageError(run([], ''), /stdin is not valid JSON/);

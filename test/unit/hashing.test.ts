@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { describe, test } from 'node:test';
 import { isKvtierError } from '../../src/errors.ts';
 import {
@@ -12,12 +13,29 @@ import {
   tokenCounts,
 } from '../../src/hashing/chunk-hasher.ts';
 
-// Vectors computed independently with Python's hashlib (script in docs/hashing.md).
+// Vectors computed independently with Python's hashlib (reference script in docs/protocol.md 9.3).
 const SEEDS: Record<string, string> = {
   '': '34a565440fdf6529a1deceeb2feafc2508dd2da9f482f2701e98ab8f602f4bfa',
   'tenant-a': '22aeca334410c1e1167fb24fdd79da2b4be61ac20e2845358515948588b7652b',
   'café/β': '13ff7898bca09f293a15c34a97a904701db0ad51205ac60b9bfb3958d14bd90b',
 };
+
+const LORA_SEEDS: [string, string, string][] = [
+  ['', 'sql-lora', '1071aa6c4df4b94f037d34a9b22775cda29c69ce64b4b02bcedebbe840ef6c1d'],
+  ['tenant-a', 'café-lora', 'b28a4c22adf82d656045a624af1aef4eed7cf5bc5b60c5f81dc715217c2699d0'],
+];
+
+// Given out of order on purpose: hashed sorted by (offset, length, id bytes).
+const MM_J = [
+  { id: 'img-b', offset: 300, length: 10 },
+  { id: 'img-a', offset: 100, length: 200 },
+  { id: 'aud', offset: 300, length: 10 },
+  { id: 'vid', offset: 500, length: 12 },
+];
+const MM_K = [
+  { id: '7b2a0c9d5e1f', offset: 0, length: 576 },
+  { id: 'img-2', offset: 590, length: 10 },
+];
 
 const range = (n: number): number[] => Array.from({ length: n }, (_, i) => i);
 
@@ -81,6 +99,36 @@ const VECTORS: Vector[] = [
     opts: { chunkSize: 1, salt: 'café/β' },
     expected: [[0, 1, 'f22573737e9eae4e9be8490ad3c845a4eb7ea4287c07b91fd801d1e813c3ac56']],
   },
+  {
+    name: 'I: tokens 0..599, chunk 256, partial, lora "sql-lora"',
+    tokens: range(600),
+    opts: { partial: true, lora: 'sql-lora' },
+    expected: [
+      [0, 256, 'd88c53c78ca9d1971e841302411b654ff3bf99146c479392579496abf47a767f'],
+      [256, 512, '5fc8628785858c9e88d24327ffac77b539d3d41b27f43c6c4f71d1d6141d26f1'],
+      [512, 600, '4bc8604f60694a979ffcbb46ec9936a76d04fe904a010ae6a5819f82178a44aa'],
+    ],
+  },
+  {
+    name: 'J: tokens 0..799, chunk 256, four mm spans',
+    tokens: range(800),
+    opts: { mm: MM_J },
+    expected: [
+      [0, 256, '02ee7be5a350f17415c167a89ab99d6b5db4ee0d8224eba7cd306ff00eb7d7dc'],
+      [256, 512, 'de3a4bb7a36345e0e671a9e885cd79df1c780ae1b8df490e4f7f798c0f772c40'],
+      [512, 768, 'afd3e39b52854016782d81b09fd57893f5283ffe1055438ba841927a67d663a4'],
+    ],
+  },
+  {
+    name: 'K: tokens 0..599, chunk 256, partial, salt "tenant-a", lora "café-lora", two mm spans',
+    tokens: range(600),
+    opts: { partial: true, salt: 'tenant-a', lora: 'café-lora', mm: MM_K },
+    expected: [
+      [0, 256, 'a7b705cdd00119307d78fc9e54d3b731303f0aa9dbee60f4c03fe6dcb63f0d0b'],
+      [256, 512, '989fd695ff4bf0a1ce1d002b1669567888543711b6d871b4bf73d4260ef3d7f3'],
+      [512, 600, '960e20e5cfe65a5f73eb34beaa8f4e645a8c6808c286e59eae9b680cfb04c72b'],
+    ],
+  },
 ];
 
 const render = (cs: { start: number; end: number; hash: Buffer }[]) =>
@@ -106,6 +154,21 @@ describe('hashSeed', () => {
   test('refuses a salt with a lone surrogate', () => {
     assertInvalid(() => hashSeed('a\uD800b'), /salt must be a well-formed/);
   });
+  for (const [salt, lora, hex] of LORA_SEEDS) {
+    test(`seed for salt ${JSON.stringify(salt)} and lora ${JSON.stringify(lora)}`, () => {
+      assert.equal(hashSeed(salt, lora).toString('hex'), hex);
+    });
+  }
+  test('an empty lora is no lora', () => {
+    assert.equal(hashSeed('tenant-a', '').toString('hex'), SEEDS['tenant-a']);
+  });
+  test('the lora seed length-prefixes salt and name, so they cannot trade bytes', () => {
+    assert.notEqual(hashSeed('ab', 'c').toString('hex'), hashSeed('a', 'bc').toString('hex'));
+    assert.notEqual(hashSeed('', 'x').toString('hex'), hashSeed('x').toString('hex'));
+  });
+  test('refuses a lora with a lone surrogate', () => {
+    assertInvalid(() => hashSeed('', '\uDC00'), /lora must be a well-formed/);
+  });
 });
 
 describe('hashChunks vectors', () => {
@@ -117,6 +180,31 @@ describe('hashChunks vectors', () => {
       assert.deepEqual(render(hashChunks(Uint32Array.from(v.tokens), v.opts)), v.expected);
     });
   }
+
+  test('the vectors in docs/protocol.md 9.3 are these vectors', () => {
+    const doc = readFileSync(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
+    const section = doc.slice(
+      doc.indexOf('### 9.3 Test vectors'),
+      doc.indexOf('#### Reference script'),
+    );
+    // Split into `**X.** ...` paragraphs; each one's fenced block lists its chunks.
+    const blocks = new Map<string, string[]>();
+    for (const part of section.split(/^(?=\*\*[A-Z]\.\*\*)/m).slice(1)) {
+      const letter = part.slice(2, 3);
+      const fence = /```\n([^`]*)```/.exec(part);
+      blocks.set(letter, fence?.[1]?.trim().split('\n') ?? []);
+    }
+    for (const v of VECTORS) {
+      const letter = v.name.slice(0, 1);
+      assert.ok(blocks.has(letter), `vector ${letter} is in the doc`);
+      assert.deepEqual(
+        blocks.get(letter),
+        v.expected.map((c) => c.join(' ')),
+        `vector ${letter}`,
+      );
+    }
+    for (const [, , hex] of LORA_SEEDS) assert.ok(section.includes(hex), `seed ${hex}`);
+  });
 
   test('a Uint32Array view at a non-zero offset hashes only its own tokens', () => {
     const backing = new Uint32Array(610);
@@ -189,6 +277,160 @@ describe('hashChunks properties', () => {
   });
 });
 
+describe('hashChunks extras (lora, mm)', () => {
+  const tokens = range(1024);
+  const plain = hashChunks(tokens, { chunkSize: 64 });
+
+  test('no lora and no spans hash as before; empty lists and names are none', () => {
+    assert.deepEqual(
+      render(hashChunks(tokens, { chunkSize: 64, lora: '', mm: [] })),
+      render(plain),
+    );
+  });
+
+  test('a lora changes every chunk', () => {
+    const a = hashChunks(tokens, { chunkSize: 64, lora: 'x' });
+    for (let i = 0; i < a.length; i++)
+      assert.ok(!a[i]?.hash.equals(plain[i]?.hash ?? Buffer.alloc(0)));
+  });
+
+  test('a span changes the chunks it overlaps and every later one, not earlier ones', () => {
+    // Tokens [130, 140) lie in chunk 2.
+    const a = hashChunks(tokens, { chunkSize: 64, mm: [{ id: 'img', offset: 130, length: 10 }] });
+    for (let i = 0; i < a.length; i++) {
+      assert.equal(a[i]?.hash.equals(plain[i]?.hash ?? Buffer.alloc(0)), i < 2, `chunk ${i}`);
+    }
+  });
+
+  test('span boundaries: [offset, offset + length) overlaps chunk [start, end) exactly when offset < end and offset + length > start', () => {
+    const at = (offset: number, length: number) =>
+      render(hashChunks(tokens, { chunkSize: 64, mm: [{ id: 'i', offset, length }] }));
+    // Ending at 128 touches chunks 1 only; starting at 128 touches chunk 2 only.
+    assert.deepEqual(at(64, 64).slice(0, 1), render(plain).slice(0, 1));
+    assert.notDeepEqual(at(64, 64)[1], render(plain)[1]);
+    assert.deepEqual(at(127, 1).slice(0, 1), render(plain).slice(0, 1));
+    assert.deepEqual(at(128, 1).slice(0, 2), render(plain).slice(0, 2));
+    // A span past the hashed tokens changes nothing, which keeps the prefix property.
+    assert.deepEqual(at(1024, 5), render(plain));
+    const long = render(hashChunks(range(1030), { chunkSize: 64, partial: true }));
+    const withSpan = render(
+      hashChunks(range(1030), {
+        chunkSize: 64,
+        partial: true,
+        mm: [{ id: 'i', offset: 1024, length: 5 }],
+      }),
+    );
+    assert.deepEqual(withSpan.slice(0, 16), long.slice(0, 16));
+    assert.notDeepEqual(withSpan[16], long[16]);
+  });
+
+  test('the order of spans does not matter; their ids, offsets and lengths do', () => {
+    const base = render(hashChunks(range(800), { mm: MM_J }));
+    assert.deepEqual(render(hashChunks(range(800), { mm: [...MM_J].reverse() })), base);
+    const variants = [
+      [{ ...MM_J[0], id: 'img-x' }, ...MM_J.slice(1)],
+      [{ ...MM_J[0], offset: 301 }, ...MM_J.slice(1)],
+      [{ ...MM_J[0], length: 11 }, ...MM_J.slice(1)],
+      MM_J.slice(1),
+    ] as (typeof MM_J)[];
+    for (const mm of variants) assert.notDeepEqual(render(hashChunks(range(800), { mm })), base);
+  });
+
+  test('a string id is its UTF-8 bytes', () => {
+    const a = hashChunks(tokens, { chunkSize: 64, mm: [{ id: 'é', offset: 0, length: 1 }] });
+    const b = hashChunks(tokens, {
+      chunkSize: 64,
+      mm: [{ id: new Uint8Array([0xc3, 0xa9]), offset: 0, length: 1 }],
+    });
+    assert.deepEqual(render(a), render(b));
+  });
+
+  test('the prefix property holds with spans', () => {
+    const long = render(hashChunks(range(800), { mm: MM_J }));
+    for (const n of [256, 300, 512, 700]) {
+      const short = render(hashChunks(range(n), { mm: MM_J }));
+      assert.deepEqual(short, long.slice(0, short.length), `n ${n}`);
+    }
+  });
+
+  test('resolveChunkHasherOptions sorts spans and takes ids as bytes', () => {
+    const r = resolveChunkHasherOptions({ mm: MM_J, lora: 'l' });
+    assert.equal(r.lora, 'l');
+    assert.deepEqual(
+      r.mm.map((s) => [s.offset, s.length, s.id.toString('utf8')]),
+      [
+        [100, 200, 'img-a'],
+        [300, 10, 'aud'],
+        [300, 10, 'img-b'],
+        [500, 12, 'vid'],
+      ],
+    );
+  });
+
+  const bad: [string, unknown, RegExp][] = [
+    ['not an array', { id: 'a', offset: 0, length: 1 }, /mm must be an array of/],
+    ['a null span', [null], /mm\[0\] must be an object/],
+    [
+      'an empty id',
+      [{ id: '', offset: 0, length: 1 }],
+      /mm\[0\]\.id must be 1\.\.1024 bytes, got 0 bytes/,
+    ],
+    [
+      'a long id',
+      [{ id: 'x'.repeat(1025), offset: 0, length: 1 }],
+      /mm\[0\]\.id must be 1\.\.1024 bytes, got 1025/,
+    ],
+    [
+      'a numeric id',
+      [{ id: 7, offset: 0, length: 1 }],
+      /mm\[0\]\.id must be a string or a Uint8Array, got 7/,
+    ],
+    [
+      'an ill-formed id',
+      [{ id: 'a\uD800', offset: 0, length: 1 }],
+      /mm\[0\]\.id must be a well-formed/,
+    ],
+    [
+      'a negative offset',
+      [{ id: 'a', offset: -1, length: 1 }],
+      /mm\[0\]\.offset must be an integer >= 0, got -1/,
+    ],
+    ['a fractional offset', [{ id: 'a', offset: 0.5, length: 1 }], /mm\[0\]\.offset/],
+    [
+      'a zero length',
+      [{ id: 'a', offset: 0, length: 0 }],
+      /mm\[0\]\.length must be an integer >= 1, got 0/,
+    ],
+    ['a missing length', [{ id: 'a', offset: 0 }], /mm\[0\]\.length .* got undefined/],
+    [
+      'an end at 2^32',
+      [
+        { id: 'a', offset: 1, length: 1 },
+        { id: 'a', offset: 2 ** 32 - 2, length: 2 },
+      ],
+      /mm\[1\]\.length must keep offset \+ length < 2\^32, got offset 4294967294 and length 2/,
+    ],
+  ];
+  for (const [name, mm, pattern] of bad) {
+    test(`rejects ${name} in mm`, () => {
+      assertInvalid(() => hashChunks([1], { mm: mm as ChunkHasherOptions['mm'] }), pattern);
+    });
+  }
+
+  test('accepts an id of 1024 bytes and an end of 2^32 - 1', () => {
+    const mm = [
+      { id: 'x'.repeat(1024), offset: 0, length: 1 },
+      { id: 'y', offset: 2 ** 32 - 2, length: 1 },
+    ];
+    assert.equal(hashChunks([1], { partial: true, mm }).length, 1);
+  });
+
+  test('rejects a non-string or ill-formed lora', () => {
+    assertInvalid(() => hashChunks([1], { lora: 3 as unknown as string }), /lora must be a string/);
+    assertInvalid(() => hashChunks([1], { lora: 'a\uDBFF' }), /lora must be a well-formed/);
+  });
+});
+
 describe('hashChunks validation', () => {
   const bad: [string, unknown[], RegExp][] = [
     ['negative', [1, -1], /token 1 must be an integer in \[0, 4294967295\], got -1/],
@@ -226,11 +468,19 @@ describe('hashChunks validation', () => {
   });
 
   test('resolveChunkHasherOptions fills defaults', () => {
-    assert.deepEqual(resolveChunkHasherOptions(), { chunkSize: 256, salt: '', partial: false });
+    assert.deepEqual(resolveChunkHasherOptions(), {
+      chunkSize: 256,
+      salt: '',
+      partial: false,
+      lora: '',
+      mm: [],
+    });
     assert.deepEqual(resolveChunkHasherOptions({ chunkSize: 16, salt: 's', partial: true }), {
       chunkSize: 16,
       salt: 's',
       partial: true,
+      lora: '',
+      mm: [],
     });
   });
 });
