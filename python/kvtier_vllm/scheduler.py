@@ -1,0 +1,355 @@
+"""Scheduler side of the kvtier connector (vLLM ``KVConnectorBase_V1``, scheduler role).
+
+Mirrors ``src/connector/scheduler-connector.ts`` (docs/connector.md): pure bookkeeping over a
+non-blocking lookup client (:class:`kvtier_vllm.client.KvtierClient`, or a
+:class:`~kvtier_vllm.client.MultiLookupClient` over one sidecar per rank). No method waits for
+I/O. Claims are whole chunks (kvtier stores and loads whole chunks), never the last prompt token,
+and only beyond what the engine's own prefix cache computed; when that prefix ends inside a stored
+chunk (block-aligned, not chunk-aligned), the rest of that chunk is claimed and the LOAD skips the
+blocks the engine already has (``skip_blocks``). vLLM-free: the adapter in
+:mod:`kvtier_vllm.connector` converts vLLM's objects.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from .connector_types import (
+    ConnectorMeta,
+    ConnectorOutput,
+    ConnectorRequest,
+    LoadIntent,
+    RequestEnd,
+    SaveIntent,
+    ScheduledRequest,
+)
+from .errors import ClosedError, InvalidArgumentError
+from .hashing import hash_chunks
+
+__all__ = ["SchedulerConnector"]
+
+_log = logging.getLogger("kvtier_vllm.scheduler")
+
+
+@dataclass
+class _Offer:
+    num_computed: int
+    tokens: int
+
+
+@dataclass
+class _Tracked:
+    request_id: str
+    prompt_length: int
+    #: Hashes of the prompt's full chunks.
+    hashes: list
+    attempt: int = 0
+    lookup_id: str = ""
+    lookup: str = "none"  # none | pending | answered | consumed
+    hit_tokens: int = 0
+    offered: _Offer | None = None
+    intent: LoadIntent | None = None
+    loading: LoadIntent | None = None
+    stored_chunks: int = 0
+    saved_any: bool = False
+
+
+def _int(name: str, v: Any, lo: int = 0, hi: int = 2**53) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+class SchedulerConnector:
+    """Scheduler-side connector.
+
+    :param lookup: owned (``close()`` closes it when it has ``close``): an object with
+        ``lookup(lookup_id, hashes, token_counts[, namespaces]) -> int | None`` that never blocks,
+        ``forget(lookup_id)`` and ``cancel(lookup_id)``.
+    :param block_size: engine block size in tokens.
+    :param chunk_size: tokens per stored chunk, a multiple of ``block_size`` (must match the
+        workers' registration); default 256.
+    :param salt: default cache salt of requests that carry none.
+    :param namespaces: namespace ids (16 bytes each) every lookup names — one per rank this
+        sidecar hosts, derived with :func:`kvtier_vllm.namespace.derive_namespace`; None when the
+        lookup client knows its own (a ``MultiLookupClient``).
+    :raises InvalidArgumentError: on bad options.
+    """
+
+    def __init__(
+        self,
+        lookup: Any,
+        block_size: int,
+        chunk_size: int = 256,
+        salt: str = "",
+        namespaces: Sequence[bytes] | None = None,
+    ) -> None:
+        if not callable(getattr(lookup, "lookup", None)):
+            raise InvalidArgumentError("lookup must be a KvtierClient or MultiLookupClient")
+        self._lookup = lookup
+        self._block = _int("block_size", block_size, 1, 1 << 20)
+        self._chunk = _int("chunk_size", chunk_size, 1, 1 << 20)
+        if self._chunk % self._block:
+            raise InvalidArgumentError(f"chunk_size must be a multiple of block_size ({self._block}), got {self._chunk}")
+        self._bpc = self._chunk // self._block
+        if not isinstance(salt, str):
+            raise InvalidArgumentError(f"salt must be a string, got {salt!r}")
+        self._salt = salt
+        self._namespaces = None if namespaces is None else [bytes(n) for n in namespaces]
+        self._requests: dict[str, _Tracked] = {}
+        self._ended: list[RequestEnd] = []
+        self._closed = False
+
+    @property
+    def block_size(self) -> int:
+        return self._block
+
+    @property
+    def chunk_size(self) -> int:
+        return self._chunk
+
+    @property
+    def tracked_requests(self) -> int:
+        """Requests the connector currently tracks (gauges and leak checks)."""
+        return len(self._requests)
+
+    # ------------------------------------------------------------------ vLLM hooks
+
+    def get_num_new_matched_tokens(self, request: ConnectorRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """vLLM ``get_num_new_matched_tokens``: ``(None, False)`` while the lookup is pending
+        ("ask again next step"), else the tokens kvtier can load beyond ``num_computed_tokens`` and
+        whether the load is async (always when tokens > 0: loads never block the forward pass).
+
+        :raises InvalidArgumentError: for a bad request or count. :raises ClosedError:
+        """
+        self._open()
+        t = self._track(request)
+        computed = _int("num_computed_tokens", num_computed_tokens)
+        t.offered = None
+        lookup_chunks = self._lookup_chunks(t)
+        # A local prefix that ends inside a block cannot be extended by block-granular loads.
+        if computed % self._block or computed >= lookup_chunks * self._chunk:
+            return 0, False
+        if t.lookup in ("none", "consumed"):
+            t.attempt += 1
+            t.lookup_id = f"{t.request_id}#{t.attempt}"
+            t.lookup = "pending"
+        if t.lookup == "pending":
+            hashes = b"".join(t.hashes[:lookup_chunks])
+            counts = [self._chunk] * lookup_chunks
+            if self._namespaces is None:
+                answer = self._lookup.lookup(t.lookup_id, hashes, counts)
+            else:
+                answer = self._lookup.lookup(t.lookup_id, hashes, counts, self._namespaces)
+            if answer is None:
+                return None, False
+            t.lookup = "answered"
+            t.hit_tokens = int(answer)
+            t.stored_chunks = max(t.stored_chunks, t.hit_tokens // self._chunk)
+            _log.debug("lookup answered: request %s, %d tokens", t.request_id, t.hit_tokens)
+        claim = min(t.hit_tokens, t.prompt_length - 1)
+        claim -= claim % self._block
+        claim -= claim % self._chunk
+        tokens = claim - computed if claim > computed else 0
+        if tokens == 0:
+            if t.hit_tokens > 0:
+                self._release_lookup(t)  # nothing to load: the pins would only wait for their TTL
+            return 0, False
+        t.offered = _Offer(computed, tokens)
+        return tokens, True
+
+    def update_state_after_alloc(self, request: ConnectorRequest, block_ids: Sequence[int], num_external_tokens: int) -> None:
+        """vLLM ``update_state_after_alloc``: records which blocks receive which chunks.
+        ``block_ids`` is the request's whole block table; ``num_external_tokens`` what
+        :meth:`get_num_new_matched_tokens` returned (0 clears the intent). A second call for the
+        same request replaces the first.
+
+        :raises InvalidArgumentError: when the tokens were not offered or the table is too short.
+        """
+        self._open()
+        tokens = _int("num_external_tokens", num_external_tokens)
+        rid = getattr(request, "request_id", None)
+        t = self._requests.get(rid)
+        if tokens == 0:
+            if t is not None:
+                t.intent = None
+            return
+        offered = None if t is None else t.offered
+        if offered is None or tokens > offered.tokens or (offered.num_computed + tokens) % self._chunk:
+            raise InvalidArgumentError(
+                f"update_state_after_alloc: {tokens} external tokens for request {rid} were not offered "
+                f"(offered {0 if offered is None else offered.tokens}; loads end on a chunk boundary of {self._chunk})"
+            )
+        first = offered.num_computed // self._chunk
+        skip = (offered.num_computed % self._chunk) // self._block
+        end = (offered.num_computed + tokens) // self._chunk
+        table = list(block_ids)
+        if len(table) < end * self._bpc:
+            raise InvalidArgumentError(
+                f"update_state_after_alloc: chunks {first}..{end - 1} need {end * self._bpc} blocks in the table, got {len(table)}"
+            )
+        t.intent = LoadIntent(
+            request_id=t.request_id,
+            lookup_id=t.lookup_id,
+            first_chunk=first,
+            num_tokens=tokens,
+            block_ids=tuple(table[first * self._bpc + skip : end * self._bpc]),
+            chunk_hashes=b"".join(t.hashes[first:end]),
+            skip_blocks=skip,
+        )
+
+    def build_connector_meta(self, scheduled: Iterable[ScheduledRequest] = ()) -> ConnectorMeta:
+        """vLLM ``build_connector_meta``: the loads recorded since the last call, the saves of
+        full prompt chunks that this step completes (chunks kvtier holds are skipped), and the
+        requests that ended. Each item appears in exactly one metadata.
+        """
+        self._open()
+        loads: list[LoadIntent] = []
+        for t in self._requests.values():
+            if t.intent is None:
+                continue
+            loads.append(t.intent)
+            t.loading, t.intent = t.intent, None
+            t.lookup = "consumed"  # the load consumes the lookup's pins; a later ask needs a new lookup
+            t.stored_chunks = max(t.stored_chunks, t.loading.first_chunk + self._chunks_of(t.loading))
+        saves: list[SaveIntent] = []
+        for i, s in enumerate(scheduled):
+            t = self._track(s.request)
+            computed = _int(f"scheduled[{i}].num_computed_tokens", s.num_computed_tokens) + _int(
+                f"scheduled[{i}].num_scheduled_tokens", s.num_scheduled_tokens
+            )
+            blocks = list(s.block_ids or ())
+            full = min(len(t.hashes), min(computed, t.prompt_length) // self._chunk, len(blocks) // self._bpc)
+            if full <= t.stored_chunks:
+                continue
+            bpc = self._bpc
+            saves.append(
+                SaveIntent(
+                    request_id=t.request_id,
+                    first_chunk=t.stored_chunks,
+                    block_ids=tuple(blocks[t.stored_chunks * bpc : full * bpc]),
+                    chunk_hashes=b"".join(t.hashes[t.stored_chunks : full]),
+                )
+            )
+            t.stored_chunks = full
+            t.saved_any = True
+        finished, self._ended = self._ended, []
+        return ConnectorMeta(tuple(loads), tuple(saves), tuple(finished))
+
+    def update_connector_output(self, output: ConnectorOutput | Any) -> None:
+        """vLLM ``update_connector_output``: settles loads reported in ``finished_recving``; a
+        failed load's chunks (from the first invalid block on) count as not stored, so they are
+        saved again once the engine recomputes them."""
+        invalid = set(getattr(output, "invalid_block_ids", None) or ())
+        done = set(getattr(output, "finished_recving", None) or ())
+        for t in self._requests.values():
+            load = t.loading
+            if load is None:
+                continue
+            if invalid:
+                at = next((i for i, b in enumerate(load.block_ids) if b in invalid), -1)
+                if at >= 0:
+                    chunk = load.first_chunk + (at + load.skip_blocks) // self._bpc
+                    t.stored_chunks = min(t.stored_chunks, chunk)
+            if t.request_id in done:
+                t.loading = None
+
+    def request_finished(self, request: ConnectorRequest | Any, block_ids: Sequence[int] | None = None) -> tuple[bool, dict | None]:
+        """vLLM ``request_finished`` (terminal free: finished or aborted). Cancels a pending
+        lookup, releases unused pins, drops an unsent load and queues the release for the
+        workers. Returns ``(delay_free, params)``: ``delay_free`` while a save may still read the
+        blocks or a load may still write them (the engine then frees them when a worker reports
+        the id in ``finished_sending``); ``params``: ``{"stored_tokens": n}`` or None."""
+        t = self._requests.pop(getattr(request, "request_id", None), None)
+        if t is None:
+            return False, None
+        self._release_lookup(t)
+        t.intent = None
+        delay = t.saved_any or t.loading is not None
+        kind = "aborted" if getattr(request, "aborted", False) else "finished"
+        self._ended.append(RequestEnd(t.request_id, kind, delay))
+        stored = t.stored_chunks * self._chunk
+        return delay, ({"stored_tokens": stored} if stored > 0 else None)
+
+    def request_preempted(self, request: ConnectorRequest | Any) -> None:
+        """Preemption (the engine frees the blocks and requeues the request): nothing is
+        released. Unused pins stay for the next ask; an unsent load is dropped (its blocks are
+        gone). Workers get the id so they can finish saves that read those blocks."""
+        rid = request if isinstance(request, str) else getattr(request, "request_id", None)
+        t = self._requests.get(rid)
+        if t is None:
+            return
+        t.intent = None
+        t.offered = None
+        self._ended.append(RequestEnd(t.request_id, "preempted", False))
+
+    def reset_cache(self) -> bool:
+        """vLLM ``reset_cache`` / ``reset_prefix_cache``: forgets cached lookup answers (releasing
+        their pins) so waiting requests look up afresh. Recorded or running loads are kept."""
+        for t in self._requests.values():
+            if t.intent is not None or t.loading is not None:
+                continue
+            self._release_lookup(t)
+            t.offered = None
+        return True
+
+    def close(self) -> None:
+        """Releases what it tracks and closes the lookup client. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for t in self._requests.values():
+            self._release_lookup(t)
+        self._requests.clear()
+        self._ended = []
+        close = getattr(self._lookup, "close", None)
+        if callable(close):
+            close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _open(self) -> None:
+        if self._closed:
+            raise ClosedError("scheduler connector is closed")
+
+    def _track(self, request: ConnectorRequest | Any) -> _Tracked:
+        rid = getattr(request, "request_id", None)
+        if not isinstance(rid, str) or not rid:
+            raise InvalidArgumentError(f"request.request_id must be a non-empty string, got {rid!r}")
+        t = self._requests.get(rid)
+        if t is not None:
+            return t
+        tokens = getattr(request, "prompt_token_ids", None)
+        if tokens is None:
+            tokens = ()  # e.g. prompt embeddings: nothing kvtier can key
+        salt = getattr(request, "cache_salt", None)
+        chunks = hash_chunks(
+            tokens,
+            chunk_size=self._chunk,
+            salt=self._salt if salt is None else salt,
+            lora=getattr(request, "lora", None) or None,
+            mm=list(getattr(request, "mm", ()) or ()) or None,
+        )
+        t = _Tracked(rid, len(tokens), [c.hash for c in chunks])
+        self._requests[rid] = t
+        return t
+
+    def _lookup_chunks(self, t: _Tracked) -> int:
+        """Full chunks that end before the last prompt token (which the engine always computes)."""
+        return min(len(t.hashes), max(0, t.prompt_length - 1) // self._chunk)
+
+    def _chunks_of(self, intent: LoadIntent) -> int:
+        return (len(intent.block_ids) + intent.skip_blocks) // self._bpc
+
+    def _release_lookup(self, t: _Tracked) -> None:
+        try:
+            if t.lookup == "pending":
+                self._lookup.forget(t.lookup_id)
+            elif t.lookup == "answered" and t.hit_tokens > 0:
+                self._lookup.cancel(t.lookup_id)
+        except Exception as err:  # a lost CANCEL only leaves pins to their TTL
+            _log.debug("lookup release failed for %s (the pin TTL releases it): %s", t.lookup_id, err)
+        if t.lookup in ("pending", "answered"):
+            t.lookup = "consumed"
