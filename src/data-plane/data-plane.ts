@@ -4,6 +4,7 @@ import { closedError, KvtierError } from '../errors.ts';
 import type { PinnedLookup, StorageManager } from '../storage-manager/storage-manager.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
+import { resolveCudaDevice } from './device-uuid.ts';
 import { createFsCopyEngine } from './fs-copy-engine.ts';
 import {
   appendChunkOps,
@@ -34,8 +35,17 @@ export type CopySurface = Uint8Array | DeviceSurface;
 export interface CopyEngine {
   /** Opens a host shared-memory KV (or state) file for reading and writing, shared with its creator. */
   openFile(path: string): Promise<DeviceSurface>;
-  /** Opens a CUDA IPC allocation; absent on engines without CUDA. */
-  openCuda?(ipcHandle: string, allocationBytes: number): Promise<DeviceSurface>;
+  /**
+   * Opens a CUDA IPC allocation on device `device` (an index among the devices this process
+   * sees, from {@link CopyEngine.cudaDevices}); copies touching the surface run on that device.
+   * Absent on engines without CUDA.
+   */
+  openCuda?(ipcHandle: string, allocationBytes: number, device: number): Promise<DeviceSurface>;
+  /**
+   * UUIDs of the CUDA devices this process sees, by index (`GPU-xxxxxxxx-...`); present with
+   * `openCuda`. Registrations name their GPU by UUID and are opened on its index here.
+   */
+  cudaDevices?(): readonly string[];
   copy(surfaces: readonly CopySurface[], ops: Float64Array): Promise<void>;
 }
 
@@ -83,9 +93,17 @@ export interface LoadRequest {
   requestId: string;
   /** The lookup whose pins cover the chunks (held by `holdLookup` or still in the storage manager). */
   lookupId: string;
-  /** Destination blocks, aligned with the chunks like {@link SaveRequest.blockIds}. */
+  /**
+   * Destination blocks, aligned with the chunks like {@link SaveRequest.blockIds}, less the
+   * `skipBlocks` leading blocks of the first chunk.
+   */
   blockIds: ArrayLike<number>;
   chunkHashes: readonly ChunkHash[];
+  /**
+   * Leading blocks of the first chunk the engine already holds (its prefix cache ended inside
+   * that chunk): they are not written and not in `blockIds`. 0..blocksPerChunk-1; default 0.
+   */
+  skipBlocks?: number;
   /** Chunks not started by this time (on the `now` clock, ms) are reported invalid. */
   deadlineMs?: number;
   /** Slot of the registered state file to set to DONE or FAILED. */
@@ -172,7 +190,10 @@ export class DataPlane {
   /**
    * Registers an engine's KV caches: validates, opens every file (or IPC allocation) once and
    * checks each region fits. Re-registering an engine id first releases the old registration.
-   * @throws KvtierError `KVT_INVALID_ARGUMENT` for a bad registration or an unopenable file;
+   * A cuda registration is opened on the device whose UUID it names (`deviceUuid`), found among
+   * the copy engine's `cudaDevices()`; without one, on the only device this process sees.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` for a bad registration, an unopenable file, or a
+   *   `deviceUuid` this process does not see (or none named while it sees several GPUs);
    *   `KVT_CONFIG` for the cuda device without a CUDA copy engine; `KVT_CLOSED` after close.
    */
   async register(reg: KvRegistration): Promise<KvLayout> {
@@ -183,6 +204,10 @@ export class DataPlane {
         'KVT_CONFIG',
         'the cuda device needs the native copy engine (CUDA build on a GPU machine)',
       );
+    const cudaDevice =
+      layout.device === 'cuda'
+        ? resolveCudaDevice(layout.deviceUuid, this.#copy.cudaDevices?.() ?? [])
+        : -1;
     if (this.#engines.has(layout.engineId)) await this.engineGone(layout.engineId);
     const opened = new Map<string, number>();
     const surfaces: DeviceSurface[] = [];
@@ -213,7 +238,7 @@ export class DataPlane {
           loc.device === 'host'
             ? await openOne(loc.path, () => openFile(loc.path))
             : await openOne(`cuda:${loc.ipcHandle}`, () =>
-                this.#copy.openCuda!(loc.ipcHandle, loc.allocationBytes),
+                this.#copy.openCuda!(loc.ipcHandle, loc.allocationBytes, cudaDevice),
               ),
         );
       }
@@ -236,6 +261,7 @@ export class DataPlane {
       this.#log.info('kv cache registered', {
         engineId: layout.engineId,
         namespace: layout.namespace.label,
+        ...(cudaDevice >= 0 ? { cudaDevice, deviceUuid: layout.deviceUuid } : {}),
       });
       return layout;
     } catch (err) {
@@ -361,7 +387,9 @@ export class DataPlane {
    * by hash against the pinned set; a chunk that is not pinned, gone, malformed, past the deadline
    * or cut short by the request's end, and every chunk after it, are reported in
    * `invalidBlockIds`, never as loaded. `signal` and `deadlineMs` are checked between chunks (a
-   * chunk being copied completes). Chunk `i` goes to `blockIds[i * blocksPerChunk ...]`.
+   * chunk being copied completes). Chunk `i` goes to `blockIds[i * blocksPerChunk ...]`; with
+   * `skipBlocks = s` only blocks `s..` of the first chunk are written (to `blockIds[0 ...]`), the
+   * later chunks' ranges move down by `s`, and `loadedTokens` counts only written blocks.
    *
    * Completion word: a 4-byte little-endian int32 the engine sets to `LOAD_STATE.PENDING` before
    * asking and polls; kvtier writes `DONE` (every chunk loaded) or `FAILED` (some invalid, or the
@@ -377,7 +405,8 @@ export class DataPlane {
       eng = this.#engine(req.engineId);
       const lookupId = requireString('load.lookupId', req.lookupId, { nonEmpty: true });
       const hashes = checkHashes(req.chunkHashes, 'load');
-      const chunks = splitBlocks(eng.layout, req.blockIds, hashes.length, 'load');
+      const skip = req.skipBlocks ?? 0;
+      const chunks = splitBlocks(eng.layout, req.blockIds, hashes.length, 'load', skip);
       if (new Set(chunks.flat()).size !== req.blockIds.length)
         throw new KvtierError('KVT_INVALID_ARGUMENT', 'load.blockIds must not repeat a block');
       if (req.stateSlot !== undefined)
@@ -392,7 +421,7 @@ export class DataPlane {
       try {
         result = await this.#track(
           eng,
-          this.#scatter(eng, state, pinned, hashes, chunks, req.deadlineMs, opts.signal),
+          this.#scatter(eng, state, pinned, hashes, chunks, skip, req.deadlineMs, opts.signal),
         );
       } finally {
         if (pinned !== undefined) this.#storage.releaseLookup(pinned);
@@ -411,6 +440,7 @@ export class DataPlane {
     pinned: PinnedLookup | undefined,
     hashes: readonly ChunkHash[],
     chunks: number[][],
+    skipBlocks: number,
     deadlineMs: number | undefined,
     signal: AbortSignal | undefined,
   ): Promise<LoadResult> {
@@ -430,11 +460,13 @@ export class DataPlane {
       const hash = hashes[i]!;
       const ids = chunks[i]!;
       const chunk = ready.has(hash) ? found.get(hash) : undefined;
-      const tokens = ids.length * layout.blockSize;
+      // Only the first chunk may start with blocks the engine already holds.
+      const skip = i === 0 ? skipBlocks : 0;
+      const blocks = skip + ids.length;
       if (chunk == null) break;
       if (
-        chunk.tokens !== tokens ||
-        chunk.data.byteLength !== chunkPayloadBytes(layout, ids.length)
+        chunk.tokens !== blocks * layout.blockSize ||
+        chunk.data.byteLength !== chunkPayloadBytes(layout, blocks)
       ) {
         this.#log.warn('stored chunk does not match the layout; reported invalid', {
           hash,
@@ -444,14 +476,14 @@ export class DataPlane {
         break;
       }
       const ops: number[] = [];
-      appendChunkOps(ops, layout, 'scatter', ids, eng.regionSurface, eng.surfaces.length);
+      appendChunkOps(ops, layout, 'scatter', ids, eng.regionSurface, eng.surfaces.length, 0, skip);
       try {
         await this.#copy.copy([...eng.surfaces, chunk.data], Float64Array.from(ops));
       } catch (err) {
         this.#log.warn('scatter failed; chunk reported invalid', { hash, err });
         break;
       }
-      loadedTokens += tokens;
+      loadedTokens += ids.length * layout.blockSize;
     }
     return { loadedTokens, invalidBlockIds: chunks.slice(i).flat() };
   }

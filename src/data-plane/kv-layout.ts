@@ -3,6 +3,7 @@ import { KvtierError } from '../errors.ts';
 import {
   bytesPerToken,
   deriveNamespace,
+  MAX_PP_SIZE,
   type Namespace,
   type NamespaceSpec,
 } from '../namespace/namespace.ts';
@@ -13,6 +14,7 @@ import {
   requireOneOf,
   requireString,
 } from '../util/validate.ts';
+import { normalizeDeviceUuid } from './device-uuid.ts';
 
 /**
  * KV cache registration and address math (design decision 6).
@@ -60,6 +62,13 @@ export interface KvStateFileSpec {
 export interface KvRegistration {
   engineId: string;
   device: KvDeviceKind;
+  /**
+   * `cuda` only: the UUID of the GPU holding the KV cache, `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`
+   * (hex in any case, `GPU-` prefix optional). The sidecar opens the handles and issues the copies
+   * on the device with that UUID among those it sees. May be omitted only when the sidecar sees
+   * exactly one GPU.
+   */
+  deviceUuid?: string;
   modelId: string;
   /** KV element type, e.g. `bfloat16` (aliases as in `normalizeDtype`). */
   dtype: string;
@@ -69,6 +78,12 @@ export interface KvRegistration {
   tpSize: number;
   tpRank: number;
   mla: boolean;
+  /** Pipeline-parallel stages, 1..1024; default 1. With more than 1 they enter the namespace. */
+  ppSize?: number;
+  /** This stage, 0..ppSize-1; default 0. */
+  ppRank?: number;
+  /** Index in the model of this stage's first layer; default 0 (and 0 when ppSize is 1). */
+  ppFirstLayer?: number;
   /** Blocks in each region. */
   numBlocks: number;
   /** Tokens per engine block. */
@@ -105,6 +120,8 @@ export interface KvRegion {
 export interface KvLayout {
   readonly engineId: string;
   readonly device: KvDeviceKind;
+  /** Canonical `GPU-...` UUID (lowercase) of a cuda registration that named one; else null. */
+  readonly deviceUuid: string | null;
   readonly namespace: Namespace;
   readonly numLayers: number;
   readonly numBlocks: number;
@@ -143,12 +160,27 @@ export function resolveKvRegistration(reg: KvRegistration): KvLayout {
   const engineId = requireString('registration.engineId', reg.engineId, { nonEmpty: true });
   if (engineId.length > 256) throw invalid('registration.engineId must be at most 256 characters');
   const device = requireOneOf('registration.device', reg.device, ['host', 'cuda'] as const);
+  let deviceUuid: string | null = null;
+  if (reg.deviceUuid !== undefined) {
+    if (device !== 'cuda')
+      throw invalid(
+        `registration.deviceUuid is for the cuda device, got device ${describe(device)}`,
+      );
+    deviceUuid = normalizeDeviceUuid('registration.deviceUuid', reg.deviceUuid);
+  }
   if (!Array.isArray(reg.layers) || reg.layers.length === 0)
     throw invalid(
       `registration.layers must be a non-empty array, got ${describe(reg.layers as unknown)}`,
     );
   const mla = requireBoolean('registration.mla', reg.mla);
   const blockSize = requireInt('registration.blockSize', reg.blockSize, 1, 1 << 20);
+  const ppSize = requireInt('registration.ppSize', reg.ppSize ?? 1, 1, MAX_PP_SIZE);
+  const ppRank = requireInt('registration.ppRank', reg.ppRank ?? 0, 0, ppSize - 1);
+  const ppFirstLayer = requireInt('registration.ppFirstLayer', reg.ppFirstLayer ?? 0, 0);
+  if (ppSize === 1 && ppFirstLayer !== 0)
+    throw invalid(
+      `registration.ppFirstLayer must be 0 without pipeline parallelism (ppSize 1), got ${ppFirstLayer}`,
+    );
   const spec: NamespaceSpec = {
     modelId: reg.modelId,
     dtype: reg.dtype,
@@ -160,6 +192,9 @@ export function resolveKvRegistration(reg: KvRegistration): KvLayout {
     tpRank: reg.tpRank,
     mla,
     layoutVersion: reg.layoutVersion ?? 1,
+    ppSize,
+    ppRank,
+    ppFirstLayer,
   };
   const namespace = deriveNamespace(spec);
   const regionsPerLayer = mla ? 1 : 2;
@@ -216,6 +251,7 @@ export function resolveKvRegistration(reg: KvRegistration): KvLayout {
   return Object.freeze({
     engineId,
     device,
+    deviceUuid,
     namespace,
     numLayers: reg.layers.length,
     numBlocks,
@@ -306,26 +342,36 @@ export function payloadOffset(
 
 /**
  * Splits a block table over chunks: chunk `i` owns blocks `[i * blocksPerChunk, ...)`; only the
- * last chunk may have fewer blocks. Validates ids against `numBlocks`.
+ * last chunk may have fewer blocks. With `skipBlocks = s` the first `s` blocks of the first chunk
+ * are absent from `blockIds` (the engine holds them already), so chunk 0 gets the first
+ * `blocksPerChunk - s` ids and every later chunk's range moves down by `s`. Validates ids
+ * against `numBlocks`.
  * @returns the block ids of each chunk.
- * @throws KvtierError `KVT_INVALID_ARGUMENT` when counts do not match or an id is out of range.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` when counts do not match, an id is out of range, or
+ *   `skipBlocks` is not in `0..blocksPerChunk - 1` (or is > 0 with no chunks).
  */
 export function splitBlocks(
   layout: KvLayout,
   blockIds: ArrayLike<number>,
   chunks: number,
   what: string,
+  skipBlocks = 0,
 ): number[][] {
   const per = layout.blocksPerChunk;
+  const s = requireInt(`${what}.skipBlocks`, skipBlocks, 0, per - 1);
+  if (s > 0 && chunks === 0) throw invalid(`${what}: skipBlocks is ${s} but there are no chunks`);
   const n = blockIds.length;
-  if (chunks === 0 ? n !== 0 : n <= (chunks - 1) * per || n > chunks * per)
+  const lo = chunks === 0 ? 0 : Math.max(0, (chunks - 1) * per + 1 - s);
+  const hi = chunks === 0 ? 0 : chunks * per - s;
+  if (n < lo || n > hi)
     throw invalid(
-      `${what}: ${chunks} chunks of ${per} blocks need ${chunks === 0 ? 0 : `${(chunks - 1) * per + 1}..${chunks * per}`} block ids, got ${n}`,
+      `${what}: ${chunks} chunks of ${per} blocks${s > 0 ? ` skipping ${s}` : ''} need ${chunks === 0 ? 0 : `${lo}..${hi}`} block ids, got ${n}`,
     );
   const out: number[][] = [];
   for (let i = 0; i < chunks; i++) {
     const ids: number[] = [];
-    for (let k = i * per; k < Math.min(n, (i + 1) * per); k++)
+    const start = i === 0 ? 0 : i * per - s;
+    for (let k = start; k < Math.min(n, (i + 1) * per - s); k++)
       ids.push(requireInt(`${what}.blockIds[${k}]`, blockIds[k], 0, layout.numBlocks - 1));
     out.push(ids);
   }
@@ -336,6 +382,8 @@ export function splitBlocks(
  * Appends the copy ops of one chunk as 5-tuples `[src, srcOffset, dst, dstOffset, length]`.
  * `gather` copies blocks into the payload, `scatter` the payload into blocks.
  * @param regionSurface surface index of each region; @param payload surface index of the payload.
+ * @param skipBlocks leading blocks of the chunk that are not copied: `blockIds[j]` is the chunk's
+ *   block `skipBlocks + j`, in a payload of `skipBlocks + blockIds.length` blocks. Default 0.
  */
 export function appendChunkOps(
   out: number[],
@@ -345,14 +393,15 @@ export function appendChunkOps(
   regionSurface: readonly number[],
   payload: number,
   payloadBase = 0,
+  skipBlocks = 0,
 ): void {
-  const n = blockIds.length;
+  const n = skipBlocks + blockIds.length;
   const len = layout.blockBytes;
   for (let r = 0; r < layout.regions.length; r++) {
     const surface = regionSurface[r]!;
-    for (let j = 0; j < n; j++) {
+    for (let j = 0; j < blockIds.length; j++) {
       const dev = blockOffset(layout, r, blockIds[j]!);
-      const pay = payloadBase + payloadOffset(layout, r, j, n);
+      const pay = payloadBase + payloadOffset(layout, r, skipBlocks + j, n);
       if (direction === 'gather') out.push(surface, dev, payload, pay, len);
       else out.push(payload, pay, surface, dev, len);
     }

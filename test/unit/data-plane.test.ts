@@ -768,3 +768,224 @@ describe('DataPlane registration and request validation', () => {
     );
   });
 });
+
+describe('DataPlane partial-chunk loads (skipBlocks)', () => {
+  test('skipped blocks are not written, the rest land byte-exact, loadedTokens leaves them out', async () => {
+    const e = env({}, false);
+    const srcPath = kvFile();
+    const dstPath = kvFile();
+    const layout = await e.dp.register(registration(srcPath, 'A'));
+    await e.dp.register(registration(dstPath, 'B'));
+    const hs = hashes(3);
+    // 2.5 chunks: 4 + 4 + 2 blocks
+    const src = shuffledBlocks().slice(0, 10);
+    await e.dp.save({ engineId: 'A', requestId: 'w', blockIds: src, chunkHashes: hs });
+    for (const skip of [1, 3]) {
+      assert.equal(await lookup(e, `L${skip}`, layout.namespace.id, hs), 3);
+      const dst = shuffledBlocks().slice(0, 10 - skip);
+      const before = readFileSync(dstPath);
+      const word = new Int32Array(1);
+      const out = await e.dp.load({
+        engineId: 'B',
+        requestId: `r${skip}`,
+        lookupId: `L${skip}`,
+        blockIds: dst,
+        chunkHashes: hs,
+        skipBlocks: skip,
+        stateWord: word,
+      });
+      assert.deepEqual(out, { loadedTokens: (10 - skip) * 4, invalidBlockIds: [] });
+      assert.equal(word[0], LOAD_STATE.DONE);
+      // dst[j] holds the chunk-sequence block skip + j of the saved request
+      assertLoaded(snapshot(srcPath, src.slice(skip)), dstPath, dst);
+      const after = readFileSync(dstPath);
+      const written = new Set(dst);
+      for (let r = 0; r < 2 * LAYERS; r++)
+        for (let b = 0; b < NUM_BLOCKS; b++) {
+          const at = regionOffset(r, false) + b * STRIDE;
+          const from = written.has(b) ? at + BLOCK_BYTES : at;
+          assert.equal(
+            Buffer.compare(before.subarray(from, at + STRIDE), after.subarray(from, at + STRIDE)),
+            0,
+            `skip ${skip}: region ${r} block ${b} changed outside the loaded bytes`,
+          );
+        }
+    }
+    assert.equal(pins(e), 0);
+  });
+
+  test('a failing chunk reports only listed blocks invalid, never the skipped ones', async () => {
+    const e = env({}, false);
+    const layout = await e.dp.register(registration(kvFile(), 'A'));
+    const hs = hashes(2);
+    await e.dp.save({
+      engineId: 'A',
+      requestId: 'w',
+      blockIds: [0, 1, 2, 3, 4, 5, 6, 7],
+      chunkHashes: hs,
+    });
+    assert.equal(await lookup(e, 'L', layout.namespace.id, hs), 2);
+    const unknown = hashes(2);
+    const out = await e.dp.load({
+      engineId: 'A',
+      requestId: 'r',
+      lookupId: 'L',
+      blockIds: [20, 21, 22, 23, 24, 25],
+      chunkHashes: [unknown[0]!, hs[1]!],
+      skipBlocks: 2,
+    });
+    assert.deepEqual(out, { loadedTokens: 0, invalidBlockIds: [20, 21, 22, 23, 24, 25] });
+    // The second chunk is the first to fail: only its blocks are invalid.
+    assert.equal(await lookup(e, 'L2', layout.namespace.id, hs), 2);
+    const second = await e.dp.load({
+      engineId: 'A',
+      requestId: 'r',
+      lookupId: 'L2',
+      blockIds: [30, 31, 32, 33, 34],
+      chunkHashes: [hs[0]!, unknown[1]!],
+      skipBlocks: 3,
+    });
+    assert.deepEqual(second, { loadedTokens: 4, invalidBlockIds: [31, 32, 33, 34] });
+  });
+
+  test('a stored chunk shorter than skip + listed blocks is invalid, not misread', async () => {
+    const e = env({}, false);
+    const layout = await e.dp.register(registration(kvFile(), 'A'));
+    const hs = hashes(1);
+    // A short chunk of 2 blocks.
+    await e.dp.save({ engineId: 'A', requestId: 'w', blockIds: [0, 1], chunkHashes: hs });
+    assert.equal(await lookup(e, 'L', layout.namespace.id, hs), 1);
+    const out = await e.dp.load({
+      engineId: 'A',
+      requestId: 'r',
+      lookupId: 'L',
+      blockIds: [9, 10],
+      chunkHashes: hs,
+      skipBlocks: 1,
+    });
+    assert.deepEqual(out, { loadedTokens: 0, invalidBlockIds: [9, 10] });
+  });
+
+  test('refuses a skip of a whole chunk, a skip without chunks and a block count that does not fit', async () => {
+    const e = env({}, false);
+    await e.dp.register(registration(kvFile(), 'A'));
+    const hs = hashes(2);
+    const base = { engineId: 'A', requestId: 'r', lookupId: 'L', chunkHashes: hs };
+    const word = new Int32Array(1);
+    await expectCode(
+      e.dp.load({ ...base, blockIds: [1, 2, 3, 4], skipBlocks: 4, stateWord: word }),
+      'KVT_INVALID_ARGUMENT',
+      /load\.skipBlocks must be an integer in \[0, 3\]/,
+    );
+    assert.equal(word[0], LOAD_STATE.FAILED);
+    await expectCode(
+      e.dp.load({ ...base, blockIds: [1, 2], skipBlocks: 2 }),
+      'KVT_INVALID_ARGUMENT',
+      /2 chunks of 4 blocks skipping 2 need 3\.\.6 block ids, got 2/,
+    );
+    await expectCode(
+      e.dp.load({ ...base, blockIds: [1, 2, 3, 4, 5, 6, 7], skipBlocks: 2 }),
+      'KVT_INVALID_ARGUMENT',
+      /need 3\.\.6 block ids, got 7/,
+    );
+    await expectCode(
+      e.dp.load({ ...base, chunkHashes: [], blockIds: [], skipBlocks: 1 }),
+      'KVT_INVALID_ARGUMENT',
+      /skipBlocks is 1 but there are no chunks/,
+    );
+  });
+});
+
+describe('DataPlane cuda registrations: the GPU by UUID', () => {
+  const GPUS = [
+    'GPU-00000000-1111-2222-3333-444444444444',
+    'GPU-abcdef01-2345-6789-abcd-ef0123456789',
+    'GPU-5b4c7ab1-8e0a-4f1d-9a3e-0123456789ab',
+  ];
+
+  /** A copy engine that claims CUDA and records where each IPC handle was opened. */
+  function fakeCuda(visible: readonly string[] | undefined) {
+    const opened: { handle: string; device: number }[] = [];
+    let closed = 0;
+    const base = createFsCopyEngine();
+    const engine: CopyEngine = {
+      openFile: (p) => base.openFile(p),
+      copy: (s, o) => base.copy(s, o),
+      openCuda: async (handle, allocationBytes, device) => {
+        opened.push({ handle, device });
+        return {
+          sizeBytes: allocationBytes,
+          close: async () => {
+            closed++;
+          },
+        };
+      },
+      ...(visible === undefined ? {} : { cudaDevices: () => visible }),
+    };
+    return { engine, opened, closedCount: () => closed };
+  }
+
+  function cudaRegistration(engineId: string, deviceUuid?: string): KvRegistration {
+    const handle = (l: number) => l.toString(16).padStart(2, '0').repeat(64);
+    return {
+      ...registration('/unused', engineId),
+      device: 'cuda',
+      ...(deviceUuid === undefined ? {} : { deviceUuid }),
+      layers: Array.from({ length: LAYERS }, (_, l) => ({
+        k: { ipcHandle: handle(l), allocationBytes: 1 << 20, offsetBytes: 0 },
+        v: { ipcHandle: handle(l), allocationBytes: 1 << 20, offsetBytes: 1 << 19 },
+      })),
+    };
+  }
+
+  test('opens every handle on the device whose UUID the registration names', async () => {
+    const cuda = fakeCuda(GPUS);
+    const e = env({ copyEngine: cuda.engine }, false);
+    const layout = await e.dp.register(cudaRegistration('A', GPUS[2]!.slice(4).toUpperCase()));
+    assert.equal(layout.deviceUuid, GPUS[2]);
+    assert.equal(cuda.opened.length, LAYERS, 'one open per allocation');
+    assert.deepEqual(new Set(cuda.opened.map((o) => o.device)), new Set([2]));
+    await e.dp.register(cudaRegistration('B', GPUS[0]));
+    assert.deepEqual(
+      cuda.opened.slice(LAYERS).map((o) => o.device),
+      Array.from({ length: LAYERS }, () => 0),
+    );
+    assert.equal(await e.dp.engineGone('A'), true);
+    assert.equal(cuda.closedCount(), LAYERS);
+  });
+
+  test('a UUID the sidecar does not see, or none among several GPUs, is refused before opening', async () => {
+    const cuda = fakeCuda(GPUS.slice(0, 2));
+    const e = env({ copyEngine: cuda.engine }, false);
+    await expectCode(
+      e.dp.register(cudaRegistration('A', GPUS[2])),
+      'KVT_INVALID_ARGUMENT',
+      /deviceUuid GPU-5b4c7ab1-8e0a-4f1d-9a3e-0123456789ab is not a device the sidecar sees \(0: GPU-00000000.*, 1: GPU-abcdef01.*\).*CUDA_VISIBLE_DEVICES/,
+    );
+    await expectCode(
+      e.dp.register(cudaRegistration('A')),
+      'KVT_INVALID_ARGUMENT',
+      /deviceUuid is required: the sidecar sees 2 CUDA devices/,
+    );
+    assert.equal(cuda.opened.length, 0);
+    assert.equal(e.dp.stats().engines, 0);
+  });
+
+  test('without a UUID the only visible GPU is used', async () => {
+    const cuda = fakeCuda(GPUS.slice(1, 2));
+    const e = env({ copyEngine: cuda.engine }, false);
+    const layout = await e.dp.register(cudaRegistration('A'));
+    assert.equal(layout.deviceUuid, null);
+    assert.deepEqual(new Set(cuda.opened.map((o) => o.device)), new Set([0]));
+  });
+
+  test('a deviceUuid with the host device is refused; without a CUDA engine cuda stays KVT_CONFIG', async () => {
+    const e = env({}, false);
+    await expectCode(
+      e.dp.register({ ...registration(kvFile(), 'A'), deviceUuid: GPUS[0]! }),
+      'KVT_INVALID_ARGUMENT',
+      /deviceUuid is for the cuda device/,
+    );
+    await expectCode(e.dp.register(cudaRegistration('A', GPUS[0])), 'KVT_CONFIG');
+  });
+});

@@ -266,3 +266,163 @@ describe('address math', () => {
       ]);
   });
 });
+
+describe('skipBlocks: splitting and copy planning of a partial first chunk', () => {
+  test('chunk 0 takes blocksPerChunk - skip ids and the later chunks move down by skip', () => {
+    const layout = resolveKvRegistration(reg());
+    // 4 blocks per chunk, skip 3: chunk 0 gets 1 id, chunk 1 four, chunk 2 the rest.
+    assert.deepEqual(splitBlocks(layout, [9, 1, 5, 3, 2, 0, 7], 3, 'load', 3), [
+      [9],
+      [1, 5, 3, 2],
+      [0, 7],
+    ]);
+    assert.deepEqual(splitBlocks(layout, [9, 1], 1, 'load', 2), [[9, 1]]);
+    // A short single chunk may leave nothing to load: s + M blocks are stored.
+    assert.deepEqual(splitBlocks(layout, [], 1, 'load', 1), [[]]);
+    assert.deepEqual(splitBlocks(layout, [9, 1, 5, 3], 1, 'load', 0), [[9, 1, 5, 3]]);
+  });
+
+  test('M must lie in ((N-1)*B + 1 - s) .. (N*B - s), s < B, and s > 0 needs a chunk', () => {
+    const layout = resolveKvRegistration(reg());
+    const ids = (n: number) => Array.from({ length: n }, (_, i) => i % 10);
+    // N = 2, B = 4, s = 1: 4..7 ids.
+    assert.equal(splitBlocks(layout, ids(4), 2, 'load', 1).flat().length, 4);
+    assert.equal(splitBlocks(layout, ids(7), 2, 'load', 1).flat().length, 7);
+    rejects(
+      () => splitBlocks(layout, ids(3), 2, 'load', 1),
+      /skipping 1 need 4\.\.7 block ids, got 3/,
+    );
+    rejects(() => splitBlocks(layout, ids(8), 2, 'load', 1), /need 4\.\.7 block ids, got 8/);
+    // N = 1, s = 3: 0..1 ids.
+    rejects(() => splitBlocks(layout, ids(2), 1, 'load', 3), /need 0\.\.1 block ids, got 2/);
+    rejects(() => splitBlocks(layout, ids(1), 1, 'load', 4), /load\.skipBlocks must be/);
+    rejects(() => splitBlocks(layout, ids(1), 1, 'load', -1), /load\.skipBlocks must be/);
+    rejects(() => splitBlocks(layout, ids(1), 1, 'load', 1.5), /load\.skipBlocks must be/);
+    rejects(() => splitBlocks(layout, [], 0, 'load', 1), /skipBlocks is 1 but there are no chunks/);
+  });
+
+  test('scatter ops of a partial chunk read blocks skip.. of the full payload', () => {
+    const layout = resolveKvRegistration(reg());
+    const full: number[] = [];
+    const partial: number[] = [];
+    const surfaces = [0, 0, 0, 0, 0, 0, 0, 1];
+    appendChunkOps(full, layout, 'scatter', [8, 9, 5, 2], surfaces, 2);
+    appendChunkOps(partial, layout, 'scatter', [5, 2], surfaces, 2, 0, 2);
+    // The partial ops are exactly the full chunk's ops for blocks 2 and 3 of every region.
+    const expected: number[] = [];
+    for (let r = 0; r < 8; r++)
+      for (const j of [2, 3]) expected.push(...full.slice((r * 4 + j) * 5, (r * 4 + j + 1) * 5));
+    assert.deepEqual(partial, expected);
+    assert.deepEqual(partial.slice(0, 5), [2, 2 * 128, 0, 5 * 160, 128]);
+  });
+});
+
+describe('deviceUuid and pipeline-parallel keys', () => {
+  const cudaLayers = Array.from({ length: 4 }, () => ({
+    k: { ipcHandle: HANDLE, allocationBytes: 1 << 20, offsetBytes: 0 },
+    v: { ipcHandle: HANDLE, allocationBytes: 1 << 20, offsetBytes: 0 },
+  }));
+  const UUID = 'GPU-5b4c7ab1-8e0a-4f1d-9a3e-0123456789ab';
+
+  test('deviceUuid is normalised to GPU- and lowercase; absent gives null', () => {
+    for (const given of [
+      UUID,
+      UUID.toUpperCase(),
+      'gpu-5b4c7ab1-8e0a-4f1d-9a3e-0123456789AB',
+      '5b4c7ab1-8e0a-4f1d-9a3e-0123456789ab',
+    ]) {
+      const layout = resolveKvRegistration(
+        reg({ device: 'cuda', deviceUuid: given, layers: cudaLayers }),
+      );
+      assert.equal(layout.deviceUuid, UUID.toLowerCase().replace('gpu-', 'GPU-'), given);
+    }
+    assert.equal(
+      resolveKvRegistration(reg({ device: 'cuda', layers: cudaLayers })).deviceUuid,
+      null,
+    );
+    assert.equal(resolveKvRegistration(reg()).deviceUuid, null);
+  });
+
+  test('refuses a deviceUuid with the host device and every malformed one', () => {
+    rejects(
+      () => resolveKvRegistration(reg({ deviceUuid: UUID })),
+      /deviceUuid is for the cuda device/,
+    );
+    for (const bad of [
+      '',
+      'GPU-',
+      'GPU-5b4c7ab1-8e0a-4f1d-9a3e-0123456789a',
+      'GPU-5b4c7ab18e0a4f1d9a3e0123456789ab',
+      'MIG-5b4c7ab1-8e0a-4f1d-9a3e-0123456789ab',
+      'GPU-5b4c7ab1-8e0a-4f1d-9a3e-0123456789ag',
+      ' GPU-5b4c7ab1-8e0a-4f1d-9a3e-0123456789ab',
+      7,
+      null,
+    ])
+      rejects(
+        () =>
+          resolveKvRegistration(
+            reg({ device: 'cuda', deviceUuid: bad as string, layers: cudaLayers }),
+          ),
+        /registration\.deviceUuid must be a GPU UUID/,
+      );
+  });
+
+  test('pp keys enter the namespace only with ppSize > 1', () => {
+    const base = resolveKvRegistration(reg());
+    assert.equal(
+      resolveKvRegistration(reg({ ppSize: 1, ppRank: 0, ppFirstLayer: 0 })).namespace.id,
+      base.namespace.id,
+    );
+    const stage1 = resolveKvRegistration(reg({ ppSize: 2, ppRank: 1, ppFirstLayer: 4 }));
+    const stage0 = resolveKvRegistration(reg({ ppSize: 2, ppRank: 0, ppFirstLayer: 0 }));
+    assert.notEqual(stage1.namespace.id, base.namespace.id);
+    assert.notEqual(
+      stage1.namespace.id,
+      stage0.namespace.id,
+      'two stages of equal layer counts differ',
+    );
+    const expected = deriveNamespace({
+      modelId: 'test/model',
+      dtype: 'bf16',
+      numLayers: 4,
+      numKvHeads: 2,
+      headDim: 8,
+      blockSize: 4,
+      tpSize: 1,
+      tpRank: 0,
+      mla: false,
+      layoutVersion: 1,
+      ppSize: 2,
+      ppRank: 1,
+      ppFirstLayer: 4,
+    });
+    assert.equal(stage1.namespace.id, expected.id);
+  });
+
+  test('refuses bad pp keys naming the registration field', () => {
+    rejects(() => resolveKvRegistration(reg({ ppSize: 0 })), /registration\.ppSize must be/);
+    rejects(() => resolveKvRegistration(reg({ ppSize: 1025 })), /registration\.ppSize must be/);
+    rejects(
+      () => resolveKvRegistration(reg({ ppSize: 2, ppRank: 2 })),
+      /registration\.ppRank must be/,
+    );
+    rejects(() => resolveKvRegistration(reg({ ppRank: 1 })), /registration\.ppRank must be/);
+    rejects(
+      () => resolveKvRegistration(reg({ ppSize: 2, ppFirstLayer: -1 })),
+      /registration\.ppFirstLayer must be/,
+    );
+    rejects(
+      () => resolveKvRegistration(reg({ ppSize: 2, ppFirstLayer: 1.5 })),
+      /registration\.ppFirstLayer must be/,
+    );
+    rejects(
+      () => resolveKvRegistration(reg({ ppFirstLayer: 4 })),
+      /registration\.ppFirstLayer must be 0 without pipeline/,
+    );
+    rejects(
+      () => resolveKvRegistration(reg({ ppSize: '2' as unknown as number })),
+      /registration\.ppSize must be/,
+    );
+  });
+});
