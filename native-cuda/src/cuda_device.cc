@@ -52,6 +52,18 @@ int DeviceArg(Napi::Env env, const Napi::Value& v, const CudaProbe& p) {
   return static_cast<int>(device);
 }
 
+// "GPU-" and the 16 bytes as 8-4-4-4-12 lowercase hex digits, the form nvidia-smi -L prints.
+std::string FormatUuid(const unsigned char* bytes) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; i++) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
+    out.push_back(kHex[bytes[i] >> 4]);
+    out.push_back(kHex[bytes[i] & 0xf]);
+  }
+  return out;
+}
+
 uint64_t PointerArg(Napi::Env env, const Napi::Value& v) {
   if (!v.IsBigInt()) Throw(env, kErrInvalidArg, "ptr must be a bigint device pointer");
   bool lossless = false;
@@ -164,6 +176,24 @@ void UnpinHost(void* base) {
 #else
   (void)base;
 #endif
+}
+
+Napi::Value CudaDeviceUuids(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  const CudaProbe& p = RequireCuda(env);
+  Napi::Array out = Napi::Array::New(env, static_cast<size_t>(p.devices));
+#ifdef KVTIER_WITH_CUDA
+  for (int i = 0; i < p.devices; i++) {
+    cudaDeviceProp prop;
+    CheckCuda(env, cudaGetDeviceProperties(&prop, i), "cudaGetDeviceProperties");
+    static_assert(sizeof(prop.uuid.bytes) == 16, "cudaUUID_t is 16 bytes");
+    out.Set(static_cast<uint32_t>(i),
+            FormatUuid(reinterpret_cast<const unsigned char*>(prop.uuid.bytes)));
+  }
+#else
+  (void)FormatUuid;
+#endif
+  return out;
 }
 
 Napi::Value CudaIpcOpen(const Napi::CallbackInfo& info) {

@@ -22,6 +22,9 @@ const CudaProbe& ProbeCuda();
 bool PinHost(void* base, size_t bytes);
 void UnpinHost(void* base);
 
+// cudaDeviceUuids() -> string[]: the UUID of each visible device by index, formatted as
+// nvidia-smi prints it ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", lowercase hex).
+Napi::Value CudaDeviceUuids(const Napi::CallbackInfo& info);
 // cudaIpcOpen(handle: 64-byte view, device) -> bigint device pointer
 Napi::Value CudaIpcOpen(const Napi::CallbackInfo& info);
 // cudaIpcClose(ptr: bigint, device)

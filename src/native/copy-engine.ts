@@ -27,13 +27,15 @@ class MappedFile implements DeviceSurface {
   }
 }
 
-/** An engine's GPU allocation opened from its CUDA IPC handle. */
+/** An engine's GPU allocation opened from its CUDA IPC handle on device index `device`. */
 export class CudaAllocation implements DeviceSurface {
   #open = true;
   constructor(
     readonly ptr: bigint,
     readonly sizeBytes: number,
     private readonly closeHandle: () => void,
+    /** Index of the device (in this process) the allocation was opened on; default 0. */
+    readonly device = 0,
   ) {}
   close(): Promise<void> {
     if (this.#open) {
@@ -112,6 +114,32 @@ export function planDeviceOps(
 }
 
 /**
+ * Splits a batch's ops by the CUDA device they touch (the device surface's `device`), so each
+ * part runs on its own device; ops between host buffers only form the part keyed -1. One
+ * engine's regions all live on one device, so a data-plane batch is normally a single part.
+ */
+export function splitOpsByDevice(
+  surfaces: readonly CopySurface[],
+  ops: Float64Array,
+): Map<number, Float64Array> {
+  const deviceOf = (i: number) => {
+    const s = surfaces[i];
+    return s instanceof CudaAllocation ? s.device : -1;
+  };
+  const parts = new Map<number, number[]>();
+  for (let k = 0; k < ops.length; k += COPY_OP_WIDTH) {
+    const d = Math.max(deviceOf(ops[k]!), deviceOf(ops[k + 2]!));
+    let part = parts.get(d);
+    if (part === undefined) {
+      part = [];
+      parts.set(d, part);
+    }
+    for (let j = 0; j < COPY_OP_WIDTH; j++) part.push(ops[k + j]!);
+  }
+  return new Map([...parts].map(([d, p]) => [d, Float64Array.from(p)]));
+}
+
+/**
  * The data plane's copy engine on the native addon: the engine's KV file is mapped shared
  * (mmap) and each batch of block copies runs as memcpy on worker threads, off the event loop;
  * when CUDA is available, GPU KV caches are opened from their IPC handles and copied with
@@ -130,6 +158,37 @@ export function createNativeCopyEngine():
     ptr: (s as CudaAllocation).ptr,
     bytes: s.sizeBytes,
   });
+  // One batch on one device: host copies, host-to-device and device-to-host, concurrently.
+  const copyOnDevice = async (
+    surfaces: readonly CopySurface[],
+    ops: Float64Array,
+    device: number,
+  ): Promise<void> => {
+    const plan = planDeviceOps(surfaces, ops, isDevice);
+    await Promise.all([
+      plan.host.ops.length > 0
+        ? addon.copyBatch(plan.host.buffers.map(hostBuffer), Float64Array.from(plan.host.ops))
+        : null,
+      plan.h2d.ops.length > 0
+        ? addon.copyBatchDevice(
+            'h2d',
+            plan.h2d.buffers.map(hostBuffer),
+            plan.h2d.devices.map(region),
+            Float64Array.from(plan.h2d.ops),
+            { device },
+          )
+        : null,
+      plan.d2h.ops.length > 0
+        ? addon.copyBatchDevice(
+            'd2h',
+            plan.d2h.buffers.map(hostBuffer),
+            plan.d2h.devices.map(region),
+            Float64Array.from(plan.d2h.ops),
+            { device },
+          )
+        : null,
+    ]);
+  };
   const engine: CopyEngine = {
     async openFile(path: string): Promise<DeviceSurface> {
       return new MappedFile(addon.mapFile(path, { writable: true }));
@@ -139,39 +198,32 @@ export function createNativeCopyEngine():
         await addon.copyBatch(surfaces.map(hostBuffer), ops);
         return;
       }
-      const plan = planDeviceOps(surfaces, ops, isDevice);
-      await Promise.all([
-        plan.host.ops.length > 0
-          ? addon.copyBatch(plan.host.buffers.map(hostBuffer), Float64Array.from(plan.host.ops))
-          : null,
-        plan.h2d.ops.length > 0
-          ? addon.copyBatchDevice(
-              'h2d',
-              plan.h2d.buffers.map(hostBuffer),
-              plan.h2d.devices.map(region),
-              Float64Array.from(plan.h2d.ops),
-            )
-          : null,
-        plan.d2h.ops.length > 0
-          ? addon.copyBatchDevice(
-              'd2h',
-              plan.d2h.buffers.map(hostBuffer),
-              plan.d2h.devices.map(region),
-              Float64Array.from(plan.d2h.ops),
-            )
-          : null,
-      ]);
+      const parts = splitOpsByDevice(surfaces, ops);
+      await Promise.all(
+        [...parts].map(([device, part]) => copyOnDevice(surfaces, part, Math.max(device, 0))),
+      );
     },
   };
   // GPU KV caches are offered only where the run-time probe found a usable CUDA device.
   if (addon.probe().cuda.available) {
+    let uuids: readonly string[] | undefined;
+    engine.cudaDevices = () => {
+      uuids ??= Object.freeze(addon.cudaDeviceUuids());
+      return uuids;
+    };
     engine.openCuda = async (
       ipcHandle: string,
       allocationBytes: number,
+      device: number,
     ): Promise<DeviceSurface> => {
       const handle = Buffer.from(ipcHandle, 'hex');
-      const ptr = addon.cudaIpcOpenMemHandle(handle);
-      return new CudaAllocation(ptr, allocationBytes, () => addon.cudaIpcCloseMemHandle(ptr));
+      const ptr = addon.cudaIpcOpenMemHandle(handle, { device });
+      return new CudaAllocation(
+        ptr,
+        allocationBytes,
+        () => addon.cudaIpcCloseMemHandle(ptr, { device }),
+        device,
+      );
     };
   }
   return { reason: '', engine };

@@ -133,6 +133,7 @@ interface RawAddon {
   mapFile(path: string, offset: number, length: number, writable: boolean): ArrayBuffer;
   addressOf(buffer: CopyBuffer): bigint;
   copyBatch(buffers: readonly CopyBuffer[], ops: Float64Array, maxThreads: number): Promise<number>;
+  cudaDeviceUuids(): string[];
   cudaIpcOpen(handle: Uint8Array, device: number): bigint;
   cudaIpcClose(ptr: bigint, device: number): void;
   cudaIpcGetHandle(ptr: bigint, device: number): ArrayBuffer;
@@ -179,6 +180,14 @@ export interface NativeAddon {
     ops: Float64Array,
     options?: CopyBatchOptions,
   ): Promise<number>;
+  /**
+   * The UUID of every CUDA device this process sees, by device index (so index `i` is the
+   * `device` option that names it), as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase
+   * hex, the form `nvidia-smi -L` prints. `CUDA_VISIBLE_DEVICES` decides which devices and in
+   * what order, so the same GPU may have another index in another process; its UUID is the same.
+   * Needs CUDA (throws `KVT_BACKEND` / `ERR_NO_CUDA` without it).
+   */
+  cudaDeviceUuids(): string[];
   /** Opens an engine's 64-byte CUDA IPC handle; returns the device pointer. Needs CUDA. */
   cudaIpcOpenMemHandle(handle: Uint8Array, options?: DeviceOptions): bigint;
   /** Closes a pointer from {@link NativeAddon.cudaIpcOpenMemHandle}. Needs CUDA. */
@@ -301,6 +310,7 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
         throw toNativeError(err);
       });
     },
+    cudaDeviceUuids: () => guard(() => raw.cudaDeviceUuids()),
     cudaIpcOpenMemHandle: (handle, options) =>
       guard(() => raw.cudaIpcOpen(handle, deviceOf(options))),
     cudaIpcCloseMemHandle: (ptr, options) => guard(() => raw.cudaIpcClose(ptr, deviceOf(options))),
