@@ -1,0 +1,91 @@
+"""One lookup per rank, answered with the minimum over the ranks.
+
+A LOAD consumes the pins of the lookup it names (docs/protocol.md 4.9), for every namespace of
+that lookup. With tensor or pipeline parallelism every rank loads its own share of each chunk
+with its own LOAD, so the ranks must not share one lookup id: the first rank's LOAD would take
+the pins the others need. :class:`RankLookup` therefore sends, for each scheduler lookup id
+``L``, one LOOKUP per rank ``k`` named ``L + rank_suffix(k)`` and naming that rank's namespace
+(on the sidecar that serves the rank), and answers the minimum once every rank answered. The
+worker of rank ``k`` loads with the same suffixed id (:func:`rank_suffix`). With one rank the
+suffix is empty and this is a plain lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence, Tuple
+
+__all__ = ["RankLookup", "rank_suffix", "rank_index"]
+
+_log = logging.getLogger("kvtier_vllm.rank_lookup")
+
+
+def rank_index(tp_rank: int, pp_rank: int, tp_size: int) -> int:
+    """The rank's index among the engine's ``tp_size * pp_size`` KV ranks."""
+    return pp_rank * tp_size + tp_rank
+
+
+def rank_suffix(index: int, world: int) -> str:
+    """The lookup-id suffix of rank ``index`` out of ``world`` KV ranks (empty for one rank)."""
+    return "" if world <= 1 else f"@r{index}"
+
+
+class RankLookup:
+    """The scheduler connector's lookup over every rank of the engine.
+
+    :param targets: one ``(client, namespace, suffix)`` per rank: the rank's sidecar client
+        (several ranks may share one), its namespace id (16 bytes) and its lookup-id suffix.
+        Clients are owned: :meth:`close` closes each once.
+    """
+
+    def __init__(self, targets: Sequence[Tuple[Any, bytes, str]]) -> None:
+        if not targets:
+            raise ValueError("RankLookup needs at least one rank")
+        self._targets = [(c, bytes(ns), str(sfx)) for c, ns, sfx in targets]
+        if len({sfx for _, _, sfx in self._targets}) != len(self._targets):
+            raise ValueError("every rank needs its own lookup-id suffix")
+        self._answers: dict[str, dict[int, int]] = {}
+
+    def lookup(self, lookup_id: str, hashes: bytes, token_counts: Sequence[int]) -> int | None:
+        """Never blocks: None until every rank answered, then the minimum (once)."""
+        got = self._answers.setdefault(lookup_id, {})
+        for i, (client, ns, sfx) in enumerate(self._targets):
+            if i in got:
+                continue
+            answer = client.lookup(lookup_id + sfx, hashes, token_counts, [ns])
+            if answer is not None:
+                got[i] = int(answer)
+        if len(got) < len(self._targets):
+            return None
+        del self._answers[lookup_id]
+        low = min(got.values())
+        if low == 0 and any(got.values()):
+            # Nobody will load: release the pins the other ranks took.
+            self.cancel(lookup_id)
+        return low
+
+    def forget(self, lookup_id: str) -> None:
+        """Drops a pending lookup on every rank (a CANCEL each)."""
+        self._answers.pop(lookup_id, None)
+        for client, _, sfx in self._targets:
+            client.forget(lookup_id + sfx)
+
+    def cancel(self, lookup_id: str) -> None:
+        """Releases an answered lookup's pins on every rank (fire and forget)."""
+        self._answers.pop(lookup_id, None)
+        for client, _, sfx in self._targets:
+            try:
+                client.cancel(lookup_id + sfx)
+            except Exception as err:  # the pin TTL is the backstop
+                _log.debug("cancel of %s failed: %s", lookup_id + sfx, err)
+
+    def close(self) -> None:
+        """Closes every client once."""
+        seen: set[int] = set()
+        for client, _, _ in self._targets:
+            if id(client) in seen:
+                continue
+            seen.add(id(client))
+            close = getattr(client, "close", None)
+            if callable(close):
+                close()
