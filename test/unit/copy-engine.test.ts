@@ -9,6 +9,7 @@ import {
   CudaAllocation,
   createNativeCopyEngine,
   planDeviceOps,
+  splitOpsByDevice,
 } from '../../src/native/copy-engine.ts';
 import { loadNative } from '../../src/native/native.ts';
 
@@ -54,6 +55,27 @@ describe('planDeviceOps', () => {
       () => planDeviceOps([new Uint8Array(8)], Float64Array.from([0, 0, 3, 0, 8]), () => false),
       { code: 'KVT_INVALID_ARGUMENT' },
     );
+  });
+});
+
+describe('splitOpsByDevice', () => {
+  test('groups ops by the device of their device surface; host-only ops form part -1', () => {
+    const h = new Uint8Array(64);
+    const g0 = new CudaAllocation(0x1000n, 1024, () => {}, 0);
+    const g2 = new CudaAllocation(0x2000n, 1024, () => {}, 2);
+    const surfaces: CopySurface[] = [h, g0, g2, new Uint8Array(64)];
+    const ops = Float64Array.from([
+      0, 0, 2, 0, 8, 0, 8, 1, 0, 8, 1, 64, 3, 0, 8, 0, 16, 3, 16, 8, 2, 128, 0, 32, 8,
+    ]);
+    const parts = splitOpsByDevice(surfaces, ops);
+    assert.deepEqual([...parts.keys()].sort(), [-1, 0, 2]);
+    assert.deepEqual([...parts.get(2)!], [0, 0, 2, 0, 8, 2, 128, 0, 32, 8]);
+    assert.deepEqual([...parts.get(0)!], [0, 8, 1, 0, 8, 1, 64, 3, 0, 8]);
+    assert.deepEqual([...parts.get(-1)!], [0, 16, 3, 16, 8]);
+  });
+
+  test('an allocation opened without a device is on device 0', () => {
+    assert.equal(new CudaAllocation(0x1000n, 8, () => {}).device, 0);
   });
 });
 
@@ -105,6 +127,8 @@ describe('native copy engine (host device)', () => {
         cuda.available,
         'GPU KV caches are offered exactly when CUDA is available',
       );
+      assert.equal(engine.cudaDevices !== undefined, cuda.available, 'devices are listed with it');
+      if (engine.cudaDevices !== undefined) assert.equal(engine.cudaDevices().length, cuda.devices);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

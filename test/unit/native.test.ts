@@ -152,6 +152,25 @@ describe('native addon: load and probe', () => {
       () => a.cudaMalloc(4096),
       (e: unknown) => e instanceof NativeError && e.nativeCode === 'ERR_NO_CUDA',
     );
+    assert.throws(
+      () => a.cudaDeviceUuids(),
+      (e: unknown) => e instanceof NativeError && e.nativeCode === 'ERR_NO_CUDA',
+    );
+  });
+
+  it('lists one GPU UUID per visible device where CUDA is available', (t) => {
+    const a = addon as NativeAddon | null;
+    const cuda = a?.probe().cuda;
+    if (a === null || cuda?.available !== true) {
+      t.skip(`no GPU: ${cuda?.reason ?? 'addon not loaded'}`);
+      return;
+    }
+    const uuids = a.cudaDeviceUuids();
+    assert.equal(uuids.length, cuda.devices);
+    for (const u of uuids)
+      assert.match(u, /^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$/);
+    assert.equal(new Set(uuids).size, uuids.length, 'UUIDs are unique');
+    t.diagnostic(`devices: ${uuids.join(', ')}`);
   });
 });
 
