@@ -1,0 +1,635 @@
+"""The kvtier client: one pyzmq DEALER socket, many requests in flight, replies matched by
+request id (docs/protocol.md section 1).
+
+Nothing here sleeps or blocks unless asked to (``Pending.wait``, ``poll(timeout_ms)``, the
+blocking convenience methods). :meth:`KvtierClient.lookup` is the scheduler's non-blocking call:
+``None`` while the answer is pending, the hit tokens once answered, ``0`` past the deadline (a
+CANCEL is then sent) or for any answer that is not a usable hit (canceled, stale, an error, a
+malformed reply). It polls the socket at most once per round over the pending lookups (one
+"scheduler step"), so asking about 1,000 pending lookups costs one socket check, not 1,000.
+
+The DEALER reconnects on its own when the sidecar restarts; requests lost with the old process
+run into their deadlines, and later requests go to the new process. A client object belongs to
+one thread (zmq sockets are not thread-safe).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any, Callable, Iterable, Sequence
+
+import zmq
+
+from . import protocol as P
+from .errors import (
+    CapacityError,
+    ClosedError,
+    InvalidArgumentError,
+    KvtierError,
+    ProtocolError,
+    RequestTimeoutError,
+    error_for_code,
+)
+
+__all__ = ["KvtierClient", "MultiLookupClient", "Pending"]
+
+_PENDING, _OK, _FAILED = 0, 1, 2
+_POLLIN = zmq.POLLIN
+_NOBLOCK = zmq.NOBLOCK
+_EVENTS = zmq.EVENTS
+_RCVMORE = zmq.RCVMORE
+_Again = zmq.Again
+_LOOKUP_RESULT = P.MsgType.LOOKUP_RESULT
+_ERROR = P.MsgType.ERROR
+_CLEAR_RESULT = P.MsgType.CLEAR_RESULT
+
+
+class Pending:
+    """One request in flight. ``done`` once answered, failed or expired; ``result()`` returns
+    the reply object (a dict for PING/STATS) or raises its :class:`KvtierError`."""
+
+    __slots__ = ("_client", "request_id", "msg_type", "deadline", "lookup_id", "_state", "_value", "_seen")
+
+    def __init__(self, client: "KvtierClient", request_id: int, msg_type: int, deadline: float, lookup_id: str | None = None) -> None:
+        self._client = client
+        self.request_id = request_id
+        self.msg_type = msg_type
+        self.deadline = deadline
+        self.lookup_id = lookup_id
+        self._state = _PENDING
+        self._value: Any = None
+        self._seen = -1
+
+    @property
+    def done(self) -> bool:
+        """True once the reply came, or the request failed or expired. Never blocks; call
+        ``client.poll()`` (or :meth:`wait`) to take in replies."""
+        return self._state != _PENDING
+
+    def result(self) -> Any:
+        """The reply object, or raises the request's :class:`KvtierError` (the server's error
+        mapped to its class, ``RequestTimeoutError`` past the deadline, ``ClosedError`` after
+        close). Takes in waiting replies first; raises ``RuntimeError`` if still pending."""
+        if self._state == _PENDING:
+            self._client.poll()
+            if self._state == _PENDING:
+                raise RuntimeError(f"request {self.request_id} is still pending; use wait()")
+        if self._state == _FAILED:
+            raise self._value
+        return self._value
+
+    def exception(self) -> KvtierError | None:
+        """The error of a failed request, None when it succeeded or is pending."""
+        return self._value if self._state == _FAILED else None
+
+    def wait(self, timeout_ms: float | None = None) -> Any:
+        """Blocks on the socket until this request is done, then returns :meth:`result`.
+        Without ``timeout_ms`` it waits up to the request's own deadline (then
+        ``RequestTimeoutError``); with it, at most that long (``RequestTimeoutError`` too, but
+        the request stays pending)."""
+        self._client._wait_for(self, timeout_ms)
+        return self.result()
+
+    # completion (client internal)
+    def _resolve(self, value: Any) -> None:
+        self._state = _OK
+        self._value = value
+
+    def _fail(self, err: KvtierError) -> None:
+        self._state = _FAILED
+        self._value = err
+
+    def __repr__(self) -> str:
+        state = ("pending", "done", "failed")[self._state]
+        return f"<Pending #{self.request_id} type=0x{self.msg_type:02x} {state}>"
+
+
+class KvtierClient:
+    """Client of one kvtier sidecar (scheduler and worker side alike).
+
+    :param endpoint: the sidecar's ZMQ endpoint, e.g. ``tcp://127.0.0.1:5555``.
+    :param lookup_timeout_ms: deadline of a :meth:`lookup`; past it the answer is 0 and a
+        CANCEL is sent. Default 2000.
+    :param request_timeout_ms: deadline of every other request (``RequestTimeoutError``).
+        Default 10000.
+    :param clock: monotonic clock in seconds the deadlines use (inject one in tests).
+    :param context: the zmq context; default the process-wide instance.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        lookup_timeout_ms: float = 2000,
+        request_timeout_ms: float = 10000,
+        clock: Callable[[], float] = time.monotonic,
+        context: zmq.Context | None = None,
+    ) -> None:
+        if not isinstance(endpoint, str) or endpoint == "":
+            raise InvalidArgumentError("endpoint must be a non-empty string")
+        for name, v in (("lookup_timeout_ms", lookup_timeout_ms), ("request_timeout_ms", request_timeout_ms)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
+                raise InvalidArgumentError(f"{name} must be a positive number, got {v!r}")
+        self.endpoint = endpoint
+        self.lookup_timeout_s = lookup_timeout_ms / 1000.0
+        self.request_timeout_s = request_timeout_ms / 1000.0
+        self._clock = clock
+        ctx = context if context is not None else zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.connect(endpoint)
+        self._sock = sock
+        self._rid = 0
+        self._pending: dict[int, Pending] = {}
+        self._lookups: dict[str, Pending] = {}
+        self._lookup_q: deque[Pending] = deque()
+        self._request_q: deque[Pending] = deque()
+        self._gen = 0
+        self._closed = False
+        #: Highest epoch seen in a LOOKUP_RESULT or CLEAR_RESULT from this server.
+        self.max_epoch = 0
+        #: The last error a lookup() swallowed (answered 0 instead), for diagnostics.
+        self.last_lookup_error: KvtierError | None = None
+        #: Replies that matched no request in flight (late, or for fire-and-forget CANCELs).
+        self.unmatched_replies = 0
+        #: Frames that could not be decoded.
+        self.malformed_replies = 0
+
+    # ---------------------------------------------------------------------------------------
+    # plumbing
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def pending_requests(self) -> int:
+        """Requests waiting for a reply (lookups included)."""
+        return len(self._pending)
+
+    @property
+    def socket(self) -> zmq.Socket:
+        """The DEALER socket (e.g. to poll it together with others); do not recv from it."""
+        return self._sock
+
+    def _next_id(self) -> int:
+        rid = self._rid
+        pending = self._pending
+        while True:
+            rid = rid + 1 if rid < 0xFFFF_FFFF else 1  # 1..2^32-1, never 0
+            if rid not in pending:
+                self._rid = rid
+                return rid
+
+    def _send(self, frame: bytes) -> bool:
+        try:
+            self._sock.send(frame, _NOBLOCK)
+            return True
+        except _Again:
+            return False
+
+    def _start(self, msg_type: int, build: Callable[[int], bytes], timeout_s: float | None = None) -> Pending:
+        if self._closed:
+            p = Pending(self, 0, msg_type, 0.0)
+            p._fail(ClosedError("client is closed"))
+            return p
+        rid = self._next_id()
+        frame = build(rid)
+        deadline = self._clock() + (self.request_timeout_s if timeout_s is None else timeout_s)
+        p = Pending(self, rid, msg_type, deadline)
+        if not self._send(frame):
+            p._fail(CapacityError("send queue full: the sidecar is not taking messages"))
+            return p
+        self._pending[rid] = p
+        self._request_q.append(p)
+        return p
+
+    def _fire_cancel(self, lookup_id: str) -> None:
+        if self._closed:
+            return
+        try:
+            self._send(P.encode_cancel(self._next_id(), lookup_id))
+        except KvtierError:
+            pass
+
+    def _take(self, frame: bytes) -> None:
+        try:
+            msg_type, rid, rep = P.decode_reply(frame)
+        except KvtierError as err:
+            self.malformed_replies += 1
+            p = self._pending.pop(P.peek_request_id(frame), None)
+            if p is not None:
+                self._complete_error(p, err if isinstance(err, ProtocolError) else ProtocolError(str(err)))
+            return
+        if msg_type == _LOOKUP_RESULT or msg_type == _CLEAR_RESULT:
+            if rep.epoch > self.max_epoch:
+                self.max_epoch = rep.epoch
+        p = self._pending.pop(rid, None)
+        if p is None:
+            self.unmatched_replies += 1
+            return
+        if msg_type == _ERROR:
+            self._complete_error(p, error_for_code(rep.code, rep.message))
+        elif msg_type != p.msg_type | 0x80:
+            self._complete_error(p, ProtocolError(f"reply type 0x{msg_type:02x} to a request of type 0x{p.msg_type:02x}"))
+        elif p.lookup_id is not None:
+            # epoch rule: an answer computed before a clear this client knows of is stale
+            if rep.status == "ok" and rep.epoch >= self.max_epoch:
+                p._resolve(rep.hit_tokens)
+            else:
+                p._resolve(0)
+        elif msg_type == P.MsgType.PONG:
+            p._resolve(rep.info)
+        elif msg_type == P.MsgType.STATS_RESULT:
+            p._resolve(rep.stats)
+        else:
+            p._resolve(rep)
+
+    def _complete_error(self, p: Pending, err: KvtierError) -> None:
+        if p.lookup_id is not None:
+            self.last_lookup_error = err
+            p._resolve(0)
+        else:
+            p._fail(err)
+
+    def _drain(self) -> int:
+        """Takes in every reply waiting on the socket, without blocking."""
+        self._gen += 1
+        sock = self._sock
+        n = 0
+        if not sock.get(_EVENTS) & _POLLIN:
+            return 0
+        while True:
+            try:
+                frame = sock.recv(_NOBLOCK)
+            except _Again:
+                return n
+            while sock.get(_RCVMORE):  # the last frame is the message
+                frame = sock.recv()
+            self._take(frame)
+            n += 1
+
+    def _expire(self, now: float) -> None:
+        q = self._lookup_q
+        while q and q[0].deadline <= now:
+            p = q.popleft()
+            if p._state == _PENDING:
+                self._pending.pop(p.request_id, None)
+                p._resolve(0)
+                self.last_lookup_error = RequestTimeoutError(
+                    f"lookup {p.lookup_id!r} not answered within {self.lookup_timeout_s * 1000:g} ms"
+                )
+                self._fire_cancel(p.lookup_id)  # stop the prefetch, release pins
+        q = self._request_q
+        while q and q[0].deadline <= now:
+            p = q.popleft()
+            if p._state == _PENDING:
+                self._pending.pop(p.request_id, None)
+                p._fail(RequestTimeoutError(f"no reply to request #{p.request_id} (type 0x{p.msg_type:02x}) within the deadline"))
+
+    def poll(self, timeout_ms: float = 0) -> int:
+        """Takes in waiting replies and expires deadlines; returns the replies taken. With
+        ``timeout_ms`` > 0 it first waits up to that long for one to arrive."""
+        if self._closed:
+            return 0
+        if timeout_ms > 0:
+            self._sock.poll(timeout_ms)
+        n = self._drain()
+        self._expire(self._clock())
+        return n
+
+    def _wait_for(self, p: Pending, timeout_ms: float | None) -> None:
+        clock = self._clock
+        limit = None if timeout_ms is None else clock() + timeout_ms / 1000.0
+        while p._state == _PENDING and not self._closed:
+            now = clock()
+            self._expire(now)
+            if p._state != _PENDING:
+                return
+            end = p.deadline if limit is None else min(limit, p.deadline)
+            left_ms = (end - now) * 1000.0
+            if left_ms <= 0:
+                if limit is not None and limit <= now:
+                    raise RequestTimeoutError(f"request #{p.request_id} still pending after {timeout_ms} ms")
+                continue
+            if self._sock.poll(max(1, int(left_ms) + 1)):
+                self._drain()
+
+    # ---------------------------------------------------------------------------------------
+    # non-blocking lookups
+
+    def lookup(
+        self,
+        lookup_id: str,
+        hashes: Any,
+        token_counts: Any,
+        namespaces: Sequence[Any],
+        pin: bool = True,
+        prefetch: bool = True,
+    ) -> int | None:
+        """Non-blocking lookup. The first call for ``lookup_id`` sends a LOOKUP and returns
+        None; later calls return None while it is pending, then the hit tokens once (the next
+        call starts a new lookup). Past the deadline: 0 and a CANCEL. Canceled, stale
+        (including an epoch below the highest seen) and failed answers are 0. Bad arguments
+        raise :class:`InvalidArgumentError`/:class:`TooLargeError` at once.
+        """
+        p = self._lookups.get(lookup_id)
+        if p is None:
+            if self._closed:
+                return 0
+            rid = self._next_id()
+            frame = P.encode_lookup(rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch)
+            if not self._send(frame):
+                self.last_lookup_error = CapacityError("send queue full: the sidecar is not taking messages")
+                return 0
+            p = Pending(self, rid, P.MsgType.LOOKUP, self._clock() + self.lookup_timeout_s, lookup_id)
+            p._seen = self._gen
+            self._pending[rid] = p
+            self._lookups[lookup_id] = p
+            self._lookup_q.append(p)
+            return None
+        if p._state == _PENDING:
+            # One socket check per round over the pending lookups: drain only when no drain
+            # happened since this lookup was last asked about.
+            if p._seen == self._gen:
+                self._drain()
+            p._seen = self._gen
+            if p._state == _PENDING:
+                if self._clock() < p.deadline:
+                    return None
+                self._pending.pop(p.request_id, None)
+                p._resolve(0)
+                self.last_lookup_error = RequestTimeoutError(
+                    f"lookup {lookup_id!r} not answered within {self.lookup_timeout_s * 1000:g} ms"
+                )
+                self._fire_cancel(lookup_id)
+        del self._lookups[lookup_id]
+        return p._value
+
+    def forget(self, lookup_id: str) -> None:
+        """Drops a lookup this client tracks (pending or answered but not yet read) and sends a
+        CANCEL so the server stops its prefetch and releases its pins. Unknown ids: nothing."""
+        p = self._lookups.pop(lookup_id, None)
+        if p is None:
+            return
+        if p._state == _PENDING:
+            self._pending.pop(p.request_id, None)
+            p._resolve(0)
+        self._fire_cancel(lookup_id)
+
+    def cancel(self, lookup_id: str) -> None:
+        """Fire-and-forget CANCEL (cleanup when a request finishes or is aborted); the reply is
+        ignored. Also drops the lookup's local state."""
+        p = self._lookups.pop(lookup_id, None)
+        if p is not None and p._state == _PENDING:
+            self._pending.pop(p.request_id, None)
+            p._resolve(0)
+        P.encode_cancel(0, lookup_id)  # validates the id before anything is sent
+        self._fire_cancel(lookup_id)
+
+    # ---------------------------------------------------------------------------------------
+    # other requests: send_X(...) -> Pending, X(...) = send_X(...).wait()
+
+    def send_lookup(
+        self,
+        lookup_id: str,
+        hashes: Any,
+        token_counts: Any,
+        namespaces: Sequence[Any],
+        pin: bool = True,
+        prefetch: bool = True,
+        timeout_ms: float | None = None,
+    ) -> Pending:
+        """A LOOKUP as an ordinary request: the result is the whole :class:`~.protocol.LookupResult`
+        (status, epoch, tiers), without the epoch rule or CANCEL on timeout."""
+        return self._start(
+            P.MsgType.LOOKUP,
+            lambda rid: P.encode_lookup(rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch),
+            None if timeout_ms is None else timeout_ms / 1000.0,
+        )
+
+    def send_cancel(self, lookup_id: str) -> Pending:
+        """CANCEL whose :class:`~.protocol.CancelResult` (``found``) is wanted."""
+        self._lookups.pop(lookup_id, None)
+        return self._start(P.MsgType.CANCEL, lambda rid: P.encode_cancel(rid, lookup_id))
+
+    def send_clear(self, namespaces: Iterable[Any] = ()) -> Pending:
+        ns = list(namespaces)
+        return self._start(P.MsgType.CLEAR, lambda rid: P.encode_clear(rid, ns))
+
+    def send_ping(self, timeout_ms: float | None = None) -> Pending:
+        return self._start(P.MsgType.PING, P.encode_ping, None if timeout_ms is None else timeout_ms / 1000.0)
+
+    def send_stats(self) -> Pending:
+        return self._start(P.MsgType.STATS, P.encode_stats)
+
+    def send_put(self, namespace: Any, hash: Any, tokens: int, payload: Any) -> Pending:
+        return self._start(P.MsgType.PUT, lambda rid: P.encode_put(rid, namespace, hash, tokens, payload))
+
+    def send_get(self, namespace: Any, hash: Any) -> Pending:
+        return self._start(P.MsgType.GET, lambda rid: P.encode_get(rid, namespace, hash))
+
+    def send_register(self, registration: dict) -> Pending:
+        return self._start(P.MsgType.REGISTER, lambda rid: P.encode_register(rid, registration))
+
+    def send_save(self, engine_id: str, request_id: str, skip_chunks: int, block_ids: Any, hashes: Any) -> Pending:
+        return self._start(
+            P.MsgType.SAVE,
+            lambda rid: P.encode_save(rid, engine_id, request_id, skip_chunks, block_ids, hashes),
+        )
+
+    def send_load(
+        self,
+        engine_id: str,
+        request_id: str,
+        lookup_id: str,
+        block_ids: Any,
+        hashes: Any,
+        deadline_ms: int = 0,
+        state_slot: int = -1,
+        skip_blocks: int = 0,
+    ) -> Pending:
+        # The server answers a LOAD by its own deadline (default 20 s): wait a little longer.
+        server_ms = deadline_ms if deadline_ms > 0 else 20_000
+        timeout_s = max(self.request_timeout_s, server_ms / 1000.0 + 5.0)
+        return self._start(
+            P.MsgType.LOAD,
+            lambda rid: P.encode_load(
+                rid, engine_id, request_id, lookup_id, block_ids, hashes, deadline_ms, state_slot, skip_blocks
+            ),
+            timeout_s,
+        )
+
+    def send_hold(self, engine_id: str, request_id: str, lookup_id: str) -> Pending:
+        return self._start(P.MsgType.HOLD, lambda rid: P.encode_hold(rid, engine_id, request_id, lookup_id))
+
+    def send_request_finished(self, engine_id: str, request_id: str, kind: str) -> Pending:
+        return self._start(
+            P.MsgType.REQUEST_FINISHED,
+            lambda rid: P.encode_request_finished(rid, engine_id, request_id, kind),
+        )
+
+    def send_heartbeat(self, engine_id: str) -> Pending:
+        return self._start(P.MsgType.HEARTBEAT, lambda rid: P.encode_heartbeat(rid, engine_id))
+
+    def send_unregister(self, engine_id: str) -> Pending:
+        return self._start(P.MsgType.UNREGISTER, lambda rid: P.encode_unregister(rid, engine_id))
+
+    def send_frame(self, msg_type: int, body: bytes = b"", timeout_ms: float | None = None) -> Pending:
+        """Sends a request of ``msg_type`` with a raw ``body`` (header added), unchecked: for
+        tools and tests that must send what the encoders refuse."""
+        return self._start(
+            msg_type,
+            lambda rid: P.encode_header(msg_type, rid) + bytes(body),
+            None if timeout_ms is None else timeout_ms / 1000.0,
+        )
+
+    # blocking conveniences
+    def ping(self, timeout_ms: float | None = None) -> dict:
+        return self.send_ping(timeout_ms).wait()
+
+    def stats(self) -> dict:
+        return self.send_stats().wait()
+
+    def clear(self, namespaces: Iterable[Any] = ()) -> P.ClearResult:
+        return self.send_clear(namespaces).wait()
+
+    def put(self, namespace: Any, hash: Any, tokens: int, payload: Any) -> P.PutResult:
+        return self.send_put(namespace, hash, tokens, payload).wait()
+
+    def get(self, namespace: Any, hash: Any) -> P.GetResult:
+        return self.send_get(namespace, hash).wait()
+
+    def register(self, registration: dict) -> P.RegisterResult:
+        return self.send_register(registration).wait()
+
+    def save(self, engine_id: str, request_id: str, skip_chunks: int, block_ids: Any, hashes: Any) -> P.SaveResult:
+        return self.send_save(engine_id, request_id, skip_chunks, block_ids, hashes).wait()
+
+    def load(
+        self,
+        engine_id: str,
+        request_id: str,
+        lookup_id: str,
+        block_ids: Any,
+        hashes: Any,
+        deadline_ms: int = 0,
+        state_slot: int = -1,
+        skip_blocks: int = 0,
+    ) -> P.LoadResult:
+        return self.send_load(
+            engine_id, request_id, lookup_id, block_ids, hashes, deadline_ms, state_slot, skip_blocks
+        ).wait()
+
+    def hold(self, engine_id: str, request_id: str, lookup_id: str) -> P.HoldResult:
+        return self.send_hold(engine_id, request_id, lookup_id).wait()
+
+    def request_finished(self, engine_id: str, request_id: str, kind: str) -> P.RequestFinishedResult:
+        return self.send_request_finished(engine_id, request_id, kind).wait()
+
+    def heartbeat(self, engine_id: str) -> P.HeartbeatResult:
+        return self.send_heartbeat(engine_id).wait()
+
+    def unregister(self, engine_id: str) -> P.UnregisterResult:
+        return self.send_unregister(engine_id).wait()
+
+    # ---------------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Fails every request in flight with ``ClosedError`` (pending lookups answer 0) and
+        closes the socket. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        err = ClosedError("client closed")
+        for p in self._pending.values():
+            if p.lookup_id is not None:
+                p._resolve(0)
+            else:
+                p._fail(err)
+        self._pending.clear()
+        self._lookups.clear()
+        self._lookup_q.clear()
+        self._request_q.clear()
+        self._sock.close(linger=0)
+
+    def __enter__(self) -> "KvtierClient":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            if not self._closed:
+                self._sock.close(linger=0)
+        except Exception:
+            pass
+
+
+class MultiLookupClient:
+    """The same lookup on several sidecars (one per rank or node); the answer is the minimum,
+    so ranks never disagree. Non-blocking like :meth:`KvtierClient.lookup`: None while any
+    server is pending; a 0 from any server answers 0 at once (the others are canceled).
+
+    :param clients: one client per server (owned by the caller).
+    :param namespaces_per_client: the namespaces each server is asked about, in the same order.
+    """
+
+    def __init__(self, clients: Sequence[KvtierClient], namespaces_per_client: Sequence[Sequence[Any]]) -> None:
+        if len(clients) == 0:
+            raise InvalidArgumentError("MultiLookupClient needs at least one client")
+        if len(namespaces_per_client) != len(clients):
+            raise InvalidArgumentError(
+                f"{len(clients)} clients but {len(namespaces_per_client)} namespace lists"
+            )
+        self.clients = list(clients)
+        self.namespaces = [list(ns) for ns in namespaces_per_client]
+        self._partial: dict[str, list] = {}
+
+    def lookup(
+        self, lookup_id: str, hashes: Any, token_counts: Any, pin: bool = True, prefetch: bool = True
+    ) -> int | None:
+        answers = self._partial.get(lookup_id)
+        if answers is None:
+            answers = [None] * len(self.clients)
+            self._partial[lookup_id] = answers
+        pending = False
+        for i, client in enumerate(self.clients):
+            if answers[i] is not None:
+                continue
+            a = client.lookup(lookup_id, hashes, token_counts, self.namespaces[i], pin, prefetch)
+            if a is None:
+                pending = True
+            elif a == 0:
+                # the minimum is 0 whatever the others say: stop them and release their pins
+                del self._partial[lookup_id]
+                for j, other in enumerate(self.clients):
+                    if j != i:
+                        other.cancel(lookup_id)
+                return 0
+            else:
+                answers[i] = a
+        if pending:
+            return None
+        del self._partial[lookup_id]
+        return min(answers)
+
+    def forget(self, lookup_id: str) -> None:
+        """Forgets the lookup everywhere and cancels it on every server that has (or had) it."""
+        answers = self._partial.pop(lookup_id, None)
+        for i, c in enumerate(self.clients):
+            if answers is not None and answers[i] is not None:
+                c.cancel(lookup_id)  # answered already: release its pins
+            else:
+                c.forget(lookup_id)
+
+    def cancel(self, lookup_id: str) -> None:
+        """Fire-and-forget CANCEL on every server (cleanup)."""
+        self._partial.pop(lookup_id, None)
+        for c in self.clients:
+            c.cancel(lookup_id)
