@@ -1,0 +1,129 @@
+"""The connector's settings, read from vLLM's ``kv_connector_extra_config``.
+
+Every key is optional; defaults live in :data:`DEFAULTS`. Unknown keys are refused (a typo must
+not silently fall back to a default), with a message naming the key and the allowed ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping
+
+from .errors import ConfigError
+
+__all__ = ["KvtierConfig", "DEFAULTS"]
+
+
+@dataclass(frozen=True)
+class KvtierConfig:
+    """Resolved connector settings (see docs/vllm.md for each key)."""
+
+    #: The sidecar's ROUTER endpoint (one sidecar per node).
+    endpoint: str = "tcp://127.0.0.1:5555"
+    #: One endpoint per KV rank (index ``pp_rank * tp_size + tp_rank``) when ranks run on several
+    #: nodes; empty: every rank uses ``endpoint``.
+    rank_endpoints: tuple = ()
+    #: How long the scheduler waits for a lookup before counting it a miss (and cancelling it).
+    lookup_timeout_ms: int = 2000
+    #: Deadline of every other request (REGISTER, SAVE, LOAD replies, ...) on the client.
+    request_timeout_ms: int = 30000
+    #: Server deadline of a LOAD (0: the sidecar's default, 20 s).
+    load_timeout_ms: int = 0
+    #: Tokens per stored chunk; a multiple of vLLM's block size.
+    chunk_size: int = 256
+    #: Worker silence after which a HEARTBEAT is sent.
+    heartbeat_interval_ms: int = 5000
+    #: Default cache salt of requests without one.
+    salt: str = ""
+    #: Model id in the namespace; default: vLLM's ``model_config.model``.
+    model_id: str | None = None
+    #: In-block layout (``NHD``/``HND``); default: vLLM's KV cache layout.
+    kv_layout: str | None = None
+    #: Per-layer tensor layout: ``auto``, ``flash_attn``, ``flashinfer`` or ``mla``.
+    tensor_layout: str = "auto"
+    #: Layers of the model's attention stack, when ``num_hidden_layers`` is not it.
+    num_layers: int | None = None
+    #: Load from kvtier (default: unless ``kv_role`` is ``kv_producer``).
+    load: bool | None = None
+    #: Save to kvtier (default: unless ``kv_role`` is ``kv_consumer``).
+    save: bool | None = None
+    #: Bound on waiting for transfers and UNREGISTER at shutdown.
+    shutdown_timeout_ms: int = 5000
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any] | None) -> "KvtierConfig":
+        """Validates ``kv_connector_extra_config``.
+
+        :raises ConfigError: naming the first bad key and what is allowed.
+        """
+        extra = dict(extra or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - known)
+        if unknown:
+            raise ConfigError(f"unknown kv_connector_extra_config key(s) {unknown}; allowed: {sorted(known)}")
+        out: dict[str, Any] = {}
+        for name, value in extra.items():
+            out[name] = _check(name, value)
+        return cls(**out)
+
+
+def _int(name: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ConfigError(f"kv_connector_extra_config.{name} must be an integer in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _str(name: str, v: Any, allow_empty: bool = False) -> str:
+    if not isinstance(v, str) or (not allow_empty and not v.strip()):
+        raise ConfigError(f"kv_connector_extra_config.{name} must be a {'' if allow_empty else 'non-empty '}string, got {v!r}")
+    return v
+
+
+def _endpoint(name: str, v: Any) -> str:
+    s = _str(name, v)
+    if "://" not in s:
+        raise ConfigError(f"kv_connector_extra_config.{name} must be a ZeroMQ endpoint like tcp://127.0.0.1:5555, got {v!r}")
+    return s
+
+
+def _check(name: str, v: Any) -> Any:
+    if name == "endpoint":
+        return _endpoint(name, v)
+    if name == "rank_endpoints":
+        if not isinstance(v, (list, tuple)):
+            raise ConfigError(f"kv_connector_extra_config.rank_endpoints must be a list of endpoints, got {v!r}")
+        return tuple(_endpoint(f"rank_endpoints[{i}]", e) for i, e in enumerate(v))
+    if name in ("lookup_timeout_ms", "request_timeout_ms", "heartbeat_interval_ms", "shutdown_timeout_ms"):
+        return _int(name, v, 1, 3_600_000)
+    if name == "load_timeout_ms":
+        return _int(name, v, 0, 3_600_000)
+    if name == "chunk_size":
+        return _int(name, v, 1, 1 << 20)
+    if name == "num_layers":
+        return None if v is None else _int(name, v, 1, 100_000)
+    if name == "salt":
+        return _str(name, v, allow_empty=True)
+    if name == "model_id":
+        return None if v is None else _str(name, v)
+    if name == "kv_layout":
+        if v is None:
+            return None
+        s = _str(name, v).upper()
+        if s not in ("NHD", "HND"):
+            raise ConfigError(f"kv_connector_extra_config.kv_layout must be 'NHD' or 'HND', got {v!r}")
+        return s
+    if name == "tensor_layout":
+        s = _str(name, v)
+        if s not in ("auto", "flash_attn", "flashinfer", "mla"):
+            raise ConfigError(f"kv_connector_extra_config.tensor_layout must be auto, flash_attn, flashinfer or mla, got {v!r}")
+        return s
+    if name in ("load", "save"):
+        if v is not None and not isinstance(v, bool):
+            raise ConfigError(f"kv_connector_extra_config.{name} must be true or false, got {v!r}")
+        return v
+    raise ConfigError(f"kv_connector_extra_config.{name} is not a setting")  # unreachable: checked above
+
+
+DEFAULTS = KvtierConfig()

@@ -1,0 +1,322 @@
+"""vLLM adapter: ``KvtierConnector(KVConnectorBase_V1)``, the only module that imports vLLM.
+
+Load it with::
+
+    --kv-transfer-config '{"kv_connector":"KvtierConnector",
+      "kv_connector_module_path":"kvtier_vllm.connector","kv_role":"kv_both",
+      "kv_connector_extra_config":{"endpoint":"tcp://127.0.0.1:5555"}}'
+
+A thin delegation layer: the scheduler role runs a :class:`~kvtier_vllm.scheduler.SchedulerConnector`
+over one lookup per rank (:class:`~kvtier_vllm.rank_lookup.RankLookup`), the worker role a
+:class:`~kvtier_vllm.worker.WorkerConnector`; conversions of vLLM's objects live in
+:mod:`kvtier_vllm.vllm_glue` (vLLM-free, tested without vLLM). Signatures follow
+``vllm/distributed/kv_transfer/kv_connector/v1/base.py`` (checked against vLLM commit
+003df2961dd8830c317a61f9745ccd557da9fa06; see python/tests/fixtures/vllm_abstract_methods.json).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+from .client import KvtierClient
+from .config import KvtierConfig
+from .connector_types import ConnectorMeta, ConnectorOutput
+from .kv_caches import build_registration
+from .rank_lookup import RankLookup, rank_index, rank_suffix
+from .scheduler import SchedulerConnector
+from .vllm_glue import (
+    BlockTables,
+    all_rank_namespaces,
+    connector_request,
+    first_group,
+    layer_indices,
+    model_shape,
+    pp_layer_range,
+    rank_namespace,
+)
+from .worker import WorkerConnector
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.forward_context import ForwardContext
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.outputs import KVConnectorOutput
+    from vllm.v1.request import Request
+
+__all__ = ["KvtierConnector", "KvtierConnectorMetadata"]
+
+_log = logging.getLogger("kvtier_vllm.connector")
+
+
+class KvtierConnectorMetadata(KVConnectorMetadata):
+    """One step's loads, saves and ended requests, shipped from the scheduler to the workers."""
+
+    def __init__(self, meta: ConnectorMeta | None = None) -> None:
+        self.meta = meta if meta is not None else ConnectorMeta()
+
+
+def _kv_layout() -> str | None:
+    """vLLM's KV cache layout (NHD/HND) as its connectors see it, when it can be told."""
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.utils import get_kv_connector_cache_layout
+
+        return str(get_kv_connector_cache_layout()).upper()
+    except Exception:  # older or newer vLLM without the helper: NHD unless configured
+        return None
+
+
+def _ranks(vllm_config: Any) -> tuple[int, int]:
+    """This worker's (tp_rank, pp_rank)."""
+    try:
+        from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+
+        return int(get_tp_group().rank_in_group), int(get_pp_group().rank_in_group)
+    except Exception:
+        pc = vllm_config.parallel_config
+        tp = int(getattr(pc, "tensor_parallel_size", 1))
+        rank = int(getattr(pc, "rank", 0))
+        return rank % tp, rank // tp
+
+
+class KvtierConnector(KVConnectorBase_V1):
+    """kvtier as a vLLM KV connector (scheduler and worker roles)."""
+
+    def __init__(
+        self,
+        vllm_config: "VllmConfig",
+        role: KVConnectorRole,
+        kv_cache_config: "KVCacheConfig | None" = None,
+    ) -> None:
+        try:
+            super().__init__(vllm_config, role, kv_cache_config)
+        except TypeError:  # vLLM before kv_cache_config was passed to connectors
+            super().__init__(vllm_config, role)
+        ktc = vllm_config.kv_transfer_config
+        self._cfg = KvtierConfig.from_extra(getattr(ktc, "kv_connector_extra_config", None))
+        kv_role = getattr(ktc, "kv_role", "kv_both")
+        self._load = self._cfg.load if self._cfg.load is not None else kv_role != "kv_producer"
+        self._save = self._cfg.save if self._cfg.save is not None else kv_role != "kv_consumer"
+        self._shape = model_shape(vllm_config, self._cfg, _kv_layout(), os.environ.get("VLLM_PP_LAYER_PARTITION"))
+        self._vllm_config = vllm_config
+        self._scheduler: SchedulerConnector | None = None
+        self._worker: WorkerConnector | None = None
+        self._tables = BlockTables(self._shape.block_size)
+        if role == KVConnectorRole.SCHEDULER:
+            self._scheduler = self._make_scheduler()
+        else:
+            self._worker = self._make_worker()
+
+    # kvtier is a best-effort cache: a dropped save is a future miss, never a lost hand-off.
+    @property
+    def requires_kv_delivery(self) -> bool:
+        return False
+
+    @classmethod
+    def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
+        return None
+
+    def _endpoint(self, index: int) -> str:
+        eps = self._cfg.rank_endpoints
+        return eps[index] if index < len(eps) else self._cfg.endpoint
+
+    def _client(self, endpoint: str) -> KvtierClient:
+        return KvtierClient(
+            endpoint,
+            lookup_timeout_ms=self._cfg.lookup_timeout_ms,
+            request_timeout_ms=self._cfg.request_timeout_ms,
+        )
+
+    def _make_scheduler(self) -> SchedulerConnector:
+        clients: dict[str, KvtierClient] = {}
+        targets = []
+        for k, ns, sfx in all_rank_namespaces(self._shape):
+            ep = self._endpoint(k)
+            client = clients.get(ep) or clients.setdefault(ep, self._client(ep))
+            targets.append((client, ns, sfx))
+        return SchedulerConnector(
+            RankLookup(targets),
+            block_size=self._shape.block_size,
+            chunk_size=self._cfg.chunk_size,
+            salt=self._cfg.salt,
+        )
+
+    def _make_worker(self) -> WorkerConnector:
+        tp_rank, pp_rank = _ranks(self._vllm_config)
+        self._tp_rank, self._pp_rank = tp_rank, pp_rank
+        k = rank_index(tp_rank, pp_rank, self._shape.tp_size)
+        ep = self._endpoint(k)
+        return WorkerConnector(
+            self._client(ep),
+            load_timeout_ms=self._cfg.load_timeout_ms,
+            lookup_suffix=rank_suffix(k, self._shape.world),
+            heartbeat_client_factory=lambda: self._client(ep),
+            heartbeat_interval_s=self._cfg.heartbeat_interval_ms / 1000,
+        )
+
+    # ==============================
+    # Worker-side methods
+    # ==============================
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]):
+        assert self._worker is not None
+        s = self._shape
+        names = list(kv_caches)
+        idx = [i for i in layer_indices(names) if i >= 0]
+        start, end = pp_layer_range(s.num_layers, self._pp_rank, s.pp_size, s.pp_partition)
+        first = min(idx) if idx else start
+        if len(names) != end - start or first != start:
+            _log.error(
+                "kvtier: this stage has %d KV layers from layer %d but the scheduler assumes %d from %d; "
+                "set kv_connector_extra_config.num_layers so both derive the same namespace",
+                len(names), first, end - start, start,
+            )
+        engine_id = f"{getattr(self._vllm_config.kv_transfer_config, 'engine_id', None) or 'vllm'}-pp{self._pp_rank}-tp{self._tp_rank}"
+        reg = build_registration(
+            kv_caches,
+            engine_id=engine_id,
+            model_id=s.model_id,
+            dtype=s.dtype,
+            num_kv_heads=s.num_kv_heads,
+            head_dim=s.head_dim,
+            block_size=s.block_size,
+            tp_size=s.tp_size,
+            tp_rank=self._tp_rank,
+            mla=s.mla,
+            chunk_size=self._cfg.chunk_size,
+            layout=self._cfg.tensor_layout,
+            kv_layout=None if s.mla else ("HND" if s.layout_version == 2 else "NHD"),
+            pp_size=s.pp_size,
+            pp_rank=self._pp_rank,
+            pp_first_layer=first,
+        )
+        try:
+            result = self._worker.register_kv_caches(reg)
+        except Exception as err:  # sidecar down or refusing: serve without kvtier, loudly
+            _log.error("kvtier: REGISTER failed (%s); requests recompute until the sidecar is back", err)
+            return
+        expected = rank_namespace(s, self._tp_rank, self._pp_rank)
+        if bytes(result.namespace) != expected:
+            _log.error(
+                "kvtier: the sidecar derived namespace %s but the scheduler looks up %s; no hits will be found",
+                bytes(result.namespace).hex(), expected.hex(),
+            )
+
+    def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata):
+        if self._worker is None:
+            return
+        if isinstance(kv_connector_metadata, KvtierConnectorMetadata):
+            ids = kv_connector_metadata.meta.preempted()
+        else:  # older vLLM passed the preempted request ids
+            ids = [str(r) for r in (kv_connector_metadata or ())]
+        self._worker.handle_preemptions(ids, timeout_s=self._cfg.request_timeout_ms / 1000)
+
+    def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
+        if self._worker is None or self._worker.engine_id is None:
+            return
+        meta = self._get_connector_metadata()
+        assert isinstance(meta, KvtierConnectorMetadata)
+        self._worker.start_load_kv(meta.meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads finish before the request is scheduled (load_kv_async is always True)
+
+    def save_kv_layer(
+        self,
+        layer_name: str,
+        kv_layer: torch.Tensor,
+        attn_metadata: Any,
+        **kwargs: Any,
+    ) -> None:
+        return  # saves gather every layer of a chunk at once, in wait_for_save
+
+    def wait_for_save(self):
+        if self._worker is None or self._worker.engine_id is None:
+            return
+        # The sidecar reads the blocks from another process: this step's KV writes must be done.
+        sync = torch.cuda.current_stream().synchronize if torch.cuda.is_available() else None
+        self._worker.wait_for_save(sync)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        if self._worker is None:
+            return None, None
+        sending, recving = self._worker.get_finished(finished_req_ids)
+        return (sending or None), (recving or None)
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        if self._worker is None:
+            return set()
+        return self._worker.get_block_ids_with_load_errors()
+
+    def shutdown(self):
+        timeout_s = self._cfg.shutdown_timeout_ms / 1000
+        if self._worker is not None:
+            self._worker.close(timeout_s)
+        if self._scheduler is not None:
+            self._scheduler.close()
+
+    # ==============================
+    # Scheduler-side methods
+    # ==============================
+
+    def get_num_new_matched_tokens(
+        self,
+        request: "Request",
+        num_computed_tokens: int,
+    ) -> tuple[int | None, bool]:
+        assert self._scheduler is not None
+        if not self._load:
+            return 0, False
+        req = connector_request(request)
+        self._tables.remember(req)
+        return self._scheduler.get_num_new_matched_tokens(req, num_computed_tokens)
+
+    def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
+        assert self._scheduler is not None
+        req = self._tables.request(request.request_id) or connector_request(request)
+        table = first_group(blocks)
+        self._tables.remember(req, table)
+        self._scheduler.update_state_after_alloc(req, table, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
+        assert self._scheduler is not None
+        for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
+            self._scheduler.request_preempted(str(rid))
+        scheduled = self._tables.scheduled(scheduler_output) if self._save else []
+        return KvtierConnectorMetadata(self._scheduler.build_connector_meta(scheduled))
+
+    def update_connector_output(self, connector_output: "KVConnectorOutput"):
+        if self._scheduler is None:
+            return
+        self._scheduler.update_connector_output(
+            ConnectorOutput(
+                finished_sending=getattr(connector_output, "finished_sending", None) or (),
+                finished_recving=getattr(connector_output, "finished_recving", None) or (),
+                invalid_block_ids=getattr(connector_output, "invalid_block_ids", None) or (),
+            )
+        )
+
+    def request_finished(
+        self,
+        request: "Request",
+        block_ids: list[int],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self._scheduler is not None
+        req = connector_request(request)
+        self._tables.drop(req.request_id)
+        return self._scheduler.request_finished(req, block_ids)
+
+    def reset_cache(self) -> bool | None:
+        if self._scheduler is None:
+            return None
+        return self._scheduler.reset_cache()
