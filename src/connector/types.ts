@@ -19,7 +19,7 @@ export interface ConnectorRequest {
 
 /**
  * Load a lookup's pinned chunks into blocks (worker: `DataPlaneClient.load`). Chunk `i` of the
- * intent goes to `blockIds[i * blocksPerChunk ...]`.
+ * intent goes to `blockIds[i * blocksPerChunk - skipBlocks ...]` (chunk 0 to `blockIds[0 ...]`).
  */
 export interface LoadIntent {
   readonly requestId: string;
@@ -27,12 +27,20 @@ export interface LoadIntent {
   readonly lookupId: string;
   /** Index of the first chunk in the prompt. */
   readonly firstChunk: number;
-  /** Tokens the load provides: chunks * chunkSize. */
+  /** Tokens the load provides: chunks * chunkSize - skipBlocks * blockSize. */
   readonly numTokens: number;
-  /** Destination blocks, `chunks * blocksPerChunk` of them, in chunk order. */
+  /**
+   * Destination blocks, `chunks * blocksPerChunk - skipBlocks` of them, in chunk order: the
+   * skipped leading blocks of the first chunk are not listed.
+   */
   readonly blockIds: readonly number[];
   /** Packed 32-byte chunk hashes, one per chunk. */
   readonly chunkHashes: Buffer;
+  /**
+   * Leading blocks of the first chunk the engine already holds in its own prefix cache (it ended
+   * inside that chunk); the sidecar does not write them. 0..blocksPerChunk-1; absent means 0.
+   */
+  readonly skipBlocks?: number;
 }
 
 /** Save the blocks of full prompt chunks after this step's forward pass (`DataPlaneClient.save`). */

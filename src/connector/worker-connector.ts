@@ -29,8 +29,14 @@ export interface WorkerDataPlaneClient {
     blockIds: readonly number[];
     chunkHashes: Uint8Array | readonly Uint8Array[];
     deadlineMs?: number;
+    skipBlocks?: number;
   }): Promise<{ loadedTokens: number; invalidBlockIds: number[] }>;
   requestFinished(requestId: string, kind: RequestEndKind): Promise<boolean>;
+  /**
+   * UNREGISTER: releases the engine on the sidecar at once. Optional; `close()` calls it before
+   * closing the client when present (`DataPlaneClient.close` also sends it itself).
+   */
+  unregister?(opts?: { signal?: AbortSignal }): Promise<boolean>;
   close(): Promise<void>;
 }
 
@@ -40,6 +46,8 @@ export interface WorkerConnectorOptions {
   client: WorkerDataPlaneClient;
   /** Deadline of each load, ms after it is sent; chunks not started by then are invalid. Default: the server's. */
   loadTimeoutMs?: number;
+  /** How long `close()` waits for the sidecar's answer to UNREGISTER, ms; default 1000. */
+  unregisterTimeoutMs?: number;
   log?: Logger;
 }
 
@@ -72,6 +80,7 @@ export interface WorkerConnectorStats {
 export class KvtierWorkerConnector {
   readonly #client: WorkerDataPlaneClient;
   readonly #loadTimeoutMs: number | undefined;
+  readonly #unregisterTimeoutMs: number;
   readonly #log: Logger;
   readonly #inflight = new Map<string, Set<Promise<void>>>();
   readonly #loading = new Map<string, number>();
@@ -100,6 +109,12 @@ export class KvtierWorkerConnector {
       opts.loadTimeoutMs === undefined
         ? undefined
         : requireInt('loadTimeoutMs', opts.loadTimeoutMs, 1);
+    this.#unregisterTimeoutMs = requireInt(
+      'unregisterTimeoutMs',
+      opts.unregisterTimeoutMs ?? 1000,
+      1,
+      2 ** 31 - 1,
+    );
     this.#log = opts.log ?? silentLogger;
   }
 
@@ -219,10 +234,38 @@ export class KvtierWorkerConnector {
       await Promise.allSettled([...this.#inflight.values()].flatMap((s) => [...s]));
   }
 
-  /** Waits for transfers in flight, then closes the client. Idempotent. */
+  /**
+   * Waits for transfers in flight, unregisters the engine (best effort, waiting at most
+   * `unregisterTimeoutMs`: the sidecar releases its pins and KV mappings now rather than after
+   * its heartbeat timeout), then closes the client.
+   * Never rejects for a failed unregister. Idempotent.
+   */
   close(): Promise<void> {
     this.#closing ??= (async () => {
       await this.whenIdle();
+      if (this.#registration !== undefined && this.#client.unregister !== undefined) {
+        // A plain (ref'd) timer: close must settle even when nothing else keeps Node running,
+        // and even for a client that ignores the signal.
+        const ac = new AbortController();
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        const timedOut = new Promise<void>((resolve) => {
+          timer = setTimeout(() => {
+            ac.abort(new KvtierError('KVT_TIMEOUT', 'unregister got no reply in time'));
+            resolve();
+          }, this.#unregisterTimeoutMs);
+        });
+        const sent = this.#client.unregister({ signal: ac.signal }).then(
+          () => {},
+          (err: unknown) => {
+            this.#log.debug('unregister failed; the sidecar releases the engine later', { err });
+          },
+        );
+        try {
+          await Promise.race([sent, timedOut]);
+        } finally {
+          clearTimeout(timer);
+        }
+      }
       await this.#client.close();
     })();
     return this.#closing;
@@ -242,6 +285,7 @@ export class KvtierWorkerConnector {
         blockIds: intent.blockIds,
         chunkHashes: intent.chunkHashes,
         ...(this.#loadTimeoutMs === undefined ? {} : { deadlineMs: this.#loadTimeoutMs }),
+        ...(intent.skipBlocks ? { skipBlocks: intent.skipBlocks } : {}),
       })
       .then(
         (r) => {

@@ -18,6 +18,12 @@ export interface DataPlaneClientOptions {
    * The sidecar releases an engine silent for its `heartbeatTimeoutMs` (default 30 000).
    */
   heartbeatIntervalMs?: number;
+  /**
+   * How long `close()` waits for the reply to the UNREGISTER it sends for a registered engine,
+   * ms; 0 sends none (the sidecar then releases the engine after its heartbeat timeout).
+   * Default 1000.
+   */
+  unregisterTimeoutMs?: number;
   log?: Logger;
 }
 
@@ -37,7 +43,7 @@ export interface DataPlaneCallOptions {
   signal?: AbortSignal;
 }
 
-const DEFAULTS = { requestTimeoutMs: 30_000, heartbeatIntervalMs: 5000 };
+const DEFAULTS = { requestTimeoutMs: 30_000, heartbeatIntervalMs: 5000, unregisterTimeoutMs: 1000 };
 const U32_MAX = 0xffffffff;
 
 function blockIdArray(name: string, ids: readonly number[]): Uint32Array {
@@ -58,6 +64,7 @@ function blockIdArray(name: string, ids: readonly number[]): Uint32Array {
 export class DataPlaneClient {
   readonly #rs: RequestSocket;
   readonly #heartbeatIntervalMs: number;
+  readonly #unregisterTimeoutMs: number;
   readonly #log: Logger;
   #engineId: string | undefined;
   #timer: ReturnType<typeof setInterval> | undefined;
@@ -78,6 +85,12 @@ export class DataPlaneClient {
     this.#heartbeatIntervalMs = requireInt(
       'heartbeatIntervalMs',
       opts.heartbeatIntervalMs ?? DEFAULTS.heartbeatIntervalMs,
+      0,
+      2 ** 31 - 1,
+    );
+    this.#unregisterTimeoutMs = requireInt(
+      'unregisterTimeoutMs',
+      opts.unregisterTimeoutMs ?? DEFAULTS.unregisterTimeoutMs,
       0,
       2 ** 31 - 1,
     );
@@ -163,6 +176,11 @@ export class DataPlaneClient {
    * `invalidBlockIds`; they hold no valid KV and must be recomputed.
    * @param a.deadlineMs relative to the sidecar's receipt, ms; default (or 0) the sidecar's.
    * @param a.stateSlot slot of the registered state file the sidecar sets on completion.
+   * @param a.skipBlocks leading blocks of the first chunk the engine already holds (its prefix
+   *   cache ended inside that chunk): they are not written and `blockIds` leaves them out, so it
+   *   holds `chunks * blocksPerChunk - skipBlocks` ids (the last chunk may be short). Must be
+   *   below `blocksPerChunk`; default 0 (then the field is not sent at all). `loadedTokens` counts
+   *   only the blocks written.
    * @throws KvtierError as {@link save}.
    */
   async load(
@@ -173,9 +191,11 @@ export class DataPlaneClient {
       chunkHashes: HashesInput;
       deadlineMs?: number;
       stateSlot?: number;
+      skipBlocks?: number;
     },
     opts: DataPlaneCallOptions = {},
   ): Promise<{ loadedTokens: number; invalidBlockIds: number[] }> {
+    const skipBlocks = requireInt('skipBlocks', a.skipBlocks ?? 0, 0, U32_MAX);
     const rep = await this.#call(
       {
         type: 'load',
@@ -187,6 +207,8 @@ export class DataPlaneClient {
         stateSlot: requireInt('stateSlot', a.stateSlot ?? -1, -1, 2 ** 31 - 1),
         blockIds: blockIdArray('blockIds', a.blockIds),
         chunkHashes: packHashes(a.chunkHashes),
+        // Sent only when non-zero, so a load without a skip stays readable by older sidecars.
+        ...(skipBlocks > 0 ? { skipBlocks } : {}),
       },
       opts,
     );
@@ -259,14 +281,56 @@ export class DataPlaneClient {
     return rep.known;
   }
 
-  /** Stops the heartbeats, rejects pending requests with `KVT_CLOSED`, closes the socket. Idempotent. */
+  /**
+   * Tells the sidecar the worker is going away (UNREGISTER): it releases the engine's pins,
+   * request state and KV mappings at once instead of after its heartbeat timeout, and stops the
+   * engine's running loads before their next chunk. Stops the heartbeats and forgets the
+   * engine id here first, so the client must `register` again to be used. Resolves whether the
+   * sidecar had the engine; false without sending anything when no engine is registered.
+   * @throws KvtierError `KVT_TIMEOUT`, `KVT_ABORTED`, `KVT_CLOSED`.
+   */
+  async unregister(opts: DataPlaneCallOptions = {}): Promise<boolean> {
+    if (this.#closing !== undefined) throw closedError('data plane client');
+    const engineId = this.#forgetEngine();
+    if (engineId === undefined) return false;
+    const rep = await this.#call({ type: 'unregister', requestId: 0, engineId }, opts);
+    if (rep.type !== 'unregister-result') throw unexpectedReply(rep);
+    return rep.released;
+  }
+
+  /**
+   * Stops the heartbeats; when an engine is registered, sends UNREGISTER and waits for its reply
+   * at most `unregisterTimeoutMs` (best effort: a failure is logged, never thrown, and close never
+   * waits longer); then rejects pending requests with `KVT_CLOSED` and closes the socket.
+   * Idempotent.
+   */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      if (this.#timer !== undefined) clearInterval(this.#timer);
-      this.#timer = undefined;
+      const engineId = this.#forgetEngine();
+      if (engineId !== undefined && this.#unregisterTimeoutMs > 0) {
+        try {
+          await this.#rs.request(
+            { type: 'unregister', requestId: 0, engineId },
+            { timeoutMs: this.#unregisterTimeoutMs },
+          );
+        } catch (err) {
+          this.#log.debug('unregister on close failed; the sidecar releases the engine later', {
+            engineId,
+            err,
+          });
+        }
+      }
       await this.#rs.close();
     })();
     return this.#closing;
+  }
+
+  #forgetEngine(): string | undefined {
+    if (this.#timer !== undefined) clearInterval(this.#timer);
+    this.#timer = undefined;
+    const id = this.#engineId;
+    this.#engineId = undefined;
+    return id;
   }
 
   #registered(): string {

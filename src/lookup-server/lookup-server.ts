@@ -31,8 +31,8 @@ export interface LookupServerOptions {
   /** Extra fields for the PING reply (version, config summary...). */
   info?: () => Record<string, unknown>;
   /**
-   * Serves the data-plane messages (REGISTER, SAVE, LOAD, HOLD, REQUEST_FINISHED, HEARTBEAT)
-   * when given; without it they are refused with `KVT_INVALID_ARGUMENT`. Not owned: the server
+   * Serves the data-plane messages (REGISTER, SAVE, LOAD, HOLD, REQUEST_FINISHED, HEARTBEAT,
+   * UNREGISTER) when given; without it they are refused with `KVT_INVALID_ARGUMENT`. Not owned: the server
    * neither starts nor closes it.
    */
   dataPlane?: DataPlane;
@@ -296,6 +296,7 @@ export class LookupServer {
               blockIds: req.blockIds,
               chunkHashes: hashesToHex(req.chunkHashes),
               ...(req.stateSlot >= 0 ? { stateSlot: req.stateSlot } : {}),
+              ...(req.skipBlocks ? { skipBlocks: req.skipBlocks } : {}),
             },
             { signal: ac.signal },
           );
@@ -327,6 +328,13 @@ export class LookupServer {
           type: 'heartbeat-result',
           requestId,
           known: dp.heartbeat(req.engineId),
+        });
+      case 'unregister':
+        // What a heartbeat timeout does, now: loads running for the engine stop at their next chunk.
+        return this.#reply(envelope, {
+          type: 'unregister-result',
+          requestId,
+          released: await dp.engineGone(req.engineId),
         });
     }
   }

@@ -989,3 +989,58 @@ describe('DataPlane cuda registrations: the GPU by UUID', () => {
     await expectCode(e.dp.register(cudaRegistration('A', GPUS[0])), 'KVT_CONFIG');
   });
 });
+
+describe('DataPlane engine release during a load (UNREGISTER)', () => {
+  test('a running load stops before its next chunk; the rest is invalid; pins are released', async () => {
+    let gate!: () => void;
+    let entered!: () => void;
+    const inCopy = new Promise<void>((r) => {
+      entered = r;
+    });
+    const base = createFsCopyEngine();
+    let scatters = 0;
+    const gated: CopyEngine = {
+      openFile: (p) => base.openFile(p),
+      copy: async (s, o) => {
+        if (s.length > 1 && o[0] === 1 && scatters++ === 0) {
+          entered();
+          await new Promise<void>((r) => {
+            gate = r;
+          });
+        }
+        await base.copy(s, o);
+      },
+    };
+    const e = env({ copyEngine: gated }, false);
+    const layout = await e.dp.register(registration(kvFile(), 'A'));
+    const hs = hashes(3);
+    await e.dp.save({
+      engineId: 'A',
+      requestId: 'w',
+      blockIds: [0, 1, 2, 3, 4, 5, 6, 7, 8, 9],
+      chunkHashes: hs,
+    });
+    assert.equal(await lookup(e, 'L', layout.namespace.id, hs), 3);
+    const dst = [20, 21, 22, 23, 24, 25, 26, 27];
+    const loading = e.dp.load({
+      engineId: 'A',
+      requestId: 'r',
+      lookupId: 'L',
+      blockIds: dst,
+      chunkHashes: hs,
+      skipBlocks: 2,
+    });
+    await inCopy;
+    const gone = e.dp.engineGone('A');
+    gate();
+    assert.equal(await gone, true);
+    assert.deepEqual(await loading, { loadedTokens: 8, invalidBlockIds: dst.slice(2) });
+    assert.equal(pins(e), 0);
+    assert.deepEqual(e.dp.stats(), {
+      engines: 0,
+      requests: 0,
+      heldLookups: 0,
+      writeThroughDropped: 0,
+    });
+  });
+});
