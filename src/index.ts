@@ -70,6 +70,7 @@ export {
   type DataPlaneClientOptions,
   type RegisteredEngine,
 } from './data-plane/data-plane-client.ts';
+export { normalizeDeviceUuid, resolveCudaDevice } from './data-plane/device-uuid.ts';
 export { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 export {
   type KvLayout,
