@@ -123,8 +123,12 @@ def _spans(mm: Iterable[Any]) -> list[tuple[int, int, bytes]]:
             raise InvalidArgumentError(
                 f"mm[{i}].id must be 1..{MAX_MM_ID_BYTES} bytes, got {len(ident)}"
             )
-        off = _int(f"mm[{i}].offset", offset, 0, _U32_MAX)
+        off = _int(f"mm[{i}].offset", offset, 0, _U32_MAX - 1)
         ln = _int(f"mm[{i}].length", length, 1, _U32_MAX)
+        if off + ln > _U32_MAX:
+            raise InvalidArgumentError(
+                f"mm[{i}].length must keep offset + length < 2^32, got offset {off} and length {ln}"
+            )
         out.append((off, ln, ident))
     out.sort()
     return out

@@ -85,7 +85,10 @@ def normalize_dtype(dtype: Any, name: str = "dtype") -> str:
 
     :raises InvalidArgumentError: for an unknown dtype, ``auto`` and ``float8_e4m3fnuz`` included.
     """
-    raw = dtype if isinstance(dtype, str) else (str(dtype) if type(dtype).__name__ == "dtype" else None)
+    raw = dtype
+    if not isinstance(dtype, str):
+        # torch.dtype prints as "torch.bfloat16", numpy's dtype as "float16"
+        raw = str(dtype) if type(dtype).__module__.split(".")[0] in ("torch", "numpy") else None
     if raw is None or raw == "":
         raise InvalidArgumentError(f"{name} must be a non-empty string, got {dtype!r}")
     key = raw.strip(_JS_SPACE).lower()

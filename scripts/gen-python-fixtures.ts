@@ -1,0 +1,659 @@
+/**
+ * Writes python/tests/fixtures/cross-language.json: what the TypeScript implementation computes
+ * for a set of inputs, so the Python package (python/kvtier_vllm) is checked byte for byte
+ * against it: chunk hashes (salts, partial chunks, LoRA, multimodal spans), seeds, namespace ids
+ * (tensor and pipeline parallelism, MLA), and the encoded bytes of requests and replies of every
+ * message type with the TypeScript decoder's reading of each reply.
+ *
+ *     node --import tsx scripts/gen-python-fixtures.ts          # rewrite the file
+ *     node --import tsx scripts/gen-python-fixtures.ts --check  # exit 1 when it is stale
+ *
+ * test/unit/python-fixtures.test.ts runs the check, so a change on the TypeScript side that
+ * forgets the fixture fails CI; python/tests checks the Python side against the file.
+ */
+import { readFileSync, writeFileSync } from 'node:fs';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { type ChunkHasherOptions, hashChunks, hashSeed } from '../src/hashing/chunk-hasher.ts';
+import {
+  canonicalNamespaceEncoding,
+  deriveNamespace,
+  type NamespaceSpec,
+} from '../src/namespace/namespace.ts';
+import { decodeReply, decodeRequest, encodeReply, encodeRequest } from '../src/protocol/codec.ts';
+import type { Reply, Request } from '../src/protocol/messages.ts';
+
+/** Where the fixture lives, relative to the repository root. */
+export const FIXTURE_PATH = 'python/tests/fixtures/cross-language.json';
+
+/** A deterministic token sequence (a 32-bit LCG), so the fixture needs no randomness. */
+function lcgTokens(n: number, seed: number, max = 2 ** 32): number[] {
+  const out: number[] = [];
+  let x = seed >>> 0;
+  for (let i = 0; i < n; i++) {
+    x = (Math.imul(x, 1664525) + 1013904223) >>> 0;
+    out.push(max === 2 ** 32 ? x : x % max);
+  }
+  return out;
+}
+
+type TokenSpec = number[] | { range: [number, number] } | { lcg: [number, number, number] };
+
+function expandTokens(t: TokenSpec): number[] {
+  if (Array.isArray(t)) return t;
+  if ('range' in t)
+    return Array.from({ length: t.range[1] - t.range[0] }, (_, i) => t.range[0] + i);
+  return lcgTokens(t.lcg[0], t.lcg[1], t.lcg[2]);
+}
+
+interface MmSpec {
+  /** The id as a UTF-8 string, or `idHex` for raw bytes. */
+  id?: string;
+  idHex?: string;
+  offset: number;
+  length: number;
+}
+
+interface HashCase {
+  name: string;
+  tokens: TokenSpec;
+  chunkSize?: number;
+  salt?: string;
+  partial?: boolean;
+  lora?: string;
+  mm?: MmSpec[];
+}
+
+const HASH_CASES: HashCase[] = [
+  { name: 'A 0..599', tokens: { range: [0, 600] } },
+  { name: 'B 0..599 partial', tokens: { range: [0, 600] }, partial: true },
+  { name: 'C salt tenant-a', tokens: { range: [0, 600] }, partial: true, salt: 'tenant-a' },
+  { name: 'empty', tokens: [], partial: true },
+  { name: 'one token, no partial', tokens: [42] },
+  { name: 'one token, partial', tokens: [42], partial: true },
+  {
+    name: 'extreme token ids, chunk size 4',
+    tokens: [4294967295, 0, 1, 2147483648, 65535, 16777216],
+    chunkSize: 4,
+    partial: true,
+  },
+  { name: 'non-ASCII salt, chunk size 1', tokens: [7], chunkSize: 1, salt: 'café/β' },
+  {
+    name: 'salt with emoji and CJK',
+    tokens: { lcg: [100, 3, 151_936] },
+    chunkSize: 16,
+    salt: '租户-🚀',
+    partial: true,
+  },
+  { name: 'lcg 1000 tokens, chunk 64', tokens: { lcg: [1000, 7, 2 ** 32] }, chunkSize: 64 },
+  {
+    name: 'lcg 257 tokens, chunk 256, partial',
+    tokens: { lcg: [257, 11, 128_256] },
+    partial: true,
+  },
+  { name: 'lora', tokens: { range: [0, 600] }, partial: true, lora: 'sql-lora' },
+  { name: 'empty lora is none', tokens: { range: [0, 600] }, lora: '' },
+  {
+    name: 'salt and non-ASCII lora',
+    tokens: { range: [0, 300] },
+    salt: 'tenant-a',
+    lora: 'café-lora',
+    chunkSize: 100,
+  },
+  {
+    name: 'mm spans sorted and clipped',
+    tokens: { range: [0, 800] },
+    mm: [
+      { id: 'img-b', offset: 300, length: 10 },
+      { id: 'img-a', offset: 100, length: 200 },
+      { id: 'aud', offset: 300, length: 10 },
+      { id: 'vid', offset: 500, length: 12 },
+    ],
+  },
+  {
+    name: 'salt, lora and mm',
+    tokens: { range: [0, 600] },
+    partial: true,
+    salt: 'tenant-a',
+    lora: 'café-lora',
+    mm: [
+      { id: '7b2a0c9d5e1f', offset: 0, length: 576 },
+      { id: 'img-2', offset: 590, length: 10 },
+    ],
+  },
+  {
+    name: 'mm raw-byte ids, same offset and length, beyond the prompt',
+    tokens: { lcg: [512, 5, 32_000] },
+    chunkSize: 128,
+    partial: true,
+    mm: [
+      { idHex: 'ff00', offset: 120, length: 16 },
+      { idHex: '00ff', offset: 120, length: 16 },
+      { idHex: '00', offset: 127, length: 1 },
+      { idHex: '01', offset: 128, length: 1 },
+      { idHex: 'abcdef', offset: 600, length: 50 },
+    ],
+  },
+];
+
+const NAMESPACE_CASES: { name: string; spec: NamespaceSpec }[] = (() => {
+  const llama = {
+    modelId: 'meta-llama/Meta-Llama-3-8B',
+    dtype: 'bfloat16',
+    numLayers: 32,
+    numKvHeads: 8,
+    headDim: 128,
+    blockSize: 16,
+    mla: false,
+    layoutVersion: 1,
+  };
+  const dsv3 = {
+    modelId: 'deepseek-ai/DeepSeek-V3',
+    dtype: 'bfloat16',
+    numLayers: 61,
+    numKvHeads: 1,
+    headDim: 576,
+    blockSize: 64,
+    mla: true,
+    layoutVersion: 1,
+  };
+  const cases: { name: string; spec: NamespaceSpec }[] = [
+    { name: 'llama tp2 r0', spec: { ...llama, tpSize: 2, tpRank: 0 } },
+    { name: 'llama tp2 r1', spec: { ...llama, tpSize: 2, tpRank: 1 } },
+    {
+      name: 'llama tp1, dtype alias bf16',
+      spec: { ...llama, dtype: 'bf16', tpSize: 1, tpRank: 0 },
+    },
+    { name: 'llama tp16 replicated heads', spec: { ...llama, tpSize: 16, tpRank: 15 } },
+    { name: 'dsv3 mla tp8 r3', spec: { ...dsv3, tpSize: 8, tpRank: 3 } },
+    { name: 'dsv3 mla tp1', spec: { ...dsv3, tpSize: 1, tpRank: 0 } },
+    {
+      name: 'dsv3 mla pp2 stage 1',
+      spec: {
+        ...dsv3,
+        numLayers: 30,
+        tpSize: 8,
+        tpRank: 3,
+        ppSize: 2,
+        ppRank: 1,
+        ppFirstLayer: 31,
+      },
+    },
+    {
+      name: 'qwen fp8, torch. prefix, layout 2',
+      spec: {
+        modelId: 'Qwen/Qwen2.5-7B-Instruct',
+        dtype: 'torch.float8_e4m3fn',
+        numLayers: 28,
+        numKvHeads: 4,
+        headDim: 128,
+        blockSize: 32,
+        mla: false,
+        tpSize: 4,
+        tpRank: 2,
+        layoutVersion: 2,
+      },
+    },
+    {
+      name: 'non-ASCII model id',
+      spec: {
+        modelId: 'ünïcødé/模型-7B',
+        dtype: 'FP16',
+        numLayers: 2,
+        numKvHeads: 2,
+        headDim: 64,
+        blockSize: 16,
+        mla: false,
+        tpSize: 1,
+        tpRank: 0,
+        layoutVersion: 1,
+      },
+    },
+    {
+      name: 'llama pp1 explicit is plain',
+      spec: { ...llama, tpSize: 2, tpRank: 0, ppSize: 1, ppRank: 0, ppFirstLayer: 0 },
+    },
+  ];
+  for (let r = 0; r < 4; r++)
+    cases.push({
+      name: `llama pp4 stage ${r}`,
+      spec: {
+        ...llama,
+        numLayers: 8,
+        tpSize: 2,
+        tpRank: 0,
+        ppSize: 4,
+        ppRank: r,
+        ppFirstLayer: 8 * r,
+      },
+    });
+  return cases;
+})();
+
+const NS_A = '48f3d9651eaf7e9014cf0c0d7bc30fba';
+const NS_B = 'ccd750d5fc54b2450fad560f67df94f4';
+const H = (i: number) => Buffer.alloc(32, i).toString('hex');
+const packed = (...ids: number[]) => Buffer.concat(ids.map((i) => Buffer.alloc(32, i)));
+
+const REQUESTS: { name: string; req: Request }[] = [
+  {
+    name: 'lookup, defaults',
+    req: {
+      type: 'lookup',
+      requestId: 7,
+      lookupId: 'req-1',
+      namespaces: [NS_A],
+      hashes: packed(1, 2),
+      tokenCounts: Uint32Array.from([256, 256]),
+      config: {},
+    },
+  },
+  {
+    name: 'lookup, two namespaces, no pin, no prefetch, partial last chunk',
+    req: {
+      type: 'lookup',
+      requestId: 0xffffffff,
+      lookupId: 'régl-β',
+      namespaces: [NS_A, NS_B],
+      hashes: packed(3, 4, 5),
+      tokenCounts: Uint32Array.from([256, 256, 17]),
+      config: { pin: false, prefetch: false },
+    },
+  },
+  {
+    name: 'lookup, no pin',
+    req: {
+      type: 'lookup',
+      requestId: 1,
+      lookupId: 'x'.repeat(256),
+      namespaces: [NS_B],
+      hashes: packed(9),
+      tokenCounts: Uint32Array.from([65536]),
+      config: { pin: false },
+    },
+  },
+  {
+    name: 'lookup, no chunks',
+    req: {
+      type: 'lookup',
+      requestId: 2,
+      lookupId: 'empty',
+      namespaces: [NS_A],
+      hashes: Buffer.alloc(0),
+      tokenCounts: new Uint32Array(0),
+      config: {},
+    },
+  },
+  { name: 'cancel', req: { type: 'cancel', requestId: 3, lookupId: 'req-1' } },
+  { name: 'clear all', req: { type: 'clear', requestId: 4, namespaces: [] } },
+  { name: 'clear two', req: { type: 'clear', requestId: 5, namespaces: [NS_A, NS_B] } },
+  { name: 'ping', req: { type: 'ping', requestId: 6 } },
+  { name: 'stats', req: { type: 'stats', requestId: 8 } },
+  {
+    name: 'put',
+    req: {
+      type: 'put',
+      requestId: 9,
+      namespace: NS_A,
+      hash: H(7),
+      tokens: 256,
+      payload: Buffer.from('kv bytes \u00ff', 'utf8'),
+    },
+  },
+  { name: 'get', req: { type: 'get', requestId: 10, namespace: NS_B, hash: H(8) } },
+  {
+    name: 'register',
+    req: {
+      type: 'register',
+      requestId: 11,
+      registration: {
+        engineId: 'engine-0',
+        device: 'host',
+        modelId: 'm/é',
+        dtype: 'bfloat16',
+        numKvHeads: 2,
+        headDim: 8,
+        tpSize: 1,
+        tpRank: 0,
+        mla: false,
+        numBlocks: 64,
+        blockSize: 16,
+        blockStrideBytes: 512,
+        chunkSize: 64,
+        layers: [
+          {
+            k: { path: '/dev/shm/kv', offsetBytes: 0 },
+            v: { path: '/dev/shm/kv', offsetBytes: 32768 },
+          },
+        ],
+        ppSize: 2,
+        ppRank: 1,
+        ppFirstLayer: 1,
+      },
+    },
+  },
+  {
+    name: 'save',
+    req: {
+      type: 'save',
+      requestId: 12,
+      engineId: 'engine-0',
+      engineRequestId: 'req-1',
+      skipChunks: 1,
+      blockIds: Uint32Array.from([0, 1, 2, 3, 4, 5, 6, 4294967295]),
+      chunkHashes: packed(1, 2),
+    },
+  },
+  {
+    name: 'load, no skip',
+    req: {
+      type: 'load',
+      requestId: 13,
+      engineId: 'engine-0',
+      engineRequestId: 'req-1',
+      lookupId: 'req-1',
+      deadlineMs: 0,
+      stateSlot: -1,
+      blockIds: Uint32Array.from([10, 11, 12, 13]),
+      chunkHashes: packed(1),
+    },
+  },
+  {
+    name: 'load, skip 2 blocks, state slot and deadline',
+    req: {
+      type: 'load',
+      requestId: 14,
+      engineId: 'engine-0',
+      engineRequestId: 'req-2',
+      lookupId: 'look-2',
+      deadlineMs: 1500,
+      stateSlot: 3,
+      blockIds: Uint32Array.from([20, 21, 22, 23, 24, 25]),
+      chunkHashes: packed(1, 2),
+      skipBlocks: 2,
+    },
+  },
+  {
+    name: 'hold',
+    req: { type: 'hold', requestId: 15, engineId: 'e', engineRequestId: 'r', lookupId: 'l' },
+  },
+  {
+    name: 'request finished',
+    req: {
+      type: 'request-finished',
+      requestId: 16,
+      engineId: 'e',
+      engineRequestId: 'r',
+      kind: 'finished',
+    },
+  },
+  {
+    name: 'request aborted',
+    req: {
+      type: 'request-finished',
+      requestId: 17,
+      engineId: 'e',
+      engineRequestId: 'r',
+      kind: 'aborted',
+    },
+  },
+  {
+    name: 'request preempted',
+    req: {
+      type: 'request-finished',
+      requestId: 18,
+      engineId: 'e',
+      engineRequestId: 'r',
+      kind: 'preempted',
+    },
+  },
+  { name: 'heartbeat', req: { type: 'heartbeat', requestId: 19, engineId: 'engine-0' } },
+  { name: 'unregister', req: { type: 'unregister', requestId: 20, engineId: 'engine-0' } },
+];
+
+const REPLIES: { name: string; rep: Reply }[] = [
+  {
+    name: 'lookup result ok with tiers',
+    rep: {
+      type: 'lookup-result',
+      requestId: 7,
+      lookupId: 'req-1',
+      status: 'ok',
+      epoch: 3,
+      hitTokens: 512,
+      hitChunks: 2,
+      tiers: [
+        { tier: 'cpu', tokens: 256 },
+        { tier: 'disk', tokens: 256 },
+      ],
+    },
+  },
+  {
+    name: 'lookup result canceled',
+    rep: {
+      type: 'lookup-result',
+      requestId: 8,
+      lookupId: 'régl-β',
+      status: 'canceled',
+      epoch: 91_000_000,
+      hitTokens: 0,
+      hitChunks: 0,
+      tiers: [],
+    },
+  },
+  {
+    name: 'lookup result stale',
+    rep: {
+      type: 'lookup-result',
+      requestId: 0xffffffff,
+      lookupId: 'z',
+      status: 'stale',
+      epoch: 0xffffffff,
+      hitTokens: 0,
+      hitChunks: 0,
+      tiers: [],
+    },
+  },
+  { name: 'cancel result found', rep: { type: 'cancel-result', requestId: 3, found: true } },
+  { name: 'cancel result not found', rep: { type: 'cancel-result', requestId: 4, found: false } },
+  { name: 'clear result', rep: { type: 'clear-result', requestId: 5, epoch: 91_357_315 } },
+  {
+    name: 'pong',
+    rep: {
+      type: 'pong',
+      requestId: 6,
+      info: {
+        protocolVersion: 1,
+        epoch: 3,
+        limits: { maxChunksPerLookup: 8192 },
+        tiers: [],
+        dataPlane: null,
+        note: 'ünï',
+      },
+    },
+  },
+  {
+    name: 'stats result',
+    rep: { type: 'stats-result', requestId: 8, stats: { epoch: 3, lookups: { ongoing: 0 } } },
+  },
+  { name: 'put result stored', rep: { type: 'put-result', requestId: 9, outcome: 'stored' } },
+  { name: 'put result exists', rep: { type: 'put-result', requestId: 9, outcome: 'exists' } },
+  { name: 'put result dropped', rep: { type: 'put-result', requestId: 9, outcome: 'dropped' } },
+  {
+    name: 'get result found',
+    rep: {
+      type: 'get-result',
+      requestId: 10,
+      found: true,
+      tokens: 256,
+      payload: Buffer.from([0, 1, 2, 255]),
+    },
+  },
+  {
+    name: 'get result not found',
+    rep: { type: 'get-result', requestId: 10, found: false, tokens: 0, payload: Buffer.alloc(0) },
+  },
+  {
+    name: 'register result',
+    rep: {
+      type: 'register-result',
+      requestId: 11,
+      engineId: 'engine-0',
+      namespace: NS_A,
+      chunkSize: 256,
+      blockSize: 16,
+    },
+  },
+  {
+    name: 'save result',
+    rep: { type: 'save-result', requestId: 12, saved: 2, skipped: 1, dropped: 0 },
+  },
+  {
+    name: 'load result with invalid blocks',
+    rep: {
+      type: 'load-result',
+      requestId: 13,
+      loadedTokens: 240,
+      invalidBlockIds: Uint32Array.from([24, 25, 4294967295]),
+    },
+  },
+  {
+    name: 'load result complete',
+    rep: {
+      type: 'load-result',
+      requestId: 14,
+      loadedTokens: 512,
+      invalidBlockIds: new Uint32Array(0),
+    },
+  },
+  { name: 'hold result', rep: { type: 'hold-result', requestId: 15, heldChunks: 3 } },
+  {
+    name: 'request finished result',
+    rep: { type: 'request-finished-result', requestId: 16, released: true },
+  },
+  {
+    name: 'heartbeat result unknown',
+    rep: { type: 'heartbeat-result', requestId: 19, known: false },
+  },
+  { name: 'heartbeat result known', rep: { type: 'heartbeat-result', requestId: 19, known: true } },
+  { name: 'unregister result', rep: { type: 'unregister-result', requestId: 20, released: true } },
+  {
+    name: 'error',
+    rep: {
+      type: 'error',
+      requestId: 21,
+      code: 'KVT_NOT_FOUND',
+      message: 'engine "x" has no registered KV cache',
+    },
+  },
+  {
+    name: 'error with request id 0',
+    rep: {
+      type: 'error',
+      requestId: 0,
+      code: 'KVT_PROTOCOL',
+      message: 'message is 3 bytes, shorter than the 8-byte header',
+    },
+  },
+  {
+    name: 'error with an unknown code reads as KVT_INTERNAL',
+    rep: {
+      type: 'error',
+      requestId: 22,
+      code: 'KVT_FROM_THE_FUTURE' as 'KVT_INTERNAL',
+      message: 'ß',
+    },
+  },
+];
+
+/** JSON form of a decoded message: buffers as hex, typed arrays as lists. */
+function plain(v: unknown): unknown {
+  if (Buffer.isBuffer(v)) return v.toString('hex');
+  if (v instanceof Uint32Array) return Array.from(v);
+  if (Array.isArray(v)) return v.map(plain);
+  if (typeof v === 'object' && v !== null) {
+    const out: Record<string, unknown> = {};
+    for (const [k, x] of Object.entries(v)) out[k] = plain(x);
+    return out;
+  }
+  return v;
+}
+
+function hashCase(c: HashCase): Record<string, unknown> {
+  const opts: ChunkHasherOptions = {};
+  if (c.chunkSize !== undefined) opts.chunkSize = c.chunkSize;
+  if (c.salt !== undefined) opts.salt = c.salt;
+  if (c.partial !== undefined) opts.partial = c.partial;
+  if (c.lora !== undefined) opts.lora = c.lora;
+  if (c.mm !== undefined)
+    opts.mm = c.mm.map((s) => ({
+      id: s.idHex !== undefined ? Buffer.from(s.idHex, 'hex') : s.id!,
+      offset: s.offset,
+      length: s.length,
+    }));
+  const chunks = hashChunks(expandTokens(c.tokens), opts).map((h) => [
+    h.start,
+    h.end,
+    h.hash.toString('hex'),
+  ]);
+  return { ...c, chunks };
+}
+
+/** Everything the fixture holds, computed by the TypeScript implementation. */
+export function buildPythonFixtures(): Record<string, unknown> {
+  return {
+    comment:
+      'Generated by scripts/gen-python-fixtures.ts from the TypeScript hasher, namespace derivation and codec; do not edit. tokens: a list, {range:[a,b]} = a..b-1, or {lcg:[n,seed,max]} = n values of x=(1664525*x+1013904223) mod 2^32 from x=seed, each taken mod max.',
+    seeds: [
+      ['', ''],
+      ['tenant-a', ''],
+      ['café/β', ''],
+      ['', 'sql-lora'],
+      ['tenant-a', 'café-lora'],
+    ].map(([salt, lora]) => ({ salt, lora, seed: hashSeed(salt, lora).toString('hex') })),
+    hashes: HASH_CASES.map(hashCase),
+    namespaces: NAMESPACE_CASES.map(({ name, spec }) => {
+      const ns = deriveNamespace(spec);
+      return { name, spec, id: ns.id, label: ns.label, encoding: canonicalNamespaceEncoding(spec) };
+    }),
+    requests: REQUESTS.map(({ name, req }) => {
+      const bytes = encodeRequest(req);
+      // What a server reads back: the form the fields are given in.
+      return { name, fields: plain(decodeRequest(bytes)), hex: bytes.toString('hex') };
+    }),
+    replies: REPLIES.map(({ name, rep }) => {
+      const bytes = encodeReply(rep);
+      return { name, fields: plain(decodeReply(bytes)), hex: bytes.toString('hex') };
+    }),
+  };
+}
+
+/** The fixture file's text: pretty JSON with a final newline. */
+export function renderPythonFixtures(): string {
+  return `${JSON.stringify(buildPythonFixtures(), null, 1)}\n`;
+}
+
+function main(argv: string[]): number {
+  const root = fileURLToPath(new URL('..', import.meta.url));
+  const path = `${root}${FIXTURE_PATH}`;
+  const text = renderPythonFixtures();
+  if (argv.includes('--check')) {
+    let current = '';
+    try {
+      current = readFileSync(path, 'utf8');
+    } catch {}
+    if (current !== text) {
+      process.stderr.write(
+        `${FIXTURE_PATH} is stale: run node --import tsx scripts/gen-python-fixtures.ts\n`,
+      );
+      return 1;
+    }
+    return 0;
+  }
+  writeFileSync(path, text);
+  process.stdout.write(`wrote ${FIXTURE_PATH}\n`);
+  return 0;
+}
+
+if (process.argv[1] !== undefined && import.meta.url === pathToFileURL(process.argv[1]).href) {
+  process.exitCode = main(process.argv.slice(2));
+}
