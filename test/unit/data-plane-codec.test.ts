@@ -3,6 +3,7 @@
  * byte layouts built by hand, every validation error on decode and on encode.
  */
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
 import { KvtierError, type KvtierErrorCode } from '../../src/errors.ts';
 import {
@@ -525,4 +526,50 @@ describe('data-plane codec: encode validation', () => {
   for (const [label, req, code] of cases) {
     it(`${label} → ${code}`, () => throwsCode(() => encodeRequest(req), code, label));
   }
+});
+
+/** Hex bytes of a `<!-- codec-example: NAME -->` block in docs/protocol.md, comments stripped. */
+function docExample(doc: string, name: string): Buffer {
+  const re = new RegExp(`<!-- codec-example: ${name} -->\\s*\`\`\`text\\n([\\s\\S]*?)\`\`\``);
+  const m = re.exec(doc);
+  assert.ok(m?.[1] !== undefined, `docs/protocol.md has no codec-example block "${name}"`);
+  const hex = m[1]
+    .split('\n')
+    .map((line) => line.split('#')[0]!)
+    .join('')
+    .replace(/\s+/g, '');
+  assert.match(hex, /^([0-9a-f]{2})+$/, `block "${name}" must hold hex bytes`);
+  return Buffer.from(hex, 'hex');
+}
+
+describe('data-plane examples in docs/protocol.md', () => {
+  const doc = readFileSync(new URL('../../docs/protocol.md', import.meta.url), 'utf8');
+
+  it('the partial-chunk LOAD matches the codec both ways', () => {
+    const req: LoadRequestMessage = {
+      type: 'load',
+      requestId: 9,
+      engineId: 'w0',
+      engineRequestId: 'r1',
+      lookupId: 'lk',
+      deadlineMs: 0,
+      stateSlot: -1,
+      blockIds: Uint32Array.of(7, 9),
+      chunkHashes: Buffer.from(H0, 'hex'),
+      skipBlocks: 2,
+    };
+    const bytes = docExample(doc, 'load-skip-request');
+    assert.equal(bytes.length, 80);
+    assert.deepEqual(encodeRequest(req), bytes);
+    assert.deepEqual(decodeRequest(bytes), req);
+  });
+
+  it('UNREGISTER and its reply match the codec both ways', () => {
+    const req: DataPlaneRequest = { type: 'unregister', requestId: 10, engineId: 'w0' };
+    const rep: DataPlaneReply = { type: 'unregister-result', requestId: 10, released: true };
+    assert.deepEqual(encodeRequest(req), docExample(doc, 'unregister-request'));
+    assert.deepEqual(decodeRequest(docExample(doc, 'unregister-request')), req);
+    assert.deepEqual(encodeReply(rep), docExample(doc, 'unregister-result'));
+    assert.deepEqual(decodeReply(docExample(doc, 'unregister-result')), rep);
+  });
 });
