@@ -1,0 +1,1 @@
+"""Test helpers for the Python connectors (not part of the package)."""
