@@ -103,7 +103,7 @@ export class DataPlaneClient {
     });
   }
 
-  /** The registered engine id, or undefined before `register` resolves. */
+  /** The registered engine id; undefined before `register` resolves and after `unregister` or `close`. */
   get engineId(): string | undefined {
     return this.#engineId;
   }
