@@ -1,0 +1,160 @@
+"""The worker connector's bookkeeping over a client whose replies the test settles by hand,
+mirroring test/unit/connector.test.ts, plus heartbeats and UNREGISTER."""
+
+from __future__ import annotations
+
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from kvtier_vllm.connector_types import ConnectorMeta, LoadIntent, RequestEnd, SaveIntent
+from kvtier_vllm.errors import ClosedError, InvalidArgumentError, RequestTimeoutError
+from kvtier_vllm.worker import WorkerConnector
+
+
+class FakePending:
+    def __init__(self, value=None):
+        self.value, self.error, self.settled = value, None, value is not None
+
+    @property
+    def done(self):
+        return self.settled
+
+    def settle(self, value=None, error=None):
+        self.value, self.error, self.settled = value, error, True
+
+    def result(self):
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+    def wait(self, timeout_ms=None):
+        return self.result()
+
+
+class FakeClient:
+    def __init__(self, known=True):
+        self.sent, self.known, self.closed = [], known, False
+        self.lock = threading.Lock()
+
+    def _add(self, kind, *args, value=None):
+        p = FakePending(value)
+        with self.lock:
+            self.sent.append((kind, args, p))
+        return p
+
+    def send_register(self, reg):
+        return self._add("register", reg["engineId"], value=SimpleNamespace(engine_id=reg["engineId"], namespace=b"\0" * 16, chunk_size=16, block_size=4))
+
+    def send_load(self, engine, rid, lookup_id, block_ids, hashes, deadline_ms=0, state_slot=-1, skip_blocks=0):
+        return self._add("load", rid, lookup_id, tuple(block_ids), skip_blocks)
+
+    def send_save(self, engine, rid, skip, block_ids, hashes):
+        return self._add("save", rid, tuple(block_ids))
+
+    def send_request_finished(self, engine, rid, kind):
+        return self._add("finished", rid, kind, value=SimpleNamespace(released=True))
+
+    def send_heartbeat(self, engine):
+        return self._add("heartbeat", engine, value=SimpleNamespace(known=self.known))
+
+    def send_unregister(self, engine):
+        return self._add("unregister", engine, value=SimpleNamespace(released=True))
+
+    def poll(self, timeout_ms=0):
+        if timeout_ms:
+            time.sleep(timeout_ms / 1000)
+        return 0
+
+    def close(self):
+        self.closed = True
+
+    def of(self, kind):
+        return [(a, p) for k, a, p in self.sent if k == kind]
+
+
+def load(rid, blocks, skip=0):
+    return LoadIntent(rid, f"{rid}#1", 0, len(blocks) * 4, tuple(blocks), b"\0" * 32, skip)
+
+
+def save(rid):
+    return SaveIntent(rid, 0, (1, 2, 3, 4), b"\0" * 32)
+
+
+@pytest.fixture
+def w():
+    c = FakeClient()
+    wc = WorkerConnector(c, lookup_suffix="@r1")
+    wc.register_kv_caches({"engineId": "e"})
+    yield c, wc
+
+
+def test_loads_return_at_once_outcomes_and_errors_drained_once(w):
+    c, wc = w
+    wc.start_load_kv(ConnectorMeta(loads=(load("a", [1, 2, 3, 4]), load("b", [5, 6, 7, 8], skip=1))))
+    (a_args, a), (b_args, b) = c.of("load")
+    assert a_args[1] == "a#1@r1" and b_args[3] == 1, "this rank's lookup id; skip_blocks passed on"
+    assert wc.get_finished() == (set(), set())
+    a.settle(SimpleNamespace(loaded_tokens=8, invalid_block_ids=[3, 4]))
+    b.settle(error=RequestTimeoutError("sidecar gone"))
+    assert wc.get_finished()[1] == {"a", "b"}
+    assert wc.get_block_ids_with_load_errors() == {3, 4, 5, 6, 7, 8}
+    assert wc.get_finished() == (set(), set())
+    assert wc.get_block_ids_with_load_errors() == set()
+
+
+def test_saves_at_wait_for_save_after_synchronize_and_delayed_free(w):
+    c, wc = w
+    wc.start_load_kv(ConnectorMeta(saves=(save("a"),)))
+    assert c.of("save") == []
+    order = []
+    wc.wait_for_save(lambda: order.append(len(c.of("save"))))
+    assert order == [0], "the stream is synchronized before the SAVE is sent"
+    wc.start_load_kv(ConnectorMeta(finished=(RequestEnd("a", "finished", True),)))
+    assert [a for a, _ in c.of("finished")] == [("a", "finished")]
+    assert wc.get_finished()[0] == set()
+    c.of("save")[0][1].settle(SimpleNamespace(saved=1, skipped=0, dropped=0))
+    assert wc.get_finished()[0] == {"a"}
+    assert wc.get_finished()[0] == set()
+
+
+def test_preemption_sends_nothing_and_waits_for_saves(w):
+    c, wc = w
+    wc.start_load_kv(ConnectorMeta(saves=(save("p"),)))
+    wc.wait_for_save()
+    wc.start_load_kv(ConnectorMeta(finished=(RequestEnd("p", "preempted", False),)))
+    assert c.of("finished") == []
+    assert wc.handle_preemptions(["p"], timeout_s=0.05) is False, "still reading the blocks"
+    threading.Timer(0.05, lambda: c.of("save")[0][1].settle(error=RequestTimeoutError("dropped"))).start()
+    assert wc.handle_preemptions(["p"], timeout_s=5) is True
+    assert wc.stats().saves_failed == 1
+    assert wc.get_finished()[0] == set()
+
+
+def test_refuses_before_registration_and_after_close_unregisters():
+    c = FakeClient()
+    wc = WorkerConnector(c)
+    with pytest.raises(InvalidArgumentError):
+        wc.start_load_kv(ConnectorMeta())
+    wc.register_kv_caches({"engineId": "e"})
+    wc.close()
+    wc.close()
+    assert [a for a, _ in c.of("unregister")] == [("e",)] and c.closed
+    with pytest.raises(ClosedError):
+        wc.start_load_kv(ConnectorMeta())
+
+
+def test_heartbeats_when_idle_and_registers_again_when_forgotten():
+    main, hb = FakeClient(), FakeClient(known=False)
+    wc = WorkerConnector(main, heartbeat_client_factory=lambda: hb, heartbeat_interval_s=0.05)
+    wc.register_kv_caches({"engineId": "e"})
+    deadline = time.monotonic() + 5
+    while not hb.of("register"):
+        assert time.monotonic() < deadline, "no re-registration"
+        time.sleep(0.01)
+    assert hb.of("heartbeat"), "heartbeats go through the thread's own client"
+    assert wc.stats().registrations >= 2
+    wc.close()
+    assert hb.closed
