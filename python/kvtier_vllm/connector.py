@@ -182,7 +182,26 @@ class KvtierConnector(KVConnectorBase_V1):
                 len(names), first, end - start, start,
             )
         engine_id = f"{getattr(self._vllm_config.kv_transfer_config, 'engine_id', None) or 'vllm'}-pp{self._pp_rank}-tp{self._tp_rank}"
-        reg = build_registration(
+        try:
+            reg = self._registration_for(kv_caches, engine_id, first)
+        except Exception as err:  # e.g. expandable segments: serve without kvtier, loudly
+            _log.error("kvtier: cannot hand the KV caches to the sidecar: %s; kvtier is off for this worker", err)
+            return
+        try:
+            result = self._worker.register_kv_caches(reg)
+        except Exception as err:  # sidecar down or refusing: the heartbeat thread registers later
+            _log.error("kvtier: REGISTER failed (%s); requests recompute until the sidecar is back", err)
+            return
+        expected = rank_namespace(s, self._tp_rank, self._pp_rank)
+        if bytes(result.namespace) != expected:
+            _log.error(
+                "kvtier: the sidecar derived namespace %s but the scheduler looks up %s; no hits will be found",
+                bytes(result.namespace).hex(), expected.hex(),
+            )
+
+    def _registration_for(self, kv_caches: dict[str, torch.Tensor], engine_id: str, first: int) -> dict:
+        s = self._shape
+        return build_registration(
             kv_caches,
             engine_id=engine_id,
             model_id=s.model_id,
@@ -200,17 +219,6 @@ class KvtierConnector(KVConnectorBase_V1):
             pp_rank=self._pp_rank,
             pp_first_layer=first,
         )
-        try:
-            result = self._worker.register_kv_caches(reg)
-        except Exception as err:  # sidecar down or refusing: serve without kvtier, loudly
-            _log.error("kvtier: REGISTER failed (%s); requests recompute until the sidecar is back", err)
-            return
-        expected = rank_namespace(s, self._tp_rank, self._pp_rank)
-        if bytes(result.namespace) != expected:
-            _log.error(
-                "kvtier: the sidecar derived namespace %s but the scheduler looks up %s; no hits will be found",
-                bytes(result.namespace).hex(), expected.hex(),
-            )
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata):
         if self._worker is None:
@@ -222,10 +230,13 @@ class KvtierConnector(KVConnectorBase_V1):
         self._worker.handle_preemptions(ids, timeout_s=self._cfg.request_timeout_ms / 1000)
 
     def start_load_kv(self, forward_context: "ForwardContext", **kwargs: Any) -> None:
-        if self._worker is None or self._worker.engine_id is None:
+        if self._worker is None:
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
+        if self._worker.engine_id is None:
+            self._worker.drop_meta(meta.meta)  # no registration: loads fail (recompute), never hang
+            return
         self._worker.start_load_kv(meta.meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:

@@ -123,15 +123,29 @@ class WorkerConnector:
             ``KVT_CONFIG`` for ``cuda`` on a sidecar without CUDA, ``KVT_TIMEOUT`` when down).
         """
         self._open()
-        result = self._client.send_register(registration).wait(timeout_ms)
         self._registration = dict(registration)
+        if self._hb_factory is not None and self._hb_thread is None:
+            # Started first: when the sidecar is not up yet, the thread registers once it is.
+            self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="kvtier-heartbeat", daemon=True)
+            self._hb_thread.start()
+        result = self._client.send_register(registration).wait(timeout_ms)
         self._result = result
         self._stats.registrations += 1
         self._touch()
-        if self._hb_factory is not None and self._hb_thread is None:
-            self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="kvtier-heartbeat", daemon=True)
-            self._hb_thread.start()
         return result
+
+    def drop_meta(self, meta: ConnectorMeta) -> None:
+        """Settles a metadata without a sidecar (no registration could be made): its loads fail
+        (every block invalid, the engine recomputes), its saves are dropped, delayed frees are
+        reported by the next :meth:`get_finished`. Keeps the engine from waiting on kvtier."""
+        for end in meta.finished:
+            if end.delay_free:
+                self._awaiting_free.add(end.request_id)
+        for intent in meta.loads:
+            self._stats.loads_failed += 1
+            self._load_errors.update(intent.block_ids)
+            self._finished_recving.add(intent.request_id)
+        self._pending_saves = ()
 
     # ------------------------------------------------------------------ vLLM hooks
 
@@ -347,7 +361,7 @@ class WorkerConnector:
                 if self._hb_stop.is_set():
                     break
                 self._hb_wake.clear()
-                if not woke and self._clock() - self.last_activity < self._hb_interval:
+                if not woke and self._result is not None and self._clock() - self.last_activity < self._hb_interval:
                     continue
                 self._heartbeat_once(client, force_register=woke)
         except Exception as err:  # never let the thread die silently
@@ -372,7 +386,7 @@ class WorkerConnector:
             return
         if not known:
             try:
-                client.send_register(self._registration).wait(timeout_ms)
+                self._result = client.send_register(self._registration).wait(timeout_ms)
                 self._stats.registrations += 1
                 _log.warning("sidecar had forgotten engine %s; registered again", engine)
             except Exception as err:

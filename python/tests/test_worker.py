@@ -158,3 +158,32 @@ def test_heartbeats_when_idle_and_registers_again_when_forgotten():
     assert wc.stats().registrations >= 2
     wc.close()
     assert hb.closed
+
+
+def test_without_a_registration_loads_fail_and_frees_are_reported():
+    c = FakeClient()
+    wc = WorkerConnector(c)
+    wc.drop_meta(ConnectorMeta(loads=(load("a", [1, 2]),), saves=(save("b"),), finished=(RequestEnd("c", "aborted", True),)))
+    wc.wait_for_save() if wc.engine_id else None
+    assert wc.get_finished() == ({"c"}, {"a"})
+    assert wc.get_block_ids_with_load_errors() == {1, 2}
+    assert c.sent == []
+
+
+def test_a_failed_first_registration_is_retried_by_the_heartbeat_thread():
+    class Down(FakeClient):
+        def send_register(self, reg):
+            p = FakePending()
+            p.settle(error=RequestTimeoutError("sidecar down"))
+            return p
+
+    main, hb = Down(), FakeClient(known=False)
+    wc = WorkerConnector(main, heartbeat_client_factory=lambda: hb, heartbeat_interval_s=0.05)
+    with pytest.raises(RequestTimeoutError):
+        wc.register_kv_caches({"engineId": "e"})
+    deadline = time.monotonic() + 5
+    while wc.registration_result is None:
+        assert time.monotonic() < deadline, "never registered"
+        time.sleep(0.01)
+    assert wc.engine_id == "e"
+    wc.close()
