@@ -1,7 +1,7 @@
 import { closedError, KvtierError } from '../errors.ts';
 import { CHUNK_HASHER_DEFAULTS, type HashedChunk, hashChunks } from '../hashing/chunk-hasher.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { requireInt, requireString } from '../util/validate.ts';
+import { requireBoolean, requireInt, requireString } from '../util/validate.ts';
 import type {
   ConnectorLookup,
   ConnectorMeta,
@@ -26,6 +26,12 @@ export interface SchedulerConnectorOptions {
   salt?: string;
   /** Namespaces to look up in; default: the lookup client's own. */
   namespaces?: readonly string[];
+  /**
+   * Claim the rest of a chunk when the engine's own prefix cache ends inside it (at a block
+   * boundary): the load then skips the blocks the engine holds (`LoadIntent.skipBlocks`). Default
+   * `true`; `false` claims only from chunk boundaries, as sidecars without `skipBlocks` need.
+   */
+  partialChunkLoads?: boolean;
   log?: Logger;
 }
 
@@ -40,7 +46,7 @@ interface Tracked {
   lookupId: string;
   lookup: LookupState;
   hitTokens: number;
-  /** What the last `getNumNewMatchedTokens` offered. */
+  /** What the last `getNumNewMatchedTokens` offered (`numComputed` is block-aligned). */
   offered: { numComputed: number; tokens: number } | null;
   /** Set by `updateStateAfterAlloc`, emitted by the next `buildConnectorMeta`. */
   intent: LoadIntent | null;
@@ -53,9 +59,10 @@ interface Tracked {
 
 /**
  * Scheduler side of the kvtier connector (vLLM `KVConnectorBase_V1`, scheduler role). Pure
- * bookkeeping over a non-blocking lookup client: no method waits for I/O. Claims are whole
- * chunks (kvtier loads whole chunks, and a chunk is a whole number of blocks), never the last
- * prompt token, and only beyond what the engine's own prefix cache computed.
+ * bookkeeping over a non-blocking lookup client: no method waits for I/O. Claims end at a chunk
+ * boundary (kvtier stores whole chunks, and a chunk is a whole number of blocks), never include
+ * the last prompt token, and start where the engine's own prefix cache ends: at a chunk boundary,
+ * or inside a chunk at a block boundary, the load then skipping the blocks the engine holds.
  */
 export class KvtierSchedulerConnector {
   readonly #lookup: ConnectorLookup;
@@ -64,6 +71,7 @@ export class KvtierSchedulerConnector {
   readonly #blocksPerChunk: number;
   readonly #salt: string;
   readonly #namespaces: readonly string[] | undefined;
+  readonly #partialChunkLoads: boolean;
   readonly #log: Logger;
   readonly #requests = new Map<string, Tracked>();
   #ended: RequestEnd[] = [];
@@ -92,6 +100,7 @@ export class KvtierSchedulerConnector {
     this.#blocksPerChunk = this.#chunkSize / this.#blockSize;
     this.#salt = requireString('salt', opts.salt ?? '');
     this.#namespaces = opts.namespaces === undefined ? undefined : [...opts.namespaces];
+    this.#partialChunkLoads = requireBoolean('partialChunkLoads', opts.partialChunkLoads ?? true);
     this.#log = opts.log ?? silentLogger;
   }
 
@@ -105,8 +114,10 @@ export class KvtierSchedulerConnector {
    * lookup is pending ("ask again next step"), else the tokens kvtier can load beyond
    * `numComputedTokens` and whether to wait for an async load (always when tokens > 0: loads
    * never block the forward pass). The lookup covers the full chunks that end before the last
-   * prompt token; the claim is whole chunks starting at `numComputedTokens`, so a local prefix
-   * that ends inside a chunk gets 0 (partial-chunk loads would write into the engine's cached blocks).
+   * prompt token; the claim runs from `numComputedTokens` to the end of the last hit chunk. A
+   * local prefix that ends inside a chunk at a block boundary claims the rest of that chunk (the
+   * load skips the blocks the engine holds), or 0 with `partialChunkLoads: false`; one that ends
+   * inside a block claims 0.
    * @throws KvtierError `KVT_INVALID_ARGUMENT` for a bad request or count; `KVT_CLOSED`.
    */
   getNumNewMatchedTokens(
@@ -118,8 +129,8 @@ export class KvtierSchedulerConnector {
     const computed = requireInt('numComputedTokens', numComputedTokens, 0);
     t.offered = null;
     const lookupChunks = this.#lookupChunks(t);
-    if (computed % this.#chunkSize !== 0 || computed >= lookupChunks * this.#chunkSize)
-      return [0, false];
+    const aligned = this.#partialChunkLoads ? this.#blockSize : this.#chunkSize;
+    if (computed % aligned !== 0 || computed >= lookupChunks * this.#chunkSize) return [0, false];
     if (t.lookup === 'none' || t.lookup === 'consumed') {
       t.attempt++;
       t.lookupId = `${t.requestId}#${t.attempt}`;
@@ -155,7 +166,10 @@ export class KvtierSchedulerConnector {
   /**
    * vLLM `update_state_after_alloc`: records which blocks receive which chunks. `blockIds` is the
    * request's whole block table; `numExternalTokens` is what `getNumNewMatchedTokens` returned
-   * (0 clears the intent). A second call for the same request replaces the first intent.
+   * (0 clears the intent), or less as long as it ends at a chunk boundary. When the offer started
+   * inside a chunk, the intent starts at that chunk with `skipBlocks` set and lists only the
+   * blocks from `numComputedTokens` on. A second call for the same request replaces the first
+   * intent.
    * @throws KvtierError `KVT_INVALID_ARGUMENT` when the tokens were not offered or the table is
    *   too short for them; `KVT_CLOSED`.
    */
@@ -172,13 +186,19 @@ export class KvtierSchedulerConnector {
       return;
     }
     const offered = t?.offered;
-    if (t === undefined || offered == null || tokens > offered.tokens || tokens % this.#chunkSize)
+    if (
+      t === undefined ||
+      offered == null ||
+      tokens > offered.tokens ||
+      (offered.numComputed + tokens) % this.#chunkSize !== 0
+    )
       throw new KvtierError(
         'KVT_INVALID_ARGUMENT',
-        `updateStateAfterAlloc: ${tokens} external tokens for request ${request?.requestId} were not offered (offered ${offered?.tokens ?? 0}; claims are whole chunks of ${this.#chunkSize})`,
+        `updateStateAfterAlloc: ${tokens} external tokens for request ${request?.requestId} were not offered (offered ${offered?.tokens ?? 0} after ${offered?.numComputed ?? 0} computed; claims end at a chunk boundary, chunks are ${this.#chunkSize} tokens)`,
       );
-    const first = offered.numComputed / this.#chunkSize;
-    const end = first + tokens / this.#chunkSize;
+    const first = Math.floor(offered.numComputed / this.#chunkSize);
+    const skip = (offered.numComputed % this.#chunkSize) / this.#blockSize;
+    const end = (offered.numComputed + tokens) / this.#chunkSize;
     const bpc = this.#blocksPerChunk;
     if (!Array.isArray(blockIds) || blockIds.length < end * bpc)
       throw new KvtierError(
@@ -190,8 +210,9 @@ export class KvtierSchedulerConnector {
       lookupId: t.lookupId,
       firstChunk: first,
       numTokens: tokens,
-      blockIds: blockIds.slice(first * bpc, end * bpc),
+      blockIds: blockIds.slice(first * bpc + skip, end * bpc),
       chunkHashes: Buffer.concat(t.chunks.slice(first, end).map((c) => c.hash)),
+      ...(skip > 0 ? { skipBlocks: skip } : {}),
     };
   }
 
@@ -257,7 +278,7 @@ export class KvtierSchedulerConnector {
         if (at >= 0)
           t.storedChunks = Math.min(
             t.storedChunks,
-            l.firstChunk + Math.floor(at / this.#blocksPerChunk),
+            l.firstChunk + Math.floor((at + (l.skipBlocks ?? 0)) / this.#blocksPerChunk),
           );
       }
       if (done.has(t.requestId)) t.loading = null;
@@ -371,7 +392,7 @@ export class KvtierSchedulerConnector {
   }
 
   #chunksOf(intent: LoadIntent): number {
-    return intent.blockIds.length / this.#blocksPerChunk;
+    return (intent.blockIds.length + (intent.skipBlocks ?? 0)) / this.#blocksPerChunk;
   }
 
   #releaseLookup(t: Tracked): void {

@@ -62,11 +62,16 @@ function table(n: number, base = 100): number[] {
   return Array.from({ length: n }, (_, i) => base + i * 3);
 }
 
-function setup(): { lookup: FakeLookup; sc: KvtierSchedulerConnector } {
+function setup(partialChunkLoads?: boolean): { lookup: FakeLookup; sc: KvtierSchedulerConnector } {
   const lookup = new FakeLookup();
   return {
     lookup,
-    sc: new KvtierSchedulerConnector({ lookup, blockSize: BLOCK, chunkSize: CHUNK }),
+    sc: new KvtierSchedulerConnector({
+      lookup,
+      blockSize: BLOCK,
+      chunkSize: CHUNK,
+      ...(partialChunkLoads === undefined ? {} : { partialChunkLoads }),
+    }),
   };
 }
 
@@ -131,10 +136,12 @@ describe('scheduler connector: getNumNewMatchedTokens', () => {
     const g = setup();
     assert.deepEqual(matched(g, prompt('b', 100), 48, 48), [0, false]);
     assert.deepEqual(g.lookup.canceled, [g.lookup.calls[0]!.lookupId]);
-    // A local prefix ending inside a chunk cannot be extended by whole-chunk loads.
+    // A local prefix ending inside a block cannot be extended (vLLM's always ends at a block).
     const h = setup();
-    assert.deepEqual(h.sc.getNumNewMatchedTokens(prompt('c', 100), 20), [0, false]);
+    assert.deepEqual(h.sc.getNumNewMatchedTokens(prompt('c', 100), 22), [0, false]);
     assert.equal(h.lookup.calls.length, 0, 'no lookup when nothing could be claimed');
+    // One ending inside a chunk at a block boundary claims the rest of that chunk and beyond.
+    assert.deepEqual(matched(h, prompt('d', 100), 20, 80), [60, true]);
   });
 
   it('claims nothing for a prompt shorter than one chunk plus the last token', () => {
@@ -275,6 +282,146 @@ describe('scheduler connector: load intents and metadata', () => {
     assert.deepEqual(
       meta.saves.map((s) => [s.firstChunk, s.blockIds.length / BPC]),
       [[2, 4]],
+    );
+  });
+});
+
+describe('scheduler connector: partial-chunk claims', () => {
+  it('a prefix ending inside a chunk loads that chunk from the next block on', () => {
+    const f = setup();
+    const req = prompt('a', 100);
+    // Tokens 0..19 are in the engine's cache: 1 block of chunk 1 (tokens 16..31) is held.
+    assert.deepEqual(matched(f, req, 20, 80), [60, true]);
+    const lookupId = f.lookup.calls[0]!.lookupId;
+    const blocks = table(25);
+    f.sc.updateStateAfterAlloc(req, blocks, 60);
+    const [load, ...rest] = f.sc.buildConnectorMeta().loads;
+    assert.deepEqual(rest, []);
+    const hashes = hashChunks(req.promptTokenIds as number[], { chunkSize: CHUNK });
+    assert.deepEqual(
+      { ...load!, chunkHashes: undefined },
+      {
+        requestId: 'a',
+        lookupId,
+        firstChunk: 1,
+        numTokens: 60,
+        blockIds: blocks.slice(BPC + 1, 5 * BPC),
+        chunkHashes: undefined,
+        skipBlocks: 1,
+      },
+    );
+    assert.deepEqual(load!.chunkHashes, Buffer.concat(hashes.slice(1, 5).map((c) => c.hash)));
+    assert.equal(load!.blockIds.length * BLOCK, load!.numTokens);
+  });
+
+  it('the last block of a chunk: skip blocksPerChunk - 1', () => {
+    const f = setup();
+    const req = prompt('a', 100);
+    assert.deepEqual(matched(f, req, 28, 32), [4, true]);
+    const blocks = table(25);
+    f.sc.updateStateAfterAlloc(req, blocks, 4);
+    const load = f.sc.buildConnectorMeta().loads[0]!;
+    assert.equal(load.skipBlocks, BPC - 1);
+    assert.equal(load.firstChunk, 1);
+    assert.deepEqual(load.blockIds, [blocks[2 * BPC - 1]]);
+  });
+
+  it('a chunk-aligned prefix sets no skipBlocks', () => {
+    const f = setup();
+    const req = prompt('a', 100);
+    matched(f, req, 16, 48);
+    f.sc.updateStateAfterAlloc(req, table(25), 32);
+    assert.equal('skipBlocks' in f.sc.buildConnectorMeta().loads[0]!, false);
+  });
+
+  it('claims nothing when kvtier misses the chunk the prefix ends in', () => {
+    const f = setup();
+    assert.deepEqual(matched(f, prompt('a', 100), 20, 16), [0, false]);
+    assert.deepEqual(f.lookup.canceled, [f.lookup.calls[0]!.lookupId], 'pins released');
+  });
+
+  it('may take fewer tokens, ending at a chunk boundary', () => {
+    const f = setup();
+    const req = prompt('a', 100);
+    assert.deepEqual(matched(f, req, 20, 80), [60, true]);
+    for (const tokens of [30, 64, 8])
+      assert.throws(
+        () => f.sc.updateStateAfterAlloc(req, table(25), tokens),
+        (e: unknown) => isKvtierError(e, 'KVT_INVALID_ARGUMENT'),
+        `${tokens} tokens`,
+      );
+    f.sc.updateStateAfterAlloc(req, table(25), 28);
+    const load = f.sc.buildConnectorMeta().loads[0]!;
+    assert.deepEqual(
+      [
+        load.firstChunk,
+        load.numTokens,
+        load.skipBlocks,
+        load.blockIds.length,
+        load.chunkHashes.length,
+      ],
+      [1, 28, 1, 2 * BPC - 1, 2 * 32],
+    );
+  });
+
+  it('counts the loaded chunks as stored, so saves start after them', () => {
+    const f = setup();
+    const req = prompt('a', 100);
+    matched(f, req, 20, 48);
+    const blocks = table(25);
+    f.sc.updateStateAfterAlloc(req, blocks, 28);
+    f.sc.buildConnectorMeta();
+    f.sc.updateConnectorOutput({ finishedRecving: ['a'] });
+    const meta = f.sc.buildConnectorMeta({
+      scheduled: [
+        { request: req, blockIds: blocks, numComputedTokens: 48, numScheduledTokens: 52 },
+      ],
+    });
+    assert.deepEqual(
+      meta.saves.map((s) => [s.firstChunk, s.blockIds.length / BPC]),
+      [[3, 3]],
+    );
+  });
+
+  it('a failed block un-stores the chunk it belongs to, counting the skipped blocks', () => {
+    for (const [at, firstUnstored] of [
+      [0, 1], // block 1 of chunk 1
+      [BPC - 2, 1], // last block of chunk 1
+      [BPC - 1, 2], // block 0 of chunk 2
+    ] as const) {
+      const f = setup();
+      const req = prompt('a', 100);
+      matched(f, req, 20, 48);
+      const blocks = table(25);
+      f.sc.updateStateAfterAlloc(req, blocks, 28);
+      const load = f.sc.buildConnectorMeta().loads[0]!;
+      f.sc.updateConnectorOutput({ finishedRecving: ['a'], invalidBlockIds: [load.blockIds[at]!] });
+      const meta = f.sc.buildConnectorMeta({
+        scheduled: [
+          { request: req, blockIds: blocks, numComputedTokens: 20, numScheduledTokens: 80 },
+        ],
+      });
+      assert.deepEqual(
+        meta.saves.map((s) => s.firstChunk),
+        [firstUnstored],
+        `invalid block at ${at}`,
+      );
+    }
+  });
+
+  it('partialChunkLoads: false claims only from chunk boundaries', () => {
+    const f = setup(false);
+    assert.deepEqual(f.sc.getNumNewMatchedTokens(prompt('a', 100), 20), [0, false]);
+    assert.equal(f.lookup.calls.length, 0);
+    assert.deepEqual(matched(f, prompt('b', 100), 16, 80), [64, true]);
+    assert.throws(
+      () =>
+        new KvtierSchedulerConnector({
+          lookup: new FakeLookup(),
+          blockSize: BLOCK,
+          partialChunkLoads: 'no' as unknown as boolean,
+        }),
+      /partialChunkLoads must be a boolean/,
     );
   });
 });
