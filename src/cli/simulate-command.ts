@@ -105,6 +105,8 @@ Tiers and engine:
   --chunk-size N           tokens per stored chunk (default 256)
   --gpu-blocks N           engine GPU KV blocks (its own prefix cache)
   --policy recompute|fail  what to do with blocks that failed to load (default recompute)
+  --no-partial-chunks      claim only from chunk boundaries: an engine prefix that ends inside
+                           a stored chunk then recomputes the rest of it (for comparison)
   --fault NAME[@STEP]      inject a fault (repeatable): ${FAULT_NAMES.join(', ')}
 
 Output:
@@ -418,6 +420,7 @@ function parsePlan(argv: string[]): Plan | 'help' {
         ...Object.fromEntries(STRING_FLAGS.map((f) => [f, { type: 'string' as const }])),
         fault: { type: 'string', multiple: true },
         json: { type: 'boolean' },
+        'no-partial-chunks': { type: 'boolean' },
         help: { type: 'boolean' },
       },
     }));
@@ -504,6 +507,7 @@ function parsePlan(argv: string[]): Plan | 'help' {
     }
     engine.kvLoadFailurePolicy = policy;
   }
+  if (values['no-partial-chunks'] === true) engine.partialChunkLoads = false;
   if (Object.keys(engine).length > 0) base.engine = engine;
   const faults = parseFaults((values.fault as string[] | undefined) ?? []);
   if (faults !== undefined) base.faults = faults;

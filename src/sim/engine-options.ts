@@ -1,6 +1,7 @@
 import { KvtierError } from '../errors.ts';
 import {
   describe,
+  requireBoolean,
   requireInt,
   requireNumber,
   requireOneOf,
@@ -25,6 +26,7 @@ export const SIM_ENGINE_DEFAULTS: Readonly<SimEngineOptions> = Object.freeze({
   prefillTokensPerSec: 20_000,
   kvLoadFailurePolicy: 'recompute',
   lookupTimeoutMs: 2000,
+  partialChunkLoads: true,
 });
 
 /** Default CPU tier capacity: 256 MiB. */
@@ -104,6 +106,7 @@ export function resolveSimOptions(opts: {
       'fail',
     ] as const),
     lookupTimeoutMs: requireInt('engine.lookupTimeoutMs', e.lookupTimeoutMs, 1),
+    partialChunkLoads: requireBoolean('engine.partialChunkLoads', e.partialChunkLoads),
   };
   const cpuBytes = requireInt('cpuBytes', opts.cpuBytes ?? SIM_DEFAULT_CPU_BYTES, 1);
   const lowerTiers = opts.lowerTiers ?? [];

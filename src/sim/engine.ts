@@ -58,8 +58,8 @@ export interface SimHooks {
   onEvent?(e: SimEvent): void;
   /**
    * Called after each `updateStateAfterAlloc`; returning a token count makes the engine call
-   * `updateStateAfterAlloc` a second time for the same request with that count (whole chunks,
-   * at most the first), as an engine that re-plans an allocation would.
+   * `updateStateAfterAlloc` a second time for the same request with that count (ending at a
+   * chunk boundary, at most the first), as an engine that re-plans an allocation would.
    */
   onLoadAlloc?(a: LoadAllocInfo): number | undefined;
   /** Kills the Redis server of a Redis tier (needed by `faults.redisOutage`). */
@@ -178,6 +178,7 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
       lookup,
       blockSize: reg.blockSize,
       chunkSize: reg.chunkSize,
+      partialChunkLoads: engine.partialChunkLoads,
     });
     admin = new LookupClient({ endpoint });
     const allocator = new BlockAllocator({ numBlocks: engine.numGpuBlocks });

@@ -52,6 +52,12 @@ export interface SimEngineOptions {
   kvLoadFailurePolicy: 'recompute' | 'fail';
   /** Lookup deadline in ms passed to the lookup client; default 2000. */
   lookupTimeoutMs: number;
+  /**
+   * Let the connector claim the rest of a chunk when the engine's prefix cache ends inside it
+   * (the load skips the blocks the engine holds); default true. False claims from chunk
+   * boundaries only, for comparison.
+   */
+  partialChunkLoads: boolean;
 }
 
 /** Tiers of the sidecar under test (the simulator starts it), as kvtier config tiers. */

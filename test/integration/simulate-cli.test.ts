@@ -147,6 +147,7 @@ describe('kvtier simulate: flags', () => {
         '64',
         '--policy',
         'fail',
+        '--no-partial-chunks',
         '--fault',
         'corrupt@7',
         '--fault',
@@ -160,7 +161,11 @@ describe('kvtier simulate: flags', () => {
     assert.equal(run.workload.requests.length, 4);
     assert.equal(run.cpuBytes, 256_000_000);
     assert.deepEqual(run.model, { chunkSize: 128 });
-    assert.deepEqual(run.engine, { numGpuBlocks: 64, kvLoadFailurePolicy: 'fail' });
+    assert.deepEqual(run.engine, {
+      numGpuBlocks: 64,
+      kvLoadFailurePolicy: 'fail',
+      partialChunkLoads: false,
+    });
     assert.deepEqual(run.faults, {
       corruptChunks: { atStep: 7, count: 2 },
       lookupDeadlineAtStep: 5,

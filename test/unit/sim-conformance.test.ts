@@ -2,7 +2,8 @@
  * Conformance of the engine's connector state machine, each case a short simulator run against
  * a real in-process sidecar: preempted and resumed through a load, aborted while loading, load
  * failure under both policies, prefix-cache reset during loads, `updateStateAfterAlloc` twice,
- * and full-prompt hits (the last token is always computed).
+ * full-prompt hits (the last token is always computed), and partial-chunk claims (the engine's
+ * prefix cache ends inside a stored chunk).
  */
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
@@ -103,7 +104,11 @@ describe('connector state machine', () => {
       'finished',
     ]);
     assert.deepEqual(h.loads('B'), [[128, 128]], '4 chunks before the last token');
-    assert.equal(rep.verifiedBlocks, 8);
+    // A is usually preempted too (while B runs), keeping 5 blocks (80 tokens) in the engine's
+    // prefix cache: it resumes with a partial-chunk claim of the rest of chunk 2 and chunk 3.
+    const a = h.loads('A');
+    assert.ok(a.length === 0 || JSON.stringify(a) === '[[48,48]]', JSON.stringify(a));
+    assert.equal(rep.verifiedBlocks, 8 + (a.length === 0 ? 0 : 3));
     assert.equal(h.statuses('A').at(-1), 'finished');
   });
 
@@ -244,6 +249,41 @@ describe('connector state machine', () => {
     assert.deepEqual(rep.tokens.byTier, { cpu: 288 });
     assert.equal(rep.tokens.recomputed, 3 * 160 + (200 - 160) + (200 - 128) + 200);
   });
+
+  for (const partialChunkLoads of [true, false])
+    it(`engine prefix ending inside a stored chunk, partialChunkLoads ${partialChunkLoads}`, async () => {
+      // W stores 5 chunks. P (W's first 48 tokens and one more) runs long, keeping 3 blocks of W's
+      // prefix in the engine's cache: X (W and 40 more tokens) finds 48 tokens there, inside chunk 1.
+      const w = tokens(71, 160);
+      const requests = [
+        req('W', 0, w, 1),
+        req('P', 100, [...w.slice(0, 48), 7], 300),
+        req('X', 150, [...w, ...tokens(72, 40)], 1),
+      ];
+      const h = harness(requests);
+      const rep = await runSimulation({
+        workload: { name: 'partial', requests },
+        model: MODEL,
+        engine: { partialChunkLoads },
+        hooks: h.hooks,
+      });
+      assertClean(rep, h.end);
+      assert.equal(rep.finished, 3);
+      assert.equal(h.statuses('P').includes('preempted'), false);
+      assert.deepEqual(h.loads('P'), [[32, 32]], 'P loads chunk 0 and computes the rest');
+      if (partialChunkLoads) {
+        // The rest of chunk 1 (tokens 48..63, one block skipped) and chunks 2..4.
+        assert.deepEqual(h.loads('X'), [[112, 112]]);
+        assert.equal(rep.verifiedBlocks, 2 + 7);
+        assert.deepEqual(rep.tokens.byTier, { cpu: 32 + 112 });
+        assert.equal(rep.tokens.recomputed, 160 + 17 + 40);
+      } else {
+        assert.deepEqual(h.loads('X'), [], 'a claim from inside a chunk is 0');
+        assert.equal(rep.verifiedBlocks, 2);
+        assert.equal(rep.tokens.recomputed, 160 + 17 + 152);
+      }
+      assert.equal(rep.tokens.gpuPrefixCache, 48);
+    });
 
   it('full-prompt hit: the last token is still computed', async () => {
     const w1 = tokens(61, 128); // exactly 4 chunks: 3 are looked up
