@@ -11,8 +11,11 @@
  * test/unit/python-fixtures.test.ts runs the check, so a change on the TypeScript side that
  * forgets the fixture fails CI; python/tests checks the Python side against the file.
  */
+import { spawnSync } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
+import { isDeepStrictEqual } from 'node:util';
 import { type ChunkHasherOptions, hashChunks, hashSeed } from '../src/hashing/chunk-hasher.ts';
 import {
   canonicalNamespaceEncoding,
@@ -627,21 +630,36 @@ export function buildPythonFixtures(): Record<string, unknown> {
   };
 }
 
-/** The fixture file's text: pretty JSON with a final newline. */
-export function renderPythonFixtures(): string {
-  return `${JSON.stringify(buildPythonFixtures(), null, 1)}\n`;
+/** The fixture as parsed JSON (what the committed file must hold, whatever its formatting). */
+export function pythonFixturesJson(): unknown {
+  return JSON.parse(JSON.stringify(buildPythonFixtures()));
+}
+
+/** Writes the fixture, formatted by the repository's Biome so `npm run lint` accepts it. */
+function write(path: string): void {
+  writeFileSync(path, `${JSON.stringify(buildPythonFixtures(), null, 2)}\n`);
+  const root = fileURLToPath(new URL('..', import.meta.url));
+  const biome = spawnSync(
+    join(root, 'node_modules', '.bin', 'biome'),
+    ['format', '--write', path],
+    {
+      cwd: root,
+      encoding: 'utf8',
+    },
+  );
+  if (biome.status !== 0)
+    process.stderr.write(`biome format failed:\n${biome.stdout}${biome.stderr}`);
 }
 
 function main(argv: string[]): number {
   const root = fileURLToPath(new URL('..', import.meta.url));
-  const path = `${root}${FIXTURE_PATH}`;
-  const text = renderPythonFixtures();
+  const path = join(root, FIXTURE_PATH);
   if (argv.includes('--check')) {
-    let current = '';
+    let current: unknown;
     try {
-      current = readFileSync(path, 'utf8');
+      current = JSON.parse(readFileSync(path, 'utf8'));
     } catch {}
-    if (current !== text) {
+    if (!isDeepStrictEqual(current, pythonFixturesJson())) {
       process.stderr.write(
         `${FIXTURE_PATH} is stale: run node --import tsx scripts/gen-python-fixtures.ts\n`,
       );
@@ -649,7 +667,7 @@ function main(argv: string[]): number {
     }
     return 0;
   }
-  writeFileSync(path, text);
+  write(path);
   process.stdout.write(`wrote ${FIXTURE_PATH}\n`);
   return 0;
 }

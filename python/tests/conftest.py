@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -44,6 +45,24 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "sidecar_options(**kw): options of the `sidecar` fixture (disk, cpu_bytes, config)"
     )
+    # SIGTERM (a test runner's timeout) tears down like Ctrl-C, so fixtures stop their sidecars.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame):  # noqa: ARG001
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: SIGKILL it when pytest dies, so no sidecar outlives a
+    killed test run (Linux; elsewhere nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
 
 
 def free_port() -> int:
@@ -128,6 +147,7 @@ class Sidecar:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
         finally:
             log.close()
