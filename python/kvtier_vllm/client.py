@@ -256,13 +256,14 @@ class KvtierClient:
         else:
             p._fail(err)
 
-    def _drain(self) -> int:
-        """Takes in every reply waiting on the socket, without blocking."""
+    def _drain(self, ready: bool = False) -> int:
+        """Takes in every reply waiting on the socket, without blocking (``ready``: a poll just
+        said one is there)."""
         self._gen += 1
         sock = self._sock
-        n = 0
-        if not sock.get(_EVENTS) & _POLLIN:
+        if not ready and not sock.get(_EVENTS) & _POLLIN:
             return 0
+        n = 0
         while True:
             try:
                 frame = sock.recv(_NOBLOCK)
@@ -272,6 +273,9 @@ class KvtierClient:
                 frame = sock.recv()
             self._take(frame)
             n += 1
+            # one option read is cheaper than ending on a zmq.Again exception
+            if not sock.get(_EVENTS) & _POLLIN:
+                return n
 
     def _expire(self, now: float) -> None:
         q = self._lookup_q
@@ -297,8 +301,13 @@ class KvtierClient:
         if self._closed:
             return 0
         if timeout_ms > 0:
-            self._sock.poll(timeout_ms)
-        n = self._drain()
+            if self._sock.poll(timeout_ms):
+                n = self._drain(ready=True)
+            else:
+                self._gen += 1  # the socket was checked: lookups need not check it again
+                n = 0
+        else:
+            n = self._drain()
         self._expire(self._clock())
         return n
 
@@ -317,7 +326,7 @@ class KvtierClient:
                     raise RequestTimeoutError(f"request #{p.request_id} still pending after {timeout_ms} ms")
                 continue
             if self._sock.poll(max(1, int(left_ms) + 1)):
-                self._drain()
+                self._drain(ready=True)
 
     # ---------------------------------------------------------------------------------------
     # non-blocking lookups
