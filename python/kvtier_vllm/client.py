@@ -422,8 +422,12 @@ class KvtierClient:
         )
 
     def send_cancel(self, lookup_id: str) -> Pending:
-        """CANCEL whose :class:`~.protocol.CancelResult` (``found``) is wanted."""
-        self._lookups.pop(lookup_id, None)
+        """CANCEL whose :class:`~.protocol.CancelResult` (``found``) is wanted. Drops the
+        lookup's local state like :meth:`cancel`."""
+        p = self._lookups.pop(lookup_id, None)
+        if p is not None and p._state == _PENDING:
+            self._pending.pop(p.request_id, None)
+            p._resolve(0)
         return self._start(P.MsgType.CANCEL, lambda rid: P.encode_cancel(rid, lookup_id))
 
     def send_clear(self, namespaces: Iterable[Any] = ()) -> Pending:
