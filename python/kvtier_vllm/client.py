@@ -9,7 +9,15 @@ malformed reply). It polls the socket at most once per round over the pending lo
 "scheduler step"), so asking about 1,000 pending lookups costs one socket check, not 1,000.
 
 The DEALER reconnects on its own when the sidecar restarts; requests lost with the old process
-run into their deadlines, and later requests go to the new process. A client object belongs to
+run into their deadlines, and later requests go to the new process.
+
+Liveness: while requests are in flight and nothing has been heard from the sidecar for
+``liveness_timeout_ms``, the client sends a PING. If that PING is not answered within
+``liveness_timeout_ms`` too, the sidecar is treated as down: every request in flight fails at
+once (lookups answer 0, the others ``RequestTimeoutError``) and new lookups answer 0 without
+waiting, so a dead sidecar costs the engine one detection delay, not a deadline per request.
+A PING is repeated every ``liveness_timeout_ms`` while down; the first frame heard from the
+sidecar ends it. A client object belongs to
 one thread (zmq sockets are not thread-safe).
 """
 
@@ -115,6 +123,9 @@ class KvtierClient:
         Default 10000.
     :param clock: monotonic clock in seconds the deadlines use (inject one in tests).
     :param context: the zmq context; default the process-wide instance.
+    :param liveness_timeout_ms: silence with requests in flight after which a PING probes the
+        sidecar, and the time that PING has to answer before the sidecar counts as down.
+        Default 1000.
     """
 
     def __init__(
@@ -124,15 +135,21 @@ class KvtierClient:
         request_timeout_ms: float = 10000,
         clock: Callable[[], float] = time.monotonic,
         context: zmq.Context | None = None,
+        liveness_timeout_ms: float = 1000,
     ) -> None:
         if not isinstance(endpoint, str) or endpoint == "":
             raise InvalidArgumentError("endpoint must be a non-empty string")
-        for name, v in (("lookup_timeout_ms", lookup_timeout_ms), ("request_timeout_ms", request_timeout_ms)):
+        for name, v in (
+            ("lookup_timeout_ms", lookup_timeout_ms),
+            ("request_timeout_ms", request_timeout_ms),
+            ("liveness_timeout_ms", liveness_timeout_ms),
+        ):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not v > 0:
                 raise InvalidArgumentError(f"{name} must be a positive number, got {v!r}")
         self.endpoint = endpoint
         self.lookup_timeout_s = lookup_timeout_ms / 1000.0
         self.request_timeout_s = request_timeout_ms / 1000.0
+        self.liveness_timeout_s = liveness_timeout_ms / 1000.0
         self._clock = clock
         ctx = context if context is not None else zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
@@ -158,6 +175,13 @@ class KvtierClient:
         self.unmatched_replies = 0
         #: Frames that could not be decoded.
         self.malformed_replies = 0
+        # liveness (see the module docstring)
+        self._heard_at = clock()
+        self._probe: Pending | None = None
+        self._next_probe_at = 0.0
+        self._down = False
+        #: Times the sidecar was found down (a liveness PING went unanswered).
+        self.outages = 0
 
     # ---------------------------------------------------------------------------------------
     # plumbing
@@ -165,6 +189,11 @@ class KvtierClient:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def reachable(self) -> bool:
+        """False from an unanswered liveness PING until the sidecar is heard from again."""
+        return not self._down
 
     @property
     def pending_requests(self) -> int:
@@ -261,21 +290,62 @@ class KvtierClient:
         said one is there)."""
         self._gen += 1
         sock = self._sock
-        if not ready and not sock.get(_EVENTS) & _POLLIN:
-            return 0
         n = 0
-        while True:
-            try:
-                frame = sock.recv(_NOBLOCK)
-            except _Again:
-                return n
-            while sock.get(_RCVMORE):  # the last frame is the message
-                frame = sock.recv()
-            self._take(frame)
-            n += 1
-            # one option read is cheaper than ending on a zmq.Again exception
-            if not sock.get(_EVENTS) & _POLLIN:
-                return n
+        if ready or sock.get(_EVENTS) & _POLLIN:
+            while True:
+                try:
+                    frame = sock.recv(_NOBLOCK)
+                except _Again:
+                    break
+                while sock.get(_RCVMORE):  # the last frame is the message
+                    frame = sock.recv()
+                self._take(frame)
+                n += 1
+                # one option read is cheaper than ending on a zmq.Again exception
+                if not sock.get(_EVENTS) & _POLLIN:
+                    break
+        now = self._clock()
+        if n:
+            self._heard_at = now
+            self._down = False
+        if self._pending or self._down:
+            self._liveness(now)
+        return n
+
+    def _liveness(self, now: float) -> None:
+        """Probes a silent sidecar with a PING; an unanswered probe marks it down."""
+        probe = self._probe
+        if probe is not None:
+            if probe._state == _PENDING:
+                if now < probe.deadline:
+                    return
+                self._pending.pop(probe.request_id, None)
+                probe._fail(RequestTimeoutError("liveness PING not answered"))
+            self._probe = None
+            if probe._state == _FAILED and not self._closed:
+                self._mark_down()
+                return
+        if now - self._heard_at >= self.liveness_timeout_s and now >= self._next_probe_at and not self._closed:
+            self._next_probe_at = now + self.liveness_timeout_s
+            self._probe = self.send_ping(timeout_ms=self.liveness_timeout_s * 1000.0)
+
+    def _mark_down(self) -> None:
+        if not self._down:
+            self.outages += 1
+        self._down = True
+        err = RequestTimeoutError(
+            f"sidecar {self.endpoint} did not answer a PING within "
+            f"{self.liveness_timeout_s * 1000:g} ms: treated as down until it answers"
+        )
+        self.last_lookup_error = err
+        pending = list(self._pending.values())
+        self._pending.clear()
+        for p in pending:
+            if p.lookup_id is not None:
+                p._resolve(0)
+                self._fire_cancel(p.lookup_id)  # delivered if the same process wakes up
+            else:
+                p._fail(err)
 
     def _expire(self, now: float) -> None:
         q = self._lookup_q
@@ -306,6 +376,8 @@ class KvtierClient:
             else:
                 self._gen += 1  # the socket was checked: lookups need not check it again
                 n = 0
+                if self._pending or self._down:
+                    self._liveness(self._clock())
         else:
             n = self._drain()
         self._expire(self._clock())
@@ -350,6 +422,10 @@ class KvtierClient:
         if p is None:
             if self._closed:
                 return 0
+            if self._down:
+                self._drain()  # takes in a late answer and repeats the probe when due
+                if self._down:
+                    return 0
             rid = self._next_id()
             frame = P.encode_lookup(rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch)
             if not self._send(frame):
@@ -631,6 +707,16 @@ class MultiLookupClient:
             return None
         del self._partial[lookup_id]
         return min(answers)
+
+    def poll(self) -> None:
+        """Takes in replies and expires deadlines on every client (once per step)."""
+        for c in self.clients:
+            c.poll()
+
+    @property
+    def reachable(self) -> bool:
+        """False while any server counts as down."""
+        return all(c.reachable for c in self.clients)
 
     def forget(self, lookup_id: str) -> None:
         """Forgets the lookup everywhere and cancels it on every server that has (or had) it."""

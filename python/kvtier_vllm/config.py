@@ -27,6 +27,9 @@ class KvtierConfig:
     lookup_timeout_ms: int = 2000
     #: Deadline of every other request (REGISTER, SAVE, LOAD replies, ...) on the client.
     request_timeout_ms: int = 30000
+    #: Silence (with requests in flight) after which a PING probes the sidecar, and the time that
+    #: PING has to answer before the sidecar counts as down (everything in flight fails at once).
+    liveness_timeout_ms: int = 1000
     #: Server deadline of a LOAD (0: the sidecar's default, 20 s).
     load_timeout_ms: int = 0
     #: Tokens per stored chunk; a multiple of vLLM's block size.
@@ -95,7 +98,13 @@ def _check(name: str, v: Any) -> Any:
         if not isinstance(v, (list, tuple)):
             raise ConfigError(f"kv_connector_extra_config.rank_endpoints must be a list of endpoints, got {v!r}")
         return tuple(_endpoint(f"rank_endpoints[{i}]", e) for i, e in enumerate(v))
-    if name in ("lookup_timeout_ms", "request_timeout_ms", "heartbeat_interval_ms", "shutdown_timeout_ms"):
+    if name in (
+        "lookup_timeout_ms",
+        "request_timeout_ms",
+        "liveness_timeout_ms",
+        "heartbeat_interval_ms",
+        "shutdown_timeout_ms",
+    ):
         return _int(name, v, 1, 3_600_000)
     if name == "load_timeout_ms":
         return _int(name, v, 0, 3_600_000)

@@ -135,6 +135,7 @@ class KvtierConnector(KVConnectorBase_V1):
             endpoint,
             lookup_timeout_ms=self._cfg.lookup_timeout_ms,
             request_timeout_ms=self._cfg.request_timeout_ms,
+            liveness_timeout_ms=self._cfg.liveness_timeout_ms,
         )
 
     def _make_scheduler(self) -> SchedulerConnector:

@@ -64,6 +64,24 @@ class RankLookup:
             self.cancel(lookup_id)
         return low
 
+    def _clients(self) -> list:
+        seen: dict[int, Any] = {}
+        for client, _, _ in self._targets:
+            seen.setdefault(id(client), client)
+        return list(seen.values())
+
+    def poll(self) -> None:
+        """Takes in replies and expires deadlines on every rank's client (once per step)."""
+        for client in self._clients():
+            poll = getattr(client, "poll", None)
+            if callable(poll):
+                poll()
+
+    @property
+    def reachable(self) -> bool:
+        """False while any rank's sidecar counts as down."""
+        return all(getattr(c, "reachable", True) for c in self._clients())
+
     def forget(self, lookup_id: str) -> None:
         """Drops a pending lookup on every rank (a CANCEL each)."""
         self._answers.pop(lookup_id, None)
@@ -81,11 +99,7 @@ class RankLookup:
 
     def close(self) -> None:
         """Closes every client once."""
-        seen: set[int] = set()
-        for client, _, _ in self._targets:
-            if id(client) in seen:
-                continue
-            seen.add(id(client))
+        for client in self._clients():
             close = getattr(client, "close", None)
             if callable(close):
                 close()

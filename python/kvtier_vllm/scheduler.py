@@ -115,6 +115,12 @@ class SchedulerConnector:
         """Requests the connector currently tracks (gauges and leak checks)."""
         return len(self._requests)
 
+    @property
+    def sidecar_reachable(self) -> bool:
+        """False while the lookup client counts a sidecar as down (its lookups answer 0 at
+        once); True when it cannot tell."""
+        return bool(getattr(self._lookup, "reachable", True))
+
     # ------------------------------------------------------------------ vLLM hooks
 
     def get_num_new_matched_tokens(self, request: ConnectorRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -206,6 +212,11 @@ class SchedulerConnector:
         requests that ended. Each item appears in exactly one metadata.
         """
         self._open()
+        # One socket check per step even when no request asks: expires deadlines and lets a
+        # sidecar that was down be probed and found back.
+        poll = getattr(self._lookup, "poll", None)
+        if callable(poll):
+            poll()
         loads: list[LoadIntent] = []
         for t in self._requests.values():
             if t.intent is None:

@@ -383,6 +383,42 @@ def test_lookup_deadline_answers_zero_and_cancels(sidecar, client_factory):
     assert until_answered(c, "after", hashes, counts, [ns]) == 32
 
 
+def test_unanswered_liveness_ping_fails_requests_at_once_until_the_sidecar_answers(sidecar, client_factory):
+    """A frozen sidecar costs one liveness delay, not every request's own deadline."""
+    c = client_factory(sidecar.endpoint, lookup_timeout_ms=60_000, request_timeout_ms=60_000, liveness_timeout_ms=200)
+    ns = ns_for("liveness")
+    chunks = chunks_for(8, 2)
+    hashes, counts = pack_hashes(chunks), [16, 16]
+    put_chunks(c, ns, chunks)
+    assert c.reachable
+    sidecar.pause()
+    try:
+        t0 = time.monotonic()
+        assert c.lookup("frozen", hashes, counts, [ns]) is None
+        stats = c.send_stats()
+        while (a := c.lookup("frozen", hashes, counts, [ns])) is None:
+            assert time.monotonic() - t0 < WAIT_S
+            c.poll(5)
+        waited = time.monotonic() - t0
+        assert a == 0 and waited < 5, "answered by the liveness probe, far before the 60 s deadline"
+        assert not c.reachable and c.outages == 1
+        assert stats.done
+        with pytest.raises(RequestTimeoutError) as info:
+            stats.result()
+        assert "treated as down" in str(info.value)
+        # while down, a new lookup answers 0 at once instead of waiting
+        assert c.lookup("while-down", hashes, counts, [ns]) == 0
+        assert c.pending_requests <= 1  # at most the probe
+    finally:
+        sidecar.resume()
+    deadline = time.monotonic() + WAIT_S
+    while not c.reachable:
+        assert time.monotonic() < deadline, "the sidecar was never found back"
+        c.poll(5)
+    assert until_answered(c, "after", hashes, counts, [ns]) == 32
+    assert c.outages == 1
+
+
 def test_blocking_request_times_out(sidecar, client_factory):
     c = client_factory(sidecar.endpoint, request_timeout_ms=200)
     sidecar.pause()

@@ -64,7 +64,8 @@ def test_sidecar_killed_and_restarted_requests_recompute_nothing_hangs(sidecar):
         rig.step()  # the LOAD goes nowhere
         out = rig.until_recving("X", timeout_s=20)
         assert set(out.invalid_block_ids) == set(table[:24]), "the lost load's blocks are recomputed"
-        # A lookup while the sidecar is down answers 0 at its deadline: the request recomputes.
+        # A lookup while the sidecar is down answers 0 (at its deadline, or at once once the
+        # client's liveness PING went unanswered): the request recomputes.
         y = ConnectorRequest("Y", w)
         assert rig.ask(y) == (0, False)
         # A save while it is down is dropped without holding the engine.
@@ -83,6 +84,12 @@ def test_sidecar_killed_and_restarted_requests_recompute_nothing_hangs(sidecar):
         deadline = time.monotonic() + 20
         while rig.rank_list[0].worker.stats().registrations < 2:
             assert time.monotonic() < deadline, "the worker did not register again"
+            time.sleep(0.05)
+        # The scheduler's client counted the sidecar down; stepping probes it and finds it back.
+        deadline = time.monotonic() + 20
+        while not rig.scheduler.sidecar_reachable:
+            assert time.monotonic() < deadline, "the scheduler never found the sidecar back"
+            rig.step()
             time.sleep(0.05)
         rig.save_prompt("W3", w)
         z = ConnectorRequest("Z", w)
