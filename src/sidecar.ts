@@ -6,6 +6,7 @@ import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 import { LookupServer } from './lookup-server/lookup-server.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
 import { instrumentBackend } from './metrics/instrumented-backend.ts';
+import { instrumentCopyEngine } from './metrics/instrumented-copy-engine.ts';
 import { KvtierMetrics } from './metrics/metrics.ts';
 import { createNativeCopyEngine } from './native/copy-engine.ts';
 import { StorageManager } from './storage-manager/storage-manager.ts';
@@ -83,7 +84,7 @@ export class Sidecar {
       log.warn('native addon unavailable; data plane uses file I/O', { reason: native.reason });
     const dataPlane = new DataPlane({
       storage,
-      copyEngine: native.engine ?? createFsCopyEngine(),
+      copyEngine: instrumentCopyEngine(native.engine ?? createFsCopyEngine(), metrics),
       log: log.child('data-plane'),
     });
     const server = new LookupServer({

@@ -63,9 +63,28 @@ export interface KvtierMetricsOptions {
   registry?: Registry;
   /** Also collect Node process metrics, prefixed `kvtier_`. Default true. */
   defaultMetrics?: boolean;
+  /**
+   * The engines' lookup deadline in seconds: a lookup answered later than this is counted in
+   * `kvtier_lookups_past_deadline_total` (the engine had already taken it as a miss). Default
+   * 2, the default `lookupTimeoutMs` of the TypeScript and Python lookup clients.
+   */
+  lookupDeadlineSeconds?: number;
 }
 
+/** Defaults of {@link KvtierMetricsOptions}. */
+export const METRICS_DEFAULTS = { defaultMetrics: true, lookupDeadlineSeconds: 2 } as const;
+
+/** Values of the `direction` label of `kvtier_dataplane_bytes_total`. */
+export type DataPlaneDirection = 'save' | 'load';
+
 type SourceName = keyof MetricSources;
+
+/** prom-client default gauges named like counters; left out of the registry. */
+const NON_COUNTER_TOTALS = [
+  'kvtier_nodejs_active_handles_total',
+  'kvtier_nodejs_active_requests_total',
+  'kvtier_nodejs_active_resources_total',
+] as const;
 
 interface BackendSnapshot {
   readonly name: string;
@@ -159,8 +178,20 @@ export class KvtierMetrics {
   readonly lookupRequestedTokens: Counter;
   /** kvtier_lookup_hit_tokens_total{tier}: tokens answered as ready, by the tier that held them. */
   readonly lookupHitTokens: Counter<'tier'>;
-  /** kvtier_lookup_duration_seconds: from request to final answer. */
+  /**
+   * kvtier_lookup_duration_seconds: from request to final answer. An observation above the
+   * lookup deadline also counts in `kvtier_lookups_past_deadline_total`.
+   */
   readonly lookupDuration: Histogram;
+  /** kvtier_lookups_past_deadline_total: lookups answered later than `lookupDeadlineSeconds`. */
+  readonly lookupsPastDeadline: Counter;
+  /** The deadline `lookupsPastDeadline` compares against, seconds. */
+  readonly lookupDeadlineSeconds: number;
+  /**
+   * kvtier_dataplane_bytes_total{direction}: bytes copied between the engine's KV memory and
+   * host memory (`save`: engine to host; `load`: host to engine). rate() is the data-plane GB/s.
+   */
+  readonly dataPlaneBytes: Counter<'direction'>;
   /** kvtier_prefetch_duration_seconds: one prefetch from lower tiers into host memory. */
   readonly prefetchDuration: Histogram;
   /** kvtier_prefetch_chunks_total{tier}: chunks prefetched, by source tier. */
@@ -198,10 +229,18 @@ export class KvtierMetrics {
         'options.registry must be a prom-client Registry',
       );
     }
-    const defaultMetrics = options.defaultMetrics ?? true;
+    const defaultMetrics = options.defaultMetrics ?? METRICS_DEFAULTS.defaultMetrics;
     if (typeof defaultMetrics !== 'boolean') {
       throw new KvtierError('KVT_INVALID_ARGUMENT', 'options.defaultMetrics must be a boolean');
     }
+    const deadline = options.lookupDeadlineSeconds ?? METRICS_DEFAULTS.lookupDeadlineSeconds;
+    if (typeof deadline !== 'number' || !Number.isFinite(deadline) || deadline <= 0) {
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        'options.lookupDeadlineSeconds must be a positive finite number of seconds',
+      );
+    }
+    this.lookupDeadlineSeconds = deadline;
     this.registry = registry;
     const registers = [registry];
     const buckets = [...LATENCY_BUCKETS_SECONDS];
@@ -223,9 +262,19 @@ export class KvtierMetrics {
       'Tokens answered as ready in host memory, by the tier that held them.',
       ['tier'],
     );
-    this.lookupDuration = histogram(
-      'kvtier_lookup_duration_seconds',
-      'Time from lookup request to final answer, in seconds.',
+    this.lookupsPastDeadline = counter(
+      'kvtier_lookups_past_deadline_total',
+      `Lookups answered later than the engines' lookup deadline (${deadline} s): already taken as misses.`,
+    );
+    const past = this.lookupsPastDeadline;
+    this.lookupDuration = onObserve(
+      histogram(
+        'kvtier_lookup_duration_seconds',
+        'Time from lookup request to final answer, in seconds.',
+      ),
+      (seconds) => {
+        if (seconds > deadline) past.inc();
+      },
     );
     this.prefetchDuration = histogram(
       'kvtier_prefetch_duration_seconds',
@@ -273,6 +322,11 @@ export class KvtierMetrics {
       'Write-through puts dropped, by tier and reason.',
       ['tier', 'reason'],
     );
+    this.dataPlaneBytes = counter(
+      'kvtier_dataplane_bytes_total',
+      "Bytes copied between the engine's KV memory and host memory, by direction (save, load).",
+      ['direction'],
+    );
     this.pinsExpired = counter(
       'kvtier_pins_expired_total',
       'Pins released because their TTL ran out rather than by the client.',
@@ -285,7 +339,13 @@ export class KvtierMetrics {
       ['source'],
     );
 
-    if (defaultMetrics) collectDefaultMetrics({ register: registry, prefix: 'kvtier_' });
+    if (defaultMetrics) {
+      collectDefaultMetrics({ register: registry, prefix: 'kvtier_' });
+      // prom-client exports these three gauges with a `_total` suffix, which Prometheus reserves
+      // for counters (`promtool check metrics` rejects them); the per-type gauges beside them
+      // carry the same numbers (`sum(kvtier_nodejs_active_handles)`).
+      for (const name of NON_COUNTER_TOTALS) registry.removeSingleMetric(name);
+    }
   }
 
   /** Content type of {@link text}: Prometheus text exposition 0.0.4. */
@@ -402,6 +462,24 @@ export class KvtierMetrics {
       return undefined;
     }
   }
+}
+
+/**
+ * Makes `histogram.observe` also report every observed value to a callback. prom-client assigns
+ * `observe` per instance in its constructor (it picks the exemplar variant there), so the
+ * instance's function is wrapped rather than the class's method overridden. `startTimer()` does
+ * not go through `observe` and is not reported.
+ */
+function onObserve<T extends string>(histogram: Histogram<T>, report: (value: number) => void) {
+  const observe = histogram.observe.bind(histogram) as (...args: unknown[]) => void;
+  histogram.observe = ((a: unknown, b?: unknown) => {
+    if (b === undefined) observe(a);
+    else observe(a, b);
+    const value =
+      typeof a === 'number' ? a : typeof b === 'number' ? b : (a as { value?: unknown }).value;
+    if (typeof value === 'number') report(value);
+  }) as Histogram<T>['observe'];
+  return histogram;
 }
 
 /** Turns prom-client's duplicate-name Error into a KvtierError with a useful message. */

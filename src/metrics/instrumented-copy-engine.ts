@@ -1,0 +1,46 @@
+import type { CopyEngine, CopySurface } from '../data-plane/data-plane.ts';
+import type { KvtierMetrics } from './metrics.ts';
+
+/** Length of one op in a copy batch: `[srcSurface, srcOffset, dstSurface, dstOffset, length]`. */
+const OP_FIELDS = 5;
+
+function isHost(s: CopySurface | undefined): boolean {
+  return s instanceof Uint8Array;
+}
+
+/**
+ * Wraps a copy engine so that the bytes it moves between the engine's KV memory (a device
+ * surface) and host memory are counted in `kvtier_dataplane_bytes_total{direction}`: `save`
+ * for device to host, `load` for host to device (the 4-byte load state word included).
+ * Counted when a batch resolves; a rejected batch counts nothing (it may be partly written).
+ * Host-to-host and device-to-device ops are not data-plane traffic and are not counted.
+ * Optional methods (`openCuda`, `cudaDevices`) are present exactly when the inner engine has them.
+ */
+export function instrumentCopyEngine(inner: CopyEngine, metrics: KvtierMetrics): CopyEngine {
+  const counter = metrics.dataPlaneBytes;
+  const out: CopyEngine = {
+    openFile: (path) => inner.openFile(path),
+    async copy(surfaces, ops) {
+      let save = 0;
+      let load = 0;
+      for (let i = 0; i + OP_FIELDS <= ops.length; i += OP_FIELDS) {
+        const src = isHost(surfaces[ops[i]!]);
+        const dst = isHost(surfaces[ops[i + 2]!]);
+        if (src && !dst) load += ops[i + 4]!;
+        else if (!src && dst) save += ops[i + 4]!;
+      }
+      await inner.copy(surfaces, ops);
+      if (save > 0) counter.inc({ direction: 'save' }, save);
+      if (load > 0) counter.inc({ direction: 'load' }, load);
+    },
+  };
+  if (inner.openCuda !== undefined) {
+    const openCuda = inner.openCuda.bind(inner);
+    out.openCuda = (handle, bytes, device) => openCuda(handle, bytes, device);
+  }
+  if (inner.cudaDevices !== undefined) {
+    const cudaDevices = inner.cudaDevices.bind(inner);
+    out.cudaDevices = () => cudaDevices();
+  }
+  return out;
+}
