@@ -41,7 +41,7 @@ function hostFileFor(service: Service, containerPath: string): string | undefine
 describe('docker-compose deployment', () => {
   test('every service has a healthcheck or depends on healthy ones, and dependencies exist', () => {
     const names = Object.keys(compose.services);
-    assert.deepEqual(names.sort(), ['kvtier', 'minio', 'prometheus', 'redis']);
+    assert.deepEqual(names.sort(), ['grafana', 'kvtier', 'minio', 'prometheus', 'redis']);
     for (const [name, svc] of Object.entries(compose.services)) {
       for (const dep of Object.keys(svc.depends_on ?? {})) {
         assert.ok(names.includes(dep), `${name} depends on unknown service ${dep}`);
