@@ -23,20 +23,32 @@ const UNITS: Record<string, number> = {
  * @throws KvtierError KVT_CONFIG naming `name` when the value is not a size.
  */
 export function parseBytes(name: string, value: unknown): number {
+  const n = tryParseBytes(value);
+  if (n !== undefined) return n;
+  throw new KvtierError('KVT_CONFIG', `${name} ${BYTE_SIZE_RULE}, got ${JSON.stringify(value)}`);
+}
+
+/** What a byte size may be, as error messages say it. */
+export const BYTE_SIZE_RULE =
+  'must be a byte size (an integer, or a string like "512MiB" or "4GiB")';
+
+/**
+ * The strings {@link parseBytes} accepts, as an ECMA-262 pattern without flags (for the JSON
+ * Schema): digits, an optional fraction, an optional unit of `UNITS` in any case.
+ */
+export const BYTE_SIZE_PATTERN = '^\\s*\\d+(\\.\\d+)?\\s*([bB]|[kKmMgGtT]([iI]?[bB])?)?\\s*$';
+
+/** {@link parseBytes} without the throw: the number of bytes, or undefined when not a size. */
+export function tryParseBytes(value: unknown): number | undefined {
   if (typeof value === 'number') {
-    if (Number.isSafeInteger(value) && value >= 0) return value;
-  } else if (typeof value === 'string') {
-    const m = /^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$/.exec(value);
-    const unit = m ? UNITS[m[2]!.toLowerCase()] : undefined;
-    if (m && unit !== undefined) {
-      const n = Math.floor(Number(m[1]) * unit);
-      if (Number.isSafeInteger(n)) return n;
-    }
+    return Number.isSafeInteger(value) && value >= 0 ? value : undefined;
   }
-  throw new KvtierError(
-    'KVT_CONFIG',
-    `${name} must be a byte size (an integer, or a string like "512MiB" or "4GiB"), got ${JSON.stringify(value)}`,
-  );
+  if (typeof value !== 'string') return undefined;
+  const m = /^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$/.exec(value);
+  const unit = m ? UNITS[m[2]!.toLowerCase()] : undefined;
+  if (m === null || unit === undefined) return undefined;
+  const n = Math.floor(Number(m[1]) * unit);
+  return Number.isSafeInteger(n) ? n : undefined;
 }
 
 /** Formats bytes for humans, e.g. 6442450944 → "6 GiB". */

@@ -2,13 +2,13 @@ import { existsSync, statfsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { homedir, totalmem } from 'node:os';
 import { dirname, join, resolve as resolvePath } from 'node:path';
-import { resolveCircuitBreakerOptions } from '../backends/circuit-breaker.ts';
 import type { TierConfig } from '../backends/registry.ts';
 import { KvtierError } from '../errors.ts';
 import type { ProtocolLimits } from '../protocol/messages.ts';
 import type { LogLevel } from '../util/log.ts';
-import { describe } from '../util/validate.ts';
 import { parseBytes } from './bytes.ts';
+import { validateConfigDocument } from './schema.ts';
+import type { ConfigProblem } from './schema-kit.ts';
 
 /** The sidecar's whole configuration after defaults, file, environment and flags. */
 export interface KvtierConfig {
@@ -29,8 +29,6 @@ export interface KvtierConfig {
   /** Directory relative paths in the config (plug-in modules) are resolved against. */
   baseDir: string;
 }
-
-const LOG_LEVELS: readonly LogLevel[] = ['debug', 'info', 'warn', 'error', 'silent'];
 
 /** Default host-memory budget: a quarter of the machine's memory, at most 8 GiB, at least 64 MiB. */
 export function defaultCpuCapacityBytes(): number {
@@ -67,14 +65,34 @@ export function defaultDiskCapacityBytes(path: string): number {
 }
 
 /**
+ * The defaults of every setting that does not depend on the machine, in one place: the loader
+ * merges files over them and the published JSON Schema reports them.
+ */
+export const CONFIG_DEFAULTS = deepFreeze({
+  listen: 'tcp://127.0.0.1:5555',
+  metrics: { host: '127.0.0.1', port: 9464 },
+  storage: {
+    prefetchBudgetChunks: 1024,
+    pinTtlMs: 60_000,
+    maxLookups: 4096,
+    writeThrough: { maxChunks: 1024, maxBytes: 1024 ** 3, concurrency: 4 },
+  },
+  limits: {
+    maxChunksPerLookup: 8192,
+    maxPayloadBytes: 128 * 1024 ** 2,
+    maxTokensPerChunk: 65536,
+  },
+  logLevel: 'info' as LogLevel,
+});
+
+/**
  * The embedded default: a LocalCPU tier sized for the machine over a LocalDisk tier in the
  * user's cache directory, loopback-only endpoints.
  */
 export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfig {
   const diskPath = defaultDiskPath(env);
   return {
-    listen: 'tcp://127.0.0.1:5555',
-    metrics: { host: '127.0.0.1', port: 9464 },
+    ...structuredClone(CONFIG_DEFAULTS),
     tiers: [
       { name: 'cpu', type: 'local-cpu', options: { capacityBytes: defaultCpuCapacityBytes() } },
       {
@@ -83,20 +101,13 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfi
         options: { path: diskPath, capacityBytes: defaultDiskCapacityBytes(diskPath) },
       },
     ],
-    storage: {
-      prefetchBudgetChunks: 1024,
-      pinTtlMs: 60_000,
-      maxLookups: 4096,
-      writeThrough: { maxChunks: 1024, maxBytes: 1024 ** 3, concurrency: 4 },
-    },
-    limits: {
-      maxChunksPerLookup: 8192,
-      maxPayloadBytes: 128 * 1024 ** 2,
-      maxTokensPerChunk: 65536,
-    },
-    logLevel: 'info',
     baseDir: process.cwd(),
   };
+}
+
+function deepFreeze<T extends object>(o: T): Readonly<T> {
+  for (const v of Object.values(o)) if (typeof v === 'object' && v !== null) deepFreeze(v);
+  return Object.freeze(o);
 }
 
 /** Command-line overrides; they win over the environment and the file. */
@@ -106,150 +117,42 @@ export interface ConfigOverrides {
   metricsPort?: number;
 }
 
-function fail(path: string, msg: string): never {
-  throw new KvtierError('KVT_CONFIG', `config ${path}: ${msg}`);
-}
+/**
+ * A config that does not validate: `problems` lists each one with its key path; the message
+ * names them all on one line.
+ */
+export class ConfigError extends KvtierError {
+  readonly problems: readonly ConfigProblem[];
 
-function obj(path: string, v: unknown): Record<string, unknown> {
-  if (typeof v !== 'object' || v === null || Array.isArray(v))
-    fail(path, `must be an object, got ${describe(v)}`);
-  return v as Record<string, unknown>;
-}
-
-function int(path: string, v: unknown, min: number, max = Number.MAX_SAFE_INTEGER): number {
-  if (typeof v !== 'number' || !Number.isInteger(v) || v < min || v > max)
-    fail(path, `must be an integer in [${min}, ${max}], got ${describe(v)}`);
-  return v;
-}
-
-function onlyKeys(path: string, o: Record<string, unknown>, allowed: readonly string[]): void {
-  for (const k of Object.keys(o))
-    if (!allowed.includes(k)) fail(`${path}.${k}`, `unknown key; allowed: ${allowed.join(', ')}`);
-}
-
-/** Turns size strings ("4GiB") into numbers for every option whose name ends in "Bytes". */
-function normalizeSizes(path: string, o: Record<string, unknown>): Record<string, unknown> {
-  const out: Record<string, unknown> = {};
-  for (const [k, v] of Object.entries(o))
-    out[k] = k.endsWith('Bytes') && typeof v === 'string' ? parseBytes(`${path}.${k}`, v) : v;
-  return out;
+  constructor(problems: readonly ConfigProblem[]) {
+    super('KVT_CONFIG', problems.map((p) => `config ${p.path}: ${p.message}`).join('; '));
+    this.name = 'ConfigError';
+    this.problems = problems;
+  }
 }
 
 /**
- * Validates a parsed config file and merges it over the defaults.
- * @throws KvtierError KVT_CONFIG naming the bad key and what is allowed.
+ * Validates a parsed config file and merges it over `base` (the defaults).
+ * @throws ConfigError (`KVT_CONFIG`) listing every problem with its key path and what is allowed.
  */
 export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()): KvtierConfig {
-  const o = obj('(root)', raw);
-  onlyKeys('', o, ['listen', 'metrics', 'tiers', 'storage', 'limits', 'logLevel']);
+  const r = validateConfigDocument(raw);
+  if (!r.ok) throw new ConfigError(r.problems);
+  const doc = r.value;
   const cfg = structuredClone(base);
-  if (o.listen !== undefined) {
-    if (typeof o.listen !== 'string' || !/^(tcp|ipc|inproc):\/\/.+/.test(o.listen))
-      fail(
-        'listen',
-        `must be a ZMQ endpoint like "tcp://127.0.0.1:5555", got ${describe(o.listen)}`,
-      );
-    cfg.listen = o.listen;
-  }
-  if (o.metrics === null) cfg.metrics = null;
-  else if (o.metrics !== undefined) {
-    const m = obj('metrics', o.metrics);
-    onlyKeys('metrics', m, ['host', 'port']);
-    const host = m.host ?? cfg.metrics?.host ?? '127.0.0.1';
-    if (typeof host !== 'string' || host.length === 0)
-      fail('metrics.host', 'must be a non-empty string');
+  if (doc.listen !== undefined) cfg.listen = doc.listen;
+  if (doc.metrics === null) cfg.metrics = null;
+  else if (doc.metrics !== undefined)
     cfg.metrics = {
-      host,
-      port:
-        m.port === undefined ? (cfg.metrics?.port ?? 9464) : int('metrics.port', m.port, 0, 65535),
+      host: doc.metrics.host ?? cfg.metrics?.host ?? CONFIG_DEFAULTS.metrics.host,
+      port: doc.metrics.port ?? cfg.metrics?.port ?? CONFIG_DEFAULTS.metrics.port,
     };
-  }
-  if (o.tiers !== undefined) {
-    if (!Array.isArray(o.tiers) || o.tiers.length === 0)
-      fail('tiers', 'must be a non-empty array of { name, type, ...options }');
-    const names = new Set<string>();
-    cfg.tiers = o.tiers.map((t, i) => {
-      const to = obj(`tiers[${i}]`, t);
-      const { name, type, health, ...options } = to;
-      if (typeof type !== 'string' || type.length === 0)
-        fail(`tiers[${i}].type`, `must be a backend type name, got ${describe(type)}`);
-      const tierName = name ?? type;
-      if (typeof tierName !== 'string' || !/^[a-zA-Z0-9_.-]{1,64}$/.test(tierName))
-        fail(`tiers[${i}].name`, `must match [a-zA-Z0-9_.-]{1,64}, got ${describe(name)}`);
-      if (names.has(tierName))
-        fail(`tiers[${i}].name`, `"${tierName}" is used twice; tier names must be unique`);
-      names.add(tierName);
-      const tier: TierConfig = {
-        name: tierName,
-        type,
-        options: normalizeSizes(`tiers[${i}]`, options),
-      };
-      if (health === false) tier.health = false;
-      else if (health !== undefined) {
-        const h = obj(`tiers[${i}].health`, health);
-        onlyKeys(`tiers[${i}].health`, h, ['timeoutMs', 'failureThreshold', 'probeIntervalMs']);
-        try {
-          tier.health = resolveCircuitBreakerOptions(h as Record<string, number>);
-        } catch (err) {
-          fail(`tiers[${i}].health`, (err as Error).message);
-        }
-      }
-      return tier;
-    });
-  }
-  if (o.storage !== undefined) {
-    const s = obj('storage', o.storage);
-    onlyKeys('storage', s, ['prefetchBudgetChunks', 'pinTtlMs', 'maxLookups', 'writeThrough']);
-    if (s.prefetchBudgetChunks !== undefined)
-      cfg.storage.prefetchBudgetChunks = int(
-        'storage.prefetchBudgetChunks',
-        s.prefetchBudgetChunks,
-        1,
-      );
-    if (s.pinTtlMs !== undefined) cfg.storage.pinTtlMs = int('storage.pinTtlMs', s.pinTtlMs, 1);
-    if (s.maxLookups !== undefined)
-      cfg.storage.maxLookups = int('storage.maxLookups', s.maxLookups, 1);
-    if (s.writeThrough !== undefined) {
-      const w = normalizeSizes('storage.writeThrough', obj('storage.writeThrough', s.writeThrough));
-      onlyKeys('storage.writeThrough', w, ['maxChunks', 'maxBytes', 'concurrency']);
-      if (w.maxChunks !== undefined)
-        cfg.storage.writeThrough.maxChunks = int('storage.writeThrough.maxChunks', w.maxChunks, 1);
-      if (w.maxBytes !== undefined)
-        cfg.storage.writeThrough.maxBytes = int('storage.writeThrough.maxBytes', w.maxBytes, 1);
-      if (w.concurrency !== undefined)
-        cfg.storage.writeThrough.concurrency = int(
-          'storage.writeThrough.concurrency',
-          w.concurrency,
-          1,
-          256,
-        );
-    }
-  }
-  if (o.limits !== undefined) {
-    const l = normalizeSizes('limits', obj('limits', o.limits));
-    onlyKeys('limits', l, ['maxChunksPerLookup', 'maxPayloadBytes', 'maxTokensPerChunk']);
-    if (l.maxChunksPerLookup !== undefined)
-      cfg.limits.maxChunksPerLookup = int(
-        'limits.maxChunksPerLookup',
-        l.maxChunksPerLookup,
-        1,
-        65536,
-      );
-    if (l.maxPayloadBytes !== undefined)
-      cfg.limits.maxPayloadBytes = int('limits.maxPayloadBytes', l.maxPayloadBytes, 1, 2 ** 32 - 1);
-    if (l.maxTokensPerChunk !== undefined)
-      cfg.limits.maxTokensPerChunk = int(
-        'limits.maxTokensPerChunk',
-        l.maxTokensPerChunk,
-        1,
-        2 ** 32 - 1,
-      );
-  }
-  if (o.logLevel !== undefined) {
-    if (typeof o.logLevel !== 'string' || !LOG_LEVELS.includes(o.logLevel as LogLevel))
-      fail('logLevel', `must be one of ${LOG_LEVELS.join(', ')}`);
-    cfg.logLevel = o.logLevel as LogLevel;
-  }
+  if (doc.tiers !== undefined) cfg.tiers = doc.tiers;
+  const { writeThrough, ...storage } = doc.storage ?? {};
+  Object.assign(cfg.storage, storage);
+  Object.assign(cfg.storage.writeThrough, writeThrough);
+  Object.assign(cfg.limits, doc.limits);
+  if (doc.logLevel !== undefined) cfg.logLevel = doc.logLevel;
   return cfg;
 }
 
@@ -286,11 +189,17 @@ function embeddedDefault(env: NodeJS.ProcessEnv): KvtierConfig {
   return cfg;
 }
 
+/** A variable's digits as a number; anything else as given, for the error message. */
+function numeric(s: string): number | string {
+  return /^\d+$/.test(s) ? Number(s) : s;
+}
+
 /**
  * Builds the effective config: defaults (with KVTIER_DISK*, see above), then the JSON file (`overrides.configPath` or
  * KVTIER_CONFIG), then the environment (KVTIER_LISTEN, KVTIER_METRICS_PORT, KVTIER_METRICS_HOST,
  * KVTIER_CPU_BYTES for the first tier's capacity, KVTIER_LOG_LEVEL), then command-line flags.
- * @throws KvtierError KVT_CONFIG for an unreadable file, bad JSON or a bad value.
+ * @throws KvtierError KVT_CONFIG for an unreadable file or bad JSON; {@link ConfigError} for bad
+ *   values, naming the key path (and the variable or flag that set it).
  */
 export async function loadConfig(
   overrides: ConfigOverrides = {},
@@ -322,19 +231,36 @@ export async function loadConfig(
     cfg = resolveConfig(parsed, cfg);
     cfg.baseDir = dirname(resolvePath(path));
   }
-  const patch: Record<string, unknown> = {};
-  if (env.KVTIER_LISTEN) patch.listen = env.KVTIER_LISTEN;
-  if (env.KVTIER_METRICS_PORT || env.KVTIER_METRICS_HOST) {
-    patch.metrics = {
-      ...(env.KVTIER_METRICS_HOST ? { host: env.KVTIER_METRICS_HOST } : {}),
-      ...(env.KVTIER_METRICS_PORT ? { port: Number(env.KVTIER_METRICS_PORT) } : {}),
-    };
-  }
-  if (env.KVTIER_LOG_LEVEL) patch.logLevel = env.KVTIER_LOG_LEVEL;
-  if (overrides.listen !== undefined) patch.listen = overrides.listen;
+  // Environment, then flags; a problem names the variable or flag it came from.
+  const patch: { listen?: unknown; metrics?: Record<string, unknown>; logLevel?: unknown } = {};
+  const source = new Map<string, string>();
+  const set = (path: string, value: unknown, from: string) => {
+    if (path === 'listen') patch.listen = value;
+    else if (path === 'logLevel') patch.logLevel = value;
+    else patch.metrics = { ...patch.metrics, [path.slice('metrics.'.length)]: value };
+    source.set(path, from);
+  };
+  if (env.KVTIER_LISTEN) set('listen', env.KVTIER_LISTEN, 'KVTIER_LISTEN');
+  if (env.KVTIER_METRICS_HOST) set('metrics.host', env.KVTIER_METRICS_HOST, 'KVTIER_METRICS_HOST');
+  if (env.KVTIER_METRICS_PORT)
+    set('metrics.port', numeric(env.KVTIER_METRICS_PORT), 'KVTIER_METRICS_PORT');
+  if (env.KVTIER_LOG_LEVEL) set('logLevel', env.KVTIER_LOG_LEVEL, 'KVTIER_LOG_LEVEL');
+  if (overrides.listen !== undefined) set('listen', overrides.listen, '--listen');
   if (overrides.metricsPort !== undefined)
-    patch.metrics = { ...(patch.metrics as object | undefined), port: overrides.metricsPort };
-  if (Object.keys(patch).length > 0) cfg = resolveConfig(patch, cfg);
+    set('metrics.port', overrides.metricsPort, '--metrics-port');
+  if (source.size > 0) {
+    try {
+      cfg = resolveConfig(patch, cfg);
+    } catch (err) {
+      if (!(err instanceof ConfigError)) throw err;
+      throw new ConfigError(
+        err.problems.map((p) => {
+          const from = source.get(p.path);
+          return from === undefined ? p : { path: `${p.path} (from ${from})`, message: p.message };
+        }),
+      );
+    }
+  }
   if (env.KVTIER_CPU_BYTES) {
     const first = cfg.tiers[0]!;
     first.options = {
