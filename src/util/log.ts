@@ -1,11 +1,17 @@
 /**
- * JSON-lines logger: one object per line on stderr with `time`, `level`, `component`, `msg` and
- * any fields given. Level from `KVTIER_LOG_LEVEL` (debug|info|warn|error|silent; default info).
+ * JSON-lines logger over pino: one object per line on stderr with `level`, `time` (ISO 8601),
+ * `component`, any fields given and `msg`. Level from the config or `KVTIER_LOG_LEVEL`
+ * (debug|info|warn|error|silent; default info). Credentials never reach a line: fields named like
+ * a secret (password, secretAccessKey, sessionToken, ...) and the userinfo of URLs
+ * (`redis://user:pass@host`) are replaced by `[redacted]`, in fields and messages alike.
  */
+import { pino } from 'pino';
+
 export type LogLevel = 'debug' | 'info' | 'warn' | 'error' | 'silent';
 
-const ORDER: Record<LogLevel, number> = { debug: 10, info: 20, warn: 30, error: 40, silent: 100 };
+const LEVELS: readonly LogLevel[] = ['debug', 'info', 'warn', 'error', 'silent'];
 
+/** What every component logs through; `child` names a sub-component (`parent.child`). */
 export interface Logger {
   debug(msg: string, fields?: Record<string, unknown>): void;
   info(msg: string, fields?: Record<string, unknown>): void;
@@ -15,39 +21,83 @@ export interface Logger {
 }
 
 export interface LoggerOptions {
+  /** Lowest level written; default `KVTIER_LOG_LEVEL`, else 'info'. */
   level?: LogLevel;
-  /** Where lines go; defaults to process.stderr. */
+  /** Where lines go, each ending in a newline, synchronously; defaults to process.stderr. */
   write?: (line: string) => void;
 }
 
 function levelFromEnv(): LogLevel {
   const v = process.env.KVTIER_LOG_LEVEL;
-  return v !== undefined && v in ORDER ? (v as LogLevel) : 'info';
+  return v !== undefined && (LEVELS as readonly string[]).includes(v) ? (v as LogLevel) : 'info';
 }
 
 /** Creates a logger for `component`. */
 export function createLogger(component: string, opts: LoggerOptions = {}): Logger {
-  const min = ORDER[opts.level ?? levelFromEnv()];
   const write = opts.write ?? ((line: string) => process.stderr.write(line));
-  const emit = (
-    level: Exclude<LogLevel, 'silent'>,
-    msg: string,
-    fields?: Record<string, unknown>,
-  ) => {
-    if (ORDER[level] < min) return;
-    const rec: Record<string, unknown> = { time: new Date().toISOString(), level, component, msg };
-    if (fields !== undefined) {
-      for (const [k, v] of Object.entries(fields)) rec[k] = v instanceof Error ? errorFields(v) : v;
-    }
-    write(`${JSON.stringify(rec)}\n`);
-  };
+  const root = pino(
+    {
+      level: opts.level ?? levelFromEnv(),
+      base: null,
+      timestamp: pino.stdTimeFunctions.isoTime,
+      // Errors are rendered by redactSecrets as { name, message, code }, without stacks.
+      serializers: { err: (e: unknown) => e },
+      formatters: {
+        level: (label) => ({ level: label }),
+        log: (fields) => redactSecrets(fields) as Record<string, unknown>,
+      },
+    },
+    { write },
+  );
+  return wrap(root, component);
+}
+
+function wrap(root: pino.Logger, component: string): Logger {
+  const log = root.child({ component });
+  const emit =
+    (level: Exclude<LogLevel, 'silent'>) => (msg: string, fields?: Record<string, unknown>) => {
+      if (!log.isLevelEnabled(level)) return;
+      const text = msg.includes('://') ? redactUrls(msg) : msg;
+      if (fields === undefined) log[level](text);
+      else log[level](fields, text);
+    };
   return {
-    debug: (m, f) => emit('debug', m, f),
-    info: (m, f) => emit('info', m, f),
-    warn: (m, f) => emit('warn', m, f),
-    error: (m, f) => emit('error', m, f),
-    child: (c) => createLogger(`${component}.${c}`, opts),
+    debug: emit('debug'),
+    info: emit('info'),
+    warn: emit('warn'),
+    error: emit('error'),
+    child: (c) => wrap(root, `${component}.${c}`),
   };
+}
+
+/** Keys whose values are credentials, wherever they appear. */
+const SECRET_KEY =
+  /^(password|passphrase|pfx|secret|secretAccessKey|sessionToken|token|accessToken|apiKey|authorization|credentials?)$/i;
+const URL_USERINFO = /([a-z][a-z0-9+.-]*:\/\/)[^/@\s]+@/gi;
+const REDACTED = '[redacted]';
+
+function redactUrls(s: string): string {
+  return s.replace(URL_USERINFO, `$1${REDACTED}@`);
+}
+
+/**
+ * A copy of `value` without credentials: values of secret-named keys (and a TLS `key`) become
+ * `[redacted]`, URLs lose their userinfo, errors become `{ name, message, code }`. Plain objects
+ * and arrays are walked a few levels deep.
+ */
+export function redactSecrets(value: unknown, depth = 6, parentKey = ''): unknown {
+  if (typeof value === 'string') return value.includes('://') ? redactUrls(value) : value;
+  if (value instanceof Error) return redactSecrets(errorFields(value), depth, parentKey);
+  if (typeof value !== 'object' || value === null || depth === 0) return value;
+  if (Array.isArray(value)) return value.map((v) => redactSecrets(v, depth - 1, parentKey));
+  const proto = Object.getPrototypeOf(value) as unknown;
+  if (proto !== Object.prototype && proto !== null) return value;
+  const out: Record<string, unknown> = {};
+  for (const [k, v] of Object.entries(value)) {
+    const secret = SECRET_KEY.test(k) || (parentKey === 'tls' && k === 'key');
+    out[k] = secret && v !== undefined && v !== null ? REDACTED : redactSecrets(v, depth - 1, k);
+  }
+  return out;
 }
 
 function errorFields(err: Error): Record<string, unknown> {
