@@ -3,10 +3,12 @@
  * author needs is named here; modules not re-exported are internal.
  */
 
+export { STORAGE_BACKEND_METHODS, storageBackendProblems } from './backends/backend-check.ts';
 export {
   CHUNK_FORMAT_VERSION,
   CHUNK_HEADER_BYTES,
   CHUNK_MAGIC,
+  CHUNK_MAX_PAYLOAD_BYTES,
   type ChunkDecodeFailure,
   type ChunkHeader,
   chunkObjectBytes,
@@ -17,11 +19,21 @@ export {
   encodeChunkObjectInto,
   verifyChunkPayload,
 } from './backends/chunk-format.ts';
-export { CircuitBreakerBackend, type CircuitBreakerOptions } from './backends/circuit-breaker.ts';
+export {
+  CIRCUIT_BREAKER_DEFAULTS,
+  CircuitBreakerBackend,
+  type CircuitBreakerOptions,
+} from './backends/circuit-breaker.ts';
 export { FsBackend, type FsBackendOptions } from './backends/fs-backend.ts';
 export { LocalCpuBackend, type LocalCpuOptions } from './backends/local-cpu.ts';
 export { LocalDiskBackend, type LocalDiskOptions } from './backends/local-disk.ts';
 export { MemoryBackend, type MemoryBackendOptions } from './backends/memory.ts';
+export {
+  createPluginContext,
+  type PluginContextOptions,
+  raceAbort,
+  throwIfAborted,
+} from './backends/plugin-context.ts';
 export { RedisBackend, type RedisBackendOptions } from './backends/redis-backend.ts';
 export {
   BackendRegistry,
@@ -31,6 +43,7 @@ export {
 export { S3Backend, type S3BackendOptions } from './backends/s3-backend.ts';
 // Backends: the interface, the stored format, the built-in tiers, plug-in support
 export type {
+  AbortHelpers,
   BackendCapabilities,
   BackendContext,
   BackendFactory,
@@ -41,6 +54,8 @@ export type {
   ContainsOptions,
   GetOptions,
   NamespaceId,
+  PluginContext,
+  PluginFactory,
   PutOptions,
   PutOutcome,
   StorageBackend,
@@ -78,7 +93,14 @@ export {
   resolveKvRegistration,
 } from './data-plane/kv-layout.ts';
 // Errors
-export { isKvtierError, KVTIER_ERROR_CODES, KvtierError, type KvtierErrorCode } from './errors.ts';
+export {
+  abortedError,
+  closedError,
+  isKvtierError,
+  KVTIER_ERROR_CODES,
+  KvtierError,
+  type KvtierErrorCode,
+} from './errors.ts';
 export {
   EventManager,
   type EventManagerOptions,
@@ -147,3 +169,12 @@ export {
   type StorageManagerOptions,
 } from './storage-manager/storage-manager.ts';
 export { createLogger, type Logger, type LogLevel, silentLogger } from './util/log.ts';
+// Option validators for plug-in resolvers (each throws KVT_INVALID_ARGUMENT naming the option)
+export {
+  describe as describeValue,
+  requireBoolean,
+  requireInt,
+  requireNumber,
+  requireOneOf,
+  requireString,
+} from './util/validate.ts';

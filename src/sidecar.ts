@@ -66,7 +66,11 @@ export class Sidecar {
     const metrics = new KvtierMetrics({ defaultMetrics: opts.processMetrics ?? true });
     const registry =
       opts.registry ??
-      new BackendRegistry({ pluginBaseDir: config.baseDir, log: log.child('tier') });
+      new BackendRegistry({
+        pluginBaseDir: config.baseDir,
+        log: log.child('tier'),
+        metricsRegistry: metrics.registry,
+      });
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
     const storage = new StorageManager({
       tiers: raw.map((b) => instrumentBackend(b, metrics)),

@@ -1,14 +1,17 @@
+import { Registry } from 'prom-client';
 import { KvtierError } from '../errors.ts';
-import type { Logger } from '../util/log.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { closeQuietly, storageBackendProblems, withoutTierPrefix } from './backend-check.ts';
 import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-breaker.ts';
 import { createFsBackend, fsOptionsFromConfig } from './fs-backend.ts';
 import { createLocalCpuBackend, localCpuOptionsFromConfig } from './local-cpu.ts';
 import { createLocalDiskBackend, localDiskOptionsFromConfig } from './local-disk.ts';
 import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
 import { createModuleBackendFactory } from './plugin.ts';
+import { createPluginContext } from './plugin-context.ts';
 import { createRedisBackend, redisOptionsFromConfig } from './redis-backend.ts';
 import { createS3Backend, s3OptionsFromConfig } from './s3-backend.ts';
-import type { BackendFactory, StorageBackend } from './types.ts';
+import type { PluginFactory, StorageBackend } from './types.ts';
 
 /** One tier as the config lists it: a unique name, a backend type and that backend's options. */
 export interface TierConfig {
@@ -28,9 +31,18 @@ export type OptionsValidator = (options: Record<string, unknown>, tier: string) 
 export interface BackendRegistryOptions {
   /** Register the built-in types (default true). */
   builtins?: boolean;
-  /** Directory relative plug-in paths are resolved against (default: the working directory). */
+  /**
+   * The config file's directory: relative plug-in paths resolve against it, and factories get it
+   * as `ctx.configDir` (default: the working directory).
+   */
   pluginBaseDir?: string;
+  /** Parent of every tier's logger (`ctx.log` is `log.child(<tier name>)`); default silent. */
   log?: Logger;
+  /**
+   * The sidecar's metrics registry, handed to factories as `ctx.metrics` for a plug-in's extra
+   * series; default one fresh registry per `BackendRegistry`.
+   */
+  metricsRegistry?: Registry;
 }
 
 /**
@@ -38,12 +50,16 @@ export interface BackendRegistryOptions {
  * `register` adds more (tests, embedders, plug-ins).
  */
 export class BackendRegistry {
-  readonly #factories = new Map<string, BackendFactory>();
+  readonly #factories = new Map<string, PluginFactory>();
   readonly #validators = new Map<string, OptionsValidator>();
   readonly #log: Logger | undefined;
+  readonly #configDir: string | undefined;
+  readonly #metrics: Registry;
 
   constructor(opts: BackendRegistryOptions = {}) {
     this.#log = opts.log;
+    this.#configDir = opts.pluginBaseDir;
+    this.#metrics = opts.metricsRegistry ?? new Registry();
     if (opts.builtins !== false) {
       this.register('local-cpu', createLocalCpuBackend, localCpuOptionsFromConfig);
       this.register('memory', createMemoryBackend, memoryOptionsFromConfig);
@@ -56,10 +72,12 @@ export class BackendRegistry {
   }
 
   /**
-   * Adds a backend type. `validate` (optional) checks a tier's options without starting
-   * anything, for `validateTiers`. @throws KVT_CONFIG when the type is already registered.
+   * Adds a backend type. The factory is called with the tier's full `PluginContext` (a
+   * `BackendFactory` that reads only `name` fits too). `validate` (optional) checks a tier's
+   * options without starting anything, for `validateTiers`.
+   * @throws KVT_CONFIG when the type is already registered.
    */
-  register(type: string, factory: BackendFactory, validate?: OptionsValidator): void {
+  register(type: string, factory: PluginFactory, validate?: OptionsValidator): void {
     if (this.#factories.has(type))
       throw new KvtierError('KVT_CONFIG', `backend type "${type}" is already registered`);
     this.#factories.set(type, factory);
@@ -89,8 +107,11 @@ export class BackendRegistry {
 
   /**
    * Builds the tiers in config order. A tier that fails to start fails the whole call loudly
-   * (the tiers built so far are closed first): nothing is logged and skipped.
-   * @throws KvtierError KVT_CONFIG naming the tier, its type and the cause.
+   * (the tiers built so far are closed first): nothing is logged and skipped. What a factory
+   * resolves to is checked against the `StorageBackend` interface first, so a malformed backend
+   * fails here rather than as internal errors later.
+   * @throws KvtierError KVT_CONFIG `tier "<name>" (<type>) failed to start: <cause>`, the cause's
+   *   own `tier "<name>"` prefix removed.
    */
   async createTiers(configs: readonly TierConfig[]): Promise<StorageBackend[]> {
     const built: StorageBackend[] = [];
@@ -104,13 +125,28 @@ export class BackendRegistry {
           );
         }
         let backend: StorageBackend;
+        const ctx = createPluginContext({
+          name: cfg.name,
+          log: (this.#log ?? silentLogger).child(cfg.name),
+          ...(this.#configDir !== undefined ? { configDir: this.#configDir } : {}),
+          metrics: this.#metrics,
+        });
         try {
-          backend = await factory(cfg.options, { name: cfg.name });
+          const made: unknown = await factory(cfg.options, ctx);
+          const problems = storageBackendProblems(made, cfg.name);
+          if (problems.length > 0) {
+            await closeQuietly(made);
+            throw new KvtierError(
+              'KVT_CONFIG',
+              `its factory must resolve to a StorageBackend, but ${problems.join('; ')}`,
+            );
+          }
+          backend = made as StorageBackend;
         } catch (err) {
           const msg = err instanceof Error ? err.message : String(err);
           throw new KvtierError(
             'KVT_CONFIG',
-            `tier "${cfg.name}" (${cfg.type}) failed to start: ${msg}`,
+            `tier "${cfg.name}" (${cfg.type}) failed to start: ${withoutTierPrefix(msg, cfg.name)}`,
             { cause: err },
           );
         }

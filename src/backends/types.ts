@@ -2,6 +2,9 @@
  * The one interface every storage tier implements. The storage manager talks to tiers only
  * through it, in the order the config lists them; nothing branches on a backend's class.
  */
+import type { Counter, Gauge, Histogram, Registry } from 'prom-client';
+import type { KvtierError } from '../errors.ts';
+import type { Logger } from '../util/log.ts';
 
 /** A chunk hash as 64 lowercase hex digits (32 bytes, see docs/protocol.md "Chunk hashing"). */
 export type ChunkHash = string;
@@ -127,14 +130,101 @@ export interface StorageBackend {
   close(): Promise<void>;
 }
 
-/** What a factory gets besides its own options. */
+/** What a factory gets besides its own options (the part every backend constructor needs). */
 export interface BackendContext {
   /** Tier name from the config. */
   readonly name: string;
 }
 
-/** Builds (and starts) a backend from its options; throws KVT_CONFIG on bad options. */
+/**
+ * Builds (and starts) a backend from its options; throws KVT_CONFIG on bad options. The registry
+ * calls it with a full {@link PluginContext}; a factory that needs only the tier name takes this
+ * narrower type.
+ */
 export type BackendFactory = (
   options: Record<string, unknown>,
   ctx: BackendContext,
+) => Promise<StorageBackend>;
+
+/**
+ * The abort helpers of a {@link PluginContext}: the documented way for a backend to honour the
+ * `signal` of `batchedContains`, `batchedGet` and `put` (docs/backends.md, "Signals").
+ */
+export interface AbortHelpers {
+  /**
+   * The error an aborted call rejects with: the signal's reason when it is a `KvtierError` (the
+   * circuit breaker aborts with `KVT_TIMEOUT`), `KVT_TIMEOUT` for a `TimeoutError` reason
+   * (`AbortSignal.timeout`), `KVT_ABORTED` otherwise. `what` names the operation in the message.
+   */
+  error(signal: AbortSignal | undefined, what: string): KvtierError;
+  /** Throws {@link AbortHelpers.error} when `signal` has already fired; else returns. */
+  throwIfAborted(signal: AbortSignal | undefined, what: string): void;
+  /**
+   * Settles like `work`, or rejects with {@link AbortHelpers.error} as soon as `signal` fires,
+   * whichever comes first; the listener is removed either way. `work` keeps running in the
+   * background when the signal wins: leave the store consistent when it lands.
+   */
+  race<T>(work: Promise<T>, signal: AbortSignal | undefined, what: string): Promise<T>;
+}
+
+/**
+ * Everything a plug-in factory gets besides its options. Built by the registry per tier (also for
+ * the built-in types, which read only `name`).
+ */
+export interface PluginContext extends BackendContext {
+  /**
+   * A child logger for this tier (component `tier.<name>`); it follows the config's `logLevel`,
+   * so use it instead of a logger of your own.
+   */
+  readonly log: Logger;
+  /**
+   * Absolute directory of the config file (`KVTIER_CONFIG` or `--config`), or the working
+   * directory without one. Relative paths in your options resolve against it (`resolvePath`).
+   */
+  readonly configDir: string;
+  /** `path` resolved against `configDir` (an absolute path is returned as is). */
+  resolvePath(path: string): string;
+  /** Abort helpers: the documented error for an aborted signal, and a race against it. */
+  readonly abort: AbortHelpers;
+  /**
+   * The sidecar's metrics registry, for extra series of your own (the host already exports
+   * every stat, latency and error per tier: add only what those do not say).
+   */
+  readonly metrics: PluginMetrics;
+}
+
+/** Labels and help of one extra series; see {@link PluginMetrics}. */
+export interface PluginMetricConfig<L extends string> {
+  /** Prometheus name; use `kvtier_<your kind>_<what>` with a unit suffix (`_bytes`, `_total`). */
+  readonly name: string;
+  readonly help: string;
+  /** Label names; include `tier` and set it to `ctx.name` so that two tiers stay apart. */
+  readonly labelNames?: readonly L[];
+}
+
+/**
+ * Extra Prometheus series registered in the sidecar's own registry (scraped at `/metrics`).
+ * Each method returns the metric already registered under that name when there is one (two tiers
+ * of one plug-in share it), so calling it in every factory run is safe.
+ * @throws KvtierError `KVT_CONFIG` when the name is taken by a metric of another type.
+ */
+export interface PluginMetrics {
+  /** The prom-client registry itself (for anything the helpers do not cover). */
+  readonly registry: Registry;
+  counter<L extends string = never>(config: PluginMetricConfig<L>): Counter<L>;
+  gauge<L extends string = never>(config: PluginMetricConfig<L>): Gauge<L>;
+  /** `buckets` in the metric's unit (seconds for durations); default prom-client's. */
+  histogram<L extends string = never>(
+    config: PluginMetricConfig<L> & { readonly buckets?: readonly number[] },
+  ): Histogram<L>;
+}
+
+/**
+ * What a plug-in module exports as `createBackend` (or as its default export): builds and starts
+ * the backend from the tier's `options` (as written in the config) and the {@link PluginContext}.
+ * @throws KvtierError `KVT_CONFIG` on bad options, naming the option and what is allowed.
+ */
+export type PluginFactory = (
+  options: Record<string, unknown>,
+  ctx: PluginContext,
 ) => Promise<StorageBackend>;
