@@ -18,6 +18,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { describe, it, type TestContext } from 'node:test';
 import { setTimeout as delay } from 'node:timers/promises';
+import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
 import type {
   Chunk,
   ChunkHash,
@@ -25,7 +26,7 @@ import type {
   PutOutcome,
   StorageBackend,
 } from '../../src/backends/types.ts';
-import { isKvtierError, type KvtierErrorCode } from '../../src/errors.ts';
+import { isKvtierError, KvtierError, type KvtierErrorCode } from '../../src/errors.ts';
 
 /** Ways a subject can damage a stored object below the backend's API. */
 export type CorruptionKind = 'payload' | 'truncate' | 'magic' | 'foreign-hash';
@@ -50,6 +51,12 @@ export interface ContractSubject {
   /** Makes the backend's service unavailable (kill the server, unmount...), and back. */
   down?(): Promise<void>;
   up?(): Promise<void>;
+  /**
+   * Freezes the service so that calls hang (connections stay open, nothing answers: SIGSTOP a
+   * server), and undoes it; for the `cancellation` group's breaker test.
+   */
+  stall?(): Promise<void>;
+  unstall?(): Promise<void>;
   /** Opens a second, fresh backend instance over the same storage (persistence, sharing). */
   reopen?(): Promise<StorageBackend>;
   /** Removes everything the subject created (dirs, keys, buckets, servers). */
@@ -57,7 +64,13 @@ export interface ContractSubject {
 }
 
 /** Test groups that `ContractOptions.skip` can turn off, with a reason. */
-export type ContractGroup = 'pins' | 'eviction' | 'corruption' | 'outage' | 'persistence';
+export type ContractGroup =
+  | 'pins'
+  | 'eviction'
+  | 'corruption'
+  | 'cancellation'
+  | 'outage'
+  | 'persistence';
 
 /** How the suite runs against one backend configuration. */
 export interface ContractOptions {
@@ -69,8 +82,19 @@ export interface ContractOptions {
   downTimeoutMs?: number;
   /** Skip reasons for tests that do not apply, keyed by test group name. */
   skip?: Partial<Record<ContractGroup, string>>;
-  /** Chunk size of the eviction and pin-pressure tests in bytes (default capacityBytes / 8). */
+  /**
+   * Chunk size of the eviction and pin-pressure tests in bytes (default `capacityBytes / 8`, at
+   * most `maxChunkBytes`). Those tests put `3 × floor(capacityBytes / evictionChunkBytes) + 1`
+   * chunks of this size; set it when your bound counts more than payload bytes per chunk (headers,
+   * file-system blocks) so that one chunk is a small fraction of the bound, or to keep the tests
+   * fast against a large bound.
+   */
   evictionChunkBytes?: number;
+  /**
+   * Longest a call may take to settle once its signal fires, ms (default 1000); the breaker test
+   * of the `cancellation` group also allows it past the breaker's deadline.
+   */
+  abortSettleMs?: number;
   /** Longest the backend may take to serve again after `up()`, ms (default 20000). */
   recoverTimeoutMs?: number;
 }
@@ -111,7 +135,13 @@ export function describeBackendContract(
   factory: () => Promise<ContractSubject>,
   opts: ContractOptions = {},
 ): void {
-  for (const key of ['capacityBytes', 'downTimeoutMs', 'evictionChunkBytes', 'recoverTimeoutMs']) {
+  for (const key of [
+    'capacityBytes',
+    'downTimeoutMs',
+    'evictionChunkBytes',
+    'recoverTimeoutMs',
+    'abortSettleMs',
+  ]) {
     const v = opts[key as keyof ContractOptions];
     if (v !== undefined && !(Number.isSafeInteger(v) && (v as number) > 0))
       throw new TypeError(`options.${key} must be a positive integer, got ${String(v)}`);
@@ -401,6 +431,162 @@ function corruption(kind: CorruptionKind): (c: Ctx) => Promise<void> {
   };
 }
 
+// ---- cancellation ----
+
+const SIGNALLED = ['batchedContains', 'batchedContains with pin', 'batchedGet', 'put'] as const;
+
+/** Calls `op` of `b` with `signal` on chunks of `ns`; `hs` are stored, `fresh` is not. */
+function signalled(
+  b: StorageBackend,
+  op: (typeof SIGNALLED)[number],
+  ns: NamespaceId,
+  hs: readonly ChunkHash[],
+  fresh: ChunkHash,
+  signal: AbortSignal,
+): Promise<unknown> {
+  switch (op) {
+    case 'batchedContains':
+      return b.batchedContains(ns, hs, { signal });
+    case 'batchedContains with pin':
+      return b.batchedContains(ns, hs, { pin: true, signal });
+    case 'batchedGet':
+      return b.batchedGet(ns, hs, { signal });
+    case 'put':
+      return b.put(ns, fresh, makeChunk(SMALL_BYTES), { signal });
+  }
+}
+
+function abortedBefore(reason: () => unknown, code: KvtierErrorCode): (c: Ctx) => Promise<void> {
+  return async ({ b, o }) => {
+    const ns = randomNs();
+    const hs = randomHashes(2);
+    for (const h of hs) assert.equal(await b.put(ns, h, makeChunk(4 * KiB)), 'stored');
+    const pinned = b.stats().pinnedChunks;
+    for (const op of SIGNALLED) {
+      const fresh = randomHash();
+      const r = await settle(
+        () => signalled(b, op, ns, hs, fresh, AbortSignal.abort(reason())),
+        o.abortSettleMs ?? 1000,
+        `${op} with an aborted signal`,
+      );
+      assert.ok(!r.ok, `${op} with an aborted signal resolved; it must reject with ${code}`);
+      assert.ok(isKvtierError(r.error, code), `${op}: expected ${code}, got ${String(r.error)}`);
+      assert.equal(await b.batchedContains(ns, [fresh]), 0, `${op}: nothing was stored`);
+    }
+    assert.equal(b.stats().pinnedChunks, pinned, 'an aborted contains pins nothing');
+  };
+}
+
+async function abortedDuring({ b, o }: Ctx): Promise<void> {
+  const ms = o.abortSettleMs ?? 1000;
+  const ns = randomNs();
+  const hs = randomHashes(8);
+  for (const h of hs) assert.equal(await b.put(ns, h, makeChunk(SMALL_BYTES)), 'stored');
+  const pinned = b.stats().pinnedChunks;
+  for (const op of SIGNALLED) {
+    const fresh = randomHash();
+    const ac = new AbortController();
+    const call = signalled(b, op, ns, hs, fresh, ac.signal);
+    setImmediate(() => ac.abort());
+    const r = await settle(() => call, ms + 5000, op);
+    if (!r.ok)
+      assert.ok(
+        isKvtierError(r.error, 'KVT_ABORTED'),
+        `${op}: expected KVT_ABORTED, got ${r.error}`,
+      );
+    else if (op === 'batchedContains with pin') b.unpin(ns, hs.slice(0, r.value as number));
+    // Whatever the outcome, the store stays usable and consistent.
+    const again = makeChunk(SMALL_BYTES);
+    const outcome = await b.put(ns, fresh, again);
+    assert.ok(outcome === 'stored' || outcome === 'exists', `${op}: put afterwards is ${outcome}`);
+    const got = (await b.batchedGet(ns, [fresh])).get(fresh);
+    assert.ok(got !== null && got !== undefined, `${op}: the chunk put afterwards is readable`);
+  }
+  assert.equal(b.stats().pinnedChunks, pinned, 'aborted contains left no pins behind');
+  const signal = AbortSignal.timeout(1);
+  await delay(5);
+  const t0 = Date.now();
+  const r = await settle(() => b.batchedGet(ns, hs, { signal }), ms, 'get after a timeout signal');
+  assert.ok(
+    !r.ok && isKvtierError(r.error, 'KVT_TIMEOUT'),
+    'a fired timeout signal is KVT_TIMEOUT',
+  );
+  assert.ok(Date.now() - t0 <= ms, 'settled promptly');
+}
+
+/** Records when each call of the wrapped backend settles, and how. */
+function spy(b: StorageBackend, log: { op: string; at: number; error?: unknown }[]) {
+  const wrap =
+    (op: string, fn: (...a: never[]) => Promise<unknown>) =>
+    (...args: never[]) =>
+      fn.apply(b, args).then(
+        (v) => {
+          log.push({ op, at: Date.now() });
+          return v;
+        },
+        (error: unknown) => {
+          log.push({ op, at: Date.now(), error });
+          throw error;
+        },
+      );
+  return new Proxy(b, {
+    get(target, prop, recv) {
+      const v = Reflect.get(target, prop, recv) as unknown;
+      if (prop === 'batchedContains' || prop === 'batchedGet' || prop === 'put')
+        return wrap(prop, v as (...a: never[]) => Promise<unknown>);
+      return typeof v === 'function' ? v.bind(target) : v;
+    },
+  });
+}
+
+async function stalledUnderBreaker({ s, b, o }: Ctx): Promise<void> {
+  const timeoutMs = 300;
+  const slack = o.abortSettleMs ?? 1000;
+  const ns = randomNs();
+  const h = randomHash();
+  assert.equal(await b.put(ns, h, makeChunk(4 * KiB)), 'stored');
+  const inner: { op: string; at: number; error?: unknown }[] = [];
+  // Not closed here: closing the breaker would close the subject's backend under cleanup().
+  const breaker = new CircuitBreakerBackend(spy(b, inner), {
+    timeoutMs,
+    failureThreshold: 1000,
+    probeIntervalMs: 3_600_000,
+  });
+  await s.stall!();
+  try {
+    const calls: [string, () => Promise<unknown>, unknown][] = [
+      ['batchedContains', () => breaker.batchedContains(ns, [h]), 0],
+      ['batchedGet', async () => breaker.batchedGet(ns, [h]).then((m) => m.get(h)), null],
+      ['put', () => breaker.put(ns, randomHash(), makeChunk(4 * KiB)), 'dropped'],
+    ];
+    for (const [op, call, expected] of calls) {
+      const t0 = Date.now();
+      const r = await settle(call, timeoutMs + slack, `${op} through the breaker while stalled`);
+      assert.ok(r.ok, `${op} through the breaker rejected: ${r.ok ? '' : String(r.error)}`);
+      assert.equal(r.value, expected, `${op} through the breaker is a miss or a drop`);
+      const deadline = t0 + timeoutMs;
+      for (;;) {
+        const done = inner.find((e) => e.op === op);
+        if (done !== undefined) {
+          if (done.error !== undefined)
+            assert.ok(
+              isKvtierError(done.error, 'KVT_TIMEOUT'),
+              `the backend's ${op} rejected with ${String(done.error)}, not the breaker's KVT_TIMEOUT`,
+            );
+          break;
+        }
+        assert.ok(
+          Date.now() <= deadline + slack,
+          `the backend's ${op} still runs ${slack} ms after the breaker's signal fired`,
+        );
+        await delay(10);
+      }
+    }
+  } finally {
+    await s.unstall!();
+  }
+}
+
 // ---- lifecycle ----
 
 async function closeTwice({ b }: Ctx): Promise<void> {
@@ -546,6 +732,8 @@ const oversizable = ({ b }: Ctx) =>
     : undefined;
 const corruptible = ({ s }: Ctx) => (s.corrupt ? undefined : 'the subject has no corrupt hook');
 const downable = ({ s }: Ctx) => (s.down && s.up ? undefined : 'the subject has no down/up hooks');
+const stallable = ({ s }: Ctx) =>
+  s.stall && s.unstall ? undefined : 'the subject has no stall/unstall hooks';
 const reopenable =
   (cap: 'persistent' | 'shared') =>
   ({ s, b }: Ctx) => {
@@ -610,6 +798,31 @@ const SECTIONS: readonly (readonly [string, readonly Case[]])[] = [
     CORRUPTION_KINDS.map((kind) =>
       k(`${kind}: a miss, never data, then removed`, corruption(kind), corruptible),
     ),
+  ],
+  [
+    'cancellation',
+    [
+      k(
+        'an aborted signal rejects contains, get and put with KVT_ABORTED',
+        abortedBefore(() => undefined, 'KVT_ABORTED'),
+      ),
+      k(
+        "the breaker's abort reason (KvtierError KVT_TIMEOUT) rejects them with KVT_TIMEOUT",
+        abortedBefore(
+          () => new KvtierError('KVT_TIMEOUT', 'tier call took over 1 ms'),
+          'KVT_TIMEOUT',
+        ),
+      ),
+      k(
+        'a signal that fires during a call settles it promptly; the store stays consistent',
+        abortedDuring,
+      ),
+      k(
+        'under a breaker, a stalled service costs a call at most timeoutMs',
+        stalledUnderBreaker,
+        stallable,
+      ),
+    ],
   ],
   [
     'lifecycle',

@@ -10,10 +10,28 @@ describeBackendContract(
   'RedisBackend contract (standalone redis-server)',
   async () => {
     server ??= startRedis();
-    return redisContractSubject(
-      { kind: 'standalone', server: await server },
+    const srv = await server;
+    const subject = await redisContractSubject(
+      { kind: 'standalone', server: srv },
       { timeoutMs: 2000, reconnectMaxDelayMs: 100, maxChunkBytes: 40 * 1024 * 1024 },
     );
+    // A frozen redis-server (SIGSTOP) keeps its connections and answers nothing.
+    let stalled = false;
+    return {
+      ...subject,
+      stall: async () => {
+        stalled = true;
+        srv.pause();
+      },
+      unstall: async () => {
+        stalled = false;
+        srv.resume();
+      },
+      cleanup: async () => {
+        if (stalled) srv.resume();
+        await subject.cleanup();
+      },
+    };
   },
   { downTimeoutMs: 3000 },
 );
