@@ -38,8 +38,9 @@ export function bytes(min = 0, max = UNBOUNDED) {
     ? BYTE_SIZE_RULE.replace('a byte size', `a byte size ${range(min, max)}`)
     : BYTE_SIZE_RULE;
   const msg = (i: Issue) => `${rule}, got ${describe(i.input)}`;
+  const size = v.custom<number | string>((x) => tryParseBytes(x) !== undefined, msg);
   const schema = v.pipe(
-    v.custom<number | string>((x) => tryParseBytes(x) !== undefined, msg),
+    size,
     v.rawTransform(({ dataset, addIssue, NEVER }) => {
       const n = tryParseBytes(dataset.value)!;
       if (n >= min && n <= max) return n;
@@ -49,7 +50,7 @@ export function bytes(min = 0, max = UNBOUNDED) {
   );
   const integer: Record<string, unknown> = { type: 'integer', minimum: min };
   if (max < UNBOUNDED) integer.maximum = max;
-  JSON_SCHEMA_OVERRIDES.set(schema, {
+  JSON_SCHEMA_OVERRIDES.set(size, {
     anyOf: [integer, { type: 'string', pattern: BYTE_SIZE_PATTERN }],
   });
   return schema;
