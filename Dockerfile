@@ -1,8 +1,22 @@
-# kvtier sidecar image.
-FROM node:20-bookworm-slim
+# kvtier sidecar image, on Node 24 LTS (supported until April 2028; Node 20, which CI also
+# tests, reached its end of life in April 2026). Debian bookworm, like the machines CI runs on.
+#
+# The build stage has the compilers the native addon needs (node-gyp: python3, make, g++); the
+# addon is an N-API module, so the one built here loads in the runtime stage's node. The CUDA
+# part is compiled only where nvcc exists (not in this image): it is probed at run time and the
+# data plane falls back to host copies without it.
+FROM node:24-bookworm AS build
 WORKDIR /opt/kvtier
 COPY . .
 RUN npm ci --no-audit --no-fund && npm prune --omit=dev --no-audit --no-fund
+
+FROM node:24-bookworm-slim
+WORKDIR /opt/kvtier
+COPY --from=build /opt/kvtier/package.json ./
+COPY --from=build /opt/kvtier/bin ./bin
+COPY --from=build /opt/kvtier/dist ./dist
+COPY --from=build /opt/kvtier/node_modules ./node_modules
+COPY --from=build /opt/kvtier/native-cuda/build/Release/kvtier_native.node ./native-cuda/build/Release/
 ENV KVTIER_LISTEN=tcp://0.0.0.0:5555 \
     KVTIER_METRICS_HOST=0.0.0.0 \
     KVTIER_METRICS_PORT=9464
