@@ -6,6 +6,7 @@ import { isKvtierError } from '../errors.ts';
 import { hashChunks } from '../hashing/chunk-hasher.ts';
 import { LookupClient } from '../lookup-client/lookup-client.ts';
 import { KVTIER_VERSION, Sidecar } from '../sidecar.ts';
+import { runConfigCommand } from './config-command.ts';
 import { runHashCommand } from './hash-command.ts';
 import { processSimulateIo, runSimulateCommand } from './simulate-command.ts';
 
@@ -13,6 +14,7 @@ const USAGE = `kvtier ${KVTIER_VERSION} — KV-cache tiering sidecar
 
 Usage:
   kvtier serve  [--config FILE] [--listen ENDPOINT] [--metrics-port N]
+  kvtier config check FILE   (validate a config file, print it resolved; see docs/configuration.md)
   kvtier hash   [--tokens FILE] [--chunk-size N] [--salt S] [--partial]   (tokens JSON on stdin)
   kvtier lookup --namespace ID [--tokens FILE] [--endpoint E] [--chunk-size N] [--salt S] [--partial]
   kvtier stats  [--endpoint E]
@@ -39,6 +41,12 @@ export async function main(argv: string[]): Promise<number> {
           readFile: (p) => readFile(p, 'utf8'),
           out: (l) => process.stdout.write(`${l}\n`),
           err: (l) => process.stderr.write(`${l}\n`),
+        });
+      case 'config':
+        return await runConfigCommand(rest, {
+          out: (l) => process.stdout.write(`${l}\n`),
+          err: (l) => process.stderr.write(`${l}\n`),
+          env: process.env,
         });
       case 'simulate':
         return await runSimulateCommand(rest, processSimulateIo());

@@ -91,8 +91,10 @@ export const CONFIG_DEFAULTS = deepFreeze({
  */
 export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfig {
   const diskPath = defaultDiskPath(env);
+  const d = structuredClone(CONFIG_DEFAULTS) as typeof CONFIG_DEFAULTS;
   return {
-    ...structuredClone(CONFIG_DEFAULTS),
+    listen: d.listen,
+    metrics: d.metrics,
     tiers: [
       { name: 'cpu', type: 'local-cpu', options: { capacityBytes: defaultCpuCapacityBytes() } },
       {
@@ -101,6 +103,9 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfi
         options: { path: diskPath, capacityBytes: defaultDiskCapacityBytes(diskPath) },
       },
     ],
+    storage: d.storage,
+    limits: d.limits,
+    logLevel: d.logLevel,
     baseDir: process.cwd(),
   };
 }

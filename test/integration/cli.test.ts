@@ -248,6 +248,95 @@ describe('kvtier client-side commands and errors', () => {
     assert.equal(res.stdout, '');
   });
 
+  it('config check prints a valid file resolved, credentials redacted, and exits 0', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'kvtier-cli-config-'));
+    try {
+      const file = join(dir, 'kvtier.json');
+      await writeFile(
+        file,
+        JSON.stringify({
+          $schema: '../schema/kvtier.config.schema.json',
+          tiers: [
+            { name: 'cpu', type: 'local-cpu', capacityBytes: '256MiB' },
+            { name: 'remote', type: 'redis', url: 'redis://app:hunter2@10.0.0.5:6379/0' },
+            {
+              name: 's3',
+              type: 's3',
+              bucket: 'kv',
+              accessKeyId: 'AKID',
+              secretAccessKey: 'sekrit',
+            },
+          ],
+          storage: { writeThrough: { maxBytes: '64MiB' } },
+        }),
+      );
+      const res = await runCli(['config', 'check', file]);
+      assert.equal(res.code, 0, res.stderr);
+      assert.equal(res.stderr, '');
+      assert.doesNotMatch(res.stdout, /hunter2|sekrit/);
+      const cfg = JSON.parse(res.stdout) as {
+        tiers: { name: string; options: Record<string, unknown> }[];
+        storage: { writeThrough: { maxBytes: number } };
+        baseDir: string;
+      };
+      assert.equal(cfg.tiers[0]!.options.capacityBytes, 256 * 1024 ** 2);
+      assert.equal(cfg.tiers[1]!.options.url, 'redis://[redacted]@10.0.0.5:6379/0');
+      assert.equal(cfg.tiers[2]!.options.secretAccessKey, '[redacted]');
+      assert.equal(cfg.tiers[2]!.options.accessKeyId, 'AKID');
+      assert.equal(cfg.storage.writeThrough.maxBytes, 64 * 1024 ** 2);
+      assert.equal(cfg.baseDir, dir);
+
+      const deployed = await runCli(['config', 'check', join(REPO_ROOT, 'deploy', 'kvtier.json')]);
+      assert.equal(deployed.code, 0, deployed.stderr);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('config check lists every problem with its key path and exits 1', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'kvtier-cli-config-'));
+    try {
+      const file = join(dir, 'bad.json');
+      await writeFile(
+        file,
+        JSON.stringify({
+          listen: 'localhost:5555',
+          tiers: [
+            { type: 'local-cpu', capacityBytes: '4 parsecs' },
+            { type: 'redis', port: 70000, hots: 'x' },
+          ],
+          storage: { writeThrough: { concurrency: 1000 } },
+        }),
+      );
+      const res = await runCli(['config', 'check', file]);
+      assert.equal(res.code, 1);
+      assert.equal(res.stdout, '');
+      assert.deepEqual(nonEmptyLines(res.stderr), [
+        `${file}: listen: must be a ZMQ endpoint like "tcp://127.0.0.1:5555", got "localhost:5555"`,
+        `${file}: storage.writeThrough.concurrency: must be an integer in [1, 256], got 1000`,
+        `${file}: tiers[0].capacityBytes: must be a byte size >= 4096 (an integer, or a string like "512MiB" or "4GiB"), got "4 parsecs"`,
+        `${file}: tiers[1].port: must be an integer in [1, 65535], got 70000`,
+        `${file}: tiers[1].hots: unknown redis option; allowed: name, type, health, url, host, port, cluster, username, password, db, tls, keyPrefix, ttlMs, timeoutMs, connectTimeoutMs, reconnectMaxDelayMs, maxChunkBytes`,
+      ]);
+
+      const order = join(dir, 'order.json');
+      await writeFile(order, JSON.stringify({ tiers: [{ type: 'memory' }, { type: 'nope' }] }));
+      const res2 = await runCli(['config', 'check', order]);
+      assert.equal(res2.code, 1);
+      const lines = nonEmptyLines(res2.stderr);
+      assert.equal(lines.length, 2, res2.stderr);
+      assert.match(lines[0]!, /: tiers\[1\]: .*unknown backend type "nope"/);
+      assert.match(lines[1]!, /: tiers\[0\]\.type: the first tier must keep chunks in host memory/);
+
+      const missing = await runCli(['config', 'check', join(dir, 'absent.json')]);
+      assert.equal(missing.code, 1);
+      assert.match(missing.stderr, /absent\.json: cannot read config file/);
+      assert.equal((await runCli(['config', 'check'])).code, 2);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('an unknown command exits 2', async () => {
     const res = await runCli(['frobnicate']);
     assert.equal(res.code, 2);
