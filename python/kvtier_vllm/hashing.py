@@ -18,6 +18,7 @@ import re
 import struct
 from typing import Any, Iterable, NamedTuple, Sequence
 
+from ._validate import require_int as _int
 from .errors import InvalidArgumentError
 
 __all__ = [
@@ -92,13 +93,6 @@ def hash_seed(salt: str = "", lora: str | None = None) -> bytes:
     ).digest()
 
 
-def _int(name: str, v: Any, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-    v = v.__index__()
-    if v < lo or v > hi:
-        raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-    return v
 
 
 def _spans(mm: Iterable[Any]) -> list[tuple[int, int, bytes]]:

@@ -11,6 +11,7 @@ import hashlib
 import re
 from typing import Any, NamedTuple
 
+from ._validate import require_int as _int
 from .errors import InvalidArgumentError
 
 __all__ = [
@@ -103,13 +104,6 @@ def normalize_dtype(dtype: Any, name: str = "dtype") -> str:
     return canonical
 
 
-def _int(name: str, v: Any, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-    v = v.__index__()
-    if v < lo or v > hi:
-        raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-    return v
 
 
 def _model_id(v: Any) -> str:

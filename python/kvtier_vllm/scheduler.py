@@ -25,6 +25,7 @@ from .connector_types import (
     SaveIntent,
     ScheduledRequest,
 )
+from ._validate import require_int as _int
 from .errors import ClosedError, InvalidArgumentError
 from .hashing import hash_chunks
 
@@ -56,10 +57,6 @@ class _Tracked:
     saved_any: bool = False
 
 
-def _int(name: str, v: Any, lo: int = 0, hi: int = 2**53) -> int:
-    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise InvalidArgumentError(f"{name} must be an integer in [{lo}, {hi}], got {v!r}")
-    return v
 
 
 class SchedulerConnector:
