@@ -241,16 +241,19 @@ const s3 = tier(
   ],
 );
 
+const pluginOptionsMsg = (i: v.BaseIssue<unknown>) =>
+  `must be an object of plug-in settings, got ${describe(i.input)}`;
+
 const moduleTier = v.pipe(
   strict(
     {
       ...common(v.literal('module')),
       module: str({ nonEmpty: true }),
       options: v.optional(
-        v.record(
-          v.string(),
+        v.pipe(
           v.unknown(),
-          (i) => `must be an object of plug-in settings, got ${describe(i.input)}`,
+          v.check((x) => !Array.isArray(x), pluginOptionsMsg),
+          v.record(v.string(), v.unknown(), pluginOptionsMsg),
         ),
       ),
     },

@@ -6,7 +6,7 @@ import { describe, test } from 'node:test';
 import { BackendRegistry } from '../../src/backends/registry.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
 import { formatBytes, parseBytes } from '../../src/config/bytes.ts';
-import { defaultConfig, loadConfig, resolveConfig } from '../../src/config/config.ts';
+import { ConfigError, defaultConfig, loadConfig, resolveConfig } from '../../src/config/config.ts';
 import { KvtierError } from '../../src/errors.ts';
 
 const isConfigError = (e: unknown) => e instanceof KvtierError && e.code === 'KVT_CONFIG';
@@ -111,6 +111,65 @@ describe('config', () => {
         `expected a KVT_CONFIG error mentioning ${mention} for ${JSON.stringify(raw)}`,
       );
     }
+  });
+
+  test('reports every problem at once, each with its key path, what is allowed and what was given', () => {
+    let err: unknown;
+    try {
+      resolveConfig({
+        metrics: { port: 'x' },
+        tiers: [
+          { type: 'local-cpu', capacityBytes: '1GiB', pageBytes: 5000 },
+          { name: 'r', type: 'redis', url: 'redis://h', port: 6379 },
+          { name: 'r', type: 's3', bucket: 'b', accessKeyId: 'AK' },
+          { type: 'module', module: './p.js', options: [] },
+        ],
+        limits: { maxPayloadBytes: '8GiB' },
+      });
+    } catch (e) {
+      err = e;
+    }
+    assert.ok(err instanceof ConfigError && err.code === 'KVT_CONFIG');
+    assert.deepEqual(
+      err.problems.map((p) => `${p.path}: ${p.message}`),
+      [
+        'metrics.port: must be an integer in [0, 65535], got "x"',
+        'limits.maxPayloadBytes: must be a byte size in [1, 4294967295] (an integer, or a string like "512MiB" or "4GiB"), got "8GiB"',
+        'tiers[0].pageBytes: must be a power of two >= 4096, got 5000',
+        'tiers[1].url: give either url or host/port, not both',
+        'tiers[2].secretAccessKey: accessKeyId and secretAccessKey must be given together (or neither, for the default chain)',
+        'tiers[2].name: "r" is used twice (also by tiers[1]); tier names must be unique',
+        'tiers[3].options: must be an object of plug-in settings, got an array of length 0',
+      ],
+    );
+    assert.equal(err.message.split('; config ').length, 7, 'one message naming them all');
+    assert.ok(!err.message.includes('\n'), 'on one line');
+  });
+
+  test('a problem set by the environment or a flag names it', async () => {
+    await assert.rejects(
+      loadConfig({ metricsPort: 70000 }, { KVTIER_LOG_LEVEL: 'loud' }),
+      (e: unknown) =>
+        e instanceof ConfigError &&
+        e.message ===
+          'config metrics.port (from --metrics-port): must be an integer in [0, 65535], got 70000; ' +
+            'config logLevel (from KVTIER_LOG_LEVEL): must be one of "debug", "info", "warn", "error", "silent", got "loud"',
+    );
+  });
+
+  test('plug-in options pass through unchanged; an unknown type keeps its options, sizes as numbers', () => {
+    const cfg = resolveConfig({
+      tiers: [
+        { type: 'local-cpu', capacityBytes: 1 << 20 },
+        { name: 'p', type: 'module', module: './p.js', options: { segmentBytes: '1MiB' } },
+        { name: 'e', type: 'embedded', blockBytes: '4KiB', depth: 3 },
+      ],
+    });
+    assert.deepEqual(cfg.tiers[1]!.options, {
+      module: './p.js',
+      options: { segmentBytes: '1MiB' },
+    });
+    assert.deepEqual(cfg.tiers[2]!.options, { blockBytes: 4096, depth: 3 });
   });
 
   test('precedence: defaults < file < environment < flags', async () => {
