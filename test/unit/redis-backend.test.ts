@@ -161,13 +161,21 @@ describe('redis backend against redis-server', () => {
   });
 
   test('ttlMs expires chunks in Redis', async () => {
+    // The TTL the SET carries, read with a TTL long enough that no pause of this process can
+    // let it run out before PTTL is asked.
+    const long = backend(server.port, { ttlMs: 600_000 });
+    await long.start();
+    const ns = randomNamespace();
+    const kept = randomHash();
+    assert.equal(await long.put(ns, kept, { tokens: 1, data: randomPayload(16) }), 'stored');
+    const pttl = await raw.pttl(`kvtier:${ns}:${kept}`);
+    assert.ok(pttl > 0 && pttl <= 600_000, `PTTL ${pttl} should be in (0, 600000]`);
+    await long.close();
+
     const b = backend(server.port, { ttlMs: 150 });
     await b.start();
-    const ns = randomNamespace();
     const h = randomHash();
     assert.equal(await b.put(ns, h, { tokens: 1, data: randomPayload(16) }), 'stored');
-    const pttl = await raw.pttl(`kvtier:${ns}:${h}`);
-    assert.ok(pttl > 0 && pttl <= 150, `PTTL ${pttl} should be in (0, 150]`);
     // Redis expiry runs on its own clock: poll a bounded number of times.
     let present = 1;
     for (let i = 0; i < 100 && present === 1; i++) {
