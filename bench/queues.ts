@@ -128,7 +128,8 @@ async function writePLimit(): Promise<number> {
   return rate(async (n) => {
     const all: Promise<void>[] = [];
     for (let i = 0; i < n; i++) {
-      if (limit.activeCount + limit.pendingCount >= 1024) continue;
+      if (limit.activeCount + limit.pendingCount >= 1024 || bytes + CHUNK.data.length > 1024 ** 3)
+        continue;
       bytes += CHUNK.data.length;
       all.push(
         limit(async () => {
