@@ -246,7 +246,7 @@ export const createBackend: PluginFactory = async (_o, ctx) => {
       'throws.ts': 'export async function createBackend() { throw new Error("bucket missing"); }\n',
       // Following the old advice (naming the tier) must not double the prefix.
       'prefixed.ts':
-        'export async function createBackend(_o: unknown, ctx: { name: string }) { throw new Error(\'tier "\' + ctx.name + \'" (dir-store): path must be a string\'); }\n',
+        "export async function createBackend(_o: unknown, ctx: { name: string }) { throw new Error('tier \"' + ctx.name + '\" (dir-store): path must be a string'); }\n",
     });
     assert.equal(
       await failure(dir, './throws.ts'),

@@ -1,0 +1,77 @@
+// The kvtier contract suite against this plug-in, loaded the way a sidecar loads it: through
+// kvtier's BackendRegistry as a `type: "module"` tier. Run: npm test (builds, then node --test).
+import { randomBytes } from 'node:crypto';
+import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import {
+  BackendRegistry,
+  CHUNK_HEADER_BYTES,
+  encodeChunkObject,
+  type StorageBackend,
+} from 'kvtier';
+import { type CorruptionKind, describeBackendContract } from 'kvtier/testing';
+
+const plugin = fileURLToPath(new URL('../src/index.js', import.meta.url));
+
+/** One tier named "dirs" whose config file would live in `configDir`. */
+async function load(configDir: string): Promise<StorageBackend> {
+  const registry = new BackendRegistry({ pluginBaseDir: configDir });
+  const [tier] = await registry.createTiers([
+    {
+      name: 'dirs',
+      type: 'module',
+      options: { module: plugin, options: { path: './chunks', maxChunkBytes: '48MiB' } },
+      health: false, // the raw backend; production wraps it in kvtier's circuit breaker
+    },
+  ]);
+  if (tier === undefined) throw new Error('no tier was built');
+  return tier;
+}
+
+/** The damaged form of a stored object for each kind of corruption the suite asks for. */
+function damage(obj: Buffer, ns: string, kind: CorruptionKind): Buffer {
+  const b = Buffer.from(obj);
+  switch (kind) {
+    case 'payload':
+      b.writeUInt8(b.readUInt8(CHUNK_HEADER_BYTES + 17) ^ 0xff, CHUNK_HEADER_BYTES + 17);
+      return b;
+    case 'truncate':
+      return b.subarray(0, CHUNK_HEADER_BYTES + 100);
+    case 'magic':
+      b.fill(0, 0, 4);
+      return b;
+    case 'foreign-hash':
+      return encodeChunkObject(ns, randomBytes(32).toString('hex'), {
+        tokens: 256,
+        data: randomBytes(4096),
+      });
+  }
+}
+
+describeBackendContract(
+  'dir-store plug-in contract',
+  async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'dir-store-'));
+    const backend = await load(dir);
+    const others: StorageBackend[] = [];
+    return {
+      backend,
+      corrupt: async (ns, hash, kind) => {
+        const file = join(dir, 'chunks', ns, `${hash}.kvtc`);
+        await writeFile(file, damage(await readFile(file), ns, kind));
+      },
+      reopen: async () => {
+        const b = await load(dir);
+        others.push(b);
+        return b;
+      },
+      cleanup: async () => {
+        await Promise.all([backend, ...others].map((b) => b.close()));
+        await rm(dir, { recursive: true, force: true });
+      },
+    };
+  },
+  { skip: { outage: 'a local directory cannot be taken down for real here' } },
+);
