@@ -62,7 +62,15 @@ export type {
 } from './backends/types.ts';
 export { formatBytes, parseBytes } from './config/bytes.ts';
 // Configuration, metrics, logging
-export { defaultConfig, type KvtierConfig, loadConfig, resolveConfig } from './config/config.ts';
+export {
+  CONFIG_DEFAULTS,
+  ConfigError,
+  defaultConfig,
+  type KvtierConfig,
+  loadConfig,
+  resolveConfig,
+} from './config/config.ts';
+export type { ConfigProblem } from './config/schema-kit.ts';
 export { KvtierSchedulerConnector } from './connector/scheduler-connector.ts';
 export type {
   ConnectorMeta,
@@ -168,7 +176,14 @@ export {
   StorageManager,
   type StorageManagerOptions,
 } from './storage-manager/storage-manager.ts';
-export { createLogger, type Logger, type LogLevel, silentLogger } from './util/log.ts';
+export {
+  createLogger,
+  type Logger,
+  type LoggerOptions,
+  type LogLevel,
+  redactSecrets,
+  silentLogger,
+} from './util/log.ts';
 // Option validators for plug-in resolvers (each throws KVT_INVALID_ARGUMENT naming the option)
 export {
   describe as describeValue,

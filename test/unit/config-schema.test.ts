@@ -61,18 +61,21 @@ describe('published config JSON Schema', () => {
     assert.deepEqual(committed, configJsonSchema());
   });
 
-  test('deploy/kvtier.json and the config examples in examples/ and docs/ are valid', () => {
+  test('deploy/kvtier.json and the config examples in the README, docs/ and examples/ are valid', () => {
     const docs: [string, unknown][] = [
       [
         'deploy/kvtier.json',
         JSON.parse(readFileSync(join(REPO_ROOT, 'deploy/kvtier.json'), 'utf8')),
       ],
     ];
-    for (const dir of ['examples', 'docs'])
-      for (const file of markdownUnder(join(REPO_ROOT, dir)))
-        for (const [i, doc] of configBlocks(file).entries())
-          docs.push([`${file.slice(REPO_ROOT.length)} block ${i + 1}`, doc]);
-    assert.ok(docs.length >= 3, 'deploy/kvtier.json and documented examples');
+    for (const file of [
+      join(REPO_ROOT, 'README.md'),
+      ...markdownUnder(join(REPO_ROOT, 'docs')),
+      ...markdownUnder(join(REPO_ROOT, 'examples')),
+    ])
+      for (const [i, doc] of configBlocks(file).entries())
+        docs.push([`${file.slice(REPO_ROOT.length)} block ${i + 1}`, doc]);
+    assert.ok(docs.length >= 5, 'deploy/kvtier.json and documented examples');
     for (const [where, doc] of docs) {
       // Plug-in tiers need their module, which the loader does not import: check the rest.
       assert.doesNotThrow(() => resolveConfig(doc), where);
