@@ -56,6 +56,8 @@ export type {
   NamespaceId,
   PluginContext,
   PluginFactory,
+  PluginMetricConfig,
+  PluginMetrics,
   PutOptions,
   PutOutcome,
   StorageBackend,
