@@ -23,7 +23,6 @@ import {
 import type {
   BackendCapabilities,
   BackendContext,
-  BackendFactory,
   BackendHealth,
   BackendStats,
   Chunk,
@@ -31,6 +30,7 @@ import type {
   ContainsOptions,
   GetOptions,
   NamespaceId,
+  PluginFactory,
   PutOptions,
   PutOutcome,
   StorageBackend,
@@ -101,16 +101,13 @@ export function resolveLogStoreOptions(o: LogStoreOptions): ResolvedLogStoreOpti
 /**
  * Reads options from a tier's config (`path`; `maxChunkBytes`, `segmentBytes` and
  * `capacityBytes` as integers or size strings such as "256MiB").
- * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
+ * @throws KvtierError `KVT_CONFIG` naming the bad or unknown option (the host adds the tier).
  */
-export function logStoreOptionsFromConfig(
-  raw: Record<string, unknown>,
-  tier: string,
-): LogStoreOptions {
+export function logStoreOptionsFromConfig(raw: Record<string, unknown>): LogStoreOptions {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) {
     throw new KvtierError(
       'KVT_CONFIG',
-      `tier "${tier}": options must be an object, got ${describe(raw)}`,
+      `log-store options must be an object, got ${describe(raw)}`,
     );
   }
   try {
@@ -129,7 +126,8 @@ export function logStoreOptionsFromConfig(
     return options;
   } catch (err) {
     const msg = err instanceof Error ? err.message : String(err);
-    throw new KvtierError('KVT_CONFIG', `tier "${tier}": ${msg}`, { cause: err });
+    // No tier prefix: the host adds `tier "<name>" (module) failed to start: plug-in module ...`.
+    throw new KvtierError('KVT_CONFIG', msg, { cause: err });
   }
 }
 
@@ -642,5 +640,8 @@ function raceSignal<T>(p: Promise<T>, signal: AbortSignal | undefined, what: str
  * `options` and opens the store.
  * @throws KvtierError `KVT_CONFIG` on bad options; the system error when the directory cannot be used.
  */
-export const createBackend: BackendFactory = async (options, ctx) =>
-  LogStoreBackend.open(logStoreOptionsFromConfig(options, ctx.name), ctx);
+export const createBackend: PluginFactory = async (options, ctx) => {
+  const o = logStoreOptionsFromConfig(options);
+  // A relative path resolves against the config file's directory; logs follow its logLevel.
+  return LogStoreBackend.open({ ...o, path: ctx.resolvePath(o.path), log: ctx.log }, ctx);
+};

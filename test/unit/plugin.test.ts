@@ -287,6 +287,19 @@ export const createBackend: PluginFactory = async (_o, ctx) => {
     );
   });
 
+  test("a built-in type's own tier prefix is not doubled", async () => {
+    const reg = new BackendRegistry();
+    await assert.rejects(
+      reg.createTiers([{ name: 'c', type: 'local-cpu', options: { capacityBytes: 1e6, x: 1 } }]),
+      (e: unknown) =>
+        e instanceof KvtierError &&
+        e.message.startsWith(
+          'tier "c" (local-cpu) failed to start: unknown local-cpu option "x"',
+        ) &&
+        e.message.split('tier "c"').length === 2,
+    );
+  });
+
   test('registered factories are checked the same way', async () => {
     const reg = new BackendRegistry();
     reg.register('broken', async () => ({ name: 'b' }) as unknown as StorageBackend);
