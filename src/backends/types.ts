@@ -173,7 +173,7 @@ export interface AbortHelpers {
  */
 export interface PluginContext extends BackendContext {
   /**
-   * A child logger for this tier (component `tier.<name>`); it follows the config's `logLevel`,
+   * A child logger for this tier (component `<parent>.tier.<name>`, `kvtier.tier.<name>` under the sidecar); it follows the config's `logLevel`,
    * so use it instead of a logger of your own.
    */
   readonly log: Logger;
