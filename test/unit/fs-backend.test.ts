@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import * as fsp from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after, describe, it } from 'node:test';
+import { after, describe, it, mock } from 'node:test';
 import { setImmediate as turn } from 'node:timers/promises';
 import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
 import { type FileSystem, objectPath } from '../../src/backends/file-store.ts';
@@ -193,45 +193,77 @@ describe('FsBackend', () => {
   });
 
   it('a hung mount costs timeoutMs: misses and drops, health down, restored by the probe', async () => {
-    const dir = await tempDir();
-    let hang = false;
-    let probed: (() => void) | null = null;
-    const never = () => new Promise<never>(() => {});
-    const mount: FileSystem = {
-      ...fsp,
-      stat: ((path: string) => {
-        if (!hang && path === dir && probed !== null) probed();
-        return hang ? never() : fsp.stat(path);
-      }) as typeof fsp.stat,
-      open: ((...args: Parameters<typeof fsp.open>) =>
-        hang ? never() : fsp.open(...args)) as typeof fsp.open,
-    };
-    const b = await open(dir, { fsImpl: mount, timeoutMs: 25, probeIntervalMs: 5 });
-    const [n, h, c] = [ns(), hash(), chunk(1000)];
-    assert.equal(await b.put(n, h, c), 'stored');
-    hang = true;
-    assert.equal(await b.batchedContains(n, [h, hash()]), 0, 'a timed-out stat is a miss');
-    assert.equal(b.health(), 'down');
-    assert.equal((await b.batchedGet(n, [h])).get(h), null, 'a timed-out read is a miss');
-    assert.equal(await b.put(n, hash(), c), 'dropped', 'a timed-out put is dropped');
-    const s = b.stats();
-    assert.ok(s.timeouts >= 3, `timeouts counted: ${s.timeouts}`);
-    assert.equal(s.droppedPuts, 1);
-    const probeSeen = new Promise<void>((resolve) => {
-      probed = resolve;
-    });
-    hang = false;
-    // The probe timer is unref'd (it must not keep a sidecar alive); hold the loop open here.
-    const keepAlive = setInterval(() => {}, 1000);
+    // Timers are mocked: a hung call times out when the test moves the clock, and a real file
+    // operation can never time out however slow this machine is (the clock does not move).
+    mock.timers.enable({ apis: ['setTimeout'] });
     try {
+      const dir = await tempDir();
+      let hang = false;
+      let probed: (() => void) | null = null;
+      const never = () => new Promise<never>(() => {});
+      const mount: FileSystem = {
+        ...fsp,
+        stat: ((path: string) => {
+          if (!hang && path === dir && probed !== null) probed();
+          return hang ? never() : fsp.stat(path);
+        }) as typeof fsp.stat,
+        open: ((...args: Parameters<typeof fsp.open>) =>
+          hang ? never() : fsp.open(...args)) as typeof fsp.open,
+      };
+      /** Moves the mocked clock 5 ms per event-loop turn until `p` settles (hung calls time out). */
+      const settle = async <T>(p: Promise<T>): Promise<T> => {
+        let done = false;
+        p.then(
+          () => {
+            done = true;
+          },
+          () => {
+            done = true;
+          },
+        );
+        for (let i = 0; i < 10_000 && !done; i++) {
+          mock.timers.tick(5);
+          await turn();
+        }
+        return p;
+      };
+      const b = await open(dir, { fsImpl: mount, timeoutMs: 25, probeIntervalMs: 5 });
+      const [n, h, c] = [ns(), hash(), chunk(1000)];
+      assert.equal(await b.put(n, h, c), 'stored');
+      hang = true;
+      assert.equal(
+        await settle(b.batchedContains(n, [h, hash()])),
+        0,
+        'a timed-out stat is a miss',
+      );
+      assert.equal(b.health(), 'down');
+      assert.equal((await settle(b.batchedGet(n, [h]))).get(h), null, 'a timed-out read is a miss');
+      assert.equal(await settle(b.put(n, hash(), c)), 'dropped', 'a timed-out put is dropped');
+      const s = b.stats();
+      assert.ok(s.timeouts >= 3, `timeouts counted: ${s.timeouts}`);
+      assert.equal(s.droppedPuts, 1);
+      const probeSeen = new Promise<void>((resolve) => {
+        probed = resolve;
+      });
+      hang = false;
+      // The next probe is due within probeIntervalMs; once it has started, the clock stands
+      // still, so its real stat cannot time out.
+      let started = false;
+      void probeSeen.then(() => {
+        started = true;
+      });
+      for (let i = 0; i < 10_000 && !started; i++) {
+        mock.timers.tick(1);
+        await turn();
+      }
       await probeSeen;
       for (let i = 0; i < 100_000 && b.health() !== 'up'; i++) await turn();
+      assert.equal(b.health(), 'up', 'restored by the probe alone');
+      assert.equal(await b.batchedContains(n, [h]), 1, 'served again');
+      await b.close();
     } finally {
-      clearInterval(keepAlive);
+      mock.timers.reset();
     }
-    assert.equal(b.health(), 'up', 'restored by the probe alone');
-    assert.equal(await b.batchedContains(n, [h]), 1, 'served again');
-    await b.close();
   });
 
   it('validates options and config with the tier and key named', async () => {

@@ -172,9 +172,12 @@ describe('SocketSendQueue', () => {
     timeout: 30_000,
   }, async () => {
     const N = 10_000;
-    // A lost message makes receive() fail with EAGAIN instead of hanging the test.
-    const router = new zmq.Router({ linger: 0, receiveTimeout: 10_000 });
-    const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: 10_000 });
+    // A lost message makes receive() fail with EAGAIN instead of hanging the test. The high-water
+    // marks hold all N: with ZMQ's default of 1000, a ROUTER whose peer reads slowly (a loaded
+    // machine) drops echoes by design, which is not what this test is about.
+    const hwm = { sendHighWaterMark: 2 * N, receiveHighWaterMark: 2 * N };
+    const router = new zmq.Router({ linger: 0, receiveTimeout: 10_000, ...hwm });
+    const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: 10_000, ...hwm });
     try {
       await router.bind('tcp://127.0.0.1:*');
       assert.ok(router.lastEndpoint !== null);
