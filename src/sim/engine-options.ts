@@ -39,6 +39,7 @@ export interface ResolvedSimOptions {
   cpuBytes: number;
   lowerTiers: SimTierConfig[];
   timeScale: number;
+  waitsAdvanceClock: boolean;
 }
 
 /**
@@ -52,6 +53,7 @@ export function resolveSimOptions(opts: {
   cpuBytes?: number;
   lowerTiers?: SimTierConfig[];
   timeScale?: number;
+  waitsAdvanceClock?: boolean;
 }): ResolvedSimOptions {
   const w = opts.workload;
   if (typeof w !== 'object' || w === null || !Array.isArray(w.requests))
@@ -129,5 +131,11 @@ export function resolveSimOptions(opts: {
       throw new KvtierError('KVT_INVALID_ARGUMENT', `lowerTiers[${i}].options must be an object`);
   });
   const timeScale = requireNumber('timeScale', opts.timeScale ?? 0, 0);
-  return { model, engine, cpuBytes, lowerTiers, timeScale };
+  const waitsAdvanceClock = opts.waitsAdvanceClock ?? true;
+  if (typeof waitsAdvanceClock !== 'boolean')
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `waitsAdvanceClock must be a boolean, got ${describe(waitsAdvanceClock)}`,
+    );
+  return { model, engine, cpuBytes, lowerTiers, timeScale, waitsAdvanceClock };
 }

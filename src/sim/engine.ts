@@ -87,6 +87,14 @@ export interface RunSimulationOptions {
    * it waited for kvtier.
    */
   timeScale?: number;
+  /**
+   * With `timeScale` 0, whether the wall time the engine spends waiting for kvtier advances the
+   * modeled clock. Default true: TTFT then includes kvtier's latency as measured. False makes a
+   * run's schedule independent of how fast this machine is (an arrival is admitted when the
+   * modeled compute reaches it, or when the engine is idle with nothing in flight), which the
+   * tests use so that a loaded machine cannot reorder arrivals against saves.
+   */
+  waitsAdvanceClock?: boolean;
   onProgress?: (step: number, done: number, total: number) => void;
   signal?: AbortSignal;
   hooks?: SimHooks;
@@ -330,7 +338,7 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
         ...(waits.length > 0 ? { timeoutMs: Math.max(0, Math.min(...waits)) } : {}),
         ...(opts.signal === undefined ? {} : { signal: opts.signal }),
       });
-      if (o.timeScale === 0) modelNowMs += performance.now() - t0;
+      if (o.timeScale === 0 && o.waitsAdvanceClock) modelNowMs += performance.now() - t0;
       // The waker runs before the client records the answer: let that land first.
       await nextTurn();
     }

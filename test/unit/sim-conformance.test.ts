@@ -87,6 +87,7 @@ describe('connector state machine', () => {
       },
     });
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'preempt', requests },
       model: MODEL,
       engine: { numGpuBlocks: 24 },
@@ -122,6 +123,7 @@ describe('connector state machine', () => {
       },
     });
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'abort', requests },
       model: MODEL,
       hooks: h.hooks,
@@ -144,6 +146,7 @@ describe('connector state machine', () => {
     const requests = writerThenReader();
     const h = harness(requests);
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'recompute', requests },
       model: MODEL,
       engine: { kvLoadFailurePolicy: 'recompute' },
@@ -174,6 +177,7 @@ describe('connector state machine', () => {
     const requests = writerThenReader();
     const h = harness(requests);
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'fail', requests },
       model: MODEL,
       engine: { kvLoadFailurePolicy: 'fail' },
@@ -206,6 +210,7 @@ describe('connector state machine', () => {
       },
     });
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'reset', requests },
       model: MODEL,
       hooks: h.hooks,
@@ -230,6 +235,7 @@ describe('connector state machine', () => {
     };
     const h = harness(requests, { onLoadAlloc: (a) => second[a.requestId]?.(a.externalTokens) });
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'twice', requests },
       model: MODEL,
       hooks: h.hooks,
@@ -262,6 +268,7 @@ describe('connector state machine', () => {
       ];
       const h = harness(requests);
       const rep = await runSimulation({
+        waitsAdvanceClock: false,
         workload: { name: 'partial', requests },
         model: MODEL,
         engine: { partialChunkLoads },
@@ -296,6 +303,7 @@ describe('connector state machine', () => {
     ];
     const h = harness(requests);
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'full', requests },
       model: MODEL,
       hooks: h.hooks,

@@ -122,6 +122,7 @@ describe('runSimulation', () => {
     });
     let leak: { used: number; tracked: number } | undefined;
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'multi-round', requests },
       model: MODEL,
       engine: { numGpuBlocks: 56, maxTokensPerStep: 512 },
@@ -174,6 +175,7 @@ describe('runSimulation', () => {
   it('an aborted signal stops a paced run with KVT_ABORTED', async () => {
     const ac = new AbortController();
     const run = runSimulation({
+      waitsAdvanceClock: false,
       workload: {
         name: 'late',
         requests: [
@@ -195,20 +197,39 @@ describe('runSimulation', () => {
 
   it('rejects bad options before starting anything', async () => {
     const workload = { name: 'w', requests: [] };
-    await assert.rejects(runSimulation({ workload, engine: { numGpuBlocks: 0 } }), {
-      code: 'KVT_INVALID_ARGUMENT',
-      message: /engine\.numGpuBlocks must be an integer in \[1/,
-    });
     await assert.rejects(
-      runSimulation({ workload, model: { chunkSize: 40, blockSize: 16 } }),
+      runSimulation({
+        waitsAdvanceClock: false,
+        workload,
+        engine: { numGpuBlocks: 0 },
+      }),
+      {
+        code: 'KVT_INVALID_ARGUMENT',
+        message: /engine\.numGpuBlocks must be an integer in \[1/,
+      },
+    );
+    await assert.rejects(
+      runSimulation({
+        waitsAdvanceClock: false,
+        workload,
+        model: { chunkSize: 40, blockSize: 16 },
+      }),
       /multiple of model\.blockSize/,
     );
     await assert.rejects(
-      runSimulation({ workload, faults: { redisOutage: { atStep: 2, forSteps: 2 } } }),
+      runSimulation({
+        waitsAdvanceClock: false,
+        workload,
+        faults: { redisOutage: { atStep: 2, forSteps: 2 } },
+      }),
       /hooks\.killRedis/,
     );
     await assert.rejects(
-      runSimulation({ workload, faults: { corruptChunks: { atStep: 1, count: 1 } } }),
+      runSimulation({
+        waitsAdvanceClock: false,
+        workload,
+        faults: { corruptChunks: { atStep: 1, count: 1 } },
+      }),
       /lowest tier/,
     );
   });
@@ -235,6 +256,7 @@ describe('fault runs', () => {
 
   it('a lookup deadline passes: the lookups answer 0 and the requests recompute', async () => {
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'deadline', requests: twoRounds() },
       model: MODEL,
       engine: { numGpuBlocks: 128 },
@@ -254,10 +276,12 @@ describe('fault runs', () => {
   });
 
   it('a stored chunk corrupted on disk is caught by its checksum: a miss, never a mismatch', async () => {
-    // Paced in wall time (timeScale 1): u0 saves and its chunks reach the disk while the engine
-    // waits for the fillers, so they are the only chunks there when the fault fires (at the
-    // fillers' step). The fillers then push u0's chunks out of the 4-page CPU tier, and u0's
-    // second round reads them from disk.
+    // Ordered by events, not by wall time: u0 saves; once its blocks are freed (its saves are
+    // in the CPU tier and queued for the disk), the next step waits for the write-through queue
+    // to drain, so u0's chunks are on the disk before any filler saves and the fault (at the
+    // first step that finds chunks on the disk) corrupts only u0's. The fillers then push u0's
+    // chunks out of the 4-page CPU tier; u0's second round arrives once the engine is idle
+    // (modeled clock, waits not counted) and reads them from disk.
     const u0 = tokens(5, 200);
     const requests: SimRequest[] = [
       { id: 'u0-r0', arrivalMs: 0, promptTokens: Uint32Array.from(u0), outputTokens: 2 },
@@ -274,7 +298,12 @@ describe('fault runs', () => {
         outputTokens: 2,
       },
     ];
+    const noGpu = noGpuCache(requests);
+    let u0Freed = false;
+    let u0OnDisk = false;
+    const diskChunksAtFault: number[] = [];
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'corrupt', requests },
       model: MODEL,
       engine: { numGpuBlocks: 128 },
@@ -282,9 +311,22 @@ describe('fault runs', () => {
       cpuBytes: 4 * 64 * 1024,
       lowerTiers: [{ name: 'disk', type: 'local-disk', options: { capacityBytes: 64 << 20 } }],
       faults: { corruptChunks: { atStep: 1, count: 1000 } },
-      timeScale: 1,
-      hooks: noGpuCache(requests),
+      hooks: {
+        onEvent: (e) => {
+          if (e.type === 'freed' && e.requestId === 'u0-r0') u0Freed = true;
+        },
+        onStep: async (step, ctl) => {
+          noGpu.onStep(step, ctl);
+          if (u0Freed && !u0OnDisk) {
+            u0OnDisk = true;
+            await ctl.sidecar.storage.writeQueue.idle();
+            const disk = ctl.sidecar.storage.tiers.find((t) => t.name === 'disk')!;
+            diskChunksAtFault.push(disk.stats().chunks);
+          }
+        },
+      },
     });
+    assert.deepEqual(diskChunksAtFault, [3], "u0's 3 chunks, and only they, reached the disk");
     assertClean(rep, 'corrupt');
     assert.equal(rep.finished, requests.length);
     const f = rep.failures.faultsInjected;
@@ -303,6 +345,7 @@ describe('fault runs', () => {
   it('Redis killed and restarted mid-run: every request finishes', async () => {
     const requests = twoRounds();
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'redis', requests },
       model: MODEL,
       engine: { numGpuBlocks: 128 },
@@ -342,6 +385,7 @@ describe('fault runs', () => {
       r.id.endsWith('r1') ? { ...r, arrivalMs: 1000 * Number(r.group!.slice(1)) + 1000 } : r,
     );
     const rep = await runSimulation({
+      waitsAdvanceClock: false,
       workload: { name: 'restart', requests },
       model: MODEL,
       engine: { numGpuBlocks: 128 },
