@@ -17,12 +17,14 @@ import type {
   BackendStats,
   Chunk,
   ChunkHash,
+  ChunkReservation,
   ContainsOptions,
   GetOptions,
+  HostMemoryTier,
   NamespaceId,
   PutOptions,
   PutOutcome,
-  StorageBackend,
+  ReserveOutcome,
 } from './types.ts';
 
 /** Options of the LocalCPU tier; see {@link HostArenaOptions} for the meaning of each. */
@@ -48,19 +50,8 @@ export function resolveLocalCpuOptions(options: LocalCpuOptions): ResolvedLocalC
   return resolveHostArenaOptions(options);
 }
 
-/** A writable arena block for one chunk, not yet visible to readers. */
-export interface ChunkReservation {
-  /** Exactly the reserved length; fill it before `commit`. */
-  readonly view: Uint8Array;
-  /**
-   * Indexes the chunk. Returns `'exists'` (and frees the block) if the key was stored
-   * meanwhile. With `pin`, the stored or existing chunk is pinned.
-   * @throws KvtierError `KVT_INTERNAL` if already committed or aborted; `KVT_CLOSED` after close.
-   */
-  commit(opts?: { pin?: boolean }): PutOutcome;
-  /** Frees the block; no-op once the backend is closed. @throws `KVT_INTERNAL` if settled. */
-  abort(): void;
-}
+/** Re-exported for code that imported it from here; the port's type lives in `types.ts`. */
+export type { ChunkReservation } from './types.ts';
 
 interface Entry extends RecencyNode<Entry> {
   readonly ns: NamespaceId;
@@ -88,7 +79,7 @@ interface OrphanGroup {
  * or are dropped and counted). Chunks returned by `batchedGet`
  * are views into the arena (valid while pinned, or until the caller yields).
  */
-export class LocalCpuBackend implements StorageBackend {
+export class LocalCpuBackend implements HostMemoryTier {
   readonly name: string;
   readonly kind = 'local-cpu';
   readonly capabilities: BackendCapabilities;
@@ -185,12 +176,7 @@ export class LocalCpuBackend implements StorageBackend {
    *   chunk is touched); or `'dropped'` (counted) when there is no room.
    * @throws KvtierError `KVT_CLOSED` after close; `KVT_INVALID_ARGUMENT` on bad sizes.
    */
-  reserve(
-    ns: NamespaceId,
-    hash: ChunkHash,
-    bytes: number,
-    tokens: number,
-  ): ChunkReservation | 'exists' | 'dropped' {
+  reserve(ns: NamespaceId, hash: ChunkHash, bytes: number, tokens: number): ReserveOutcome {
     this.#open(undefined, 'reserve');
     requireInt('bytes', bytes, 0);
     requireInt('tokens', tokens, 0);
@@ -203,7 +189,7 @@ export class LocalCpuBackend implements StorageBackend {
       settled = true;
       return this.#arena;
     };
-    return {
+    const reservation: ChunkReservation = {
       view: block.view,
       commit: (opts = {}) => {
         const arena = settle();
@@ -220,6 +206,7 @@ export class LocalCpuBackend implements StorageBackend {
         settle()?.free(block);
       },
     };
+    return reservation;
   }
 
   async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {

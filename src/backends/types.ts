@@ -130,6 +130,46 @@ export interface StorageBackend {
   close(): Promise<void>;
 }
 
+/**
+ * A writable block of host memory for one chunk, not yet visible to readers (the in-place save
+ * path: the copy engine gathers the engine's KV blocks straight into `view`). Settle it exactly
+ * once, with `commit` or `abort`.
+ */
+export interface ChunkReservation {
+  /** Exactly the reserved length; fill it before `commit`. Owned by the reservation until settled. */
+  readonly view: Uint8Array;
+  /**
+   * Indexes the chunk. Returns `'exists'` (and frees the block) if the key was stored
+   * meanwhile. With `pin`, the stored or existing chunk is pinned once.
+   * @throws KvtierError `KVT_INTERNAL` if already settled; `KVT_CLOSED` after close.
+   */
+  commit(opts?: { pin?: boolean }): 'stored' | 'exists';
+  /** Frees the block; a no-op once the tier is closed. @throws `KVT_INTERNAL` if already settled. */
+  abort(): void;
+}
+
+/**
+ * What {@link HostMemoryTier.reserve} returns: a reservation; `'exists'` when the key is already
+ * stored (nothing reserved, the chunk is touched); `'dropped'` (counted) when there is no room.
+ */
+export type ReserveOutcome = ChunkReservation | 'exists' | 'dropped';
+
+/**
+ * The host-memory tier's port: a backend whose chunks live in host memory
+ * (`capabilities.hostMemory`) and that can hand out arena room to be written in place. The
+ * storage manager owns it as its first tier; only the manager calls `reserve` (through
+ * `StorageManager.reserve`, which adds indexing, pinning and the write-through on commit).
+ * Decorators forward it by deriving from `ForwardingBackend` and declaring this interface.
+ */
+export interface HostMemoryTier extends StorageBackend {
+  /**
+   * Reserves room for a chunk of `bytes` payload covering `tokens` tokens, evicting like `put`.
+   * Never waits.
+   * @throws KvtierError `KVT_CLOSED` after close; `KVT_INVALID_ARGUMENT` on bad sizes.
+   */
+  reserve(ns: NamespaceId, hash: ChunkHash, bytes: number, tokens: number): ReserveOutcome;
+}
+
 /** What a factory gets besides its own options (the part every backend constructor needs). */
 export interface BackendContext {
   /** Tier name from the config. */
