@@ -1,7 +1,10 @@
 /**
  * Data-plane throughput on the host device with Llama-3-8B-shaped KV (32 layers, 8 KV heads,
- * head dim 128, bf16, block 16, chunk 256: 128 KiB per token, 32 MiB per chunk), against one
- * contiguous memcpy of the same bytes in the same run; and lookup latency while a load runs.
+ * head dim 128, bf16, block 16, chunk 256: 128 KiB per token, 32 MiB per chunk), on two paths in
+ * the same run, each against one contiguous memcpy of the same bytes: the production path (a
+ * sidecar built by `Sidecar.start` as `kvtier serve` builds it: decorated tiers, the server,
+ * the wire) and the bare path (storage manager and data plane in-process over an undecorated
+ * CPU tier); and lookup latency while a load runs, on each.
  *   npm run bench:dataplane        (KVTIER_BENCH_QUICK=1 moves 256 MiB instead of 1 GiB)
  * Prints a table and writes bench/results/dataplane.json.
  */
@@ -11,12 +14,17 @@ import { open, rm } from 'node:fs/promises';
 import { cpus } from 'node:os';
 import { createInterface } from 'node:readline';
 import { LocalCpuBackend } from '../src/backends/local-cpu.ts';
-import { DataPlane } from '../src/data-plane/data-plane.ts';
+import { defaultConfig } from '../src/config/config.ts';
+import { type CopyEngine, DataPlane } from '../src/data-plane/data-plane.ts';
+import { DataPlaneClient } from '../src/data-plane/data-plane-client.ts';
 import { createFsCopyEngine } from '../src/data-plane/fs-copy-engine.ts';
 import type { KvRegistration } from '../src/data-plane/kv-layout.ts';
+import { LookupClient } from '../src/lookup-client/lookup-client.ts';
 import { LookupServer } from '../src/lookup-server/lookup-server.ts';
 import { createNativeCopyEngine } from '../src/native/copy-engine.ts';
+import { Sidecar } from '../src/sidecar.ts';
 import { StorageManager } from '../src/storage-manager/storage-manager.ts';
+import { silentLogger } from '../src/util/log.ts';
 import { percentile, printTable, writeResults } from './support/child.ts';
 
 const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
@@ -32,13 +40,14 @@ const BLOCKS_PER_CHUNK = CHUNK_TOKENS / BLOCK_TOKENS;
 const REQUEST_BLOCKS = CHUNKS * BLOCKS_PER_CHUNK;
 const NUM_BLOCKS = 2 * REQUEST_BLOCKS; // saved from the first half, loaded into the second
 const REPEAT = QUICK ? 2 : 3;
+const ENGINE = 'bench-engine';
 const here = new URL('.', import.meta.url).pathname;
 const ext = import.meta.url.endsWith('.ts') ? '.ts' : '.js';
 
 function registration(path: string): KvRegistration {
   const region = NUM_BLOCKS * BLOCK_BYTES;
   return {
-    engineId: 'bench-engine',
+    engineId: ENGINE,
     device: 'host',
     modelId: 'meta-llama/Llama-3-8B',
     dtype: 'bfloat16',
@@ -104,6 +113,150 @@ async function startProber(
   };
 }
 
+/** How one path saves, pins (a lookup, untimed) and loads; the rest of a round is shared. */
+interface Path {
+  readonly label: string;
+  save(requestId: string, blockIds: number[], hashes: Buffer[]): Promise<number>;
+  lookup(lookupId: string, hashes: Buffer[]): Promise<number>;
+  load(requestId: string, lookupId: string, blockIds: number[], hashes: Buffer[]): Promise<number>;
+  finish(requestId: string): Promise<void>;
+  clear(): Promise<void>;
+  readonly endpoint: string;
+  readonly ns: string;
+  close(): Promise<void>;
+}
+
+const CPU_OPTIONS = { capacityBytes: (CHUNKS + 4) * CHUNK_BYTES + 64 * MiB, pageBytes: 2 * MiB };
+const counts = Array<number>(CHUNKS).fill(CHUNK_TOKENS);
+
+/** The bare path: a LocalCpuBackend, storage manager and data plane called in-process. */
+async function barePath(path: string, engine: CopyEngine): Promise<Path> {
+  const cpu = new LocalCpuBackend(CPU_OPTIONS, { name: 'cpu' });
+  const storage = new StorageManager({ tiers: [cpu], sweepIntervalMs: 0 });
+  const dp = new DataPlane({ storage, copyEngine: engine, sweepIntervalMs: 0 });
+  const server = new LookupServer({ endpoint: 'tcp://127.0.0.1:*', storage });
+  await server.start();
+  const layout = await dp.register(registration(path));
+  const hex = (h: Buffer[]) => h.map((x) => x.toString('hex'));
+  return {
+    label: 'bare (in-process, undecorated tier)',
+    endpoint: server.endpoint,
+    ns: layout.namespace.id,
+    save: async (requestId, blockIds, hashes) =>
+      (await dp.save({ engineId: ENGINE, requestId, blockIds, chunkHashes: hex(hashes) })).saved,
+    lookup: async (lookupId, hashes) =>
+      (
+        await storage.lookup({
+          lookupId,
+          namespaces: [layout.namespace.id],
+          hashes: hex(hashes),
+          tokenCounts: counts,
+        })
+      ).hitChunks,
+    load: async (requestId, lookupId, blockIds, hashes) =>
+      (await dp.load({ engineId: ENGINE, requestId, lookupId, blockIds, chunkHashes: hex(hashes) }))
+        .invalidBlockIds.length,
+    finish: async (requestId) => dp.requestFinished(ENGINE, requestId),
+    clear: async () => void (await storage.clear()),
+    close: async () => {
+      await server.close();
+      await dp.close();
+      await storage.close();
+    },
+  };
+}
+
+/**
+ * The production path: a sidecar built by `Sidecar.start` exactly as `kvtier serve` builds it
+ * (tiers from config through the registry, decorated with metrics; the server; the native copy
+ * engine when built), driven over ZMQ by the data-plane and lookup clients.
+ */
+async function productionPath(path: string): Promise<Path> {
+  const sidecar = await Sidecar.start({
+    config: {
+      ...defaultConfig(),
+      listen: 'tcp://127.0.0.1:*',
+      metrics: null,
+      tiers: [{ name: 'cpu', type: 'local-cpu', options: CPU_OPTIONS }],
+      logLevel: 'silent',
+    },
+    log: silentLogger,
+  });
+  const endpoint = sidecar.server.endpoint;
+  const dpc = new DataPlaneClient({ endpoint, heartbeatIntervalMs: 0, requestTimeoutMs: 120_000 });
+  const lc = new LookupClient({ endpoint, namespaces: ['0'.repeat(32)], lookupTimeoutMs: 60_000 });
+  const reg = await dpc.register(registration(path));
+  return {
+    label: 'production (kvtier serve: Sidecar.start, ZMQ)',
+    endpoint,
+    ns: reg.namespace,
+    save: async (requestId, blockIds, hashes) =>
+      (await dpc.save({ requestId, blockIds, chunkHashes: hashes })).saved,
+    lookup: async (lookupId, hashes) => {
+      const a = await lc.lookupAsync(lookupId, hashes, counts, { namespaces: [reg.namespace] });
+      return a.hitTokens / CHUNK_TOKENS;
+    },
+    load: async (requestId, lookupId, blockIds, hashes) =>
+      (await dpc.load({ requestId, lookupId, blockIds, chunkHashes: hashes })).invalidBlockIds
+        .length,
+    finish: async (requestId) => void (await dpc.requestFinished(requestId, 'finished')),
+    clear: async () => void (await lc.clear()),
+    close: async () => {
+      await dpc.close();
+      await lc.close();
+      await sidecar.close();
+    },
+  };
+}
+
+interface Measured {
+  saveMs: number;
+  loadMs: number;
+  lat: number[];
+}
+
+async function measure(p: Path, path: string): Promise<Measured> {
+  const saveBlocks = Array.from({ length: REQUEST_BLOCKS }, (_, i) => i);
+  const loadBlocks = Array.from(
+    { length: REQUEST_BLOCKS },
+    (_, i) => REQUEST_BLOCKS + ((i * 7) % REQUEST_BLOCKS),
+  );
+  let saveMs = Number.POSITIVE_INFINITY;
+  let loadMs = Number.POSITIVE_INFINITY;
+  let lat: number[] = [];
+  for (let r = 0; r < REPEAT; r++) {
+    const hashes = Array.from({ length: CHUNKS }, () => randomBytes(32));
+    saveMs = Math.min(
+      saveMs,
+      await timed(async () => {
+        const saved = await p.save(`s${r}`, saveBlocks, hashes);
+        if (saved !== CHUNKS) throw new Error(`${p.label}: saved ${saved} of ${CHUNKS} chunks`);
+      }),
+    );
+    const hit = await p.lookup(`l${r}`, hashes);
+    if (hit !== CHUNKS) throw new Error(`${p.label}: lookup found ${hit} of ${CHUNKS}`);
+    // Lookups of a small prompt keep coming from another process while the big load runs.
+    const probe = await startProber(
+      p.endpoint,
+      p.ns,
+      hashes.slice(0, 4).map((h) => h.toString('hex')),
+    );
+    loadMs = Math.min(
+      loadMs,
+      await timed(async () => {
+        const invalid = await p.load(`l${r}`, `l${r}`, loadBlocks, hashes);
+        if (invalid > 0) throw new Error(`${p.label}: ${invalid} blocks failed to load`);
+      }),
+    );
+    lat = lat.concat(await probe.collect());
+    await verify(path, saveBlocks, loadBlocks);
+    await p.finish(`l${r}`);
+    await p.clear();
+  }
+  lat.sort((x, y) => x - y);
+  return { saveMs, loadMs, lat };
+}
+
 async function main(): Promise<void> {
   const path = `/dev/shm/kvtier-bench-${process.pid}.kv`;
   const fileBytes = 2 * LAYERS * NUM_BLOCKS * BLOCK_BYTES;
@@ -121,114 +274,71 @@ async function main(): Promise<void> {
     native.engine !== null
       ? 'native (mmap + worker-thread memcpy)'
       : `fs fallback (${native.reason})`;
-  const cpu = new LocalCpuBackend(
-    { capacityBytes: (CHUNKS + 4) * CHUNK_BYTES + 64 * MiB, pageBytes: 2 * MiB },
-    { name: 'cpu' },
-  );
-  const storage = new StorageManager({ tiers: [cpu], sweepIntervalMs: 0 });
-  const dp = new DataPlane({ storage, copyEngine: engine, sweepIntervalMs: 0 });
-  const server = new LookupServer({ endpoint: 'tcp://127.0.0.1:*', storage });
-  await server.start();
+  const moved = CHUNKS * CHUNK_BYTES;
   const rows: Record<string, unknown>[] = [];
+  const lookups: Record<string, unknown>[] = [];
   try {
-    const layout = await dp.register(registration(path));
-    const ns = layout.namespace.id;
-    const saveBlocks = Array.from({ length: REQUEST_BLOCKS }, (_, i) => i);
-    const loadBlocks = Array.from(
-      { length: REQUEST_BLOCKS },
-      (_, i) => REQUEST_BLOCKS + ((i * 7) % REQUEST_BLOCKS),
-    );
-    const moved = CHUNKS * CHUNK_BYTES;
-
     // Raw limit: one contiguous memcpy of the same number of bytes, warm buffers.
-    const a = Buffer.allocUnsafeSlow(moved);
-    const b = Buffer.allocUnsafeSlow(moved);
-    a.fill(1);
-    b.fill(2);
     let memcpyMs = Number.POSITIVE_INFINITY;
-    for (let r = 0; r < REPEAT; r++)
-      memcpyMs = Math.min(memcpyMs, await timed(async () => void a.copy(b)));
-
-    let saveMs = Number.POSITIVE_INFINITY;
-    let loadMs = Number.POSITIVE_INFINITY;
-    let lat: number[] = [];
-    for (let r = 0; r < REPEAT; r++) {
-      const hashes = Array.from({ length: CHUNKS }, () => randomBytes(32));
-      const hex = hashes.map((h) => h.toString('hex'));
-      saveMs = Math.min(
-        saveMs,
-        await timed(async () => {
-          const out = await dp.save({
-            engineId: 'bench-engine',
-            requestId: `s${r}`,
-            blockIds: saveBlocks,
-            chunkHashes: hex,
-          });
-          if (out.saved !== CHUNKS)
-            throw new Error(`saved ${out.saved} of ${CHUNKS} chunks (${out.dropped} dropped)`);
-        }),
-      );
-      const counts = Array<number>(CHUNKS).fill(CHUNK_TOKENS);
-      const answer = await storage.lookup({
-        lookupId: `l${r}`,
-        namespaces: [ns],
-        hashes: hex,
-        tokenCounts: counts,
-      });
-      if (answer.hitChunks !== CHUNKS)
-        throw new Error(`lookup found ${answer.hitChunks} of ${CHUNKS}`);
-      // Lookups of a small prompt keep coming from another process while the big load runs.
-      const probe = await startProber(server.endpoint, ns, hex.slice(0, 4));
-      loadMs = Math.min(
-        loadMs,
-        await timed(async () => {
-          const out = await dp.load({
-            engineId: 'bench-engine',
-            requestId: `l${r}`,
-            lookupId: `l${r}`,
-            blockIds: loadBlocks,
-            chunkHashes: hex,
-          });
-          if (out.invalidBlockIds.length > 0)
-            throw new Error(`${out.invalidBlockIds.length} blocks failed to load`);
-        }),
-      );
-      lat = lat.concat(await probe.collect());
-      await verify(path, saveBlocks, loadBlocks);
-      await dp.requestFinished('bench-engine', `l${r}`);
-      await cpu.clear();
+    {
+      const a = Buffer.allocUnsafeSlow(moved);
+      const b = Buffer.allocUnsafeSlow(moved);
+      a.fill(1);
+      b.fill(2);
+      for (let r = 0; r < REPEAT; r++)
+        memcpyMs = Math.min(memcpyMs, await timed(async () => void a.copy(b)));
     }
-    lat.sort((x, y) => x - y);
     const gbs = (ms: number) => moved / (ms / 1000) / 1e9;
-    rows.push({
-      op: 'save (gather blocks → CPU tier)',
-      bytes: moved,
-      gbPerSec: gbs(saveMs),
-      memcpyGbPerSec: gbs(memcpyMs),
-      ratio: memcpyMs / saveMs,
-    });
-    rows.push({
-      op: 'load (CPU tier → scatter blocks)',
-      bytes: moved,
-      gbPerSec: gbs(loadMs),
-      memcpyGbPerSec: gbs(memcpyMs),
-      ratio: memcpyMs / loadMs,
-    });
+    // One path at a time, so that their arenas are not held together.
+    for (const make of [() => barePath(path, engine), () => productionPath(path)]) {
+      const p = await make();
+      let m: Measured;
+      try {
+        m = await measure(p, path);
+      } finally {
+        await p.close();
+      }
+      for (const [op, ms] of [
+        ['save (gather blocks → CPU tier)', m.saveMs],
+        ['load (CPU tier → scatter blocks)', m.loadMs],
+      ] as const)
+        rows.push({
+          path: p.label,
+          op,
+          bytes: moved,
+          gbPerSec: gbs(ms),
+          memcpyGbPerSec: gbs(memcpyMs),
+          ratio: memcpyMs / ms,
+        });
+      lookups.push({
+        path: p.label,
+        samples: m.lat.length,
+        p50Ms: percentile(m.lat, 50),
+        p99Ms: percentile(m.lat, 99),
+      });
+    }
     console.log(
       `\nData plane on the host device, ${moved / MiB} MiB each way, copy engine: ${engineName}; target ratio >= 0.80`,
     );
     printTable(
-      ['op', 'GB/s', 'memcpy GB/s', 'ratio'],
+      ['path', 'op', 'GB/s', 'memcpy GB/s', 'ratio'],
       rows.map((r) => [
+        String(r.path),
         String(r.op),
         (r.gbPerSec as number).toFixed(2),
         (r.memcpyGbPerSec as number).toFixed(2),
         (r.ratio as number).toFixed(2),
       ]),
     );
-    const p99 = percentile(lat, 99);
-    console.log(
-      `\nLookup round trips during the loads: ${lat.length} samples, p50 ${(percentile(lat, 50) * 1000).toFixed(0)} µs, p99 ${(p99 * 1000).toFixed(0)} µs (target p99 < 5 ms)`,
+    console.log('\nLookup round trips during the loads (target p99 < 5 ms):');
+    printTable(
+      ['path', 'samples', 'p50 µs', 'p99 µs'],
+      lookups.map((l) => [
+        String(l.path),
+        String(l.samples),
+        ((l.p50Ms as number) * 1000).toFixed(0),
+        ((l.p99Ms as number) * 1000).toFixed(0),
+      ]),
     );
     const file = await writeResults('dataplane.json', {
       bench: 'dataplane',
@@ -246,13 +356,10 @@ async function main(): Promise<void> {
         chunkBytes: CHUNK_BYTES,
       },
       rows,
-      lookupDuringLoad: { samples: lat.length, p50Ms: percentile(lat, 50), p99Ms: p99 },
+      lookupDuringLoad: lookups,
     });
     console.log(`\nwrote ${file}`);
   } finally {
-    await server.close();
-    await dp.close();
-    await storage.close();
     await rm(path, { force: true });
   }
 }
