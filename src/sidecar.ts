@@ -5,11 +5,11 @@ import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 import { LookupServer } from './lookup-server/lookup-server.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
-import { instrumentBackend } from './metrics/instrumented-backend.ts';
+import { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 import { instrumentCopyEngine } from './metrics/instrumented-copy-engine.ts';
 import { KvtierMetrics } from './metrics/metrics.ts';
 import { createNativeCopyEngine } from './native/copy-engine.ts';
-import { StorageManager } from './storage-manager/storage-manager.ts';
+import { asHostMemoryTier, StorageManager } from './storage-manager/storage-manager.ts';
 import { createLogger, type Logger } from './util/log.ts';
 
 export interface SidecarOptions {
@@ -72,8 +72,20 @@ export class Sidecar {
         metricsRegistry: metrics.registry,
       });
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
+    let tiers: StorageBackend[];
+    try {
+      // The host-memory tier keeps its port (in-place saves) through the metrics decorator.
+      const [first, ...rest] = raw;
+      tiers = [
+        instrumentHostTier(asHostMemoryTier(first!), metrics),
+        ...rest.map((b) => instrumentBackend(b, metrics)),
+      ];
+    } catch (err) {
+      await Promise.all(raw.map((b) => b.close().catch(() => {})));
+      throw err;
+    }
     const storage = new StorageManager({
-      tiers: raw.map((b) => instrumentBackend(b, metrics)),
+      tiers,
       prefetchBudgetChunks: config.storage.prefetchBudgetChunks,
       pinTtlMs: config.storage.pinTtlMs,
       maxLookups: config.storage.maxLookups,
@@ -110,7 +122,10 @@ export class Sidecar {
           metrics,
           logger: log.child('ops'),
           ready: () => {
-            const down = storage.tiers.filter((t) => t.health() === 'down').map((t) => t.name);
+            const down = storage
+              .tierHealth()
+              .filter((t) => t.health === 'down')
+              .map((t) => t.name);
             return {
               ready: server.endpoint !== '' && down.length === 0,
               detail: { endpoint: server.endpoint, tiersDown: down },
@@ -127,18 +142,7 @@ export class Sidecar {
       await storage.close();
       throw err;
     }
-    metrics.bindSources({
-      backends: () => storage.tiers,
-      serializer: () => ({
-        capacity: storage.serializer.capacity,
-        inUse: storage.serializer.inUse,
-        waiters: storage.serializer.waiters,
-      }),
-      events: () => ({ ...storage.events.sizes(), expiredTotal: storage.events.expiredTotal }),
-      pinnedLookups: () => storage.events.sizes().done,
-      writeQueueDepth: () => storage.writeQueue.depth,
-      epoch: () => storage.epoch,
-    });
+    metrics.bindSources(storage.metricSources());
     log.info('kvtier started', {
       version: KVTIER_VERSION,
       endpoint: server.endpoint,

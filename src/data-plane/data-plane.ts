@@ -1,7 +1,10 @@
-import type { ChunkReservation } from '../backends/local-cpu.ts';
-import type { ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
+import type { ChunkHash } from '../backends/types.ts';
 import { closedError, KvtierError } from '../errors.ts';
-import type { PinnedLookup, StorageManager } from '../storage-manager/storage-manager.ts';
+import type {
+  PinnedLookup,
+  StorageManager,
+  StorageReservation,
+} from '../storage-manager/storage-manager.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
 import { resolveCudaDevice } from './device-uuid.ts';
@@ -83,7 +86,7 @@ export interface SaveResult {
   saved: number;
   /** Skipped by request or already in the CPU tier. */
   skipped: number;
-  /** No room in the CPU tier (counted there). */
+  /** No room in the CPU tier (counted there), or cleared by a CLEAR that ran during the copy. */
   dropped: number;
 }
 
@@ -136,15 +139,6 @@ interface EngineState {
   gone: boolean;
 }
 
-type Reservable = StorageBackend & {
-  reserve(
-    ns: NamespaceId,
-    hash: ChunkHash,
-    bytes: number,
-    tokens: number,
-  ): ChunkReservation | 'exists' | 'dropped';
-};
-
 const HASH = /^[0-9a-f]{64}$/;
 const DEFAULTS = { heartbeatTimeoutMs: 30_000, sweepIntervalMs: 5000 };
 
@@ -162,7 +156,6 @@ export class DataPlane {
   readonly #heartbeatTimeoutMs: number;
   readonly #engines = new Map<string, EngineState>();
   readonly #timer: ReturnType<typeof setInterval> | undefined;
-  #writeDrops = 0;
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
@@ -278,9 +271,10 @@ export class DataPlane {
   }
 
   /**
-   * Gathers each chunk not skipped and not already in the CPU tier from every region into a CPU
-   * reservation, indexes it, and queues the write-through to lower tiers (the arena pages are
-   * pinned until written, so no second copy). Resolves when the blocks may be reused.
+   * Gathers each chunk not skipped and not already in the CPU tier from every region straight
+   * into host memory reserved by the storage manager, then commits it there (indexed, pinned
+   * until written through to the lower tiers; no second copy). Resolves when the blocks may be
+   * reused.
    * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`, or the copy
    *   engine's error (nothing is indexed then).
    */
@@ -291,79 +285,32 @@ export class DataPlane {
     const chunks = splitBlocks(layout, req.blockIds, hashes.length, 'save');
     const skip = requireInt('save.skipChunks', req.skipChunks ?? 0, 0, hashes.length);
     const ns = layout.namespace.id;
-    const cpu = this.#storage.cpu as Partial<Reservable>;
     const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
     const surfaces: CopySurface[] = [...eng.surfaces];
     const ops: number[] = [];
-    const pending: {
-      hash: ChunkHash;
-      tokens: number;
-      res: ChunkReservation | null;
-      data: Uint8Array;
-    }[] = [];
-    for (let i = skip; i < hashes.length; i++) {
-      const ids = chunks[i]!;
-      const bytes = chunkPayloadBytes(layout, ids.length);
-      const tokens = ids.length * layout.blockSize;
-      let res: ChunkReservation | null = null;
-      let data: Uint8Array;
-      if (typeof cpu.reserve === 'function') {
-        const r = cpu.reserve(ns, hashes[i]!, bytes, tokens);
-        if (r === 'exists') result.skipped++;
-        if (r === 'dropped') result.dropped++;
-        if (typeof r === 'string') continue;
-        res = r;
-        data = r.view;
-      } else {
-        // A CPU tier without in-place reservations gets a gathered copy through `put`.
-        data = Buffer.allocUnsafe(bytes);
-      }
-      appendChunkOps(ops, layout, 'gather', ids, eng.regionSurface, surfaces.push(data) - 1);
-      pending.push({ hash: hashes[i]!, tokens, res, data });
-    }
-    const work = this.#copy.copy(surfaces, Float64Array.from(ops));
+    const pending: StorageReservation[] = [];
     try {
-      await this.#track(eng, work);
+      for (let i = skip; i < hashes.length; i++) {
+        const ids = chunks[i]!;
+        const bytes = chunkPayloadBytes(layout, ids.length);
+        const r = this.#storage.reserve(ns, hashes[i]!, bytes, ids.length * layout.blockSize);
+        if (r === 'exists') result.skipped++;
+        else if (r === 'dropped') result.dropped++;
+        else {
+          pending.push(r);
+          appendChunkOps(ops, layout, 'gather', ids, eng.regionSurface, surfaces.push(r.view) - 1);
+        }
+      }
+      await this.#track(eng, this.#copy.copy(surfaces, Float64Array.from(ops)));
     } catch (err) {
-      for (const p of pending) p.res?.abort();
+      for (const r of pending) r.abort();
       throw err;
     }
-    for (const p of pending) {
-      const outcome =
-        p.res === null
-          ? await this.#storage.put(ns, p.hash, { tokens: p.tokens, data: p.data })
-          : this.#commit(ns, p.hash, p.tokens, p.res);
+    for (const r of pending) {
+      const outcome = r.commit();
       result[outcome === 'stored' ? 'saved' : outcome === 'exists' ? 'skipped' : 'dropped']++;
     }
     return result;
-  }
-
-  #commit(
-    ns: NamespaceId,
-    hash: ChunkHash,
-    tokens: number,
-    res: ChunkReservation,
-  ): 'stored' | 'exists' {
-    const lower = this.#storage.tiers.slice(1);
-    const cpu = this.#storage.cpu;
-    const outcome = res.commit({ pin: lower.length > 0 });
-    if (lower.length === 0) return outcome as 'stored' | 'exists';
-    if (outcome === 'exists') {
-      cpu.unpin(ns, [hash]);
-      return 'exists';
-    }
-    const queued = this.#storage.writeQueue.enqueue({
-      ns,
-      hash,
-      chunk: { tokens, data: res.view },
-      targets: lower,
-      done: () => cpu.unpin(ns, [hash]),
-    });
-    if (!queued) {
-      cpu.unpin(ns, [hash]);
-      this.#writeDrops++;
-    }
-    return 'stored';
   }
 
   /**
@@ -451,7 +398,7 @@ export class DataPlane {
         ? new Set(pinned.hashes)
         : new Set<ChunkHash>();
     const wanted = hashes.filter((h) => ready.has(h));
-    const found = wanted.length === 0 ? new Map() : await this.#storage.cpu.batchedGet(ns, wanted);
+    const found = wanted.length === 0 ? new Map() : await this.#storage.hostChunks(ns, wanted);
     let loadedTokens = 0;
     let i = 0;
     for (; i < hashes.length; i++) {
@@ -564,7 +511,7 @@ export class DataPlane {
       engines: this.#engines.size,
       requests,
       heldLookups,
-      writeThroughDropped: this.#writeDrops,
+      writeThroughDropped: this.#storage.writeThroughDropped,
     };
   }
 

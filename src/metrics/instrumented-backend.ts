@@ -1,15 +1,16 @@
 import type { Counter, Histogram } from 'prom-client';
+import { ForwardingBackend } from '../backends/forwarding-backend.ts';
 import type {
-  BackendCapabilities,
-  BackendHealth,
-  BackendStats,
   Chunk,
   ChunkHash,
+  ChunkReservation,
   ContainsOptions,
   GetOptions,
+  HostMemoryTier,
   NamespaceId,
   PutOptions,
   PutOutcome,
+  ReserveOutcome,
   StorageBackend,
 } from '../backends/types.ts';
 import { KvtierError } from '../errors.ts';
@@ -39,8 +40,9 @@ type Inc = Counter.Internal;
  * - `kvtier_backend_errors_total{tier,op,code}` with `KvtierError.code`, or `KVT_INTERNAL` for
  *   any other thrown value.
  *
- * `pin`, `unpin`, `stats`, `health` and `close` forward with no measurement. The wrapper does
- * not own the backend beyond forwarding `close()`.
+ * `pin`, `unpin`, `stats`, `health` and `close` forward with no measurement (the wrapper derives
+ * from {@link ForwardingBackend}). The wrapper does not own the backend beyond forwarding `close()`.
+ * Use {@link instrumentHostTier} for the host-memory tier, so that its `reserve` is kept.
  */
 export function instrumentBackend(
   backend: StorageBackend,
@@ -50,11 +52,20 @@ export function instrumentBackend(
   return new InstrumentedBackend(backend, metrics, options.now ?? (() => performance.now()));
 }
 
-class InstrumentedBackend implements StorageBackend {
-  readonly name: string;
-  readonly kind: string;
-  readonly capabilities: BackendCapabilities;
-  readonly #inner: StorageBackend;
+/**
+ * {@link instrumentBackend} for the host-memory tier: the result is a {@link HostMemoryTier} whose
+ * `reserve` forwards (no JS-heap copy on the save path). A reservation's `commit` that stores
+ * counts its bytes as written; a `reserve` that throws counts as a failed `put`.
+ */
+export function instrumentHostTier(
+  tier: HostMemoryTier,
+  metrics: KvtierMetrics,
+  options: InstrumentOptions = {},
+): HostMemoryTier {
+  return new InstrumentedHostTier(tier, metrics, options.now ?? (() => performance.now()));
+}
+
+class InstrumentedBackend<T extends StorageBackend = StorageBackend> extends ForwardingBackend<T> {
   readonly #metrics: KvtierMetrics;
   readonly #now: () => number;
   // Label children bound once so the hot path does not build label objects per call.
@@ -62,15 +73,12 @@ class InstrumentedBackend implements StorageBackend {
   readonly #hits: Inc;
   readonly #misses: Inc;
   readonly #bytesRead: Inc;
-  readonly #bytesWritten: Inc;
+  protected readonly bytesWritten: Inc;
 
-  constructor(inner: StorageBackend, metrics: KvtierMetrics, now: () => number) {
-    this.#inner = inner;
+  constructor(inner: T, metrics: KvtierMetrics, now: () => number) {
+    super(inner);
     this.#metrics = metrics;
     this.#now = now;
-    this.name = inner.name;
-    this.kind = inner.kind;
-    this.capabilities = inner.capabilities;
     const tier = inner.name;
     const d = metrics.backendOpDuration;
     this.#duration = {
@@ -83,10 +91,10 @@ class InstrumentedBackend implements StorageBackend {
     this.#hits = metrics.backendHits.labels({ tier });
     this.#misses = metrics.backendMisses.labels({ tier });
     this.#bytesRead = metrics.backendBytesRead.labels({ tier });
-    this.#bytesWritten = metrics.backendBytesWritten.labels({ tier });
+    this.bytesWritten = metrics.backendBytesWritten.labels({ tier });
   }
 
-  async batchedContains(
+  override async batchedContains(
     ns: NamespaceId,
     hashes: readonly ChunkHash[],
     opts?: ContainsOptions,
@@ -94,9 +102,9 @@ class InstrumentedBackend implements StorageBackend {
     const start = this.#now();
     let found: number;
     try {
-      found = await this.#inner.batchedContains(ns, hashes, opts);
+      found = await this.inner.batchedContains(ns, hashes, opts);
     } catch (err) {
-      this.#failed('contains', start, err);
+      this.failed('contains', start, err);
       throw err;
     }
     this.#observe('contains', start);
@@ -105,7 +113,7 @@ class InstrumentedBackend implements StorageBackend {
     return found;
   }
 
-  async batchedGet(
+  override async batchedGet(
     ns: NamespaceId,
     hashes: readonly ChunkHash[],
     opts?: GetOptions,
@@ -113,9 +121,9 @@ class InstrumentedBackend implements StorageBackend {
     const start = this.#now();
     let result: Map<ChunkHash, Chunk | null>;
     try {
-      result = await this.#inner.batchedGet(ns, hashes, opts);
+      result = await this.inner.batchedGet(ns, hashes, opts);
     } catch (err) {
-      this.#failed('get', start, err);
+      this.failed('get', start, err);
       throw err;
     }
     this.#observe('get', start);
@@ -136,7 +144,7 @@ class InstrumentedBackend implements StorageBackend {
     return result;
   }
 
-  async put(
+  override async put(
     ns: NamespaceId,
     hash: ChunkHash,
     chunk: Chunk,
@@ -145,66 +153,77 @@ class InstrumentedBackend implements StorageBackend {
     const start = this.#now();
     let outcome: PutOutcome;
     try {
-      outcome = await this.#inner.put(ns, hash, chunk, opts);
+      outcome = await this.inner.put(ns, hash, chunk, opts);
     } catch (err) {
-      this.#failed('put', start, err);
+      this.failed('put', start, err);
       throw err;
     }
     this.#observe('put', start);
-    if (outcome === 'stored') this.#bytesWritten.inc(chunk.data.byteLength);
+    if (outcome === 'stored') this.bytesWritten.inc(chunk.data.byteLength);
     return outcome;
   }
 
-  async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
+  override async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
     const start = this.#now();
     try {
-      const removed = await this.#inner.remove(ns, hashes);
+      const removed = await this.inner.remove(ns, hashes);
       this.#observe('remove', start);
       return removed;
     } catch (err) {
-      this.#failed('remove', start, err);
+      this.failed('remove', start, err);
       throw err;
     }
   }
 
-  async clear(ns?: NamespaceId): Promise<void> {
+  override async clear(ns?: NamespaceId): Promise<void> {
     const start = this.#now();
     try {
-      await this.#inner.clear(ns);
+      await this.inner.clear(ns);
       this.#observe('clear', start);
     } catch (err) {
-      this.#failed('clear', start, err);
+      this.failed('clear', start, err);
       throw err;
     }
-  }
-
-  pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
-    return this.#inner.pin(ns, hashes);
-  }
-
-  unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
-    this.#inner.unpin(ns, hashes);
-  }
-
-  stats(): BackendStats {
-    return this.#inner.stats();
-  }
-
-  health(): BackendHealth {
-    return this.#inner.health();
-  }
-
-  close(): Promise<void> {
-    return this.#inner.close();
   }
 
   #observe(op: BackendOp, startMs: number): void {
     this.#duration[op].observe(Math.max(0, this.#now() - startMs) / 1000);
   }
 
-  #failed(op: BackendOp, startMs: number, err: unknown): void {
+  /** The injected clock, ms. */
+  protected now(): number {
+    return this.#now();
+  }
+
+  /** Records a failed call of `op` that started at `startMs`. */
+  protected failed(op: BackendOp, startMs: number, err: unknown): void {
     this.#observe(op, startMs);
     const code = err instanceof KvtierError ? err.code : 'KVT_INTERNAL';
     this.#metrics.backendErrors.inc({ tier: this.name, op, code });
+  }
+}
+
+class InstrumentedHostTier extends InstrumentedBackend<HostMemoryTier> implements HostMemoryTier {
+  reserve(ns: NamespaceId, hash: ChunkHash, bytes: number, tokens: number): ReserveOutcome {
+    const start = this.now();
+    let r: ReserveOutcome;
+    try {
+      r = this.inner.reserve(ns, hash, bytes, tokens);
+    } catch (err) {
+      this.failed('put', start, err);
+      throw err;
+    }
+    if (typeof r === 'string') return r;
+    const written = this.bytesWritten;
+    const reservation: ChunkReservation = {
+      view: r.view,
+      commit: (opts) => {
+        const outcome = r.commit(opts);
+        if (outcome === 'stored') written.inc(r.view.byteLength);
+        return outcome;
+      },
+      abort: () => r.abort(),
+    };
+    return reservation;
   }
 }

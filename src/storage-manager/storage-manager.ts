@@ -1,22 +1,29 @@
 import type {
+  BackendHealth,
   Chunk,
   ChunkHash,
+  ChunkReservation,
+  HostMemoryTier,
   NamespaceId,
   PutOutcome,
   StorageBackend,
 } from '../backends/types.ts';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { EventManager } from '../event-manager/event-manager.ts';
-import type { KvtierMetrics } from '../metrics/metrics.ts';
+import type { KvtierMetrics, MetricSources } from '../metrics/metrics.ts';
 import { AsyncSerializer } from '../serializer/async-serializer.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
+import { ClearFence } from './clear-fence.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { PinLedger } from './pin-ledger.ts';
-import { type WriteThroughOptions, WriteThroughQueue } from './write-through.ts';
+import { type WriteJob, type WriteThroughOptions, WriteThroughQueue } from './write-through.ts';
 
 export interface StorageManagerOptions {
-  /** Tiers, fastest first. The first must keep chunks in host memory (the CPU tier). */
+  /**
+   * Tiers, fastest first. The first must be the host-memory tier: a {@link HostMemoryTier}
+   * (`capabilities.hostMemory` and `reserve`), e.g. LocalCPU, or a decorator of one.
+   */
   tiers: readonly StorageBackend[];
   /** Chunks that admitted prefetches may bring into host memory at once; default 1024. */
   prefetchBudgetChunks?: number;
@@ -78,6 +85,36 @@ export interface PinnedLookup extends LookupOutcome {
   readonly ledger: PinLedger;
 }
 
+/** What a save's chunk came to: stored (indexed and queued), already there, or not kept. */
+export type SaveOutcome = 'stored' | 'exists' | 'dropped';
+
+/**
+ * Host-memory room for one chunk, from {@link StorageManager.reserve}: fill `view`, then settle
+ * once with `commit` or `abort`.
+ */
+export interface StorageReservation {
+  /** Exactly the reserved length; write the chunk's bytes here before `commit`. */
+  readonly view: Uint8Array;
+  /**
+   * Makes the chunk visible: indexes it in the host-memory tier, pins it while its write-through
+   * to the lower tiers is queued or running, and queues that write-through (a full queue drops
+   * it, counted). Returns `'exists'` when the key was stored meanwhile (the block is freed) and
+   * `'dropped'` when a CLEAR of the chunk's namespace ran since `reserve` (the chunk is
+   * discarded: a chunk saved before a CLEAR is never visible after it).
+   * @throws KvtierError `KVT_INTERNAL` if already settled; `KVT_CLOSED` after close.
+   */
+  commit(): SaveOutcome;
+  /** Frees the room. @throws KvtierError `KVT_INTERNAL` if already settled. */
+  abort(): void;
+}
+
+/** Name, kind and health of one tier, in tier order. */
+export interface TierHealth {
+  name: string;
+  kind: string;
+  health: BackendHealth;
+}
+
 interface Segment {
   tierIndex: number;
   start: number;
@@ -93,16 +130,29 @@ const DEFAULTS = {
 
 /**
  * Runs lookups over the tiers (design decision 3), prefetches lower-tier hits into the CPU tier
- * under the serializer, tracks each lookup in the event manager, and writes puts through to the
- * lower tiers. It owns the tiers it is given and closes them.
+ * under the serializer, tracks each lookup in the event manager, and writes puts and saves
+ * through to the lower tiers. It owns the tiers it is given and closes them; nothing else
+ * writes to them, queues write-throughs or keeps their counters (the data plane saves through
+ * {@link StorageManager.reserve} and reads through {@link StorageManager.hostChunks}).
  */
 export class StorageManager {
+  /** The tiers in order, for reading names, stats and health (tests, the simulator, PING). */
   readonly tiers: readonly StorageBackend[];
-  readonly cpu: StorageBackend;
-  readonly serializer: AsyncSerializer;
-  readonly events: EventManager<PinnedLookup>;
-  readonly writeQueue: WriteThroughQueue;
+  /** Diagnostics and tests: queue occupancy; only the manager enqueues. */
+  readonly writeQueue: Pick<WriteThroughQueue, 'depth' | 'bytes' | 'idle'>;
+  /** Diagnostics and tests: prefetch budget occupancy. */
+  readonly serializer: Pick<AsyncSerializer, 'capacity' | 'inUse' | 'waiters'>;
+  /** Diagnostics and tests: lookup states and counts. */
+  readonly events: Pick<EventManager<PinnedLookup>, 'state' | 'sizes' | 'expiredTotal'>;
+  readonly #host: HostMemoryTier;
   readonly #lower: readonly StorageBackend[];
+  readonly #serializer: AsyncSerializer;
+  readonly #events: EventManager<PinnedLookup>;
+  readonly #writeQueue: WriteThroughQueue<StampedJob>;
+  readonly #fence = new ClearFence();
+  /** Answered lookups that hold pins (in the event manager or taken), for CLEAR to release. */
+  readonly #answered = new Set<PinnedLookup>();
+  #writeDropped = 0;
   readonly #metrics: KvtierMetrics | undefined;
   readonly #log: Logger;
   #epoch: number;
@@ -113,13 +163,7 @@ export class StorageManager {
     if (!Array.isArray(opts.tiers) || opts.tiers.length === 0) {
       throw new KvtierError('KVT_CONFIG', 'storage needs at least one tier');
     }
-    const first = opts.tiers[0]!;
-    if (!first.capabilities.hostMemory) {
-      throw new KvtierError(
-        'KVT_CONFIG',
-        `the first tier must keep chunks in host memory (e.g. local-cpu), got "${first.name}" (${first.kind})`,
-      );
-    }
+    const first = asHostMemoryTier(opts.tiers[0]!);
     const names = new Set<string>();
     for (const t of opts.tiers) {
       if (names.has(t.name))
@@ -127,7 +171,7 @@ export class StorageManager {
       names.add(t.name);
     }
     this.tiers = [...opts.tiers];
-    this.cpu = first;
+    this.#host = first;
     this.#lower = this.tiers.slice(1);
     this.#metrics = opts.metrics;
     this.#log = opts.log ?? silentLogger;
@@ -137,24 +181,32 @@ export class StorageManager {
       0,
       2 ** 32 - 2,
     );
-    this.serializer = new AsyncSerializer({
+    this.#serializer = new AsyncSerializer({
       capacityChunks: requireInt(
         'prefetchBudgetChunks',
         opts.prefetchBudgetChunks ?? DEFAULTS.prefetchBudgetChunks,
         1,
       ),
     });
-    this.events = new EventManager<PinnedLookup>({
+    this.#events = new EventManager<PinnedLookup>({
       maxEntries: requireInt('maxLookups', opts.maxLookups ?? DEFAULTS.maxLookups, 1),
       ttlMs: requireInt('pinTtlMs', opts.pinTtlMs ?? DEFAULTS.pinTtlMs, 1),
       sweepIntervalMs: opts.sweepIntervalMs ?? DEFAULTS.sweepIntervalMs,
       ...(opts.now !== undefined ? { now: opts.now } : {}),
     });
     const metrics = this.#metrics;
-    this.writeQueue = new WriteThroughQueue({
+    this.#writeQueue = new WriteThroughQueue<StampedJob>({
       ...opts.writeThrough,
       onDrop: (tier, reason) => metrics?.writeThroughDropped.inc({ tier, reason }),
     });
+    this.serializer = this.#serializer;
+    this.events = this.#events;
+    this.writeQueue = this.#writeQueue;
+  }
+
+  /** The host-memory tier, for diagnostics and tests (stats, pins); saves go through `reserve`. */
+  get cpu(): StorageBackend {
+    return this.#host;
   }
 
   /** Bumped by every clear; answers computed across a clear are reported stale. */
@@ -180,7 +232,7 @@ export class StorageManager {
     if (input.namespaces.length === 0)
       throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs at least one namespace');
     const started = performance.now();
-    if (this.events.state(input.lookupId) !== 'not_found') this.events.cancel(input.lookupId);
+    if (this.#events.state(input.lookupId) !== 'not_found') this.#events.cancel(input.lookupId);
 
     const ac = new LazyAbort();
     const outer = opts.signal;
@@ -194,9 +246,9 @@ export class StorageManager {
       settle = { resolve, reject };
     });
     // Registered before any pin is taken, so a full event manager refuses the lookup cleanly.
-    this.events.add(input.lookupId, work, {
+    this.#events.add(input.lookupId, work, {
       abort: () => ac.abort(),
-      dispose: (p) => p.ledger.releaseAll(),
+      dispose: (p) => this.releaseLookup(p),
     });
     work.catch(() => {});
     try {
@@ -208,13 +260,15 @@ export class StorageManager {
       settle.resolve(pinned);
       // Lets the event manager record the result before it is taken back.
       await work;
+      // A CLEAR that ran while the result was being recorded makes it stale too.
+      if (pinned.status === 'ok' && pinned.epoch !== this.#epoch) this.#invalidate(pinned);
       if (
         (pinned.status !== 'ok' || input.pin === false) &&
-        this.events.result(input.lookupId) === pinned
+        this.#events.result(input.lookupId) === pinned
       ) {
-        this.events.take(input.lookupId);
+        this.#events.take(input.lookupId);
         pinned.ledger.releaseAll();
-      }
+      } else if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
       this.#record(input, pinned, started);
       return outcomeOf(pinned);
     } catch (err) {
@@ -232,7 +286,7 @@ export class StorageManager {
 
   /** Cancels a lookup: aborts its prefetch or releases its pins. Returns whether it was known. */
   cancel(lookupId: string): boolean {
-    return this.events.cancel(lookupId);
+    return this.#events.cancel(lookupId);
   }
 
   /**
@@ -240,23 +294,36 @@ export class StorageManager {
    * reading the chunks. Returns undefined when the lookup is unknown, still running or expired.
    */
   takeLookup(lookupId: string): PinnedLookup | undefined {
-    return this.events.take(lookupId);
+    return this.#events.take(lookupId);
   }
 
-  /** Releases the pins of a lookup obtained from `takeLookup`. */
+  /** Releases the pins of a lookup obtained from `takeLookup`. Idempotent. */
   releaseLookup(p: PinnedLookup): void {
+    this.#answered.delete(p);
     p.ledger.releaseAll();
+  }
+
+  /** Marks an answered lookup stale (a CLEAR overtook it) and releases its pins. */
+  #invalidate(p: PinnedLookup): void {
+    p.status = 'stale';
+    p.epoch = this.#epoch;
+    p.hitTokens = 0;
+    p.hitChunks = 0;
+    p.tiers = [];
+    p.hashes = [];
+    this.releaseLookup(p);
   }
 
   /** Expires lookups past the pin TTL; returns how many. */
   sweep(): number {
-    const n = this.events.sweep();
+    const n = this.#events.sweep();
     if (n > 0) this.#metrics?.pinsExpired.inc(n);
     return n;
   }
 
   async #run(input: LookupInput, signal: LazyAbort): Promise<PinnedLookup> {
     const epoch = this.#epoch;
+    const stamp = this.#fence.stamp();
     const ledger = new PinLedger();
     try {
       const n = input.hashes.length;
@@ -271,8 +338,8 @@ export class StorageManager {
       ready = this.#fitBudget(segmentsByNs, ready);
       ledger.releaseFrom(ready);
       if (signal.aborted) throw abortedError(signal.signal, 'lookup');
-      ready = await this.#prefetch(input, segmentsByNs, ready, ledger, signal);
-      ledger.releaseAllBut(this.cpu);
+      ready = await this.#prefetch(input, segmentsByNs, ready, ledger, signal, stamp);
+      ledger.releaseAllBut(this.#host);
       ledger.releaseFrom(ready);
       const status = this.#epoch !== epoch ? 'stale' : 'ok';
       if (status === 'stale') ready = 0;
@@ -334,7 +401,7 @@ export class StorageManager {
 
   /** Shortens `ready` so that the chunks to prefetch fit in the serializer's whole budget. */
   #fitBudget(segmentsByNs: Segment[][], ready: number): number {
-    const budget = this.serializer.capacity;
+    const budget = this.#serializer.capacity;
     let lower = 0;
     for (const segs of segmentsByNs)
       for (const s of segs)
@@ -361,6 +428,7 @@ export class StorageManager {
     ready: number,
     ledger: PinLedger,
     abort: LazyAbort,
+    stamp: number,
   ): Promise<number> {
     const jobs: { ns: NamespaceId; seg: Segment }[] = [];
     let weight = 0;
@@ -375,7 +443,7 @@ export class StorageManager {
     });
     if (weight === 0) return ready;
     const started = performance.now();
-    const limit = await this.serializer.run(
+    const limit = await this.#serializer.run(
       weight,
       async (sig) => {
         const fetched = await Promise.all(
@@ -406,11 +474,13 @@ export class StorageManager {
             const chunk = map.get(hash);
             // Results are keyed by hash; a missing or mismatched chunk ends the ready prefix.
             if (chunk == null || chunk.tokens !== input.tokenCounts[pos]) break;
-            const outcome = await this.cpu.put(ns, hash, chunk, { pin: true });
+            // Read before a CLEAR of its namespace: must not come back into host memory.
+            if (this.#fence.clearedSince(ns, stamp)) break;
+            const outcome = await this.#host.put(ns, hash, chunk, { pin: true });
             if (outcome === 'dropped') break;
             stored.push(hash);
           }
-          ledger.add(this.cpu, ns, seg.start, stored);
+          ledger.add(this.#host, ns, seg.start, stored);
           if (stored.length > 0)
             this.#metrics?.prefetchChunks.inc(
               { tier: this.tiers[seg.tierIndex]!.name },
@@ -463,28 +533,120 @@ export class StorageManager {
    * Stores a chunk in the CPU tier and queues it for the lower tiers. Never waits for room:
    * returns 'dropped' when no tier will get the chunk. The chunk's bytes must not change until
    * the write-through has run (the manager keeps a reference when the CPU tier could not take them).
+   * A CLEAR of `ns` that runs before this resolves wins: the chunk is not kept.
+   * @throws KvtierError `KVT_CLOSED` after close; the CPU tier's `KVT_INVALID_ARGUMENT`.
    */
   async put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<PutOutcome> {
     if (this.#closing !== undefined) throw closedError('storage manager');
+    const stamp = this.#fence.stamp();
     const pinForWrite = this.#lower.length > 0;
-    const outcome = await this.cpu.put(ns, hash, chunk, { pin: pinForWrite });
-    if (!pinForWrite) return outcome;
+    const outcome = await this.#host.put(ns, hash, chunk, { pin: pinForWrite });
     const inCpu = outcome !== 'dropped';
-    const queued = this.writeQueue.enqueue({
+    if (this.#fence.clearedSince(ns, stamp)) {
+      if (inCpu && pinForWrite) this.#host.unpin(ns, [hash]);
+      if (outcome === 'stored') await this.#host.remove(ns, [hash]).catch(() => 0);
+      return outcome;
+    }
+    if (!pinForWrite) return outcome;
+    const queued = this.#enqueue(ns, hash, chunk, inCpu, stamp);
+    return inCpu ? outcome : queued ? 'stored' : 'dropped';
+  }
+
+  /**
+   * Reserves host memory for a chunk the caller writes in place (the data plane's gather), so
+   * the bytes never pass through the JS heap. Never waits: evicts like `put`, or drops.
+   * @returns a {@link StorageReservation}; `'exists'` when the CPU tier already has the chunk
+   *   (touched, nothing reserved); `'dropped'` (counted by the tier) when there is no room.
+   * @throws KvtierError `KVT_CLOSED` after close; `KVT_INVALID_ARGUMENT` on bad sizes.
+   */
+  reserve(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    bytes: number,
+    tokens: number,
+  ): StorageReservation | 'exists' | 'dropped' {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    const stamp = this.#fence.stamp();
+    const r = this.#host.reserve(ns, hash, bytes, tokens);
+    if (typeof r === 'string') return r;
+    let settled = false;
+    const settle = (): ChunkReservation => {
+      if (settled) throw new KvtierError('KVT_INTERNAL', 'storage reservation already settled');
+      settled = true;
+      return r;
+    };
+    return {
+      view: r.view,
+      commit: () => this.#commit(ns, hash, tokens, settle(), stamp),
+      abort: () => settle().abort(),
+    };
+  }
+
+  #commit(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    tokens: number,
+    r: ChunkReservation,
+    stamp: number,
+  ): SaveOutcome {
+    if (this.#closing !== undefined) {
+      r.abort();
+      throw closedError('storage manager');
+    }
+    if (this.#fence.clearedSince(ns, stamp)) {
+      r.abort();
+      return 'dropped';
+    }
+    const pinForWrite = this.#lower.length > 0;
+    const outcome = r.commit({ pin: pinForWrite });
+    if (!pinForWrite) return outcome;
+    if (outcome === 'exists') {
+      this.#host.unpin(ns, [hash]);
+      return 'exists';
+    }
+    this.#enqueue(ns, hash, { tokens, data: r.view }, true, stamp);
+    return 'stored';
+  }
+
+  /**
+   * Queues the write-through of a chunk (pinned in the CPU tier when `inCpu`; the pin is
+   * released when the job leaves the queue). Returns false, counted, when the queue is full.
+   */
+  #enqueue(ns: NamespaceId, hash: ChunkHash, chunk: Chunk, inCpu: boolean, stamp: number): boolean {
+    const job: StampedJob = {
       ns,
       hash,
       chunk,
+      stamp,
       targets: this.#lower,
       done: () => {
-        if (inCpu) this.cpu.unpin(ns, [hash]);
+        if (inCpu) this.#host.unpin(ns, [hash]);
       },
-    });
-    if (!queued) {
-      if (inCpu) this.cpu.unpin(ns, [hash]);
-      for (const t of this.#lower)
-        this.#metrics?.writeThroughDropped.inc({ tier: t.name, reason: 'queue_full' });
-    }
-    return inCpu ? outcome : queued ? 'stored' : 'dropped';
+    };
+    if (this.#writeQueue.enqueue(job)) return true;
+    if (inCpu) this.#host.unpin(ns, [hash]);
+    this.#writeDropped++;
+    for (const t of this.#lower)
+      this.#metrics?.writeThroughDropped.inc({ tier: t.name, reason: 'queue_full' });
+    return false;
+  }
+
+  /** Write-throughs refused because the queue was full, since start (PUT and saves). */
+  get writeThroughDropped(): number {
+    return this.#writeDropped;
+  }
+
+  /**
+   * Reads chunks from the host-memory tier only, keyed by hash (`null`: not there). The bytes
+   * are views into the arena: valid while the caller holds pins on the chunks (a lookup it took),
+   * or until it next yields.
+   */
+  async hostChunks(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+  ): Promise<Map<ChunkHash, Chunk | null>> {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    return this.#host.batchedGet(ns, hashes);
   }
 
   /** Reads one chunk from the first tier that has it; returns a copy of its bytes, or null. */
@@ -507,11 +669,27 @@ export class StorageManager {
 
   /**
    * Drops the chunks of `namespaces` (all when empty) from every tier and bumps the epoch, so
-   * lookups that were running are answered stale. Returns the new epoch.
+   * lookups that were running are answered stale. Returns the new epoch once the clear holds:
+   * no chunk put, saved or prefetched before the call can become visible afterwards. Queued
+   * write-throughs of the namespaces are dropped, running ones are waited for before the tiers
+   * are cleared, and answered lookups of the namespaces lose their pins (a load of one then
+   * reports every block invalid).
    */
   async clear(namespaces: readonly NamespaceId[] = []): Promise<number> {
     if (this.#closing !== undefined) throw closedError('storage manager');
     this.#epoch = (this.#epoch + 1) >>> 0;
+    this.#fence.clear(namespaces);
+    const only = namespaces.length === 0 ? undefined : new Set(namespaces);
+    const cleared = (ns: NamespaceId) => only === undefined || only.has(ns);
+    // Jobs queued before this clear, not those of puts that arrive while it runs.
+    const overtaken = (job: StampedJob) => this.#fence.clearedSince(job.ns, job.stamp);
+    this.#writeQueue.discard(overtaken);
+    for (const p of [...this.#answered])
+      if (p.namespaces.some(cleared)) {
+        if (this.#events.result(p.lookupId) === p) this.#events.take(p.lookupId);
+        this.#invalidate(p);
+      }
+    await this.#writeQueue.settled(overtaken);
     await Promise.all(
       this.tiers.map(async (tier) => {
         try {
@@ -525,6 +703,27 @@ export class StorageManager {
     return this.#epoch;
   }
 
+  /** Name, kind and health of every tier, in order (readiness, PING). */
+  tierHealth(): TierHealth[] {
+    return this.tiers.map((t) => ({ name: t.name, kind: t.kind, health: t.health() }));
+  }
+
+  /** The scrape-time sources the metrics module reads from this manager. */
+  metricSources(): MetricSources {
+    return {
+      backends: () => this.tiers,
+      serializer: () => ({
+        capacity: this.#serializer.capacity,
+        inUse: this.#serializer.inUse,
+        waiters: this.#serializer.waiters,
+      }),
+      events: () => ({ ...this.#events.sizes(), expiredTotal: this.#events.expiredTotal }),
+      pinnedLookups: () => this.#events.sizes().done,
+      writeQueueDepth: () => this.#writeQueue.depth,
+      epoch: () => this.#epoch,
+    };
+  }
+
   /** A JSON-friendly snapshot for the STATS request and `kvtier stats`. */
   stats(): Record<string, unknown> {
     return {
@@ -535,26 +734,53 @@ export class StorageManager {
         health: t.health(),
         ...t.stats(),
       })),
-      lookups: { ...this.events.sizes(), expiredTotal: this.events.expiredTotal },
+      lookups: { ...this.#events.sizes(), expiredTotal: this.#events.expiredTotal },
       serializer: {
-        capacityChunks: this.serializer.capacity,
-        inUseChunks: this.serializer.inUse,
-        waiters: this.serializer.waiters,
+        capacityChunks: this.#serializer.capacity,
+        inUseChunks: this.#serializer.inUse,
+        waiters: this.#serializer.waiters,
       },
-      writeThrough: { depth: this.writeQueue.depth, bytes: this.writeQueue.bytes },
+      writeThrough: {
+        depth: this.#writeQueue.depth,
+        bytes: this.#writeQueue.bytes,
+        dropped: this.#writeDropped,
+      },
     };
   }
 
   /** Cancels lookups (releasing pins), flushes the write-through queue and closes every tier. Idempotent. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      this.events.close();
-      this.serializer.close();
-      await this.writeQueue.close();
+      this.#events.close();
+      this.#serializer.close();
+      await this.#writeQueue.close();
       await Promise.all(this.tiers.map((t) => t.close().catch(() => {})));
     })();
     return this.#closing;
   }
+}
+
+/** A write-through job with the fence stamp of the write that queued it. */
+interface StampedJob extends WriteJob {
+  readonly stamp: number;
+}
+
+/**
+ * The first tier as the host-memory port.
+ * @throws KvtierError `KVT_CONFIG` when it does not keep chunks in host memory or lacks `reserve`.
+ */
+export function asHostMemoryTier(tier: StorageBackend): HostMemoryTier {
+  if (!tier.capabilities.hostMemory)
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `the first tier must keep chunks in host memory (e.g. local-cpu), got "${tier.name}" (${tier.kind})`,
+    );
+  if (typeof (tier as Partial<HostMemoryTier>).reserve !== 'function')
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `tier "${tier.name}" (${tier.kind}) declares hostMemory but does not implement HostMemoryTier.reserve (wrap it with instrumentHostTier or a ForwardingBackend that declares HostMemoryTier)`,
+    );
+  return tier as HostMemoryTier;
 }
 
 const EPOCH_BASE_MS = Date.UTC(2024, 0, 1);

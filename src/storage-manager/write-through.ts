@@ -32,17 +32,19 @@ const DEFAULTS = { maxChunks: 1024, maxBytes: 1024 ** 3, concurrency: 4 };
  * Bounded write-through queue to the tiers below host memory. Enqueue never waits: a job that
  * does not fit is refused and the caller drops it (stores never wait, design decision 4).
  */
-export class WriteThroughQueue {
+export class WriteThroughQueue<J extends WriteJob = WriteJob> {
   readonly #maxChunks: number;
   readonly #maxBytes: number;
   readonly #concurrency: number;
   readonly #onDrop: (tier: string, reason: WriteDropReason) => void;
-  readonly #jobs: WriteJob[] = [];
+  readonly #jobs: J[] = [];
   #head = 0;
   #bytes = 0;
   #active = 0;
   #closed = false;
   #idleWaiters: (() => void)[] = [];
+  /** Jobs being written, with the promise that settles when each is done. */
+  readonly #running = new Map<J, Promise<void>>();
 
   constructor(opts: WriteThroughOptions = {}) {
     this.#maxChunks = requireInt('writeThrough.maxChunks', opts.maxChunks ?? DEFAULTS.maxChunks, 1);
@@ -70,7 +72,7 @@ export class WriteThroughQueue {
    * Queues a job; returns false (and calls nothing) when the queue is full or closed, so the
    * caller can count the drop and release what it holds.
    */
-  enqueue(job: WriteJob): boolean {
+  enqueue(job: J): boolean {
     const size = job.chunk.data.length;
     if (this.#closed || this.depth >= this.#maxChunks || this.#bytes + size > this.#maxBytes)
       return false;
@@ -86,6 +88,33 @@ export class WriteThroughQueue {
     return new Promise((resolve) => this.#idleWaiters.push(resolve));
   }
 
+  /**
+   * Removes the queued (not yet running) jobs that `match` selects, calling each one's `done`
+   * (they are not counted as drops: the caller discards them on purpose). Returns how many.
+   */
+  discard(match: (job: J) => boolean): number {
+    const kept: J[] = [];
+    const removed: J[] = [];
+    for (let i = this.#head; i < this.#jobs.length; i++) {
+      const job = this.#jobs[i]!;
+      (match(job) ? removed : kept).push(job);
+    }
+    this.#jobs.length = 0;
+    this.#jobs.push(...kept);
+    this.#head = 0;
+    for (const job of removed) {
+      this.#bytes -= job.chunk.data.length;
+      job.done();
+    }
+    if (removed.length > 0 && this.depth === 0) this.#wakeIdle();
+    return removed.length;
+  }
+
+  /** Resolves when every job that `match` selects among those being written now has finished. */
+  async settled(match: (job: J) => boolean): Promise<void> {
+    await Promise.all([...this.#running].filter(([job]) => match(job)).map(([, p]) => p));
+  }
+
   /** Stops accepting jobs and waits for the queued ones to be written. */
   async close(): Promise<void> {
     this.#closed = true;
@@ -96,27 +125,32 @@ export class WriteThroughQueue {
     this.#active++;
     try {
       for (let job = this.#next(); job !== undefined; job = this.#next()) {
+        const written = this.#write(job);
+        this.#running.set(job, written);
         try {
-          await this.#write(job);
+          await written;
         } finally {
+          this.#running.delete(job);
           this.#bytes -= job.chunk.data.length;
           job.done();
         }
       }
     } finally {
       this.#active--;
-      if (this.depth === 0) {
-        const waiters = this.#idleWaiters;
-        this.#idleWaiters = [];
-        for (const w of waiters) w();
-      }
+      if (this.depth === 0) this.#wakeIdle();
     }
   }
 
-  #next(): WriteJob | undefined {
+  #wakeIdle(): void {
+    const waiters = this.#idleWaiters;
+    this.#idleWaiters = [];
+    for (const w of waiters) w();
+  }
+
+  #next(): J | undefined {
     if (this.#head >= this.#jobs.length) return undefined;
     const job = this.#jobs[this.#head]!;
-    this.#jobs[this.#head] = undefined as unknown as WriteJob;
+    this.#jobs[this.#head] = undefined as unknown as J;
     this.#head++;
     if (this.#head > 1024 && this.#head * 2 > this.#jobs.length) {
       this.#jobs.splice(0, this.#head);
@@ -125,7 +159,7 @@ export class WriteThroughQueue {
     return job;
   }
 
-  async #write(job: WriteJob): Promise<void> {
+  async #write(job: J): Promise<void> {
     await Promise.all(
       job.targets.map(async (tier) => {
         try {
