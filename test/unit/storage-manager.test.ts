@@ -5,6 +5,7 @@ import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
 import { MemoryBackend } from '../../src/backends/memory.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
 import { KvtierError } from '../../src/errors.ts';
+import { instrumentBackend, instrumentHostTier } from '../../src/metrics/instrumented-backend.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
 import {
   StorageManager,
@@ -524,5 +525,139 @@ describe('StorageManager put and write-through', () => {
     assert.equal(g2!.tokens, 5);
     assert.deepEqual(Buffer.from(g2!.data), c2.data);
     assert.equal(await sm.get(NS, h3!), null);
+  });
+});
+
+describe('StorageManager host-memory port: reserve, commit, and CLEAR', () => {
+  /** A lower tier whose puts wait until released, to hold a write-through running or queued. */
+  function heldLower(name = 'slow') {
+    let release!: () => void;
+    const held = new Promise<void>((r) => {
+      release = r;
+    });
+    let started = 0;
+    class Held extends MemoryBackend {
+      override async put(...args: Parameters<MemoryBackend['put']>) {
+        started++;
+        await held;
+        return super.put(...args);
+      }
+    }
+    return { tier: new Held({}, { name }), release, started: () => started };
+  }
+
+  test('commit indexes, pins until written through, and queues the write-through', async () => {
+    const cpu = cpuTier();
+    const low = new MemoryBackend({}, { name: 'low' });
+    const sm = manager([cpu, low]);
+    const [h] = hashes(1);
+    const r = sm.reserve(NS, h!, CHUNK_BYTES, 16);
+    assert.ok(typeof r === 'object');
+    r.view.fill(7);
+    assert.equal((await cpu.batchedGet(NS, [h!])).get(h!), null, 'invisible before commit');
+    assert.equal(r.commit(), 'stored');
+    assert.throws(() => r.commit(), { code: 'KVT_INTERNAL' });
+    assert.equal(cpu.stats().pinnedChunks, 1, 'pinned while its write-through is queued');
+    await sm.writeQueue.idle();
+    assert.equal(cpu.stats().pinnedChunks, 0);
+    assert.deepEqual(
+      Buffer.from((await low.batchedGet(NS, [h!])).get(h!)!.data),
+      Buffer.from(r.view),
+    );
+    assert.equal(sm.reserve(NS, h!, CHUNK_BYTES, 16), 'exists');
+  });
+
+  test('a decorated host tier keeps its port; an undecorated-port tier is refused', () => {
+    const metrics = new KvtierMetrics({ defaultMetrics: false });
+    const sm = manager([instrumentHostTier(cpuTier(), metrics)]);
+    assert.ok(typeof sm.reserve(NS, hashes(1)[0]!, CHUNK_BYTES, 16) === 'object');
+    assert.throws(() => manager([instrumentBackend(cpuTier(), metrics)]), {
+      code: 'KVT_CONFIG',
+      message: /HostMemoryTier\.reserve/,
+    });
+  });
+
+  test('a commit after a CLEAR of its namespace is dropped; other namespaces commit', async () => {
+    const cpu = cpuTier();
+    const sm = manager([cpu, new MemoryBackend({}, { name: 'low' })]);
+    const [a, b] = hashes(2);
+    const ra = sm.reserve(NS, a!, CHUNK_BYTES, 16);
+    const rb = sm.reserve(NS2, b!, CHUNK_BYTES, 16);
+    assert.ok(typeof ra === 'object' && typeof rb === 'object');
+    await sm.clear([NS]);
+    assert.equal(ra.commit(), 'dropped');
+    assert.equal(rb.commit(), 'stored');
+    await sm.writeQueue.idle();
+    assert.equal(await sm.get(NS, a!), null);
+    assert.notEqual(await sm.get(NS2, b!), null);
+    assert.equal(cpu.stats().pinnedChunks, 0);
+  });
+
+  test('CLEAR drops queued write-throughs and waits for running ones before clearing', async () => {
+    const cpu = cpuTier();
+    const low = heldLower();
+    const sm = manager([cpu, low.tier], { writeThrough: { concurrency: 1 } });
+    const hs = hashes(3);
+    for (const h of hs) assert.equal(await sm.put(NS, h, chunk()), 'stored');
+    await turns();
+    assert.equal(low.started(), 1, 'one write-through runs, two are queued');
+    let cleared = false;
+    const clearing = sm.clear([NS]).then(() => {
+      cleared = true;
+    });
+    await turns();
+    assert.equal(cleared, false, 'CLEAR waits for the running write-through');
+    assert.equal(sm.writeQueue.depth, 1, 'the queued ones were dropped');
+    low.release();
+    await clearing;
+    await sm.writeQueue.idle();
+    assert.equal(low.started(), 1);
+    for (const h of hs) assert.equal(await sm.get(NS, h), null);
+    assert.equal(low.tier.stats().chunks, 0);
+    assert.equal(cpu.stats().pinnedChunks, 0);
+  });
+
+  test('a prefetch that read before a CLEAR does not bring the chunk back', async () => {
+    const cpu = cpuTier();
+    const lower = new GatedBackend({ name: 'slow' });
+    const sm = manager([cpu, lower]);
+    const [h] = hashes(1);
+    await lower.put(NS, h!, chunk());
+    const running = sm.lookup({
+      lookupId: 'pf',
+      namespaces: [NS],
+      hashes: [h!],
+      tokenCounts: [16],
+    });
+    await lower.gate.whenWaiting(1);
+    lower.gate.open();
+    const cleared = sm.clear([NS]);
+    const out = await running;
+    await cleared;
+    assert.equal(out.status, 'stale');
+    assert.equal(await sm.get(NS, h!), null);
+    assert.equal(cpu.stats().chunks, 0);
+  });
+
+  test('CLEAR releases the pins of answered lookups, also ones taken by a caller', async () => {
+    const cpu = cpuTier();
+    const sm = manager([cpu]);
+    const hs = hashes(2);
+    for (const h of hs) await cpu.put(NS, h, chunk());
+    await cpu.put(NS2, hs[0]!, chunk());
+    const ask = (id: string, ns: string) =>
+      sm.lookup({ lookupId: id, namespaces: [ns], hashes: hs, tokenCounts: [16, 16] });
+    assert.equal((await ask('kept', NS)).hitChunks, 2);
+    assert.equal((await ask('taken', NS)).hitChunks, 2);
+    assert.equal((await ask('other', NS2)).hitChunks, 1);
+    const taken = sm.takeLookup('taken')!;
+    assert.equal(cpu.stats().pinnedChunks, 3);
+    await sm.clear([NS]);
+    assert.equal(cpu.stats().pinnedChunks, 1, 'only the other namespace keeps its pin');
+    assert.equal(sm.events.state('kept'), 'not_found');
+    assert.equal(sm.events.state('other'), 'done');
+    assert.equal(taken.status, 'stale');
+    assert.equal(taken.hitChunks, 0);
+    sm.releaseLookup(taken);
   });
 });
