@@ -97,6 +97,8 @@ export class LookupServer {
   #loop: Promise<void> | undefined;
   #closing: Promise<void> | undefined;
   readonly #startedAt = Date.now();
+  /** Requests decoded and not yet answered (STATS `server.inflight`). */
+  #inflight = 0;
 
   constructor(opts: LookupServerOptions) {
     this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', {
@@ -190,9 +192,12 @@ export class LookupServer {
       return;
     }
     this.#metrics?.requests.inc({ type: req.type });
-    void this.#dispatch(envelope, req).catch((err: unknown) =>
-      this.#replyError(envelope, req.requestId, err),
-    );
+    this.#inflight++;
+    void this.#dispatch(envelope, req)
+      .catch((err: unknown) => this.#replyError(envelope, req.requestId, err))
+      .finally(() => {
+        this.#inflight--;
+      });
   }
 
   async #dispatch(envelope: Buffer[], req: Request): Promise<void> {
@@ -222,6 +227,8 @@ export class LookupServer {
             ...storage.stats(),
             ...(this.#dataPlane === undefined ? {} : { dataPlane: this.#dataPlane.stats() }),
             server: {
+              // This STATS request itself is not counted.
+              inflight: this.#inflight - 1,
               sendQueueDepth: this.#sendQueue?.depth ?? 0,
               sendDropped: this.#sendQueue?.dropped ?? 0,
             },

@@ -13,6 +13,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
+import { MemoryBackend } from '../../src/backends/memory.ts';
 import type { TierConfig } from '../../src/backends/registry.ts';
 import { defaultConfig, type KvtierConfig } from '../../src/config/config.ts';
 import { DataPlaneClient } from '../../src/data-plane/data-plane-client.ts';
@@ -26,7 +27,14 @@ import {
   NUM_BLOCKS,
   testRegistration,
 } from '../support/engine-process.ts';
-import { nextTurn, randomHash, randomNamespace, randomPayload } from '../support/fixtures.ts';
+import {
+  createTestStack,
+  nextTurn,
+  pollUntil,
+  randomHash,
+  randomNamespace,
+  randomPayload,
+} from '../support/fixtures.ts';
 import { startRedis } from '../support/redis-server.ts';
 import { startS3 } from '../support/s3-server.ts';
 
@@ -305,5 +313,57 @@ describe('CLEAR holds: SAVE then CLEAR through the data plane', () => {
     });
     assert.equal(loaded.loadedTokens, 0);
     assert.equal(loaded.invalidBlockIds.length, 2 * BLOCKS_PER_CHUNK);
+  });
+});
+
+describe('CLEAR waits for a running write-through; STATS shows it', () => {
+  test('CLEAR is answered once the write-through has landed and been cleared; server.inflight counts it', async () => {
+    let release!: () => void;
+    const held = new Promise<void>((r) => {
+      release = r;
+    });
+    class HeldPuts extends MemoryBackend {
+      override async put(...args: Parameters<MemoryBackend['put']>) {
+        await held;
+        return super.put(...args);
+      }
+    }
+    const stack = await createTestStack({
+      gated: { open: true, inner: new HeldPuts({}, { name: 'inner' }) },
+    });
+    cleanups.push(() => stack.close());
+    const client = new LookupClient({
+      endpoint: stack.server.endpoint,
+      namespaces: [randomNamespace()],
+    });
+    cleanups.push(() => client.close());
+    const ns = randomNamespace();
+    const hash = randomHash();
+    assert.equal(await client.put(ns, hash, TOKENS, randomPayload(PAYLOAD)), 'stored');
+    await pollUntil(() => stack.gated.calls.put === 1, 'the write-through to start');
+    const idle = (await client.stats()) as {
+      server: { inflight: number };
+      tiers: { name: string; pinnedChunks: number }[];
+      writeThrough: { depth: number };
+    };
+    assert.equal(idle.server.inflight, 0, 'STATS does not count itself');
+    assert.equal(idle.writeThrough.depth, 1);
+    assert.equal(
+      idle.tiers.find((t) => t.name === 'cpu')!.pinnedChunks,
+      1,
+      'pinnedChunks counts a chunk pinned for its write-through',
+    );
+    let answered = false;
+    const clearing = client.clear([ns]).then(() => {
+      answered = true;
+    });
+    for (let i = 0; i < 20; i++) await nextTurn();
+    const during = (await client.stats()) as { server: { inflight: number } };
+    assert.equal(answered, false, 'CLEAR waits for the running write-through');
+    assert.equal(during.server.inflight, 1, 'the waiting CLEAR is in flight');
+    release();
+    await clearing;
+    assert.equal(await client.get(ns, hash), null);
+    assert.equal(stack.gated.inner.stats().chunks, 0, 'the landed write was cleared');
   });
 });
