@@ -24,6 +24,7 @@ export {
   CircuitBreakerBackend,
   type CircuitBreakerOptions,
 } from './backends/circuit-breaker.ts';
+export { ForwardingBackend } from './backends/forwarding-backend.ts';
 export { FsBackend, type FsBackendOptions } from './backends/fs-backend.ts';
 export { LocalCpuBackend, type LocalCpuOptions } from './backends/local-cpu.ts';
 export { LocalDiskBackend, type LocalDiskOptions } from './backends/local-disk.ts';
@@ -51,8 +52,10 @@ export type {
   BackendStats,
   Chunk,
   ChunkHash,
+  ChunkReservation,
   ContainsOptions,
   GetOptions,
+  HostMemoryTier,
   NamespaceId,
   PluginContext,
   PluginFactory,
@@ -60,6 +63,7 @@ export type {
   PluginMetrics,
   PutOptions,
   PutOutcome,
+  ReserveOutcome,
   StorageBackend,
 } from './backends/types.ts';
 export { formatBytes, parseBytes } from './config/bytes.ts';
@@ -141,7 +145,7 @@ export { MultiLookupClient } from './lookup-client/multi-lookup-client.ts';
 // Worker side
 export { LookupServer, type LookupServerOptions } from './lookup-server/lookup-server.ts';
 export { OpsHttpServer, type OpsServerOptions } from './metrics/http-server.ts';
-export { instrumentBackend } from './metrics/instrumented-backend.ts';
+export { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 export { KvtierMetrics, type KvtierMetricsOptions } from './metrics/metrics.ts';
 export {
   bytesPerToken,
@@ -175,8 +179,10 @@ export {
   type LookupInput,
   type LookupOutcome,
   type PinnedLookup,
+  type SaveOutcome,
   StorageManager,
   type StorageManagerOptions,
+  type StorageReservation,
 } from './storage-manager/storage-manager.ts';
 export {
   createLogger,
