@@ -1,10 +1,9 @@
 /**
- * Bodies of the data-plane messages (docs/protocol.md section 4.9). `codec.ts` owns the frame
- * (header, reader, writer) and dispatches the data-plane type codes here, so one server and one
- * client keep one frame format. Only types are imported from codec.ts: no runtime import cycle.
+ * Bodies of the data-plane messages (docs/protocol.md section 4.9). `frame.ts` owns the frame
+ * (header, reader, writer); `codec.ts` dispatches the data-plane type codes here, so one server
+ * and one client keep one frame format.
  */
 import { KvtierError } from '../errors.ts';
-import type { Reader, Writer } from './codec.ts';
 import {
   DATA_PLANE_LIMITS,
   type DataPlaneReply,
@@ -13,10 +12,8 @@ import {
   RequestEndKind,
   type RequestEndKindName,
 } from './data-plane-messages.ts';
-import { HASH_BYTES, MessageType, type MessageTypeCode } from './messages.ts';
-
-/** Makes the frame's writer (header written) for a body of `bodyBytes` and a type code. */
-export type WriterFactory = (bodyBytes: number, type: MessageTypeCode) => Writer;
+import { type Reader, strSize, type Writer, type WriterFactory } from './frame.ts';
+import { HASH_BYTES, MessageType } from './messages.ts';
 
 const KIND_NAME: readonly RequestEndKindName[] = ['finished', 'aborted', 'preempted'];
 const UTF8 = new TextEncoder();
@@ -24,8 +21,6 @@ const UTF8 = new TextEncoder();
 function invalid(message: string): KvtierError {
   return new KvtierError('KVT_INVALID_ARGUMENT', message);
 }
-
-const strBytes = (s: string) => 2 + Buffer.byteLength(s, 'utf8');
 
 function checkId(name: string, s: string): void {
   if (typeof s !== 'string' || s.length === 0) throw invalid(`${name} must be a non-empty string`);
@@ -93,8 +88,8 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
       checkU32('skipChunks', req.skipChunks);
       const n = checkArrays('save', req.blockIds, req.chunkHashes);
       const w = make(
-        strBytes(req.engineId) +
-          strBytes(req.engineRequestId) +
+        strSize(req.engineId) +
+          strSize(req.engineRequestId) +
           12 +
           4 * req.blockIds.length +
           req.chunkHashes.length,
@@ -124,9 +119,9 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
         if (skip > 0 && n === 0) throw invalid('skipBlocks > 0 needs at least one chunk');
       }
       const w = make(
-        strBytes(req.engineId) +
-          strBytes(req.engineRequestId) +
-          strBytes(req.lookupId) +
+        strSize(req.engineId) +
+          strSize(req.engineRequestId) +
+          strSize(req.lookupId) +
           16 +
           4 * req.blockIds.length +
           req.chunkHashes.length +
@@ -150,7 +145,7 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
       checkId('requestId', req.engineRequestId);
       checkId('lookupId', req.lookupId);
       const w = make(
-        strBytes(req.engineId) + strBytes(req.engineRequestId) + strBytes(req.lookupId),
+        strSize(req.engineId) + strSize(req.engineRequestId) + strSize(req.lookupId),
         MessageType.Hold,
       );
       w.str(req.engineId);
@@ -165,7 +160,7 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
       if (kind === undefined)
         throw invalid(`kind must be one of ${KIND_NAME.join(', ')}, got ${String(req.kind)}`);
       const w = make(
-        strBytes(req.engineId) + strBytes(req.engineRequestId) + 1,
+        strSize(req.engineId) + strSize(req.engineRequestId) + 1,
         MessageType.RequestFinished,
       );
       w.str(req.engineId);
@@ -175,13 +170,13 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
     }
     case 'heartbeat': {
       checkId('engineId', req.engineId);
-      const w = make(strBytes(req.engineId), MessageType.Heartbeat);
+      const w = make(strSize(req.engineId), MessageType.Heartbeat);
       w.str(req.engineId);
       return w.done();
     }
     case 'unregister': {
       checkId('engineId', req.engineId);
-      const w = make(strBytes(req.engineId), MessageType.Unregister);
+      const w = make(strSize(req.engineId), MessageType.Unregister);
       w.str(req.engineId);
       return w.done();
     }
@@ -195,7 +190,7 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
 export function encodeDataPlaneReply(rep: DataPlaneReply, make: WriterFactory): Buffer {
   switch (rep.type) {
     case 'register-result': {
-      const w = make(strBytes(rep.engineId) + 16 + 8, MessageType.RegisterResult);
+      const w = make(strSize(rep.engineId) + 16 + 8, MessageType.RegisterResult);
       w.str(rep.engineId);
       w.hex(rep.namespace, 16);
       w.u32(rep.chunkSize);
