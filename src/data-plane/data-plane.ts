@@ -7,6 +7,7 @@ import type {
 } from '../storage-manager/storage-manager.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
+import type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
 import { resolveCudaDevice } from './device-uuid.ts';
 import { createFsCopyEngine } from './fs-copy-engine.ts';
 import {
@@ -19,38 +20,7 @@ import {
   splitBlocks,
 } from './kv-layout.ts';
 
-/** A KV container the copy engine opened: a host file (mapped or by positional I/O) or a GPU allocation. */
-export interface DeviceSurface {
-  readonly sizeBytes: number;
-  /** Releases the mapping or handle; idempotent. */
-  close(): Promise<void>;
-}
-
-/** What copy ops address: host memory (arena pages) or an opened device surface. */
-export type CopySurface = Uint8Array | DeviceSurface;
-
-/**
- * Copies between surfaces off the event loop. `ops` is a flat list of 5-tuples
- * `[srcSurface, srcOffset, dstSurface, dstOffset, length]` indexing `surfaces` (the shape the
- * native addon's `jsCopyBatch` takes). Rejects when any op fails; the destination may then be
- * partly written.
- */
-export interface CopyEngine {
-  /** Opens a host shared-memory KV (or state) file for reading and writing, shared with its creator. */
-  openFile(path: string): Promise<DeviceSurface>;
-  /**
-   * Opens a CUDA IPC allocation on device `device` (an index among the devices this process
-   * sees, from {@link CopyEngine.cudaDevices}); copies touching the surface run on that device.
-   * Absent on engines without CUDA.
-   */
-  openCuda?(ipcHandle: string, allocationBytes: number, device: number): Promise<DeviceSurface>;
-  /**
-   * UUIDs of the CUDA devices this process sees, by index (`GPU-xxxxxxxx-...`); present with
-   * `openCuda`. Registrations name their GPU by UUID and are opened on its index here.
-   */
-  cudaDevices?(): readonly string[];
-  copy(surfaces: readonly CopySurface[], ops: Float64Array): Promise<void>;
-}
+export type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
 
 /** Values of a load's completion word: the engine zeroes it before asking, kvtier writes the outcome. */
 export const LOAD_STATE = Object.freeze({ PENDING: 0, DONE: 1, FAILED: 2 });

@@ -1,7 +1,7 @@
 import { type FileHandle, open } from 'node:fs/promises';
 import { KvtierError } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';
-import type { CopyEngine, CopySurface, DeviceSurface } from './data-plane.ts';
+import type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
 
 class FsSurface implements DeviceSurface {
   #closing: Promise<void> | undefined;

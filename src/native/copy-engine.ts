@@ -1,4 +1,4 @@
-import type { CopyEngine, CopySurface, DeviceSurface } from '../data-plane/data-plane.ts';
+import type { CopyEngine, CopySurface, DeviceSurface } from '../data-plane/copy-engine-types.ts';
 import { KvtierError } from '../errors.ts';
 import {
   COPY_OP_WIDTH,
