@@ -4,12 +4,11 @@ import { KvtierError } from '../../src/errors.ts';
 import {
   COPY_OP_WIDTH,
   type CopyBuffer,
-  copyBatch,
-  jsCopyBatch,
   loadNative,
   type NativeAddon,
   NativeError,
 } from '../../src/native/native.ts';
+import { jsCopyBatch } from '../support/js-copy-batch.ts';
 
 const loadedNative = loadNative();
 const addon: NativeAddon | null = loadedNative.addon;
@@ -36,7 +35,7 @@ function fillSeeded(view: Uint8Array, seed: number): void {
   for (let i = 0; i < view.length; i++) view[i] = (next() * 256) | 0;
 }
 
-/** Both engines: the addon (when built) and the JS fallback. */
+/** Both implementations: the addon (when built) and the JS reference in test/support. */
 const engines: { name: string; run: typeof jsCopyBatch; skip: string | false }[] = [
   {
     name: 'native',
@@ -327,13 +326,6 @@ describe('copy batches (native and JS fallback)', () => {
       assert.equal(dst.indexOf(1), -1);
     });
   }
-
-  it('copyBatch() picks the addon when built and the fallback otherwise', async () => {
-    const src = new Uint8Array([1, 2, 3, 4]);
-    const dst = new Uint8Array(4);
-    assert.equal(await copyBatch([src, dst], ops([0, 0, 1, 0, 2], [0, 2, 1, 2, 2])), 1);
-    assert.deepEqual([...dst], [1, 2, 3, 4]);
-  });
 
   it('native: a 256 MiB batch runs off the event loop', { skip: noAddon }, async () => {
     const a = addon as NativeAddon;
