@@ -301,7 +301,8 @@ let slabAllocator: ((bytes: number) => Uint8Array) | undefined;
 /**
  * Page-aligned slabs from the native addon when it is built (copies into and out of aligned
  * pages run about twice as fast as into 16-byte-aligned heap memory, and CUDA can pin them),
- * otherwise Node buffers.
+ * otherwise Node buffers. Only the addon's declaration (`native/native.ts`, a leaf) is
+ * imported, never a copy engine; `test/unit/layering.test.ts` keeps it so.
  */
 function defaultSlabAllocator(): (bytes: number) => Uint8Array {
   if (slabAllocator === undefined) {
