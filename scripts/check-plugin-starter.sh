@@ -32,11 +32,15 @@ git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1 || fail "$root is
 # The build needs kvtier's dev dependencies (tsc); npm pack leaves node_modules out.
 ln -s "$root/node_modules" "$work/kvtier/node_modules"
 (cd "$work/kvtier" && npm run --silent build)
+# The tarball carries kvtier's locked dependency tree as npm-shrinkwrap.json, so installing it
+# resolves exactly the versions kvtier is tested with (a fresh resolution can name versions a
+# registry mirror does not hold yet).
+cp "$work/kvtier/package-lock.json" "$work/kvtier/npm-shrinkwrap.json"
 # prepare would also rebuild the native addon, which is not part of the package.
 (cd "$work/kvtier" && npm pack --ignore-scripts --silent --pack-destination "$work" >/dev/null)
 tarball=$(ls "$work"/kvtier-*.tgz)
 tar -tzf "$tarball" >"$work/contents.txt"
-for f in package/dist/src/index.d.ts package/dist/src/index.js \
+for f in package/npm-shrinkwrap.json package/dist/src/index.d.ts package/dist/src/index.js \
   package/dist/test/contract/backend.contract.d.ts package/dist/test/contract/backend.contract.js; do
   grep -qx "$f" "$work/contents.txt" || fail "$(basename "$tarball") lacks $f"
 done
