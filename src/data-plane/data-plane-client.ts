@@ -1,5 +1,5 @@
 import { closedError, KvtierError } from '../errors.ts';
-import { type HashesInput, packHashes } from '../lookup-client/lookup-client.ts';
+import { asPackedHashes, type HashesInput } from '../lookup-client/lookup-client.ts';
 import type { RequestEndKindName } from '../protocol/data-plane-messages.ts';
 import type { Reply, Request } from '../protocol/messages.ts';
 import { RequestSocket, unexpectedReply } from '../protocol/request-socket.ts';
@@ -162,7 +162,7 @@ export class DataPlaneClient {
         engineRequestId: a.requestId,
         skipChunks: requireInt('skipChunks', a.skipChunks ?? 0, 0, U32_MAX),
         blockIds: blockIdArray('blockIds', a.blockIds),
-        chunkHashes: packHashes(a.chunkHashes),
+        chunkHashes: asPackedHashes(a.chunkHashes),
       },
       opts,
     );
@@ -206,7 +206,7 @@ export class DataPlaneClient {
         deadlineMs: requireInt('deadlineMs', a.deadlineMs ?? 0, 0, U32_MAX),
         stateSlot: requireInt('stateSlot', a.stateSlot ?? -1, -1, 2 ** 31 - 1),
         blockIds: blockIdArray('blockIds', a.blockIds),
-        chunkHashes: packHashes(a.chunkHashes),
+        chunkHashes: asPackedHashes(a.chunkHashes),
         // Sent only when non-zero, so a load without a skip stays readable by older sidecars.
         ...(skipBlocks > 0 ? { skipBlocks } : {}),
       },

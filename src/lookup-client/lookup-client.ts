@@ -160,7 +160,7 @@ export class LookupClient {
     tokenCounts: ArrayLike<number>,
     opts: LookupCallOptions & { signal?: AbortSignal; timeoutMs?: number } = {},
   ): Promise<LookupAnswer> {
-    const packed = packHashes(hashes);
+    const packed = asPackedHashes(hashes);
     const counts = Uint32Array.from(tokenCounts as ArrayLike<number>);
     const namespaces = [...(opts.namespaces ?? this.#namespaces)];
     if (namespaces.length === 0)
@@ -284,8 +284,12 @@ export class LookupClient {
   }
 }
 
-/** Packs hashes into one buffer of 32-byte entries, validating sizes. */
-export function packHashes(hashes: HashesInput): Buffer {
+/**
+ * The hashes as one buffer of 32-byte entries: a packed input is viewed without copying, a list
+ * is packed.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` when a size is not a multiple of 32 bytes.
+ */
+export function asPackedHashes(hashes: HashesInput): Buffer {
   if (hashes instanceof Uint8Array) {
     if (hashes.length % HASH_BYTES !== 0)
       throw new KvtierError(
