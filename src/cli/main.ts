@@ -101,7 +101,24 @@ async function serve(args: string[]): Promise<number> {
     ...(values.listen !== undefined ? { listen: values.listen } : {}),
     ...(metricsPort !== undefined ? { metricsPort } : {}),
   });
-  const sidecar = await Sidecar.start({ config });
+  // Signal handlers come first: a SIGTERM that lands while the sidecar starts (or right as the
+  // "serving on" line is read) must shut it down gracefully, not kill the process.
+  let signalled: string | undefined;
+  let onSignal: (signal: string) => void = (signal) => {
+    signalled ??= signal;
+  };
+  const sigterm = () => onSignal('SIGTERM');
+  const sigint = () => onSignal('SIGINT');
+  process.on('SIGTERM', sigterm);
+  process.on('SIGINT', sigint);
+  let sidecar: Sidecar;
+  try {
+    sidecar = await Sidecar.start({ config });
+  } catch (err) {
+    process.off('SIGTERM', sigterm);
+    process.off('SIGINT', sigint);
+    throw err;
+  }
   const cpu = config.tiers[0]!;
   if (typeof cpu.options.capacityBytes === 'number') {
     process.stderr.write(
@@ -113,6 +130,8 @@ async function serve(args: string[]): Promise<number> {
     const stop = (signal: string) => {
       if (stopping) return;
       stopping = true;
+      process.off('SIGTERM', sigterm);
+      process.off('SIGINT', sigint);
       const deadline = setTimeout(() => {
         process.stderr.write(`kvtier: graceful shutdown after ${signal} took over 10 s; exiting\n`);
         resolve(1);
@@ -126,8 +145,8 @@ async function serve(args: string[]): Promise<number> {
         () => resolve(1),
       );
     };
-    process.once('SIGTERM', () => stop('SIGTERM'));
-    process.once('SIGINT', () => stop('SIGINT'));
+    onSignal = stop;
+    if (signalled !== undefined) stop(signalled);
   });
 }
 
