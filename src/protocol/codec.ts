@@ -310,8 +310,7 @@ export function decodeRequest(buf: Uint8Array, limits: ProtocolLimits = DEFAULT_
           'KVT_TOO_LARGE',
           `lookup config is ${cfgLen} bytes, the limit is ${WIRE_LIMITS.maxConfigBytes}`,
         );
-      const config =
-        cfgLen > 0 ? parseLookupConfig(r.bytes(cfgLen, 'config').toString('utf8')) : {};
+      const config = cfgLen > 0 ? parseLookupConfig(r.utf8(cfgLen, 'config')) : {};
       r.end('lookup');
       return { type: 'lookup', requestId, lookupId, namespaces, hashes, tokenCounts, config };
     }

@@ -151,12 +151,16 @@ export class Reader {
     if (n > max)
       throw new KvtierError('KVT_TOO_LARGE', `${what} is ${n} bytes, the limit is ${max}`);
     this.off += 2;
+    return this.utf8(n, what);
+  }
+  /** `n` bytes of UTF-8 text, decoded strictly: invalid UTF-8 is `KVT_PROTOCOL`. */
+  utf8(n: number, what: string): string {
     this.need(n, what);
     let s: string;
     try {
       s = UTF8.decode(this.buf.subarray(this.off, this.off + n));
     } catch {
-      // Replacing bad bytes would make distinct ids collide.
+      // Replacing bad bytes would make distinct ids collide and hide a broken client.
       throw new KvtierError('KVT_PROTOCOL', `${what} at offset ${this.off} is not valid UTF-8`);
     }
     this.off += n;

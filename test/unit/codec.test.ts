@@ -405,6 +405,16 @@ describe('decoder validation', () => {
   it('validates the lookup config', () => {
     throwsCode(() => decodeRequest(lookupFrame({ config: '{"pin":tru' })), 'KVT_PROTOCOL');
     throwsCode(() => decodeRequest(lookupFrame({ config: '\u0000' })), 'KVT_PROTOCOL');
+    // Invalid UTF-8 inside a JSON string (a lone continuation byte, a truncated sequence, an
+    // overlong form) is refused, not replaced by U+FFFD.
+    for (const bad of [[0x80], [0xe2, 0x82], [0xc0, 0xaf]]) {
+      const config = Buffer.concat([
+        Buffer.from('{"pin":true,"note":"'),
+        Buffer.from(bad),
+        Buffer.from('"}'),
+      ]);
+      throwsCode(() => decodeRequest(lookupFrame({ config })), 'KVT_PROTOCOL', String(bad));
+    }
     for (const bad of [
       'null',
       '[]',
@@ -430,6 +440,7 @@ describe('decoder validation', () => {
     assert.deepEqual(cfg('{"prefetch":false,"future":[1,2]}'), { prefetch: false });
     assert.deepEqual(cfg('{}'), {});
     assert.deepEqual(cfg(''), {});
+    assert.deepEqual(cfg('{"pin":true,"note":"é β 🙂"}'), { pin: true });
   });
 
   it('validates lookup ids and namespace counts', () => {
