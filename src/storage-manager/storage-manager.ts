@@ -17,6 +17,10 @@ import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { PinLedger } from './pin-ledger.ts';
+import { type Segment, type TierTokens, TierWalk } from './tier-walk.ts';
+
+export type { TierTokens } from './tier-walk.ts';
+
 import { type WriteJob, type WriteThroughOptions, WriteThroughQueue } from './write-through.ts';
 
 export interface StorageManagerOptions {
@@ -57,11 +61,6 @@ export interface LookupInput {
   pin?: boolean;
   /** Bring lower-tier hits into host memory; default true. Without it only CPU hits count. */
   prefetch?: boolean;
-}
-
-export interface TierTokens {
-  tier: string;
-  tokens: number;
 }
 
 export interface LookupOutcome {
@@ -115,12 +114,6 @@ export interface TierHealth {
   health: BackendHealth;
 }
 
-interface Segment {
-  tierIndex: number;
-  start: number;
-  end: number;
-}
-
 const DEFAULTS = {
   prefetchBudgetChunks: 1024,
   pinTtlMs: 60_000,
@@ -150,6 +143,7 @@ export class StorageManager {
   readonly #events: EventManager<PinnedLookup>;
   readonly #writeQueue: WriteThroughQueue<StampedJob>;
   readonly #fence = new ClearFence();
+  readonly #walk: TierWalk;
   /** Answered lookups that hold pins (in the event manager or taken), for CLEAR to release. */
   readonly #answered = new Set<PinnedLookup>();
   #writeDropped = 0;
@@ -198,6 +192,14 @@ export class StorageManager {
     this.#writeQueue = new WriteThroughQueue<StampedJob>({
       ...opts.writeThrough,
       onDrop: (tier, reason) => metrics?.writeThroughDropped.inc({ tier, reason }),
+    });
+    this.#walk = new TierWalk({
+      tiers: this.tiers,
+      host: this.#host,
+      serializer: this.#serializer,
+      fence: this.#fence,
+      metrics: this.#metrics,
+      log: this.#log,
     });
     this.serializer = this.#serializer;
     this.events = this.#events;
@@ -331,21 +333,21 @@ export class StorageManager {
       const segmentsByNs: Segment[][] = [];
       let ready = n;
       for (const ns of input.namespaces) {
-        const segments = await this.#probe(ns, input.hashes, tierCount, ledger, signal);
+        const segments = await this.#walk.probe(ns, input.hashes, tierCount, ledger, signal);
         segmentsByNs.push(segments);
         ready = Math.min(ready, segments.length === 0 ? 0 : segments[segments.length - 1]!.end);
       }
-      ready = this.#fitBudget(segmentsByNs, ready);
+      ready = this.#walk.fitBudget(segmentsByNs, ready);
       ledger.releaseFrom(ready);
       if (signal.aborted) throw abortedError(signal.signal, 'lookup');
-      ready = await this.#prefetch(input, segmentsByNs, ready, ledger, signal, stamp);
+      ready = await this.#walk.prefetch(input, segmentsByNs, ready, ledger, signal, stamp);
       ledger.releaseAllBut(this.#host);
       ledger.releaseFrom(ready);
       const status = this.#epoch !== epoch ? 'stale' : 'ok';
       if (status === 'stale') ready = 0;
       let hitTokens = 0;
       for (let i = 0; i < ready; i++) hitTokens += input.tokenCounts[i]!;
-      const tiers = this.#breakdown(segmentsByNs[0] ?? [], ready, input.tokenCounts);
+      const tiers = this.#walk.breakdown(segmentsByNs[0] ?? [], ready, input.tokenCounts);
       return {
         status,
         epoch: this.#epoch,
@@ -361,153 +363,6 @@ export class StorageManager {
       ledger.releaseAll();
       throw err;
     }
-  }
-
-  /** Walks the tiers for one namespace: contiguous hits per tier, each tier continuing where the last stopped. */
-  async #probe(
-    ns: NamespaceId,
-    hashes: readonly ChunkHash[],
-    tierCount: number,
-    ledger: PinLedger,
-    signal: LazyAbort,
-  ): Promise<Segment[]> {
-    const segments: Segment[] = [];
-    let pos = 0;
-    for (let ti = 0; ti < tierCount && pos < hashes.length; ti++) {
-      const tier = this.tiers[ti]!;
-      if (tier.health() === 'down') continue;
-      const rest = pos === 0 ? hashes : hashes.slice(pos);
-      let k = 0;
-      try {
-        // Host memory answers at once; only slower tiers get a signal to abort on.
-        k = await tier.batchedContains(
-          ns,
-          rest,
-          ti === 0 ? { pin: true } : { pin: true, signal: signal.signal },
-        );
-      } catch (err) {
-        if (signal.aborted) throw abortedError(signal.signal, 'lookup');
-        this.#log.warn('tier contains failed; treated as a miss', { tier: tier.name, err });
-        continue;
-      }
-      k = Math.max(0, Math.min(k, rest.length));
-      if (k === 0) continue;
-      ledger.add(tier, ns, pos, rest.slice(0, k) as ChunkHash[]);
-      segments.push({ tierIndex: ti, start: pos, end: pos + k });
-      pos += k;
-    }
-    return segments;
-  }
-
-  /** Shortens `ready` so that the chunks to prefetch fit in the serializer's whole budget. */
-  #fitBudget(segmentsByNs: Segment[][], ready: number): number {
-    const budget = this.#serializer.capacity;
-    let lower = 0;
-    for (const segs of segmentsByNs)
-      for (const s of segs)
-        if (s.tierIndex > 0) lower += Math.max(0, Math.min(s.end, ready) - s.start);
-    if (lower <= budget) return ready;
-    let used = 0;
-    for (let pos = 0; pos < ready; pos++) {
-      for (const segs of segmentsByNs) {
-        const s = segs.find((x) => x.start <= pos && pos < x.end);
-        if (s !== undefined && s.tierIndex > 0) used++;
-      }
-      if (used > budget) return pos;
-    }
-    return ready;
-  }
-
-  /**
-   * Brings the lower-tier parts of [0, ready) into the CPU tier, pinned. Returns the new ready
-   * count: the first chunk a tier did not deliver (or the CPU tier could not take) ends it.
-   */
-  async #prefetch(
-    input: LookupInput,
-    segmentsByNs: Segment[][],
-    ready: number,
-    ledger: PinLedger,
-    abort: LazyAbort,
-    stamp: number,
-  ): Promise<number> {
-    const jobs: { ns: NamespaceId; seg: Segment }[] = [];
-    let weight = 0;
-    input.namespaces.forEach((ns, i) => {
-      for (const seg of segmentsByNs[i]!) {
-        const end = Math.min(seg.end, ready);
-        if (seg.tierIndex > 0 && end > seg.start) {
-          jobs.push({ ns, seg: { ...seg, end } });
-          weight += end - seg.start;
-        }
-      }
-    });
-    if (weight === 0) return ready;
-    const started = performance.now();
-    const limit = await this.#serializer.run(
-      weight,
-      async (sig) => {
-        const fetched = await Promise.all(
-          jobs.map(async ({ ns, seg }) => {
-            const tier = this.tiers[seg.tierIndex]!;
-            try {
-              return await tier.batchedGet(ns, input.hashes.slice(seg.start, seg.end), {
-                signal: sig,
-              });
-            } catch (err) {
-              if (sig.aborted) throw abortedError(sig, 'prefetch');
-              this.#log.warn('tier get failed during prefetch; treated as a miss', {
-                tier: tier.name,
-                err,
-              });
-              return new Map<ChunkHash, Chunk | null>();
-            }
-          }),
-        );
-        let newReady = ready;
-        for (let j = 0; j < jobs.length; j++) {
-          const { ns, seg } = jobs[j]!;
-          const map = fetched[j]!;
-          const stored: ChunkHash[] = [];
-          let pos = seg.start;
-          for (; pos < seg.end && pos < newReady; pos++) {
-            const hash = input.hashes[pos]!;
-            const chunk = map.get(hash);
-            // Results are keyed by hash; a missing or mismatched chunk ends the ready prefix.
-            if (chunk == null || chunk.tokens !== input.tokenCounts[pos]) break;
-            // Read before a CLEAR of its namespace: must not come back into host memory.
-            if (this.#fence.clearedSince(ns, stamp)) break;
-            const outcome = await this.#host.put(ns, hash, chunk, { pin: true });
-            if (outcome === 'dropped') break;
-            stored.push(hash);
-          }
-          ledger.add(this.#host, ns, seg.start, stored);
-          if (stored.length > 0)
-            this.#metrics?.prefetchChunks.inc(
-              { tier: this.tiers[seg.tierIndex]!.name },
-              stored.length,
-            );
-          if (pos < seg.end) newReady = Math.min(newReady, pos);
-        }
-        return newReady;
-      },
-      { signal: abort.signal },
-    );
-    this.#metrics?.prefetchDuration.observe((performance.now() - started) / 1000);
-    return limit;
-  }
-
-  #breakdown(
-    segments: readonly Segment[],
-    ready: number,
-    tokenCounts: ArrayLike<number>,
-  ): TierTokens[] {
-    const out: TierTokens[] = [];
-    for (const s of segments) {
-      let tokens = 0;
-      for (let i = s.start; i < Math.min(s.end, ready); i++) tokens += tokenCounts[i]!;
-      if (tokens > 0) out.push({ tier: this.tiers[s.tierIndex]!.name, tokens });
-    }
-    return out;
   }
 
   #record(input: LookupInput, p: PinnedLookup, started: number): void {
