@@ -17,7 +17,8 @@ Liveness: while requests are in flight and nothing has been heard from the sidec
 once (lookups answer 0, the others ``RequestTimeoutError``) and new lookups answer 0 without
 waiting, so a dead sidecar costs the engine one detection delay, not a deadline per request.
 A PING is repeated every ``liveness_timeout_ms`` while down; the first frame heard from the
-sidecar ends it. A client object belongs to
+sidecar ends it. Going down also replaces the socket, so nothing queued for the old connection
+(a SAVE given up on, whose blocks the engine may reuse) can reach a sidecar later. A client object belongs to
 one thread (zmq sockets are not thread-safe).
 """
 
@@ -151,15 +152,8 @@ class KvtierClient:
         self.request_timeout_s = request_timeout_ms / 1000.0
         self.liveness_timeout_s = liveness_timeout_ms / 1000.0
         self._clock = clock
-        ctx = context if context is not None else zmq.Context.instance()
-        sock = ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
-        sock.connect(endpoint)
-        self._sock = sock
+        self._ctx = context if context is not None else zmq.Context.instance()
+        self._sock = self._open_socket()
         self._rid = 0
         self._pending: dict[int, Pending] = {}
         self._lookups: dict[str, Pending] = {}
@@ -202,8 +196,19 @@ class KvtierClient:
 
     @property
     def socket(self) -> zmq.Socket:
-        """The DEALER socket (e.g. to poll it together with others); do not recv from it."""
+        """The DEALER socket (e.g. to poll it together with others); do not recv from it. It is
+        replaced when the sidecar is found down, so ask for it again after an outage."""
         return self._sock
+
+    def _open_socket(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        sock.setsockopt(zmq.SNDHWM, 100_000)
+        sock.setsockopt(zmq.RCVHWM, 100_000)
+        sock.connect(self.endpoint)
+        return sock
 
     def _next_id(self) -> int:
         rid = self._rid
@@ -343,9 +348,12 @@ class KvtierClient:
         for p in pending:
             if p.lookup_id is not None:
                 p._resolve(0)
-                self._fire_cancel(p.lookup_id)  # delivered if the same process wakes up
             else:
                 p._fail(err)
+        # A new socket: what the old one still queued for the sidecar (a SAVE the worker has
+        # now given up on, whose blocks the engine may reuse) must never reach it later.
+        self._sock.close(linger=0)
+        self._sock = self._open_socket()
 
     def _expire(self, now: float) -> None:
         q = self._lookup_q

@@ -163,6 +163,16 @@ class Sidecar:
                     raise RuntimeError(
                         f"kvtier serve exited with {self.proc.returncode} before answering PING:\n{self.log()[-4000:]}"
                     )
+                # Only this process's sidecar counts: another run's sidecar may have taken the
+                # port between free_port() and the bind (ours then exits, seen above).
+                if self.log().count(f"serving on {self.endpoint}") < self.starts:
+                    if time.monotonic() > deadline:
+                        self.kill()
+                        raise RuntimeError(
+                            f"kvtier serve did not report serving on {self.endpoint} within {START_TIMEOUT_S} s:\n{self.log()[-4000:]}"
+                        )
+                    time.sleep(0.02)
+                    continue
                 try:
                     client.ping()
                     return

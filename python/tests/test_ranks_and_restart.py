@@ -45,7 +45,7 @@ def test_sidecar_killed_and_restarted_requests_recompute_nothing_hangs(sidecar):
         sidecar.endpoint,
         block=4,
         chunk=16,
-        lookup_timeout_ms=300,
+        lookup_timeout_ms=3000,
         request_timeout_ms=1000,
         load_timeout_ms=500,
         heartbeat_interval_s=0.2,
