@@ -1,7 +1,7 @@
 /**
  * File helpers shared by the LocalDisk and FS backends: the on-disk layout, atomic publish
- * (temp file in the same directory, then rename), whole-object reads, per-operation deadlines
- * and a walk over a store's directory tree.
+ * (temp file in the same directory, then rename), whole-object reads and a walk over a store's
+ * directory tree. Per-operation deadlines come from `util/deadline.ts`.
  *
  * Layout: `<root>/<ns>/<hash[0..shardChars)>/<hash>.kvc` (no shard directory when
  * `shardChars` is 0). Temp files are `<final>.<pid>.<rand>.tmp` next to their final name, so a
@@ -10,7 +10,7 @@
 import { randomBytes } from 'node:crypto';
 import * as nodeFs from 'node:fs/promises';
 import { dirname, join } from 'node:path';
-import { abortedError, KvtierError } from '../errors.ts';
+import { KvtierError } from '../errors.ts';
 import { describe } from '../util/validate.ts';
 import type { ChunkHash, NamespaceId } from './types.ts';
 
@@ -230,48 +230,6 @@ export async function readObjectFile(
   } finally {
     await fh.close();
   }
-}
-
-/**
- * Settles with `op`, or rejects with `KVT_TIMEOUT` after `timeoutMs` or with the abort error
- * when `signal` fires, whichever comes first. `op` cannot be cancelled (a file operation on a
- * hung mount never returns): it keeps running and its late outcome is ignored.
- */
-export function withDeadline<T>(
-  op: Promise<T>,
-  timeoutMs: number,
-  signal: AbortSignal | undefined,
-  what: string,
-): Promise<T> {
-  if (signal?.aborted === true) {
-    op.catch(() => {});
-    return Promise.reject(abortedError(signal, what));
-  }
-  return new Promise<T>((resolve, reject) => {
-    const onAbort = () => {
-      cleanup();
-      reject(abortedError(signal, what));
-    };
-    const timer = setTimeout(() => {
-      cleanup();
-      reject(new KvtierError('KVT_TIMEOUT', `${what} timed out after ${timeoutMs} ms`));
-    }, timeoutMs);
-    const cleanup = () => {
-      clearTimeout(timer);
-      signal?.removeEventListener('abort', onAbort);
-    };
-    signal?.addEventListener('abort', onAbort, { once: true });
-    op.then(
-      (v) => {
-        cleanup();
-        resolve(v);
-      },
-      (err: unknown) => {
-        cleanup();
-        reject(err);
-      },
-    );
-  });
 }
 
 /** One entry found by {@link listStore}. */

@@ -1,6 +1,7 @@
 import { join } from 'node:path';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
+import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireOneOf, requireString } from '../util/validate.ts';
 import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
@@ -19,7 +20,6 @@ import {
   readObjectFile,
   realFileSystem,
   requireStorableKey,
-  withDeadline,
   writeChunkFileAtomic,
 } from './file-store.ts';
 import { checkChunk } from './local-cpu.ts';
@@ -634,7 +634,14 @@ export class FsBackend implements StorageBackend {
 
   /** One file operation through the concurrency limit, raced against `timeoutMs`. */
   #op<T>(fn: () => Promise<T>, signal: AbortSignal | undefined, what: string): Promise<T> {
-    return withDeadline(this.#limit(fn), this.options.timeoutMs, signal, `${this.name} ${what}`);
+    return withDeadline(
+      {
+        what: `${this.name} ${what}`,
+        timeoutMs: this.options.timeoutMs,
+        signal,
+      },
+      this.#limit(fn),
+    );
   }
 
   #path(ns: NamespaceId, hash: ChunkHash): string {
@@ -672,10 +679,8 @@ export class FsBackend implements StorageBackend {
     if (this.#probeTimer !== undefined || this.#closing !== null) return;
     this.#probeTimer = setTimeout(() => {
       const probe = withDeadline(
+        { what: `${this.name} probe`, timeoutMs: this.options.timeoutMs },
         this.#fs.stat(this.options.path),
-        this.options.timeoutMs,
-        undefined,
-        'probe',
       );
       void this.#track(probe).then(
         (st) => {

@@ -1,6 +1,7 @@
 import { LRUCache } from 'lru-cache';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError } from '../errors.ts';
+import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireOneOf, requireString } from '../util/validate.ts';
 import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
@@ -17,7 +18,6 @@ import {
   readObjectFile,
   realFileSystem,
   requireStorableKey,
-  withDeadline,
   writeChunkFileAtomic,
 } from './file-store.ts';
 import { countPrefixHits, pinPresent } from './index-ops.ts';
@@ -531,7 +531,10 @@ export class LocalDiskBackend implements StorageBackend {
   }
 
   #deadline<T>(op: Promise<T>, signal: AbortSignal | undefined, what: string): Promise<T> {
-    return withDeadline(op, this.options.timeoutMs, signal, `${this.name} ${what}`);
+    return withDeadline(
+      { what: `${this.name} ${what}`, timeoutMs: this.options.timeoutMs, signal },
+      op,
+    );
   }
 
   #track<T>(p: Promise<T>): Promise<T> {
