@@ -1,10 +1,10 @@
-import { abortedError, closedError, KvtierError } from '../errors.ts';
+import { abortedError, closedError, isKvtierError, KvtierError } from '../errors.ts';
+import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
+import { ForwardingBackend } from './forwarding-backend.ts';
 import type {
-  BackendCapabilities,
   BackendHealth,
-  BackendStats,
   Chunk,
   ChunkHash,
   ContainsOptions,
@@ -90,12 +90,12 @@ export interface BreakerCounters {
  * backend, `health()` reports 'down' (the storage manager then skips the tier), and a background
  * probe retries every `probeIntervalMs` until one succeeds, which closes the breaker.
  *
- * The wrapper owns the backend it wraps and closes it.
+ * Deadlines come from the one helper (`util/deadline.ts`): the signal a guarded call gets aborts
+ * with `KVT_TIMEOUT` at `timeoutMs`, or with the caller's abort. `pin`, `unpin` and `stats` are
+ * forwarded unguarded ({@link ForwardingBackend}). The wrapper owns the backend it wraps and
+ * closes it.
  */
-export class CircuitBreakerBackend implements StorageBackend {
-  readonly name: string;
-  readonly kind: string;
-  readonly capabilities: BackendCapabilities;
+export class CircuitBreakerBackend extends ForwardingBackend {
   readonly counters: BreakerCounters = { failures: 0, bypassed: 0, opened: 0, restored: 0 };
   readonly #inner: StorageBackend;
   readonly #opts: ResolvedCircuitBreakerOptions;
@@ -107,17 +107,10 @@ export class CircuitBreakerBackend implements StorageBackend {
   #closing: Promise<void> | undefined;
 
   constructor(inner: StorageBackend, opts: CircuitBreakerOptions = {}) {
+    super(inner);
     this.#inner = inner;
     this.#opts = resolveCircuitBreakerOptions(opts);
     this.#log = opts.log ?? silentLogger;
-    this.name = inner.name;
-    this.kind = inner.kind;
-    this.capabilities = inner.capabilities;
-  }
-
-  /** The wrapped backend. */
-  get inner(): StorageBackend {
-    return this.#inner;
   }
 
   /** Whether calls currently bypass the backend. */
@@ -125,7 +118,7 @@ export class CircuitBreakerBackend implements StorageBackend {
     return this.#open;
   }
 
-  async batchedContains(
+  override async batchedContains(
     ns: NamespaceId,
     hashes: readonly ChunkHash[],
     opts: ContainsOptions = {},
@@ -148,7 +141,7 @@ export class CircuitBreakerBackend implements StorageBackend {
     return result ?? 0;
   }
 
-  async batchedGet(
+  override async batchedGet(
     ns: NamespaceId,
     hashes: readonly ChunkHash[],
     opts: GetOptions = {},
@@ -169,7 +162,7 @@ export class CircuitBreakerBackend implements StorageBackend {
     return misses;
   }
 
-  async put(
+  override async put(
     ns: NamespaceId,
     hash: ChunkHash,
     chunk: Chunk,
@@ -189,7 +182,7 @@ export class CircuitBreakerBackend implements StorageBackend {
     );
   }
 
-  async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
+  override async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
     this.#checkOpen();
     if (this.#open)
       throw new KvtierError('KVT_BACKEND', `tier "${this.name}" is down; remove not attempted`);
@@ -199,7 +192,7 @@ export class CircuitBreakerBackend implements StorageBackend {
     return n;
   }
 
-  async clear(ns?: NamespaceId): Promise<void> {
+  override async clear(ns?: NamespaceId): Promise<void> {
     this.#checkOpen();
     if (this.#open)
       throw new KvtierError('KVT_BACKEND', `tier "${this.name}" is down; clear not attempted`);
@@ -207,24 +200,12 @@ export class CircuitBreakerBackend implements StorageBackend {
     await this.#inner.clear(ns);
   }
 
-  pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
-    return this.#inner.pin(ns, hashes);
-  }
-
-  unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
-    this.#inner.unpin(ns, hashes);
-  }
-
-  stats(): BackendStats {
-    return this.#inner.stats();
-  }
-
-  health(): BackendHealth {
+  override health(): BackendHealth {
     if (this.#closing !== undefined) return 'down';
     return this.#open ? 'down' : this.#inner.health();
   }
 
-  close(): Promise<void> {
+  override close(): Promise<void> {
     this.#closing ??= (async () => {
       if (this.#probeTimer !== undefined) clearTimeout(this.#probeTimer);
       await this.#inner.close();
@@ -237,7 +218,7 @@ export class CircuitBreakerBackend implements StorageBackend {
   }
 
   /**
-   * Runs `call` under the timeout. Resolves its value, or undefined when it failed or timed out
+   * Runs `call` under the deadline. Resolves its value, or undefined when it failed or timed out
    * (counted); rethrows aborts of the caller's signal and KVT_CLOSED.
    */
   async #guard<T>(
@@ -246,49 +227,40 @@ export class CircuitBreakerBackend implements StorageBackend {
     outer?: AbortSignal,
     onLate?: (late: T) => void,
   ): Promise<T | undefined> {
-    const ac = new AbortController();
-    const onOuter = () => ac.abort(outer?.reason);
-    outer?.addEventListener('abort', onOuter, { once: true });
-    let timer: NodeJS.Timeout | undefined;
-    let timedOut = false;
-    const timeout = new Promise<'timeout'>((resolve) => {
-      timer = setTimeout(() => {
-        timedOut = true;
-        ac.abort(
-          new KvtierError(
-            'KVT_TIMEOUT',
-            `tier "${this.name}" ${op} took over ${this.#opts.timeoutMs} ms`,
-          ),
-        );
-        resolve('timeout');
-      }, this.#opts.timeoutMs);
+    const d = new Deadline({
+      what: `tier "${this.name}" ${op}`,
+      timeoutMs: this.#opts.timeoutMs,
+      signal: outer,
     });
-    const running = call(ac.signal);
-    running.then(
-      (v) => {
-        if (timedOut) onLate?.(v);
-      },
-      () => {},
-    );
+    let running: Promise<T>;
     try {
-      const v = await Promise.race([running, timeout]);
-      if (v === 'timeout') {
-        this.#failure(
-          op,
-          new KvtierError('KVT_TIMEOUT', `${op} timed out after ${this.#opts.timeoutMs} ms`),
-        );
-        return undefined;
-      }
+      if (outer?.aborted) throw abortedError(outer, `tier "${this.name}" ${op}`);
+      running = call(d.signal);
+    } catch (err) {
+      d.dispose();
+      throw err;
+    }
+    try {
+      running.then(
+        (v) => {
+          if (d.timedOut) onLate?.(v);
+        },
+        () => {},
+      );
+      const v = await d.race(running);
       this.#success();
-      return v as T;
+      return v;
     } catch (err) {
       if (outer?.aborted) throw abortedError(outer, `tier "${this.name}" ${op}`);
-      if (err instanceof KvtierError && err.code === 'KVT_CLOSED') throw err;
+      if (d.timedOut) {
+        this.#failure(op, d.error());
+        return undefined;
+      }
+      if (isKvtierError(err, 'KVT_CLOSED')) throw err;
       this.#failure(op, err);
       return undefined;
     } finally {
-      clearTimeout(timer);
-      outer?.removeEventListener('abort', onOuter);
+      d.dispose();
     }
   }
 
@@ -326,24 +298,19 @@ export class CircuitBreakerBackend implements StorageBackend {
   async #probe(): Promise<void> {
     if (this.#probing || this.#closing !== undefined) return;
     this.#probing = true;
+    const d = new Deadline({ what: `tier "${this.name}" probe`, timeoutMs: this.#opts.timeoutMs });
     try {
-      const ac = new AbortController();
-      const timer = setTimeout(() => ac.abort(), this.#opts.timeoutMs);
-      try {
-        await this.#inner.batchedContains(PROBE_NS, [PROBE_HASH], { signal: ac.signal });
-        if (ac.signal.aborted) throw new KvtierError('KVT_TIMEOUT', 'probe timed out');
-        if (this.#inner.health() === 'down')
-          throw new KvtierError('KVT_BACKEND', 'backend reports down');
-        this.#open = false;
-        this.#consecutiveFailures = 0;
-        this.counters.restored++;
-        this.#log.info('tier is back; serving from it again', { tier: this.name });
-      } finally {
-        clearTimeout(timer);
-      }
+      await d.race(this.#inner.batchedContains(PROBE_NS, [PROBE_HASH], { signal: d.signal }));
+      if (this.#inner.health() === 'down')
+        throw new KvtierError('KVT_BACKEND', 'backend reports down');
+      this.#open = false;
+      this.#consecutiveFailures = 0;
+      this.counters.restored++;
+      this.#log.info('tier is back; serving from it again', { tier: this.name });
     } catch {
       this.#scheduleProbe();
     } finally {
+      d.dispose();
       this.#probing = false;
     }
   }

@@ -1,5 +1,6 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import { getEventListeners } from 'node:events';
 import { afterEach, beforeEach, describe, mock, test } from 'node:test';
 import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
@@ -138,6 +139,63 @@ describe('CircuitBreakerBackend', () => {
     await b.close();
     await assert.rejects(b.batchedContains(NS, [H(1)]), { code: 'KVT_CLOSED' });
     assert.equal(b.health(), 'down');
+  });
+
+  test('an already-aborted caller signal is KVT_ABORTED without reaching the backend or counting', async () => {
+    const inner = new GatedBackend({ name: 'remote', open: true });
+    const b = new CircuitBreakerBackend(inner, { timeoutMs: 100 });
+    const ac = new AbortController();
+    ac.abort();
+    await assert.rejects(b.batchedGet(NS, [H(1)], { signal: ac.signal }), { code: 'KVT_ABORTED' });
+    await assert.rejects(b.batchedContains(NS, [H(1)], { signal: ac.signal }), {
+      code: 'KVT_ABORTED',
+    });
+    assert.equal(inner.calls.get + inner.calls.contains, 0);
+    assert.equal(b.counters.failures, 0);
+    await b.close();
+  });
+
+  test("a timed-out call's signal stops the backend; no listener stays on the caller's signal", async () => {
+    const inner = new GatedBackend({ name: 'remote', gateContains: true, open: true });
+    const b = new CircuitBreakerBackend(inner, { timeoutMs: 100, failureThreshold: 1000 });
+    const ac = new AbortController();
+    for (let i = 0; i < 200; i++) await b.batchedContains(NS, [H(1)], { signal: ac.signal });
+    assert.equal(getEventListeners(ac.signal, 'abort').length, 0, 'after calls that answered');
+    inner.gate.close();
+    const pending = b.batchedGet(NS, [H(2)], { signal: ac.signal });
+    await inner.gate.whenWaiting(1);
+    mock.timers.tick(100);
+    assert.equal((await pending).get(H(2)), null);
+    await flush();
+    assert.equal(getEventListeners(ac.signal, 'abort').length, 0, 'after a timeout');
+    assert.equal(b.counters.failures, 1);
+    assert.equal(inner.gate.waiting, 0, 'the held call left the gate on the timeout signal');
+    await b.close();
+  });
+
+  test('a probe that hangs is bounded by timeoutMs and the next probe restores the tier', async () => {
+    const inner = new GatedBackend({ name: 'remote', gateContains: true, open: true });
+    const b = new CircuitBreakerBackend(inner, {
+      timeoutMs: 100,
+      failureThreshold: 1,
+      probeIntervalMs: 500,
+    });
+    inner.down = true;
+    assert.equal(await b.batchedContains(NS, [H(1)]), 0);
+    assert.equal(b.isOpen, true);
+    inner.down = false;
+    inner.gate.close();
+    mock.timers.tick(500); // the probe starts and hangs at the gate
+    await inner.gate.whenWaiting(1);
+    mock.timers.tick(100); // ... until its deadline
+    await flush();
+    assert.equal(b.isOpen, true, 'a timed-out probe keeps the breaker open');
+    inner.gate.open();
+    mock.timers.tick(500);
+    await flush();
+    assert.equal(b.isOpen, false, 'the next probe, answered, restores the tier');
+    assert.equal(b.counters.restored, 1);
+    await b.close();
   });
 
   test('options are validated', () => {
