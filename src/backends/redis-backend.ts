@@ -1,12 +1,16 @@
-import type { ConnectionOptions as TlsOptions } from 'node:tls';
 import { Cluster, Redis, type RedisOptions } from 'ioredis';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
+import { Deadline } from '../util/deadline.ts';
 import { createLogger, type Logger } from '../util/log.ts';
-import { describe, requireInt, requireString } from '../util/validate.ts';
 import { BufferPool } from './buffer-pool.ts';
 import { chunkObjectBytes, decodeChunkObject, encodeChunkObjectInto } from './chunk-format.ts';
-import { optionsFromConfig } from './config-options.ts';
 import { checkChunk } from './local-cpu.ts';
+import {
+  type RedisBackendOptions,
+  type ResolvedRedisBackendOptions,
+  redisOptionsFromConfig,
+  resolveRedisBackendOptions,
+} from './redis-options.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -23,177 +27,23 @@ import type {
   StorageBackend,
 } from './types.ts';
 
-/** One Redis node address. */
+export {
+  REDIS_BACKEND_DEFAULTS,
+  type RedisBackendOptions,
+  type RedisNodeAddress,
+  type ResolvedRedisBackendOptions,
+  redisOptionsFromConfig,
+  resolveRedisBackendOptions,
+} from './redis-options.ts';
+
 /**
  * Commands that skip auto-pipelining: an auto-pipeline is sent as one concatenated buffer, which
  * copies every multi-MiB SET value once more; a SET alone is written straight to the socket.
  */
 const UNPIPELINED = ['set'];
 
-export interface RedisNodeAddress {
-  host: string;
-  port: number;
-}
-
-/** Options of {@link RedisBackend}. Give `url`, or `host`/`port`, or `cluster`. */
-export interface RedisBackendOptions {
-  /** `redis://[user:pass@]host:port[/db]` or `rediss://…` (TLS). Not with `cluster`. */
-  url?: string;
-  /** Standalone server host; default '127.0.0.1'. */
-  host?: string;
-  /** Standalone server port; default 6379. */
-  port?: number;
-  /** Redis Cluster: seed nodes (the rest are discovered). */
-  cluster?: { nodes: RedisNodeAddress[] };
-  /** ACL user (Redis 6+), passed through to ioredis. */
-  username?: string;
-  /** AUTH password, passed through to ioredis. */
-  password?: string;
-  /** Database index; default 0. Cluster mode only has database 0. */
-  db?: number;
-  /** TLS: `true` for defaults, or node `tls.connect` options, passed through to ioredis. */
-  tls?: boolean | TlsOptions;
-  /** Prefix of every key this backend writes; default 'kvtier:'. */
-  keyPrefix?: string;
-  /** Expire chunks this long after they are written (ms); default none. */
-  ttlMs?: number;
-  /** Deadline of every call (ms), also ioredis's command timeout; default 1000. */
-  timeoutMs?: number;
-  /** How long `start()` waits for the first connection (ms); default 5000. */
-  connectTimeoutMs?: number;
-  /** Cap of the exponential reconnect backoff (ms); default 2000. */
-  reconnectMaxDelayMs?: number;
-  /** Largest chunk payload in bytes; default 256 MiB (Redis caps a value at 512 MB). */
-  maxChunkBytes?: number;
-  /** Called with the reason whenever a stored object fails to decode (and is deleted). */
-  onCorrupt?: (reason: string) => void;
-  /** Logger; default a JSON logger for component 'redis-backend'. */
-  log?: Logger;
-}
-
-/** Redis options after defaults and validation. */
-export interface ResolvedRedisBackendOptions {
-  readonly url: string | null;
-  readonly host: string;
-  readonly port: number;
-  readonly cluster: readonly RedisNodeAddress[] | null;
-  readonly username: string | undefined;
-  readonly password: string | undefined;
-  readonly db: number;
-  readonly tls: TlsOptions | undefined;
-  readonly keyPrefix: string;
-  readonly ttlMs: number | null;
-  readonly timeoutMs: number;
-  readonly connectTimeoutMs: number;
-  readonly reconnectMaxDelayMs: number;
-  readonly maxChunkBytes: number;
-}
-
-/** Defaults of {@link RedisBackendOptions}. */
-export const REDIS_BACKEND_DEFAULTS = Object.freeze({
-  host: '127.0.0.1',
-  port: 6379,
-  db: 0,
-  keyPrefix: 'kvtier:',
-  timeoutMs: 1000,
-  connectTimeoutMs: 5000,
-  reconnectMaxDelayMs: 2000,
-  maxChunkBytes: 256 * 1024 * 1024,
-});
-
-const CONFIG_KEYS: readonly string[] = [
-  'url',
-  'host',
-  'port',
-  'cluster',
-  'username',
-  'password',
-  'db',
-  'tls',
-  'keyPrefix',
-  'ttlMs',
-  'timeoutMs',
-  'connectTimeoutMs',
-  'reconnectMaxDelayMs',
-  'maxChunkBytes',
-];
-
-const MAX_VALUE_BYTES = 512 * 1024 * 1024;
 /** Keys asked for per SCAN step and deleted per pipeline in `clear`. */
 const SCAN_COUNT = 1000;
-
-function invalid(msg: string): KvtierError {
-  return new KvtierError('KVT_INVALID_ARGUMENT', msg);
-}
-
-/**
- * Applies defaults and validates.
- * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the bad option and what is allowed.
- */
-export function resolveRedisBackendOptions(
-  o: RedisBackendOptions = {},
-): ResolvedRedisBackendOptions {
-  const d = REDIS_BACKEND_DEFAULTS;
-  const url = o.url === undefined ? null : requireString('url', o.url, { nonEmpty: true });
-  if (url !== null && !/^rediss?:\/\//.test(url))
-    throw invalid(`url must start with redis:// or rediss://, got ${describe(url)}`);
-  let cluster: RedisNodeAddress[] | null = null;
-  if (o.cluster !== undefined) {
-    const nodes = (o.cluster as { nodes?: unknown } | null)?.nodes;
-    if (!Array.isArray(nodes) || nodes.length === 0)
-      throw invalid(
-        `cluster.nodes must be a non-empty array of { host, port }, got ${describe(nodes)}`,
-      );
-    cluster = nodes.map((n: { host?: unknown; port?: unknown }, i) => ({
-      host: requireString(`cluster.nodes[${i}].host`, n?.host, { nonEmpty: true }),
-      port: requireInt(`cluster.nodes[${i}].port`, n?.port, 1, 65535),
-    }));
-    if (url !== null || o.host !== undefined || o.port !== undefined)
-      throw invalid('give either cluster or url/host/port, not both');
-  }
-  if (url !== null && (o.host !== undefined || o.port !== undefined))
-    throw invalid('give either url or host/port, not both');
-  const db = requireInt('db', o.db ?? d.db, 0, 65535);
-  if (cluster !== null && db !== 0) throw invalid(`db must be 0 in cluster mode, got ${db}`);
-  let tls: TlsOptions | undefined;
-  if (o.tls === true) tls = {};
-  else if (typeof o.tls === 'object' && o.tls !== null && !Array.isArray(o.tls)) tls = o.tls;
-  else if (o.tls !== undefined && o.tls !== false)
-    throw invalid(`tls must be a boolean or an object of TLS options, got ${describe(o.tls)}`);
-  if (o.onCorrupt !== undefined && typeof o.onCorrupt !== 'function')
-    throw invalid(`onCorrupt must be a function, got ${describe(o.onCorrupt)}`);
-  return {
-    url,
-    host: requireString('host', o.host ?? d.host, { nonEmpty: true }),
-    port: requireInt('port', o.port ?? d.port, 1, 65535),
-    cluster,
-    username: o.username === undefined ? undefined : requireString('username', o.username),
-    password: o.password === undefined ? undefined : requireString('password', o.password),
-    db,
-    tls,
-    keyPrefix: requireString('keyPrefix', o.keyPrefix ?? d.keyPrefix),
-    ttlMs: o.ttlMs === undefined ? null : requireInt('ttlMs', o.ttlMs, 1),
-    timeoutMs: requireInt('timeoutMs', o.timeoutMs ?? d.timeoutMs, 1, 600_000),
-    connectTimeoutMs: requireInt(
-      'connectTimeoutMs',
-      o.connectTimeoutMs ?? d.connectTimeoutMs,
-      1,
-      600_000,
-    ),
-    reconnectMaxDelayMs: requireInt(
-      'reconnectMaxDelayMs',
-      o.reconnectMaxDelayMs ?? d.reconnectMaxDelayMs,
-      1,
-      600_000,
-    ),
-    maxChunkBytes: requireInt(
-      'maxChunkBytes',
-      o.maxChunkBytes ?? d.maxChunkBytes,
-      0,
-      MAX_VALUE_BYTES - 64 * 1024,
-    ),
-  };
-}
 
 /** Counters of {@link RedisBackend} (see `stats` for what `chunks`/`bytesUsed` mean). */
 export interface RedisBackendStats extends BackendStats {
@@ -287,17 +137,20 @@ export class RedisBackend implements StorageBackend {
     this.#open(undefined, 'start');
     if (this.#client.status === 'ready') return;
     const c = this.#client;
-    await new Promise<void>((resolve, reject) => {
-      const done = (err?: Error) => {
-        clearTimeout(timer);
-        c.off('ready', onReady);
-        c.off('end', onEnd);
-        if (err === undefined) resolve();
-        else reject(err);
-      };
-      const onReady = () => done();
-      const onEnd = () => done(closedError(`backend ${this.name}`));
-      const o = this.options;
+    const o = this.options;
+    const d = new Deadline({ what: `${this.name} start`, timeoutMs: o.connectTimeoutMs });
+    let onReady = (): void => {};
+    let onEnd = (): void => {};
+    const ready = new Promise<void>((resolve, reject) => {
+      onReady = () => resolve();
+      onEnd = () => reject(closedError(`backend ${this.name}`));
+      c.on('ready', onReady);
+      c.on('end', onEnd);
+    });
+    try {
+      await d.race(ready);
+    } catch (err) {
+      if (!d.timedOut) throw err;
       // Never put the URL's credentials into a message.
       const where =
         o.cluster !== null
@@ -305,14 +158,14 @@ export class RedisBackend implements StorageBackend {
           : o.url !== null
             ? o.url.replace(/\/\/[^@/]*@/, '//')
             : `${o.host}:${o.port}`;
-      const timer = setTimeout(() => {
-        const last = this.#lastError === null ? '' : `; last error: ${this.#lastError.message}`;
-        const msg = `${this.name}: redis at ${where} not ready within ${o.connectTimeoutMs} ms (connection ${c.status}${last})`;
-        done(new KvtierError('KVT_BACKEND', msg));
-      }, o.connectTimeoutMs);
-      c.on('ready', onReady);
-      c.on('end', onEnd);
-    });
+      const last = this.#lastError === null ? '' : `; last error: ${this.#lastError.message}`;
+      const msg = `${this.name}: redis at ${where} not ready within ${o.connectTimeoutMs} ms (connection ${c.status}${last})`;
+      throw new KvtierError('KVT_BACKEND', msg);
+    } finally {
+      d.dispose();
+      c.off('ready', onReady);
+      c.off('end', onEnd);
+    }
   }
 
   async batchedContains(
@@ -553,27 +406,23 @@ export class RedisBackend implements StorageBackend {
     }
   }
 
-  /** Settles with `work`, or rejects at `timeoutMs` (KVT_TIMEOUT) or on abort, whichever first. */
+  /**
+   * Settles with `work`, or rejects at `timeoutMs` (KVT_TIMEOUT, counted in `errors`) or on the
+   * caller's abort, whichever is first. ioredis commands cannot be cancelled: `work` runs on.
+   */
   async #bounded<T>(op: string, signal: AbortSignal | undefined, work: Promise<T>): Promise<T> {
-    work.catch(() => {});
-    let timer: NodeJS.Timeout | undefined;
-    let onAbort: (() => void) | undefined;
-    const stop = new Promise<never>((_, reject) => {
-      const ms = this.options.timeoutMs;
-      timer = setTimeout(() => {
-        this.#errors++;
-        reject(new KvtierError('KVT_TIMEOUT', `${this.name} ${op} timed out after ${ms} ms`));
-      }, ms);
-      if (signal !== undefined) {
-        onAbort = () => reject(abortedError(signal, `${this.name} ${op}`));
-        signal.addEventListener('abort', onAbort, { once: true });
-      }
+    const d = new Deadline({
+      what: `${this.name} ${op}`,
+      timeoutMs: this.options.timeoutMs,
+      signal,
     });
     try {
-      return await Promise.race([work, stop]);
+      return await d.race(work);
+    } catch (err) {
+      if (d.timedOut) this.#errors++;
+      throw err;
     } finally {
-      clearTimeout(timer);
-      if (onAbort !== undefined) signal?.removeEventListener('abort', onAbort);
+      d.dispose();
     }
   }
 }
@@ -648,24 +497,6 @@ async function clearNode(node: Redis, pattern: string): Promise<Removed> {
 
 function globEscape(s: string): string {
   return s.replace(/[*?[\]\\]/g, '\\$&');
-}
-
-/**
- * Reads Redis options from a plain config object (the keys of {@link RedisBackendOptions}
- * except `onCorrupt` and `log`).
- * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
- */
-export function redisOptionsFromConfig(
-  raw: Record<string, unknown>,
-  tier = 'redis',
-): RedisBackendOptions {
-  return optionsFromConfig<RedisBackendOptions>(
-    raw,
-    tier,
-    'redis',
-    CONFIG_KEYS,
-    resolveRedisBackendOptions,
-  );
 }
 
 /**
