@@ -15,11 +15,17 @@ import {
 } from '@aws-sdk/client-s3';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError, isKvtierError, KvtierError } from '../errors.ts';
+import { Deadline, withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { describe, requireBoolean, requireInt, requireString } from '../util/validate.ts';
-import { CHUNK_MAX_PAYLOAD_BYTES, decodeChunkObject, encodeChunkObject } from './chunk-format.ts';
-import { optionsFromConfig } from './config-options.ts';
+import { describe } from '../util/validate.ts';
+import { decodeChunkObject, encodeChunkObject } from './chunk-format.ts';
 import { checkChunk } from './local-cpu.ts';
+import {
+  type ResolvedS3BackendOptions,
+  resolveS3BackendOptions,
+  type S3BackendOptions,
+  s3OptionsFromConfig,
+} from './s3-options.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -36,88 +42,13 @@ import type {
   StorageBackend,
 } from './types.ts';
 
-/** Options of {@link S3Backend}. */
-export interface S3BackendOptions {
-  /** Bucket holding the chunk objects (required). */
-  bucket: string;
-  /** Signing region; default 'us-east-1'. */
-  region?: string;
-  /** Custom endpoint URL for self-hosted S3 (MinIO, Ceph, s3rver), e.g. 'http://127.0.0.1:9000'. */
-  endpoint?: string;
-  /** Path-style addressing (`host/bucket/key`); default true when `endpoint` is set, else false. */
-  forcePathStyle?: boolean;
-  /** Static credentials; give both or neither (then the SDK's default provider chain is used). */
-  accessKeyId?: string;
-  secretAccessKey?: string;
-  sessionToken?: string;
-  /** Prefix of every object key; an object is `<keyPrefix><ns>/<hash>`. Default 'kvtier/'. */
-  keyPrefix?: string;
-  /** Most S3 requests in flight at once (also the HTTP agent's socket bound); default 32. */
-  concurrency?: number;
-  /**
-   * Per-request deadline in ms (SDK retries included); default 5000. A put (HEAD then PUT) shares
-   * one deadline, so every call settles within `timeoutMs` of its first request starting.
-   */
-  timeoutMs?: number;
-  /** SDK attempts per request, all within `timeoutMs`; default 2 (one retry). */
-  maxAttempts?: number;
-  /** Consecutive failed requests after which `health()` is 'down'; default 3. */
-  failureThreshold?: number;
-  /** Create the bucket on start when it does not exist; default false. */
-  createBucket?: boolean;
-  /** Largest payload in bytes; default and maximum 2 GiB (the chunk format's bound). */
-  maxChunkBytes?: number;
-  /** Called once per corrupt object found (it is then deleted and counted). */
-  onCorrupt?: (reason: string) => void;
-  log?: Logger;
-}
-
-/** S3 options after defaults and validation. */
-export interface ResolvedS3BackendOptions {
-  readonly bucket: string;
-  readonly region: string;
-  readonly endpoint: string | undefined;
-  readonly forcePathStyle: boolean;
-  readonly credentials:
-    | { accessKeyId: string; secretAccessKey: string; sessionToken?: string }
-    | undefined;
-  readonly keyPrefix: string;
-  readonly concurrency: number;
-  readonly timeoutMs: number;
-  readonly maxAttempts: number;
-  readonly failureThreshold: number;
-  readonly createBucket: boolean;
-  readonly maxChunkBytes: number;
-}
-
-/** Defaults of {@link S3BackendOptions}, in one place. */
-export const S3_BACKEND_DEFAULTS = Object.freeze({
-  region: 'us-east-1',
-  keyPrefix: 'kvtier/',
-  concurrency: 32,
-  timeoutMs: 5000,
-  maxAttempts: 2,
-  failureThreshold: 3,
-  createBucket: false,
-  maxChunkBytes: CHUNK_MAX_PAYLOAD_BYTES,
-});
-
-const CONFIG_KEYS: readonly string[] = [
-  'bucket',
-  'region',
-  'endpoint',
-  'forcePathStyle',
-  'accessKeyId',
-  'secretAccessKey',
-  'sessionToken',
-  'keyPrefix',
-  'concurrency',
-  'timeoutMs',
-  'maxAttempts',
-  'failureThreshold',
-  'createBucket',
-  'maxChunkBytes',
-];
+export {
+  type ResolvedS3BackendOptions,
+  resolveS3BackendOptions,
+  S3_BACKEND_DEFAULTS,
+  type S3BackendOptions,
+  s3OptionsFromConfig,
+} from './s3-options.ts';
 
 /** S3's limit on keys per DeleteObjects request. */
 const DELETE_BATCH = 1000;
@@ -126,65 +57,6 @@ const HASH_RE = /^[0-9a-f]{64}$/;
 
 function invalid(message: string): KvtierError {
   return new KvtierError('KVT_INVALID_ARGUMENT', message);
-}
-
-function optString(name: string, v: unknown): string | undefined {
-  return v === undefined ? undefined : requireString(name, v, { nonEmpty: true });
-}
-
-/**
- * Applies defaults and validates.
- * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the bad option and what is allowed.
- */
-export function resolveS3BackendOptions(o: S3BackendOptions): ResolvedS3BackendOptions {
-  if (typeof o !== 'object' || o === null)
-    throw invalid(`options must be an object, got ${describe(o)}`);
-  const bucket = requireString('bucket', o.bucket, { nonEmpty: true });
-  const endpoint = optString('endpoint', o.endpoint);
-  if (endpoint !== undefined && !URL.canParse(endpoint))
-    throw invalid(
-      `endpoint must be an absolute URL such as "http://127.0.0.1:9000", got ${describe(endpoint)}`,
-    );
-  const accessKeyId = optString('accessKeyId', o.accessKeyId);
-  const secretAccessKey = optString('secretAccessKey', o.secretAccessKey);
-  const sessionToken = optString('sessionToken', o.sessionToken);
-  if ((accessKeyId === undefined) !== (secretAccessKey === undefined))
-    throw invalid(
-      'accessKeyId and secretAccessKey must be given together (or neither, for the default chain)',
-    );
-  if (sessionToken !== undefined && accessKeyId === undefined)
-    throw invalid('sessionToken needs accessKeyId and secretAccessKey');
-  const keyPrefix = requireString('keyPrefix', o.keyPrefix ?? S3_BACKEND_DEFAULTS.keyPrefix);
-  if (keyPrefix.startsWith('/'))
-    throw invalid(`keyPrefix must not start with "/", got ${describe(keyPrefix)}`);
-  const d = S3_BACKEND_DEFAULTS;
-  return {
-    bucket,
-    region: requireString('region', o.region ?? d.region, { nonEmpty: true }),
-    endpoint,
-    forcePathStyle: requireBoolean('forcePathStyle', o.forcePathStyle ?? endpoint !== undefined),
-    credentials:
-      accessKeyId !== undefined && secretAccessKey !== undefined
-        ? { accessKeyId, secretAccessKey, ...(sessionToken !== undefined ? { sessionToken } : {}) }
-        : undefined,
-    keyPrefix,
-    concurrency: requireInt('concurrency', o.concurrency ?? d.concurrency, 1, 1024),
-    timeoutMs: requireInt('timeoutMs', o.timeoutMs ?? d.timeoutMs, 1, 600_000),
-    maxAttempts: requireInt('maxAttempts', o.maxAttempts ?? d.maxAttempts, 1, 10),
-    failureThreshold: requireInt(
-      'failureThreshold',
-      o.failureThreshold ?? d.failureThreshold,
-      1,
-      1000,
-    ),
-    createBucket: requireBoolean('createBucket', o.createBucket ?? d.createBucket),
-    maxChunkBytes: requireInt(
-      'maxChunkBytes',
-      o.maxChunkBytes ?? d.maxChunkBytes,
-      1,
-      CHUNK_MAX_PAYLOAD_BYTES,
-    ),
-  };
 }
 
 /** Stats of {@link S3Backend}: the common fields plus S3-specific counters. */
@@ -213,9 +85,10 @@ function failure(o: { ok: false; notFound: boolean; error?: KvtierError }, what:
  * S3 tier: one object per chunk (`<keyPrefix><ns>/<hash>`, the stored chunk format), written
  * with one PutObject of known length (atomic), read with GetObject and verified; a corrupt or
  * misplaced object is a miss, is deleted and counted. Requests run under a concurrency bound,
- * each with a deadline. `health()` is 'degraded' after a failed request, 'down' after
- * `failureThreshold` consecutive ones and 'up' after any request that reaches the service
- * (calls made while down still try, so they double as probes). Shared and persistent; no pins
+ * each with a deadline from the deadline helper. `health()` is the backend's own view:
+ * 'degraded' while the latest request failed, 'up' once one reaches the service; it never
+ * reports 'down' by itself: the circuit breaker around the tier is its one health mechanism
+ * (it opens after consecutive failures and probes). Shared and persistent; no pins
  * (a get reads whole objects), no eviction of its own (use a bucket lifecycle rule).
  *
  * `stats().chunks`/`bytesUsed` count what this instance stored minus what it removed (never
@@ -232,10 +105,11 @@ export class S3Backend implements StorageBackend {
   readonly #limit: LimitFunction;
   readonly #onCorrupt: ((reason: string) => void) | undefined;
   readonly #log: Logger;
-  readonly #inflight = new Set<AbortController>();
+  /** Aborted by close: requests in flight stop with KVT_CLOSED. */
+  readonly #closeAc = new AbortController();
   /** Latest put per key, so a second put of the key waits and then finds it. */
   readonly #putting = new Map<string, Promise<PutOutcome>>();
-  #consecutiveFailures = 0;
+  #lastFailed = false;
   #requestFailures = 0;
   #corruptObjects = 0;
   #droppedPuts = 0;
@@ -525,15 +399,13 @@ export class S3Backend implements StorageBackend {
 
   health(): BackendHealth {
     this.#checkOpen(undefined, 'health');
-    if (this.#consecutiveFailures === 0) return 'up';
-    return this.#consecutiveFailures >= this.#o.failureThreshold ? 'down' : 'degraded';
+    return this.#lastFailed ? 'degraded' : 'up';
   }
 
   /** Aborts requests in flight (they reject with `KVT_CLOSED`), then destroys the client. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      const err = closedError(`backend ${this.name}`);
-      for (const ac of this.#inflight) ac.abort(err);
+      this.#closeAc.abort(closedError(`backend ${this.name}`));
       // Runs after every queued request, each of which settles at once once closed.
       await this.#limit(() => undefined);
       this.#client.destroy();
@@ -616,10 +488,10 @@ export class S3Backend implements StorageBackend {
   /**
    * Runs one request under the concurrency bound, with a deadline of `timeoutMs` from when it
    * starts (or the shared `deadline`, set by its first request). Rejects only for the caller's
-   * abort or close; S3 failures come back as outcomes and update health. With `skip` true when
-   * its turn comes, a request settles as a 404 without being sent (the answer no longer needs
-   * it). The caller is answered as soon as the deadline passes; the slot stays taken until the
-   * SDK call ends, so the bound on requests in flight holds.
+   * abort (also while queued) or close; S3 failures come back as outcomes and update health.
+   * With `skip` true when its turn comes, a request settles as a 404 without being sent (the
+   * answer no longer needs it). The caller is answered as soon as the deadline passes; the slot
+   * stays taken until the SDK call ends, so the bound on requests in flight holds.
    */
   #request<T>(
     op: string,
@@ -629,66 +501,51 @@ export class S3Backend implements StorageBackend {
     deadline?: { at: number },
   ): Promise<Outcome<T>> {
     const what = `${this.name} ${op}`;
-    return new Promise<Outcome<T>>((resolve, reject) => {
-      const onQueuedAbort = () => reject(abortedError(signal, what));
-      signal?.addEventListener('abort', onQueuedAbort, { once: true });
+    const answered = new Promise<Outcome<T>>((resolve, reject) => {
       const task = async (): Promise<void> => {
-        signal?.removeEventListener('abort', onQueuedAbort);
         if (this.#closing !== null) return reject(closedError(`backend ${this.name}`));
         if (signal?.aborted === true) return reject(abortedError(signal, what));
         if (skip?.() === true) return resolve({ ok: false, notFound: true });
         const now = Date.now();
         if (deadline !== undefined && deadline.at === 0) deadline.at = now + this.#o.timeoutMs;
-        const ms = deadline === undefined ? this.#o.timeoutMs : Math.max(0, deadline.at - now);
-        const ac = new AbortController();
-        const timer = setTimeout(
-          () => ac.abort(new KvtierError('KVT_TIMEOUT', `${what}: no answer from S3 in ${ms} ms`)),
-          ms,
-        );
-        const onAbort = () => ac.abort(signal?.reason);
-        signal?.addEventListener('abort', onAbort, { once: true });
-        const settle = (err: unknown) => {
-          const reason: unknown = ac.signal.reason;
-          if (isKvtierError(reason, 'KVT_CLOSED')) return reject(reason);
-          if (signal?.aborted === true) return reject(abortedError(signal, what));
-          if (!ac.signal.aborted && isNotFound(err)) {
-            this.#succeeded();
-            return resolve({ ok: false, notFound: true });
-          }
-          resolve({ ok: false, notFound: false, error: this.#failed(what, reason ?? err) });
-        };
-        const onSettle = () => settle(undefined);
-        ac.signal.addEventListener('abort', onSettle, { once: true });
-        this.#inflight.add(ac);
+        const timeoutMs =
+          deadline === undefined ? this.#o.timeoutMs : Math.max(0, deadline.at - now);
+        const d = new Deadline({ what, timeoutMs, signal: [signal, this.#closeAc.signal] });
+        let running: Promise<T> | undefined;
         try {
-          const value = await run(ac.signal);
-          if (ac.signal.aborted) return;
+          running = run(d.signal);
+          const value = await d.race(running);
           this.#succeeded();
           resolve({ ok: true, value });
         } catch (err) {
-          if (!ac.signal.aborted) settle(err);
+          const ended = d.error();
+          if (isKvtierError(ended, 'KVT_CLOSED')) return reject(ended);
+          if (hasAborted(signal)) return reject(abortedError(signal, what));
+          if (ended === undefined && isNotFound(err)) {
+            this.#succeeded();
+            return resolve({ ok: false, notFound: true });
+          }
+          resolve({ ok: false, notFound: false, error: this.#failed(what, ended ?? err) });
         } finally {
-          clearTimeout(timer);
-          this.#inflight.delete(ac);
-          ac.signal.removeEventListener('abort', onSettle);
-          signal?.removeEventListener('abort', onAbort);
+          d.dispose();
         }
+        await running?.catch(() => {});
       };
       this.#limit(task).catch(reject);
     });
+    // A caller that aborts while its request waits for a slot is answered at once.
+    return withDeadline({ what, signal }, answered);
   }
 
   #succeeded(): void {
-    if (this.#consecutiveFailures >= this.#o.failureThreshold)
-      this.#log.info('S3 reachable again', { tier: this.name });
-    this.#consecutiveFailures = 0;
+    if (this.#lastFailed) this.#log.info('S3 reachable again', { tier: this.name });
+    this.#lastFailed = false;
   }
 
   #failed(what: string, err: unknown): KvtierError {
     this.#requestFailures++;
-    this.#consecutiveFailures++;
-    if (this.#consecutiveFailures === this.#o.failureThreshold)
-      this.#log.error('S3 failing; health is down', { tier: this.name, err });
+    if (!this.#lastFailed) this.#log.warn('S3 request failed', { tier: this.name, err });
+    this.#lastFailed = true;
     if (err instanceof KvtierError) return err;
     const name = err instanceof Error ? err.name : 'Error';
     const msg = err instanceof Error ? err.message : String(err);
@@ -696,6 +553,11 @@ export class S3Backend implements StorageBackend {
       name === 'TimeoutError' && /timed? ?out/i.test(msg) ? 'KVT_TIMEOUT' : 'KVT_BACKEND';
     return new KvtierError(code, `${what} failed: ${name}: ${msg}`, { cause: err });
   }
+}
+
+/** Whether `signal` has fired; a function, so that TypeScript does not carry narrowing across awaits. */
+function hasAborted(signal: AbortSignal | undefined): boolean {
+  return signal?.aborted === true;
 }
 
 function isNotFound(err: unknown): boolean {
@@ -711,15 +573,6 @@ function checkKeys(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
   for (const h of hashes)
     if (typeof h !== 'string' || !HASH_RE.test(h))
       throw invalid(`chunk hash must be 64 lowercase hex digits, got ${describe(h)}`);
-}
-
-/**
- * Reads S3 options from a plain config object (the keys of {@link S3BackendOptions} except the
- * callbacks).
- * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
- */
-export function s3OptionsFromConfig(raw: Record<string, unknown>, tier = 's3'): S3BackendOptions {
-  return optionsFromConfig(raw, tier, 's3', CONFIG_KEYS, resolveS3BackendOptions);
 }
 
 /**

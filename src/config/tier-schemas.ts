@@ -221,7 +221,6 @@ const s3 = tier(
     concurrency: v.optional(int(1, 1024)),
     timeoutMs: v.optional(int(1, 600_000)),
     maxAttempts: v.optional(int(1, 10)),
-    failureThreshold: v.optional(int(1, 1000)),
     createBucket: v.optional(bool()),
     maxChunkBytes: v.optional(bytes(1, CHUNK_MAX_PAYLOAD_BYTES)),
   },

@@ -10,6 +10,7 @@ import {
   type S3Client,
 } from '@aws-sdk/client-s3';
 import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
+import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
 import {
   createS3Backend,
   resolveS3BackendOptions,
@@ -243,11 +244,16 @@ describe('S3Backend concurrency', () => {
 });
 
 describe('S3Backend outages', () => {
-  test('a stopped server: calls settle within timeoutMs, health goes down, then up after restart', async () => {
+  test('a stopped server: calls settle within timeoutMs, health degraded, then up after restart; the breaker around it is what goes down', async () => {
     const own = await startS3();
     try {
       const timeoutMs = 1000;
-      const b = backend({ timeoutMs, failureThreshold: 2, maxAttempts: 1 }, own);
+      const b = backend({ timeoutMs, maxAttempts: 1 }, own);
+      const breaker = new CircuitBreakerBackend(b, {
+        timeoutMs: timeoutMs * 2,
+        failureThreshold: 2,
+        probeIntervalMs: 3_600_000,
+      });
       const ns = randomNamespace();
       const hash = randomHash();
       await b.put(ns, hash, { tokens: 1, data: randomBytes(100) });
@@ -264,11 +270,15 @@ describe('S3Backend outages', () => {
         timeoutMs * 3,
       );
       assert.ok(['KVT_BACKEND', 'KVT_TIMEOUT'].includes(codeOf(put)), codeOf(put));
-      assert.equal(b.health(), 'down');
-      assert.ok(b.stats().requestFailures >= 2, 'failures were not counted');
+      assert.equal(b.health(), 'degraded', 'the backend reports failures, not a verdict');
+      assert.ok(b.stats().requestFailures >= 4, 'failures were not counted');
+      assert.equal(breaker.isOpen, false, 'calls made around the breaker do not count');
+      for (let i = 0; i < 2; i++) assert.equal(await breaker.batchedContains(ns, [hash]), 0);
+      assert.equal(breaker.health(), 'down', 'the breaker is the one health mechanism');
       await own.restart();
       assert.equal(await b.batchedContains(ns, [hash]), 1);
       assert.equal(b.health(), 'up');
+      await breaker.close();
     } finally {
       await own.close();
     }
@@ -290,7 +300,6 @@ describe('S3Backend outages', () => {
           endpoint: `http://127.0.0.1:${port}`,
           ...S3RVER_CREDENTIALS,
           timeoutMs,
-          failureThreshold: 1,
         },
         { name: 'hole' },
       );
@@ -300,7 +309,7 @@ describe('S3Backend outages', () => {
         timeoutMs * 10,
       );
       assert.equal(codeOf(outcome), 'KVT_TIMEOUT');
-      assert.equal(b.health(), 'down');
+      assert.equal(b.health(), 'degraded');
       await b.close();
     } finally {
       for (const s of sockets) s.destroy();
