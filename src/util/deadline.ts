@@ -57,19 +57,21 @@ export interface DeadlineOptions {
 const noop = (): void => {};
 
 /**
- * One operation's deadline: `signal` aborts when a caller's signal fires or `timeoutMs` passes,
- * whichever is first, with the {@link KvtierError} that the operation rejects with as its reason.
- * Pass `signal` to the work (it can stop early), {@link race} the work's promise against it,
- * and call {@link dispose} in a `finally` (or use {@link withDeadline}, which does both).
+ * One operation's deadline: it ends when a caller's signal fires or `timeoutMs` passes, whichever
+ * is first, with the {@link KvtierError} that the operation rejects with. Pass {@link signal} to
+ * work that can stop early, {@link race} the work's promise against the deadline, and call
+ * {@link dispose} in a `finally` (or use {@link withDeadline}, which does both). The signal is
+ * made on first use only: a deadline nobody asks a signal of costs a timer and a listener per
+ * caller's signal.
  */
 export class Deadline {
-  /** Aborts at the deadline or on a caller's abort; its reason is {@link error}'s value. */
-  readonly signal: AbortSignal;
   /** The deadline in ms, as given (undefined: none). */
   readonly timeoutMs: number | undefined;
   readonly #what: string;
-  readonly #ac = new AbortController();
   readonly #sources: AbortSignal[] = [];
+  readonly #waiters = new Set<(err: KvtierError) => void>();
+  #ac: AbortController | undefined;
+  #error: KvtierError | undefined;
   #disarm = noop;
   #timedOut = false;
   #onSource = noop;
@@ -78,13 +80,13 @@ export class Deadline {
   constructor(opts: DeadlineOptions) {
     this.#what = opts.what;
     this.timeoutMs = opts.timeoutMs;
-    this.signal = this.#ac.signal;
     const given = opts.signal;
     const sources = given === undefined ? [] : Array.isArray(given) ? given : [given];
     for (const s of sources as (AbortSignal | undefined)[]) {
       if (s === undefined) continue;
       if (s.aborted) {
-        this.#ac.abort(abortedError(s, this.#what));
+        this.#error = abortedError(s, this.#what);
+        this.#sources.length = 0;
         return;
       }
       this.#sources.push(s);
@@ -110,6 +112,18 @@ export class Deadline {
     }
   }
 
+  /**
+   * Aborts when the deadline ends, with {@link error}'s value as its reason (already aborted
+   * when it has ended). Give it to work that can stop early.
+   */
+  get signal(): AbortSignal {
+    if (this.#ac === undefined) {
+      this.#ac = new AbortController();
+      if (this.#error !== undefined) this.#ac.abort(this.#error);
+    }
+    return this.#ac.signal;
+  }
+
   /** True once the deadline passed before any caller's signal fired. */
   get timedOut(): boolean {
     return this.#timedOut;
@@ -117,40 +131,38 @@ export class Deadline {
 
   /** True once the deadline passed or a caller's signal fired. */
   get ended(): boolean {
-    return this.signal.aborted;
+    return this.#error !== undefined;
   }
 
   /** Why the operation ended (`KVT_TIMEOUT`, the caller's abort error), or undefined while running. */
   error(): KvtierError | undefined {
-    return this.signal.aborted ? (this.signal.reason as KvtierError) : undefined;
+    return this.#error;
   }
 
   /** @throws KvtierError {@link error} once the deadline passed or a caller aborted. */
   throwIfEnded(): void {
-    if (this.signal.aborted) throw this.signal.reason as KvtierError;
+    if (this.#error !== undefined) throw this.#error;
   }
 
   /**
-   * Settles with `op`, or rejects with {@link error} when {@link signal} fires first. `op` is
-   * not cancelled by this (pass it `signal` for that): a late outcome is ignored, a late
-   * rejection never surfaces as unhandled. The listener it adds is removed when it settles.
+   * Settles with `op`, or rejects with {@link error} when the deadline ends first. `op` is not
+   * cancelled by this (pass it {@link signal} for that): a late outcome is ignored, a late
+   * rejection never surfaces as unhandled. Nothing of it is left once it settles.
    */
   race<T>(op: Promise<T>): Promise<T> {
-    const signal = this.signal;
-    if (signal.aborted) {
+    if (this.#error !== undefined) {
       op.catch(noop);
-      return Promise.reject(signal.reason as KvtierError);
+      return Promise.reject(this.#error);
     }
     return new Promise<T>((resolve, reject) => {
-      const onAbort = () => reject(signal.reason as KvtierError);
-      signal.addEventListener('abort', onAbort, { once: true });
+      this.#waiters.add(reject);
       op.then(
         (v) => {
-          signal.removeEventListener('abort', onAbort);
+          this.#waiters.delete(reject);
           resolve(v);
         },
         (err: unknown) => {
-          signal.removeEventListener('abort', onAbort);
+          this.#waiters.delete(reject);
           reject(err);
         },
       );
@@ -159,7 +171,7 @@ export class Deadline {
 
   /**
    * Clears the timer and removes the listeners on the caller's signals; idempotent. After it,
-   * the deadline no longer fires.
+   * the deadline no longer ends.
    */
   dispose(): void {
     for (const s of this.#sources) s.removeEventListener('abort', this.#onSource);
@@ -169,9 +181,13 @@ export class Deadline {
   }
 
   #end(err: KvtierError): void {
-    if (this.signal.aborted) return;
+    if (this.#error !== undefined) return;
+    this.#error = err;
     this.dispose();
-    this.#ac.abort(err);
+    // The work's own listeners see the abort before the race settles.
+    this.#ac?.abort(err);
+    for (const reject of this.#waiters) reject(err);
+    this.#waiters.clear();
   }
 }
 
