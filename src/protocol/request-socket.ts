@@ -1,5 +1,6 @@
 import * as zmq from 'zeromq';
-import { abortedError, closedError, KvtierError } from '../errors.ts';
+import { closedError, KvtierError } from '../errors.ts';
+import { Deadline, type DeadlineTimers } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { decodeReply, encodeRequest } from './codec.ts';
@@ -17,6 +18,8 @@ export interface RequestSocketOptions {
   /** Sees every decoded reply, matched or not (e.g. to track the server's epoch). */
   onReply?: (rep: Reply) => void;
   log?: Logger;
+  /** Timers of the request deadlines; default `setTimeout` (tests inject a clock). */
+  timers?: DeadlineTimers;
 }
 
 /** Per-call options of {@link RequestSocket.request}. */
@@ -34,7 +37,7 @@ interface Pending {
 /**
  * The request/response core shared by the protocol clients: one DEALER socket (its sends owned
  * by a {@link SocketSendQueue}), request ids 1..2^32-1 wrapping to 1, replies matched by id,
- * a deadline per request. It survives server restarts: ZMQ reconnects on its own and requests
+ * a deadline per request (the deadline helper: `KVT_TIMEOUT`, or the caller's abort). It survives server restarts: ZMQ reconnects on its own and requests
  * lost with the old server run into their deadline.
  */
 export class RequestSocket {
@@ -45,6 +48,7 @@ export class RequestSocket {
   readonly #name: string;
   readonly #onReply: ((rep: Reply) => void) | undefined;
   readonly #log: Logger;
+  readonly #timers: DeadlineTimers | undefined;
   readonly #loop: Promise<void>;
   #nextId = 1;
   #closed = false;
@@ -59,6 +63,7 @@ export class RequestSocket {
     this.#name = opts.name ?? 'client';
     this.#onReply = opts.onReply;
     this.#log = opts.log ?? silentLogger;
+    this.#timers = opts.timers;
     this.#socket = new zmq.Dealer({
       linger: 0,
       reconnectInterval: 100,
@@ -87,51 +92,34 @@ export class RequestSocket {
    *   `KVT_ABORTED` (or the signal's reason) when aborted; `KVT_CAPACITY` when the send queue is
    *   full; `KVT_CLOSED` after close; the encoder's errors for values the wire cannot carry.
    */
-  request(req: Request, opts: RequestCallOptions = {}): Promise<Reply> {
-    if (this.#closed) return Promise.reject(closedError(this.#name));
-    const signal = opts.signal;
-    if (signal?.aborted) return Promise.reject(abortedError(signal, `${req.type} request`));
-    const requestId = this.#nextId;
-    this.#nextId = this.#nextId >= 0xffffffff ? 1 : this.#nextId + 1;
-    req.requestId = requestId;
-    let frame: Buffer;
-    try {
-      frame = encodeRequest(req);
-    } catch (err) {
-      return Promise.reject(err);
-    }
-    return new Promise<Reply>((resolve, reject) => {
-      const timeoutMs = opts.timeoutMs ?? this.#requestTimeoutMs;
-      const cleanup = () => {
-        clearTimeout(timer);
-        signal?.removeEventListener('abort', onAbort);
-        this.#pending.delete(requestId);
-      };
-      const onAbort = () => {
-        cleanup();
-        reject(abortedError(signal, `${req.type} request`));
-      };
-      const timer = setTimeout(() => {
-        cleanup();
-        reject(
-          new KvtierError('KVT_TIMEOUT', `${req.type} request got no reply within ${timeoutMs} ms`),
-        );
-      }, timeoutMs);
-      signal?.addEventListener('abort', onAbort, { once: true });
-      this.#pending.set(requestId, {
-        resolve: (r) => {
-          cleanup();
-          resolve(r);
-        },
-        reject: (e) => {
-          cleanup();
-          reject(e);
-        },
-      });
-      if (!this.#sendQueue.send(frame)) {
-        this.#pending.get(requestId)?.reject(new KvtierError('KVT_CAPACITY', 'send queue is full'));
-      }
+  async request(req: Request, opts: RequestCallOptions = {}): Promise<Reply> {
+    if (this.#closed) throw closedError(this.#name);
+    const what = `${req.type} request`;
+    const d = new Deadline({
+      what,
+      timeoutMs: opts.timeoutMs ?? this.#requestTimeoutMs,
+      signal: opts.signal,
+      timers: this.#timers,
     });
+    try {
+      d.throwIfEnded();
+      const requestId = this.#nextId;
+      this.#nextId = this.#nextId >= 0xffffffff ? 1 : this.#nextId + 1;
+      req.requestId = requestId;
+      const frame = encodeRequest(req);
+      const reply = new Promise<Reply>((resolve, reject) => {
+        this.#pending.set(requestId, { resolve, reject });
+      });
+      try {
+        if (!this.#sendQueue.send(frame))
+          throw new KvtierError('KVT_CAPACITY', 'send queue is full');
+        return await d.race(reply);
+      } finally {
+        this.#pending.delete(requestId);
+      }
+    } finally {
+      d.dispose();
+    }
   }
 
   async #receiveLoop(): Promise<void> {
