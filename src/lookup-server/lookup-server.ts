@@ -17,6 +17,7 @@ import {
 } from '../protocol/messages.ts';
 import { SocketSendQueue } from '../protocol/send-queue.ts';
 import type { StorageManager } from '../storage-manager/storage-manager.ts';
+import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 
@@ -287,13 +288,15 @@ export class LookupServer {
         return this.#reply(envelope, { type: 'save-result', requestId, ...r });
       }
       case 'load': {
-        // Relative deadline from receipt, as an abort: the data plane checks it between chunks.
-        const ms = Math.min(
-          req.deadlineMs === 0 ? this.#loadDeadlineMs : req.deadlineMs,
-          MAX_TIMER_MS,
-        );
-        const ac = new AbortController();
-        const timer = setTimeout(() => ac.abort(), ms);
+        // Relative deadline from receipt, as a signal only (the load is not raced): the data
+        // plane checks it between chunks and answers with what it loaded.
+        const deadline = new Deadline({
+          what: 'LOAD',
+          timeoutMs: Math.min(
+            req.deadlineMs === 0 ? this.#loadDeadlineMs : req.deadlineMs,
+            MAX_TIMER_MS,
+          ),
+        });
         try {
           const r = await dp.load(
             {
@@ -305,7 +308,7 @@ export class LookupServer {
               ...(req.stateSlot >= 0 ? { stateSlot: req.stateSlot } : {}),
               ...(req.skipBlocks ? { skipBlocks: req.skipBlocks } : {}),
             },
-            { signal: ac.signal },
+            { signal: deadline.signal },
           );
           return this.#reply(envelope, {
             type: 'load-result',
@@ -314,7 +317,7 @@ export class LookupServer {
             invalidBlockIds: Uint32Array.from(r.invalidBlockIds),
           });
         } finally {
-          clearTimeout(timer);
+          deadline.dispose();
         }
       }
       case 'hold': {
