@@ -13,6 +13,7 @@ import {
   LookupClient,
   type LookupClientOptions,
 } from '../lookup-client/lookup-client.ts';
+import { loadNative } from '../native/native.ts';
 import type { TierTokens } from '../protocol/messages.ts';
 
 /**
@@ -235,6 +236,9 @@ export class SimDataPlaneClient extends DataPlaneClient {
   }
 }
 
+/** Largest KV file the engine maps (typed arrays stop at 4 GiB in Node 20). */
+const MAX_MAPPED_BYTES = 2 ** 32 - 1;
+
 /** Shape of the host-device KV file. */
 export interface KvFileShape {
   numBlocks: number;
@@ -246,8 +250,9 @@ export interface KvFileShape {
 /**
  * The engine's KV cache on the host device: one file, regions in registration order (layer 0 K,
  * layer 0 V, layer 1 K, ...), each `numBlocks` blocks of `blockSize * bytesPerTokenPerLayer`
- * bytes with no padding. The engine writes and reads it with positional I/O; the sidecar maps
- * the same file.
+ * bytes with no padding. The sidecar maps the same file. The engine maps it too (shared, through
+ * the native addon) and reads and writes blocks in place; without the addon it falls back to
+ * positional I/O, one system call per block and region.
  */
 export class KvFile {
   readonly path: string;
@@ -255,6 +260,7 @@ export class KvFile {
   readonly blockBytes: number;
   readonly regionBytes: number;
   #fd: number | undefined;
+  #map: Uint8Array | undefined;
 
   /** Creates (or truncates) the file at its full size. */
   constructor(path: string, shape: KvFileShape) {
@@ -263,7 +269,11 @@ export class KvFile {
     this.blockBytes = shape.blockSize * shape.bytesPerTokenPerLayer;
     this.regionBytes = shape.numBlocks * this.blockBytes;
     this.#fd = openSync(path, 'w+');
-    ftruncateSync(this.#fd, 2 * shape.numLayers * this.regionBytes);
+    const total = 2 * shape.numLayers * this.regionBytes;
+    ftruncateSync(this.#fd, total);
+    const native = loadNative();
+    if (native.addon !== null && total <= MAX_MAPPED_BYTES)
+      this.#map = new Uint8Array(native.addon.mapFile(path, { writable: true }));
   }
 
   /** The registration of this file for `DataPlaneClient.register`. */
@@ -298,12 +308,21 @@ export class KvFile {
 
   /** Writes the bytes of tokens starting at `tokenInBlock` of block `blockId`, region `region`. */
   write(blockId: number, region: number, tokenInBlock: number, bytes: Uint8Array): void {
-    writeSync(this.#open(), bytes, 0, bytes.length, this.#at(blockId, region, tokenInBlock));
+    const at = this.#at(blockId, region, tokenInBlock);
+    const fd = this.#open();
+    if (this.#map !== undefined) this.#map.set(bytes, at);
+    else writeSync(fd, bytes, 0, bytes.length, at);
   }
 
   /** Reads block `blockId` of region `region` into `out` (`blockBytes` bytes). */
   read(blockId: number, region: number, out: Uint8Array): void {
-    const n = readSync(this.#open(), out, 0, this.blockBytes, this.#at(blockId, region, 0));
+    const at = this.#at(blockId, region, 0);
+    const fd = this.#open();
+    if (this.#map !== undefined) {
+      out.set(this.#map.subarray(at, at + this.blockBytes));
+      return;
+    }
+    const n = readSync(fd, out, 0, this.blockBytes, at);
     if (n !== this.blockBytes)
       throw new KvtierError('KVT_INTERNAL', `short read of block ${blockId}: ${n} bytes`);
   }
@@ -312,6 +331,8 @@ export class KvFile {
   close(): void {
     if (this.#fd !== undefined) closeSync(this.#fd);
     this.#fd = undefined;
+    // The mapping goes with the ArrayBuffer's collection; nothing may touch it after close.
+    this.#map = undefined;
   }
 
   #at(blockId: number, region: number, tokenInBlock: number): number {

@@ -60,12 +60,9 @@ export interface SimSchedulerDeps {
   chunkSize: number;
   maxTokensPerStep: number;
   maxRunning: number;
-  prefillTokensPerSec: number;
   kvLoadFailurePolicy: 'recompute' | 'fail';
   /** Tier breakdown of an answered lookup (contiguous chunks, fastest tier first). */
   tiersOf: (lookupId: string) => readonly { tier: string; tokens: number }[] | undefined;
-  /** Measured load wall time of a request so far, ms. */
-  loadMsOf: (requestId: string) => number;
   onEvent?: (e: SimEvent) => void;
   onLoadAlloc?: (a: LoadAllocInfo) => number | undefined;
 }
@@ -87,16 +84,40 @@ interface Req {
   pendingLookup: boolean;
   /** The load in flight: tokens from `firstToken`, into `blocks`, under `lookupId`. */
   load: { firstToken: number; tokens: number; blocks: number[]; lookupId: string } | null;
-  /** Prompt tokens computed by the engine before the first output token. */
-  computedBeforeFirst: number;
   delayedFree: boolean;
+  /** Where the current admission's prompt tokens came from so far. */
+  adm: AdmissionSources;
+  /** Whether an admission completed the prompt's prefill (its sources are counted). */
+  prefillDone: boolean;
+}
+
+/** Prompt tokens of one admission by source. */
+export interface AdmissionSources {
+  gpu: number;
+  tiers: Record<string, number>;
+  recomputed: number;
+}
+
+/** The sources of the admission that completed a request's prefill. */
+export interface CompletedPrefill extends AdmissionSources {
+  requestId: string;
+  promptTokens: number;
 }
 
 /** Counters the engine turns into a report. */
 export interface SchedulerCounters {
+  /** Sources of the admissions that completed their prefill: each prompt token once. */
   gpuPrefixCache: number;
   byTier: Record<string, number>;
   recomputed: number;
+  /** Prompt tokens of requests that ended (failed, aborted) before any prefill completed. */
+  unserved: number;
+  /** Preemptions, and the prompt tokens computed and loaded in admissions they threw away. */
+  preemptions: number;
+  preemptionRecomputed: number;
+  preemptionReloaded: number;
+  /** One entry per request whose prefill completed. */
+  prefills: CompletedPrefill[];
   pendingLookups: number;
   stepsWaited: number;
   verifiedBlocks: number;
@@ -110,7 +131,6 @@ export interface SchedulerCounters {
   failedTooLarge: number;
   finished: number;
   aborted: number;
-  ttftMs: number[];
 }
 
 const MAX_MISMATCHES = 20;
@@ -138,6 +158,11 @@ export class SimScheduler {
       gpuPrefixCache: 0,
       byTier: Object.fromEntries(tierNames.map((n) => [n, 0])),
       recomputed: 0,
+      unserved: 0,
+      preemptions: 0,
+      preemptionRecomputed: 0,
+      preemptionReloaded: 0,
+      prefills: [],
       pendingLookups: 0,
       stepsWaited: 0,
       verifiedBlocks: 0,
@@ -149,7 +174,6 @@ export class SimScheduler {
       failedTooLarge: 0,
       finished: 0,
       aborted: 0,
-      ttftMs: [],
     };
   }
 
@@ -205,14 +229,16 @@ export class SimScheduler {
       cachedBlocks: 0,
       pendingLookup: false,
       load: null,
-      computedBeforeFirst: 0,
       delayedFree: false,
+      adm: { gpu: 0, tiers: {}, recomputed: 0 },
+      prefillDone: false,
     };
     this.#reqs.set(r.id, r);
     this.#emit({ type: 'status', step: this.step, requestId: r.id, from: 'new', to: 'waiting' });
     if (Math.ceil((r.promptLen + r.outputTarget) / bs) > this.#d.allocator.numBlocks) {
       this.#setStatus(r, 'failed');
       this.counters.failedTooLarge++;
+      this.counters.unserved += r.promptLen;
       return;
     }
     this.#waiting.push(r);
@@ -322,18 +348,13 @@ export class SimScheduler {
       const promptEnd = Math.min(end, r.promptLen);
       if (start < promptEnd) {
         this.#writeKv(r, start, promptEnd);
-        this.counters.recomputed += promptEnd - start;
-        if (r.numOutput === 0) r.computedBeforeFirst += promptEnd - start;
+        r.adm.recomputed += promptEnd - start;
+        if (promptEnd === r.promptLen) this.#prefillCompleted(r);
       }
       tokens += numNew;
       r.numComputed = end;
       this.#publish(r);
       if (r.numComputed >= r.promptLen + r.numOutput) {
-        if (r.numOutput === 0) {
-          this.counters.ttftMs.push(
-            (r.computedBeforeFirst * 1000) / this.#d.prefillTokensPerSec + this.#d.loadMsOf(r.id),
-          );
-        }
         r.numOutput++;
         if (r.numOutput >= r.outputTarget) this.#end(r, 'finished');
       }
@@ -372,7 +393,10 @@ export class SimScheduler {
     const stillWaiting: Req[] = [];
     let stop = false;
     for (const r of this.#waiting) {
-      if (stop || r.status === 'waiting_for_remote_kvs') {
+      // A request back from its load holds its prompt's blocks already: a head that cannot get
+      // blocks must not hold it back (it would be preempted to free blocks and load again, forever).
+      const holds = r.blocks.length > 0 && r.status !== 'waiting_for_remote_kvs';
+      if ((stop && !holds) || r.status === 'waiting_for_remote_kvs') {
         stillWaiting.push(r);
         continue;
       }
@@ -457,7 +481,7 @@ export class SimScheduler {
     this.#d.allocator.touch(hits);
     r.blocks = [...hits];
     r.cachedBlocks = hits.length;
-    this.counters.gpuPrefixCache += hits.length * this.#d.blockSize;
+    r.adm.gpu += hits.length * this.#d.blockSize;
   }
 
   /** Grows the block table to hold `tokens`; false (taking nothing) when blocks run out. */
@@ -478,6 +502,8 @@ export class SimScheduler {
     r.numComputed = 0;
     r.cachedBlocks = 0;
     r.numPreemptions++;
+    this.counters.preemptions++;
+    this.#discardAdmission(r);
     this.#d.connector.requestPreempted(r.conn);
     this.#setStatus(r, 'preempted');
     this.#waiting.unshift(r);
@@ -496,7 +522,7 @@ export class SimScheduler {
     const firstBlock = load.firstToken / bs;
     for (let i = 0; i < valid; i++) this.#verify(r, firstBlock + i, load.blocks[i]!);
     const validTokens = valid * bs;
-    this.#attribute(load.lookupId, load.firstToken, validTokens);
+    this.#attribute(r, load.lookupId, load.firstToken, validTokens);
     r.load = null;
     this.#emit({
       type: 'load-done',
@@ -519,10 +545,38 @@ export class SimScheduler {
     this.#setStatus(r, r.numPreemptions > 0 ? 'preempted' : 'waiting');
   }
 
+  /**
+   * The prompt's last token was computed: the admission's sources are the request's, counted
+   * once. After a preemption in decode the prompt is computed again; that admission's tokens
+   * count as preemption work instead.
+   */
+  #prefillCompleted(r: Req): void {
+    if (r.prefillDone) {
+      this.#discardAdmission(r);
+      return;
+    }
+    r.prefillDone = true;
+    const c = this.counters;
+    const a = r.adm;
+    c.gpuPrefixCache += a.gpu;
+    c.recomputed += a.recomputed;
+    for (const [t, n] of Object.entries(a.tiers)) c.byTier[t] = (c.byTier[t] ?? 0) + n;
+    c.prefills.push({ requestId: r.id, promptTokens: r.promptLen, ...a });
+    r.adm = { gpu: 0, tiers: {}, recomputed: 0 };
+  }
+
+  /** Moves an admission that did not (or need not) complete the prefill to the preemption counters. */
+  #discardAdmission(r: Req): void {
+    const a = r.adm;
+    this.counters.preemptionRecomputed += a.recomputed;
+    for (const n of Object.values(a.tiers)) this.counters.preemptionReloaded += n;
+    r.adm = { gpu: 0, tiers: {}, recomputed: 0 };
+  }
+
   /** Credits loaded tokens to the tiers the lookup found their chunks in. */
-  #attribute(lookupId: string, firstToken: number, tokens: number): void {
+  #attribute(r: Req, lookupId: string, firstToken: number, tokens: number): void {
     if (tokens <= 0) return;
-    const by = this.counters.byTier;
+    const by = r.adm.tiers;
     const tiers = this.#d.tiersOf(lookupId) ?? [{ tier: 'unknown', tokens: firstToken + tokens }];
     let pos = 0;
     const end = firstToken + tokens;
@@ -588,6 +642,8 @@ export class SimScheduler {
     this.#waiting = this.#waiting.filter((x) => x !== r);
     if (to === 'finished') this.counters.finished++;
     if (to === 'aborted') this.counters.aborted++;
+    if (!r.prefillDone) this.counters.unserved += r.promptLen;
+    r.adm = { gpu: 0, tiers: {}, recomputed: 0 };
     r.conn = { ...r.conn, aborted: to !== 'finished' };
     const [delayFree] = this.#d.connector.requestFinished(r.conn, r.blocks);
     this.#setStatus(r, to);

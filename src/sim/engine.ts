@@ -1,4 +1,4 @@
-import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setImmediate as nextTurn } from 'node:timers/promises';
@@ -13,11 +13,14 @@ import { FaultInjector, validateFaults } from './engine-faults.ts';
 import { Activity, KvFile, SimDataPlaneClient, SimLookupClient } from './engine-io.ts';
 import { resolveSimOptions } from './engine-options.ts';
 import {
+  type CompletedPrefill,
   type LoadAllocInfo,
   type SimEvent,
   type SimRequestStatus,
   SimScheduler,
 } from './engine-scheduler.ts';
+import { DEFAULT_MODEL, kvBytesPerToken, modelPreset, type PlannedModel } from './models.ts';
+import { loadSeconds, prefillSeconds } from './ttft-model.ts';
 import type {
   SimEngineOptions,
   SimFaults,
@@ -26,6 +29,36 @@ import type {
   SimTierConfig,
   Workload,
 } from './types.ts';
+
+/** p50, p90 and mean of `values` (0 for none). */
+function summarize(values: number[]): { p50: number; p90: number; mean: number } {
+  const v = [...values].sort((a, b) => a - b);
+  const pct = (p: number) =>
+    v.length === 0 ? 0 : v[Math.min(v.length - 1, Math.ceil(p * v.length) - 1)]!;
+  return {
+    p50: pct(0.5),
+    p90: pct(0.9),
+    mean: v.length === 0 ? 0 : v.reduce((a, b) => a + b, 0) / v.length,
+  };
+}
+
+/** The modeled TTFT of every completed prefill, with kvtier and had kvtier served nothing (ms). */
+function modeledTtft(
+  m: PlannedModel,
+  prefills: readonly CompletedPrefill[],
+  tierTypes: Record<string, string>,
+): { withKvtier: ReturnType<typeof summarize>; withoutKvtier: ReturnType<typeof summarize> } {
+  const withK: number[] = [];
+  const withoutK: number[] = [];
+  for (const p of prefills) {
+    let load = 0;
+    for (const [tier, n] of Object.entries(p.tiers))
+      load += loadSeconds(m, n, tierTypes[tier] ?? tier);
+    withK.push(1000 * (prefillSeconds(m, p.promptTokens - p.recomputed, p.promptTokens) + load));
+    withoutK.push(1000 * prefillSeconds(m, p.gpu, p.promptTokens));
+  }
+  return { withKvtier: summarize(withK), withoutKvtier: summarize(withoutK) };
+}
 
 export { SIM_ENGINE_DEFAULTS, SIM_MODEL_DEFAULTS } from './engine-options.ts';
 export type { LoadAllocInfo, SimEvent, SimRequestStatus } from './engine-scheduler.ts';
@@ -78,6 +111,11 @@ export interface RunSimulationOptions {
   /** Default none. A `local-disk` or `fs` tier without `options.path` gets `<workDir>/<name>`. */
   lowerTiers?: SimTierConfig[];
   faults?: SimFaults;
+  /**
+   * The model the run is planned for (default the Llama-3.1-8B preset): the modeled TTFT and
+   * `modelBytes` are its; the bytes that move are the verification model's (`model`).
+   */
+  planned?: PlannedModel;
   /** Directory for the KV file and any disk tier; default a fresh temp dir removed at the end. */
   workDir?: string;
   /**
@@ -118,6 +156,7 @@ const MODEL_ID = 'kvtier-sim/deterministic';
 export async function runSimulation(opts: RunSimulationOptions): Promise<SimReport> {
   const o = resolveSimOptions(opts);
   const { model, engine } = o;
+  const planned = opts.planned ?? modelPreset(DEFAULT_MODEL);
   const hooks = opts.hooks ?? {};
   const faults = opts.faults ?? {};
   validateFaults(faults, o.lowerTiers.at(-1), hooks);
@@ -149,10 +188,13 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
   let connector: KvtierSchedulerConnector | undefined;
   let admin: LookupClient | undefined;
   let corruptSeen = 0;
+  let shmDir: string | undefined;
   try {
     sidecar = await Sidecar.start({ config, processMetrics: false });
     const endpoint = sidecar.server.endpoint;
-    kv = new KvFile(join(dir, 'kv.bin'), {
+    // tmpfs when there is one: the engine's KV cache is memory, never written back to a disk.
+    shmDir = existsSync('/dev/shm') ? mkdtempSync('/dev/shm/kvtier-sim-') : undefined;
+    kv = new KvFile(join(shmDir ?? dir, 'kv.bin'), {
       numBlocks: engine.numGpuBlocks,
       numLayers: model.numLayers,
       blockSize: model.blockSize,
@@ -199,7 +241,6 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
         chunkSize: model.chunkSize,
         maxTokensPerStep: engine.maxTokensPerStep,
         maxRunning: engine.maxRunning,
-        prefillTokensPerSec: engine.prefillTokensPerSec,
         kvLoadFailurePolicy: engine.kvLoadFailurePolicy,
         tiersOf: (id) => {
           // Asked once, when the lookup's load settles.
@@ -207,7 +248,6 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
           lookup.tiersByLookup.delete(id);
           return t;
         },
-        loadMsOf: (id) => dp.loadMsByRequest.get(id) ?? 0,
         ...(hooks.onEvent === undefined ? {} : { onEvent: hooks.onEvent }),
         ...(hooks.onLoadAlloc === undefined ? {} : { onLoadAlloc: hooks.onLoadAlloc }),
       },
@@ -346,9 +386,9 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
     await hooks.onFinish?.(ctl);
     const c = sched.counters;
     corruptSeen += corruptOf(sidecar);
-    const ttft = [...c.ttftMs].sort((a, b) => a - b);
-    const pct = (p: number) =>
-      ttft.length === 0 ? 0 : ttft[Math.min(ttft.length - 1, Math.ceil(p * ttft.length) - 1)]!;
+    const tierTypes = Object.fromEntries(config.tiers.map((t) => [t.name, t.type]));
+    const ttft = modeledTtft(planned, c.prefills, tierTypes);
+    const plannedBytes = kvBytesPerToken(planned);
     const faultsInjected = injector.fired.map((f) => `${f.kind}@step ${f.step}: ${f.detail}`);
     if (lookup.timedOut > 0)
       faultsInjected.push(
@@ -372,8 +412,29 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
       failed: c.failedRequests + c.failedTooLarge,
       aborted: c.aborted,
       promptTokens: requests.reduce((n, r) => n + r.promptTokens.length, 0),
-      tokens: { gpuPrefixCache: c.gpuPrefixCache, byTier: c.byTier, recomputed: c.recomputed },
+      tokens: {
+        gpuPrefixCache: c.gpuPrefixCache,
+        byTier: c.byTier,
+        recomputed: c.recomputed,
+        unserved: c.unserved,
+      },
+      preemption: {
+        preemptions: c.preemptions,
+        recomputedTokens: c.preemptionRecomputed,
+        reloadedTokens: c.preemptionReloaded,
+      },
+      model: {
+        name: planned.name,
+        kvBytesPerToken: plannedBytes,
+        verificationBytesPerToken: tokenBytes,
+        gpuCacheTokens: engine.numGpuBlocks * model.blockSize,
+        chunkTokens: model.chunkSize,
+      },
       bytes: { saved: dp.bytesSaved, loaded: dp.bytesLoaded },
+      modelBytes: {
+        saved: (dp.bytesSaved / tokenBytes) * plannedBytes,
+        loaded: (dp.bytesLoaded / tokenBytes) * plannedBytes,
+      },
       pendingLookups: { lookups: c.pendingLookups, stepsWaited: c.stepsWaited },
       verifiedBlocks: c.verifiedBlocks,
       mismatchedBlocks: c.mismatchedBlocks,
@@ -384,11 +445,8 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
         failedRequests: c.failedRequests,
         faultsInjected,
       },
-      modeledTtftMs: {
-        p50: pct(0.5),
-        p90: pct(0.9),
-        mean: ttft.length === 0 ? 0 : ttft.reduce((a, b) => a + b, 0) / ttft.length,
-      },
+      modeledTtftMs: ttft.withKvtier,
+      modeledTtftWithoutKvtierMs: ttft.withoutKvtier,
       wallMs: performance.now() - started,
       steps: step,
     };
@@ -398,6 +456,7 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
     await admin?.close().catch(() => {});
     await sidecar?.close().catch(() => {});
     kv?.close();
+    if (shmDir !== undefined) rmSync(shmDir, { recursive: true, force: true });
     if (ownDir) rmSync(dir, { recursive: true, force: true });
   }
 }

@@ -85,7 +85,18 @@ export function formatReport(report: SimReport): string {
       ],
       ...(tierRows.length > 0 ? tierRows : [['  kvtier (no tier served any)', '0', pct(0)]]),
       ['  recomputed', fmtInt(report.tokens.recomputed), pct(report.tokens.recomputed)],
+      [
+        '  unserved (failed or aborted first)',
+        fmtInt(report.tokens.unserved ?? 0),
+        pct(report.tokens.unserved ?? 0),
+      ],
     ]),
+    '  each prompt token counted once, by the admission that completed its prefill',
+    ...(report.preemption === undefined
+      ? []
+      : [
+          `  preemption (not in the sources above): ${fmtInt(report.preemption.preemptions)} preemptions; ${fmtInt(report.preemption.recomputedTokens)} prompt tokens recomputed again (${pct(report.preemption.recomputedTokens)}), ${fmtInt(report.preemption.reloadedTokens)} loaded again`,
+        ]),
     `  hit rate: kvtier ${formatPercent(hitRate(report))}, kvtier + GPU prefix cache ${formatPercent(hitRateWithGpu(report))}`,
     '',
     'Bytes moved by kvtier',
@@ -117,11 +128,17 @@ export function formatReport(report: SimReport): string {
       ? ['  faults injected: none']
       : ['  faults injected:', ...report.failures.faultsInjected.map((f) => `    - ${f}`)]),
     '',
-    'Time to first token (MODELED: recomputed tokens at the modeled prefill rate + measured load time; not a measurement of a real engine)',
+    `Time to first token (MODELED${report.model === undefined ? '' : ` for ${report.model.name}`}: prefill of the recomputed tokens and loads at tier bandwidths, no queueing; not a measurement of a real engine)`,
     ...table([
       ['  modeled TTFT p50', fmtMs(report.modeledTtftMs.p50)],
       ['  modeled TTFT p90', fmtMs(report.modeledTtftMs.p90)],
       ['  modeled TTFT mean', fmtMs(report.modeledTtftMs.mean)],
+      ...(report.modeledTtftWithoutKvtierMs === undefined
+        ? []
+        : [
+            ['  without kvtier, p50', fmtMs(report.modeledTtftWithoutKvtierMs.p50)],
+            ['  without kvtier, p90', fmtMs(report.modeledTtftWithoutKvtierMs.p90)],
+          ]),
     ]),
     '',
     `Wall time (measured): ${fmtMs(report.wallMs)}`,

@@ -81,7 +81,10 @@ export interface SimFaults {
   evictBetweenLookupAndLoadAtStep?: number;
 }
 
-/** Tokens by where they came from. */
+/**
+ * Prompt tokens by where they came from, each counted once: by the admission that completed the
+ * request's prefill. `gpuPrefixCache + sum(byTier) + recomputed + unserved` is the prompt tokens.
+ */
 export interface TokenSources {
   /** Served by the engine's own GPU prefix cache. */
   gpuPrefixCache: number;
@@ -89,6 +92,32 @@ export interface TokenSources {
   byTier: Record<string, number>;
   /** Recomputed by the engine. */
   recomputed: number;
+  /** Prompt tokens of requests that ended (failed, aborted) before their prefill completed. */
+  unserved: number;
+}
+
+/** Work that preemption threw away (the engine then did it again; not in {@link TokenSources}). */
+export interface PreemptionWork {
+  /** Preemptions (a request can be preempted more than once). */
+  preemptions: number;
+  /** Prompt tokens recomputed in admissions a preemption threw away, or again after one. */
+  recomputedTokens: number;
+  /** Prompt tokens loaded from kvtier in such admissions. */
+  reloadedTokens: number;
+}
+
+/** The model a run is planned for, and the verification model whose bytes actually moved. */
+export interface SimPlannedModel {
+  /** Display name, e.g. "Llama-3.1-8B". */
+  name: string;
+  /** KV bytes per token of the planned model: every capacity and modeled byte count uses it. */
+  kvBytesPerToken: number;
+  /** KV bytes per token of the small verification model that moved and was checked. */
+  verificationBytesPerToken: number;
+  /** Tokens the engine's GPU KV cache holds (its prefix cache lives in it). */
+  gpuCacheTokens: number;
+  /** Tokens a chunk holds. */
+  chunkTokens: number;
 }
 
 /** Everything a run measured. Times marked "modeled" are computed, not measured. */
@@ -101,8 +130,14 @@ export interface SimReport {
   aborted?: number;
   promptTokens: number;
   tokens: TokenSources;
-  /** Bytes kvtier moved per direction (measured from the data plane's replies). */
+  /** Work preemption threw away; absent from older producers. */
+  preemption?: PreemptionWork;
+  /** The planned model; absent from older producers. */
+  model?: SimPlannedModel;
+  /** Bytes kvtier moved per direction (measured from the data plane's replies: verification model). */
   bytes: { saved: number; loaded: number };
+  /** The same transfers in the planned model's bytes (tokens x its KV bytes per token). */
+  modelBytes?: { saved: number; loaded: number };
   /** Lookups that answered `null` at least once, and the steps requests waited on them. */
   pendingLookups: { lookups: number; stepsWaited: number };
   /** Blocks verified byte-exact against recomputation, and mismatches (must be 0). */
@@ -117,8 +152,14 @@ export interface SimReport {
     failedRequests: number;
     faultsInjected: string[];
   };
-  /** Modeled time to first token (ms): prefill of recomputed tokens at the modeled rate plus measured load time. */
+  /**
+   * MODELED time to first token (ms) of the planned model, per request from the admission that
+   * completed its prefill: its recomputed tokens after the cached prefix (src/sim/ttft-model.ts)
+   * plus its kvtier tokens at each tier's bandwidth; no queueing.
+   */
   modeledTtftMs: { p50: number; p90: number; mean: number };
+  /** The same requests had kvtier served nothing: its tokens recomputed too. */
+  modeledTtftWithoutKvtierMs?: { p50: number; p90: number; mean: number };
   /** Wall time of the run (ms), measured. */
   wallMs: number;
   steps: number;

@@ -68,6 +68,13 @@ function assertClean(rep: SimReport, end: { usedBlocks: number; tracked: number 
   assert.equal(rep.mismatchedBlocks, 0, `mismatches ${JSON.stringify(rep.mismatches)}`);
   assert.equal(rep.finished + rep.failed + (rep.aborted ?? 0), rep.requests, 'every request ended');
   assert.deepEqual(end, { usedBlocks: 0, tracked: 0 }, 'no block or connector state left');
+  const t = rep.tokens;
+  const kvtier = Object.values(t.byTier).reduce((x, y) => x + y, 0);
+  assert.equal(
+    t.gpuPrefixCache + kvtier + t.recomputed + t.unserved,
+    rep.promptTokens,
+    `every prompt token has one source: ${JSON.stringify(t)}`,
+  );
 }
 
 /** W saves a 160-token prompt (5 chunks); X, arriving later, extends it and loads it from kvtier. */

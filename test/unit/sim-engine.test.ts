@@ -57,6 +57,12 @@ function sum(o: Record<string, number>): number {
 
 /** The invariants every run must keep. */
 function assertClean(rep: SimReport, what: string): void {
+  const t = rep.tokens;
+  assert.equal(
+    t.gpuPrefixCache + sum(t.byTier) + t.recomputed + t.unserved,
+    rep.promptTokens,
+    `${what}: every prompt token has one source: ${JSON.stringify(t)}`,
+  );
   assert.equal(rep.mismatchedBlocks, 0, `${what}: mismatches ${JSON.stringify(rep.mismatches)}`);
   assert.deepEqual(rep.mismatches, []);
   assert.equal(

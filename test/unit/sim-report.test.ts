@@ -18,7 +18,12 @@ function sampleReport(over: Partial<SimReport> = {}): SimReport {
     finished: 7,
     failed: 1,
     promptTokens: 10_000,
-    tokens: { gpuPrefixCache: 2_000, byTier: { cpu: 3_000, disk: 1_000 }, recomputed: 4_000 },
+    tokens: {
+      gpuPrefixCache: 2_000,
+      byTier: { cpu: 3_000, disk: 1_000 },
+      recomputed: 4_000,
+      unserved: 0,
+    },
     bytes: { saved: 3 * 1024 ** 2, loaded: 1024 ** 2 },
     pendingLookups: { lookups: 5, stepsWaited: 12 },
     verifiedBlocks: 250,
@@ -51,7 +56,7 @@ describe('hitRate', () => {
   it('is 0 for a workload without prompt tokens', () => {
     const r = sampleReport({
       promptTokens: 0,
-      tokens: { gpuPrefixCache: 0, byTier: {}, recomputed: 0 },
+      tokens: { gpuPrefixCache: 0, byTier: {}, recomputed: 0, unserved: 0 },
     });
     assert.equal(hitRate(r), 0);
     assert.equal(hitRateWithGpu(r), 0);
