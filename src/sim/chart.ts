@@ -13,6 +13,8 @@ export interface ChartSeries {
   name: string;
   /** Hit rates in [0, 1], one per capacity, in the order of `capacitiesBytes`. */
   values: readonly number[];
+  /** Draw a dashed line (bounds and references); default solid. */
+  dashed?: boolean;
 }
 
 /** Options of {@link renderHitRateChart}. */
@@ -25,6 +27,11 @@ export interface HitRateChartOptions {
   capacitiesBytes: readonly number[];
   /** The lines; at least one. */
   series: readonly ChartSeries[];
+  /**
+   * Tick labels, one per capacity (e.g. the capacity in a model's GiB); default the capacity
+   * formatted in bytes. With labels given, the axis label is `xLabel` as is.
+   */
+  xTicks?: readonly string[];
   /** Image width in px; default 800. */
   widthPx?: number;
   /** Image height in px; default 480. */
@@ -35,7 +42,10 @@ export interface HitRateChartOptions {
 export const HIT_RATE_CHART_DEFAULTS = Object.freeze({ widthPx: 800, heightPx: 480 });
 
 const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd'];
-const MARGIN = { left: 80, right: 30, top: 72, bottom: 70 };
+const MARGIN = { left: 80, right: 60, top: 84, bottom: 70 };
+const LABEL_DX = [0, 0, 8, 8, -8];
+const LABEL_DY = [-9, 17, -6, 14, -6];
+const LABEL_ANCHOR = ['middle', 'middle', 'start', 'start', 'end'];
 
 /**
  * Renders the chart as a standalone SVG document. Points are placed in capacity order on a
@@ -62,6 +72,9 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
     }
   }
   if (opts.series.length === 0) invalid('series must hold at least one series');
+  if (opts.xTicks !== undefined && opts.xTicks.length !== caps.length)
+    invalid(`xTicks must hold one label per capacity (${caps.length}), got ${opts.xTicks.length}`);
+  const tick = (i: number) => opts.xTicks?.[i] ?? formatCapacity(caps[i] as number);
   for (const s of opts.series) {
     if (s.values.length !== caps.length || !s.values.every(Number.isFinite)) {
       invalid(
@@ -106,20 +119,21 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
     const x = fmt(px(i));
     out.push(
       `<line x1="${x}" y1="${bottom}" x2="${x}" y2="${bottom + 5}" stroke="#333333"/>`,
-      `<text x="${x}" y="${bottom + 20}" text-anchor="middle">${esc(formatCapacity(caps[i] as number))}</text>`,
+      `<text x="${x}" y="${bottom + 20}" text-anchor="middle">${esc(tick(i))}</text>`,
     );
   }
   out.push(
     `<line x1="${MARGIN.left}" y1="${bottom}" x2="${right}" y2="${bottom}" stroke="#333333"/>`,
     `<line x1="${MARGIN.left}" y1="${MARGIN.top}" x2="${MARGIN.left}" y2="${bottom}" stroke="#333333"/>`,
-    `<text x="${MARGIN.left + plotW / 2}" y="${height - 20}" text-anchor="middle">${esc(`${xLabel} (bytes${log ? ', log scale' : ''})`)}</text>`,
+    `<text x="${MARGIN.left + plotW / 2}" y="${height - 20}" text-anchor="middle">${esc(opts.xTicks === undefined ? `${xLabel} (bytes${log ? ', log scale' : ''})` : `${xLabel}${log ? ' (log scale)' : ''}`)}</text>`,
     `<text x="20" y="${MARGIN.top + plotH / 2}" text-anchor="middle" transform="rotate(-90 20 ${MARGIN.top + plotH / 2})">hit rate (% of prompt tokens)</text>`,
   );
   for (const [k, s] of opts.series.entries()) {
     const color = COLORS[k % COLORS.length] as string;
     const pts = order.map((i) => `${fmt(px(i))},${fmt(py(s.values[i] as number))}`);
+    const dash = s.dashed === true ? ' stroke-dasharray="6 4"' : '';
     out.push(
-      `<polyline fill="none" stroke="${color}" stroke-width="2" points="${pts.join(' ')}"><title>${esc(s.name)}</title></polyline>`,
+      `<polyline fill="none" stroke="${color}" stroke-width="2"${dash} points="${pts.join(' ')}"><title>${esc(s.name)}</title></polyline>`,
     );
     for (const i of order) {
       const v = s.values[i] as number;
@@ -127,15 +141,18 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
       const y = fmt(py(v));
       const label = `${(v * 100).toFixed(1)}%`;
       out.push(
-        `<circle cx="${x}" cy="${y}" r="4" fill="${color}"><title>${esc(`${s.name}: ${label} at ${formatCapacity(caps[i] as number)}`)}</title></circle>`,
-        `<text x="${x}" y="${fmt(py(v) - 9)}" text-anchor="middle" fill="${color}">${label}</text>`,
+        `<circle cx="${x}" cy="${y}" r="4" fill="${color}"><title>${esc(`${s.name}: ${label} at ${tick(i)}`)}</title></circle>`,
+        // Five label places around the point (above, below, right-above, right-below, left), one per
+        // series, so that lines that meet stay readable.
+        `<text x="${fmt(px(i) + LABEL_DX[k % 5]!)}" y="${fmt(py(v) + LABEL_DY[k % 5]!)}" text-anchor="${LABEL_ANCHOR[k % 5]}" fill="${color}">${label}</text>`,
       );
     }
-    // Legend in one row under the title, above the 100% line.
-    const lx = MARGIN.left + k * 220;
+    // Legend in rows of two under the title, above the 100% line.
+    const lx = MARGIN.left + (k % 2) * 260;
+    const ly = 42 + Math.floor(k / 2) * 16;
     out.push(
-      `<line x1="${lx}" y1="46" x2="${lx + 20}" y2="46" stroke="${color}" stroke-width="2"/>`,
-      `<text x="${lx + 26}" y="46" dominant-baseline="middle">${esc(s.name)}</text>`,
+      `<line x1="${lx}" y1="${ly}" x2="${lx + 20}" y2="${ly}" stroke="${color}" stroke-width="2"${dash}/>`,
+      `<text x="${lx + 26}" y="${ly}" dominant-baseline="middle">${esc(s.name)}</text>`,
     );
   }
   out.push('</svg>');

@@ -26,7 +26,7 @@ interface Captured {
   io: SimulateCommandIo;
   out: string[];
   err: string[];
-  files: Map<string, string>;
+  files: Map<string, string | Uint8Array>;
   runs: SimulationRunOptions[];
 }
 
@@ -36,8 +36,8 @@ function capture(report?: (opts: SimulationRunOptions) => SimReport): Captured {
   c.io = {
     out: (l) => c.out.push(l),
     err: (l) => c.err.push(l),
-    writeFile: async (p, text) => {
-      c.files.set(p, text);
+    writeFile: async (p, data) => {
+      c.files.set(p, data);
     },
   };
   if (report !== undefined) {
@@ -49,10 +49,13 @@ function capture(report?: (opts: SimulationRunOptions) => SimReport): Captured {
   return c;
 }
 
-/** A report whose kvtier hit rate grows with the CPU tier capacity (capped at 80%). */
+/**
+ * A report whose kvtier hit rate grows with the sidecar's CPU tier (capped at 80%): 4 MiB of the
+ * verification model is 32 chunks, 1 GiB of Llama-3.1-8B.
+ */
 function fakeReport(opts: SimulationRunOptions, mismatchedBlocks = 0): SimReport {
   const prompt = opts.workload.requests.reduce((n, r) => n + r.promptTokens.length, 0);
-  const cpu = Math.min(0.8, (opts.cpuBytes ?? 0) / 2 ** 30);
+  const cpu = Math.min(0.8, (opts.cpuBytes ?? 0) / 2 ** 22);
   const served = Math.floor(prompt * cpu);
   return {
     workload: opts.workload.name,
@@ -60,7 +63,12 @@ function fakeReport(opts: SimulationRunOptions, mismatchedBlocks = 0): SimReport
     finished: opts.workload.requests.length,
     failed: 0,
     promptTokens: prompt,
-    tokens: { gpuPrefixCache: 0, byTier: { cpu: served }, recomputed: prompt - served },
+    tokens: {
+      gpuPrefixCache: 0,
+      byTier: { cpu: served },
+      recomputed: prompt - served,
+      unserved: 0,
+    },
     bytes: { saved: 0, loaded: 0 },
     pendingLookups: { lookups: 0, stepsWaited: 0 },
     verifiedBlocks: 10,
@@ -78,15 +86,18 @@ function fakeReport(opts: SimulationRunOptions, mismatchedBlocks = 0): SimReport
   };
 }
 
-function polylinePoints(svg: string): number[] {
-  return [...svg.matchAll(/<polyline[^>]*\bpoints="([^"]*)"/g)].map(
+function polylinePoints(svg: string | Uint8Array | undefined): number[] {
+  assert.equal(typeof svg, 'string', 'an SVG document');
+  return [...(svg as string).matchAll(/<polyline[^>]*\bpoints="([^"]*)"/g)].map(
     (m) => (m[1] as string).trim().split(/\s+/).length,
   );
 }
 
 describe('kvtier simulate: flags', () => {
   const bad: [string[], RegExp][] = [
-    [[], /--workload multi-round\|long-doc\|trace is required/],
+    [['--model', 'gpt-9'], /--model must be one of llama-3\.1-8b, /],
+    [['--model', 'qwen2.5-7b', '--model-config', 'c.json'], /--model and --model-config/],
+    [['--gpu-memory', '8G', '--gpu-blocks', '64'], /--gpu-memory and --gpu-blocks/],
     [['--workload', 'chat'], /--workload must be multi-round, long-doc or trace/],
     [['--workload', 'multi-round', '--users', 'two'], /--users must be an integer >= 1/],
     [['--workload', 'multi-round', '--users', '0'], /--users must be an integer >= 1/],
@@ -159,7 +170,11 @@ describe('kvtier simulate: flags', () => {
     const [run] = c.runs;
     assert.ok(run !== undefined, 'one run');
     assert.equal(run.workload.requests.length, 4);
-    assert.equal(run.cpuBytes, 256_000_000);
+    // 256 MB of Llama-3.1-8B is 15 chunks of 128 tokens (16 MiB each); a verification chunk of
+    // 64 KiB is one arena page.
+    assert.equal(run.cpuBytes, 15 * 64 * 1024);
+    assert.equal(run.planned?.name, 'Llama-3.1-8B');
+    assert.equal(run.waitsAdvanceClock, false, 'a virtual clock');
     assert.deepEqual(run.model, { chunkSize: 128 });
     assert.deepEqual(run.engine, {
       numGpuBlocks: 64,
@@ -172,7 +187,8 @@ describe('kvtier simulate: flags', () => {
     });
     assert.equal(run.lowerTiers?.length, 1);
     assert.equal(run.lowerTiers?.[0]?.type, 'local-disk');
-    assert.equal(run.lowerTiers?.[0]?.options.capacityBytes, 1024 ** 3);
+    // 1 GiB of Llama-3.1-8B: 64 chunks, each one object of header + 64 KiB.
+    assert.equal(run.lowerTiers?.[0]?.options.capacityBytes, 64 * (128 + 64 * 1024));
     assert.equal(typeof run.workDir, 'string');
     assert.equal(
       existsSync(run.workDir as string),
@@ -183,7 +199,7 @@ describe('kvtier simulate: flags', () => {
   });
 
   it('sweeps capacities in order, prints the table, writes the chart, and exits 1 on mismatches', async () => {
-    const c = capture((o) => fakeReport(o, o.cpuBytes === 2 ** 29 ? 3 : 0));
+    const c = capture((o) => fakeReport(o, o.cpuBytes === 2 ** 21 ? 3 : 0));
     const code = await runSimulateCommand(
       [
         '--workload',
@@ -202,19 +218,21 @@ describe('kvtier simulate: flags', () => {
     assert.equal(code, 1, 'a run with mismatches fails the command');
     assert.deepEqual(
       c.runs.map((r) => r.cpuBytes),
-      [2 ** 27, 2 ** 29, 2 ** 30],
+      [2 ** 19, 2 ** 21, 2 ** 22],
+      'sidecar capacities hold as many verification chunks as the sizes hold Llama-3.1-8B chunks',
     );
     assert.equal(new Set(c.runs.map((r) => r.workDir)).size, 3, 'a fresh directory per run');
     assert.match(
       c.out[0] as string,
-      /^cpu capacity\s+hit rate\s+with GPU\s+GPU cache\s+tier cpu\s+recomputed\s+failed reqs\s+mismatched$/,
+      /^cpu tier \(Llama-3\.1-8B\)\s+chunks\s+kvtier\s+GPU cache\s+kvtier\+GPU\s+LRU\s+LRU \+GPU\s+infinite\s+recomputed\s+unserved\s+preempt\. recompute\s+mismatched$/,
     );
-    assert.match(c.out[2] as string, /^128 MiB\s+12\.5%/);
-    assert.match(c.out[3] as string, /^512 MiB\s+50\.0%.*\s3$/);
-    assert.match(c.out[4] as string, /^1 GiB\s+80\.0%/);
-    const svg = c.files.get('out.svg');
-    assert.ok(svg !== undefined, 'chart written');
-    assert.deepEqual(polylinePoints(svg), [3, 3]);
+    assert.match(c.out[2] as string, /^128 MiB\s+4\s+12\.5%/);
+    assert.match(c.out[3] as string, /^512 MiB\s+16\s+50\.0%.*\s3$/);
+    assert.match(c.out[4] as string, /^1 GiB\s+32\s+80\.0%/);
+    assert.deepEqual(polylinePoints(c.files.get('out.svg')), [3, 3, 3, 3, 3]);
+    const png = c.files.get('out.png');
+    assert.ok(png instanceof Uint8Array, 'PNG written beside the SVG');
+    assert.deepEqual([...png.subarray(0, 4)], [0x89, 0x50, 0x4e, 0x47]);
     assert.match(c.err.join('\n'), /3 mismatched blocks/);
   });
 
@@ -312,7 +330,8 @@ describe('kvtier simulate: against the real engine', {
     const sources =
       report.tokens.gpuPrefixCache +
       Object.values(report.tokens.byTier).reduce((a, b) => a + b, 0) +
-      report.tokens.recomputed;
+      report.tokens.recomputed +
+      report.tokens.unserved;
     assert.equal(sources, report.promptTokens, 'every prompt token has one source');
     assert.equal(typeof report.hitRate, 'number');
   });
@@ -332,7 +351,7 @@ describe('kvtier simulate: against the real engine', {
           '--gpu-blocks',
           '128',
           '--sweep',
-          'cpu=16MiB,64MiB',
+          'cpu=64MiB,256MiB',
           '--chart',
           chart,
         ],
@@ -342,11 +361,23 @@ describe('kvtier simulate: against the real engine', {
       'sweep',
     );
     assert.equal(code, 0, c.err.join('\n'));
-    assert.match(c.out[0] as string, /^cpu capacity\s+hit rate/);
-    assert.equal(c.out.length, 4, 'header, rule, two rows');
+    assert.match(c.out[0] as string, /^cpu tier \(Llama-3\.1-8B\)\s+chunks\s+kvtier/);
+    assert.equal(c.out.length, 5, 'header, rule, two rows, the note');
     const svg = c.files.get(chart);
-    assert.ok(svg !== undefined, 'chart written');
-    assert.deepEqual(polylinePoints(svg), [2, 2]);
-    assert.match(svg, /CPU tier capacity \(bytes, log scale\)/);
+    assert.deepEqual(polylinePoints(svg), [2, 2, 2, 2, 2]);
+    assert.match(svg as string, /CPU tier capacity, GiB of Llama-3\.1-8B KV \(log scale\)/);
+    assert.ok(c.files.get(join(dir, 'sweep.png')) instanceof Uint8Array, 'PNG written');
+  });
+
+  it('with no flags: a teaching run that prints sources, TTFT with and without kvtier, the check and advice', async () => {
+    const r = await runCli(['simulate']);
+    assert.equal(r.code, 0, r.stderr);
+    assert.match(r.stdout, /workload multi-round-qa/);
+    assert.match(r.stdout, /kvtier tier "cpu"\s+[1-9][\d,]*\s/, 'kvtier served tokens');
+    assert.match(r.stdout, /GPU KV cache\s+1 GiB/);
+    assert.match(r.stdout, /with kvtier\s+\d+ ms/);
+    assert.match(r.stdout, /without kvtier\s+\d+ ms/);
+    assert.match(r.stdout, /TTFT model check \(Llama-3\.1-8B, 10,000 tokens.*recompute 0\.5\d s/);
+    assert.match(r.stdout, /^Advice \(Llama-3\.1-8B\): 1 GiB of host memory served \d/m);
   });
 });
