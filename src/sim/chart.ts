@@ -50,7 +50,8 @@ const LABEL_ANCHOR = ['middle', 'middle', 'start', 'start', 'end'];
 /**
  * Renders the chart as a standalone SVG document. Points are placed in capacity order on a
  * logarithmic x axis (capacities are usually swept by factors), or a linear one when a capacity
- * is 0; the y axis runs from 0% to 100% of prompt tokens.
+ * is 0; the y axis runs from 0% to 100% of prompt tokens, or to the next 10% above the highest
+ * point when that is at most 50% (ticks every 10%), so that close lines stay apart.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` when there are no capacities or series, a capacity
  *   is negative or not finite, or a series does not hold one finite value per capacity.
  */
@@ -97,7 +98,10 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
     (xMax === xMin
       ? plotW / 2
       : inset + (((xs[i] as number) - xMin) / (xMax - xMin)) * (plotW - 2 * inset));
-  const py = (v: number) => MARGIN.top + (1 - Math.min(1, Math.max(0, v))) * plotH;
+  const top = Math.max(...opts.series.flatMap((s) => s.values));
+  const yMax = top <= 0.45 ? Math.ceil((top + 0.05) * 10) / 10 : 1;
+  const yStep = yMax < 1 ? 10 : 20;
+  const py = (v: number) => MARGIN.top + (1 - Math.min(yMax, Math.max(0, v)) / yMax) * plotH;
   const bottom = MARGIN.top + plotH;
   const right = MARGIN.left + plotW;
 
@@ -107,7 +111,7 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
     `<text x="${width / 2}" y="28" text-anchor="middle" font-size="16" font-weight="bold">${esc(title)}</text>`,
   ];
   // Horizontal grid and y ticks every 20%.
-  for (let pctTick = 0; pctTick <= 100; pctTick += 20) {
+  for (let pctTick = 0; pctTick <= Math.round(yMax * 100); pctTick += yStep) {
     const y = fmt(py(pctTick / 100));
     out.push(
       `<line x1="${MARGIN.left}" y1="${y}" x2="${right}" y2="${y}" stroke="#dddddd"/>`,

@@ -1,10 +1,26 @@
-import type { KvtierSchedulerConnector } from '../connector/scheduler-connector.ts';
-import type { ConnectorRequest, LoadIntent, ScheduledRequest } from '../connector/types.ts';
+import type { LoadIntent, ScheduledRequest } from '../connector/types.ts';
 import { KvtierError } from '../errors.ts';
-import type { BlockAllocator } from './block-allocator.ts';
-import type { KvFile } from './engine-io.ts';
-import { blockKey, fillKv, prefixHashes } from './kv-model.ts';
+import { attribute, discardAdmission, prefillCompleted } from './engine-accounting.ts';
+import { KvChecker } from './engine-kv.ts';
+import type {
+  Req,
+  SchedulerCounters,
+  SimEvent,
+  SimRequestStatus,
+  SimSchedulerDeps,
+} from './engine-scheduler-types.ts';
+import { blockKey, prefixHashes } from './kv-model.ts';
 import type { SimRequest } from './types.ts';
+
+export type {
+  AdmissionSources,
+  CompletedPrefill,
+  LoadAllocInfo,
+  SchedulerCounters,
+  SimEvent,
+  SimRequestStatus,
+  SimSchedulerDeps,
+} from './engine-scheduler-types.ts';
 
 /**
  * The simulator's scheduler (vLLM v1's `Scheduler`, simplified where the connector is not
@@ -13,125 +29,6 @@ import type { SimRequest } from './types.ts';
  * only through `KvtierSchedulerConnector`. I/O-free: the engine loop carries the metadata to the
  * worker connector and the worker's output back.
  */
-
-/** Where a request is in its life (vLLM `RequestStatus`). */
-export type SimRequestStatus =
-  | 'waiting'
-  | 'waiting_for_remote_kvs'
-  | 'running'
-  | 'preempted'
-  | 'finished'
-  | 'failed'
-  | 'aborted';
-
-/** Something the scheduler did, for tests and traces. */
-export type SimEvent =
-  | {
-      type: 'status';
-      step: number;
-      requestId: string;
-      from: SimRequestStatus | 'new';
-      to: SimRequestStatus;
-    }
-  | {
-      type: 'load-done';
-      step: number;
-      requestId: string;
-      /** Tokens the load was to provide, and those that arrived valid. */
-      tokens: number;
-      validTokens: number;
-    }
-  | { type: 'freed'; step: number; requestId: string; delayed: boolean }
-  | { type: 'alloc-intent'; step: number; requestId: string; externalTokens: number };
-
-/** A load intent the test hook may re-issue (`updateStateAfterAlloc` a second time). */
-export interface LoadAllocInfo {
-  requestId: string;
-  blockIds: readonly number[];
-  externalTokens: number;
-}
-
-/** What the scheduler needs from the engine. */
-export interface SimSchedulerDeps {
-  connector: KvtierSchedulerConnector;
-  allocator: BlockAllocator;
-  kv: KvFile;
-  blockSize: number;
-  chunkSize: number;
-  maxTokensPerStep: number;
-  maxRunning: number;
-  kvLoadFailurePolicy: 'recompute' | 'fail';
-  /** Tier breakdown of an answered lookup (contiguous chunks, fastest tier first). */
-  tiersOf: (lookupId: string) => readonly { tier: string; tokens: number }[] | undefined;
-  onEvent?: (e: SimEvent) => void;
-  onLoadAlloc?: (a: LoadAllocInfo) => number | undefined;
-}
-
-interface Req {
-  readonly sim: SimRequest;
-  readonly id: string;
-  conn: ConnectorRequest;
-  readonly hashes: Uint32Array;
-  readonly keys: readonly string[];
-  readonly promptLen: number;
-  readonly outputTarget: number;
-  status: SimRequestStatus;
-  blocks: number[];
-  numComputed: number;
-  numOutput: number;
-  numPreemptions: number;
-  cachedBlocks: number;
-  pendingLookup: boolean;
-  /** The load in flight: tokens from `firstToken`, into `blocks`, under `lookupId`. */
-  load: { firstToken: number; tokens: number; blocks: number[]; lookupId: string } | null;
-  delayedFree: boolean;
-  /** Where the current admission's prompt tokens came from so far. */
-  adm: AdmissionSources;
-  /** Whether an admission completed the prompt's prefill (its sources are counted). */
-  prefillDone: boolean;
-}
-
-/** Prompt tokens of one admission by source. */
-export interface AdmissionSources {
-  gpu: number;
-  tiers: Record<string, number>;
-  recomputed: number;
-}
-
-/** The sources of the admission that completed a request's prefill. */
-export interface CompletedPrefill extends AdmissionSources {
-  requestId: string;
-  promptTokens: number;
-}
-
-/** Counters the engine turns into a report. */
-export interface SchedulerCounters {
-  /** Sources of the admissions that completed their prefill: each prompt token once. */
-  gpuPrefixCache: number;
-  byTier: Record<string, number>;
-  recomputed: number;
-  /** Prompt tokens of requests that ended (failed, aborted) before any prefill completed. */
-  unserved: number;
-  /** Preemptions, and the prompt tokens computed and loaded in admissions they threw away. */
-  preemptions: number;
-  preemptionRecomputed: number;
-  preemptionReloaded: number;
-  /** One entry per request whose prefill completed. */
-  prefills: CompletedPrefill[];
-  pendingLookups: number;
-  stepsWaited: number;
-  verifiedBlocks: number;
-  mismatchedBlocks: number;
-  mismatches: { requestId: string; block: number; layer: number }[];
-  invalidBlocks: number;
-  recomputedAfterFailure: number;
-  /** Requests failed because a load failed under the `fail` policy. */
-  failedRequests: number;
-  /** Requests failed at admission: prompt and output can never fit in the GPU blocks. */
-  failedTooLarge: number;
-  finished: number;
-  aborted: number;
-}
 
 const MAX_MISMATCHES = 20;
 
@@ -143,17 +40,13 @@ export class SimScheduler {
   #running: Req[] = [];
   readonly #awaitingFree = new Map<string, Req>();
   readonly #pendingInvalid = new Set<number>();
-  readonly #scratchA: Uint8Array;
-  readonly #scratchB: Uint8Array;
-  readonly #tokenBuf: Uint8Array;
+  readonly #kv: KvChecker;
   step = 0;
   readonly counters: SchedulerCounters;
 
   constructor(deps: SimSchedulerDeps, tierNames: readonly string[]) {
     this.#d = deps;
-    this.#scratchA = new Uint8Array(deps.kv.blockBytes);
-    this.#scratchB = new Uint8Array(deps.kv.blockBytes);
-    this.#tokenBuf = new Uint8Array(deps.kv.blockBytes);
+    this.#kv = new KvChecker(deps.kv, deps.blockSize);
     this.counters = {
       gpuPrefixCache: 0,
       byTier: Object.fromEntries(tierNames.map((n) => [n, 0])),
@@ -347,9 +240,9 @@ export class SimScheduler {
       const end = start + numNew;
       const promptEnd = Math.min(end, r.promptLen);
       if (start < promptEnd) {
-        this.#writeKv(r, start, promptEnd);
+        this.#kv.write(r.hashes, r.blocks, start, promptEnd);
         r.adm.recomputed += promptEnd - start;
-        if (promptEnd === r.promptLen) this.#prefillCompleted(r);
+        if (promptEnd === r.promptLen) prefillCompleted(this.counters, r);
       }
       tokens += numNew;
       r.numComputed = end;
@@ -503,7 +396,7 @@ export class SimScheduler {
     r.cachedBlocks = 0;
     r.numPreemptions++;
     this.counters.preemptions++;
-    this.#discardAdmission(r);
+    discardAdmission(this.counters, r);
     this.#d.connector.requestPreempted(r.conn);
     this.#setStatus(r, 'preempted');
     this.#waiting.unshift(r);
@@ -520,9 +413,17 @@ export class SimScheduler {
       }
     }
     const firstBlock = load.firstToken / bs;
-    for (let i = 0; i < valid; i++) this.#verify(r, firstBlock + i, load.blocks[i]!);
+    for (let i = 0; i < valid; i++) {
+      const layer = this.#kv.verify(r.hashes, firstBlock + i, load.blocks[i]!);
+      if (layer < 0) this.counters.verifiedBlocks++;
+      else {
+        this.counters.mismatchedBlocks++;
+        if (this.counters.mismatches.length < MAX_MISMATCHES)
+          this.counters.mismatches.push({ requestId: r.id, block: firstBlock + i, layer });
+      }
+    }
     const validTokens = valid * bs;
-    this.#attribute(r, load.lookupId, load.firstToken, validTokens);
+    attribute(r, d.tiersOf(load.lookupId), load.firstToken, validTokens);
     r.load = null;
     this.#emit({
       type: 'load-done',
@@ -543,87 +444,6 @@ export class SimScheduler {
       this.counters.recomputedAfterFailure += load.tokens - validTokens;
     }
     this.#setStatus(r, r.numPreemptions > 0 ? 'preempted' : 'waiting');
-  }
-
-  /**
-   * The prompt's last token was computed: the admission's sources are the request's, counted
-   * once. After a preemption in decode the prompt is computed again; that admission's tokens
-   * count as preemption work instead.
-   */
-  #prefillCompleted(r: Req): void {
-    if (r.prefillDone) {
-      this.#discardAdmission(r);
-      return;
-    }
-    r.prefillDone = true;
-    const c = this.counters;
-    const a = r.adm;
-    c.gpuPrefixCache += a.gpu;
-    c.recomputed += a.recomputed;
-    for (const [t, n] of Object.entries(a.tiers)) c.byTier[t] = (c.byTier[t] ?? 0) + n;
-    c.prefills.push({ requestId: r.id, promptTokens: r.promptLen, ...a });
-    r.adm = { gpu: 0, tiers: {}, recomputed: 0 };
-  }
-
-  /** Moves an admission that did not (or need not) complete the prefill to the preemption counters. */
-  #discardAdmission(r: Req): void {
-    const a = r.adm;
-    this.counters.preemptionRecomputed += a.recomputed;
-    for (const n of Object.values(a.tiers)) this.counters.preemptionReloaded += n;
-    r.adm = { gpu: 0, tiers: {}, recomputed: 0 };
-  }
-
-  /** Credits loaded tokens to the tiers the lookup found their chunks in. */
-  #attribute(r: Req, lookupId: string, firstToken: number, tokens: number): void {
-    if (tokens <= 0) return;
-    const by = r.adm.tiers;
-    const tiers = this.#d.tiersOf(lookupId) ?? [{ tier: 'unknown', tokens: firstToken + tokens }];
-    let pos = 0;
-    const end = firstToken + tokens;
-    for (const t of tiers) {
-      const a = Math.max(pos, firstToken);
-      const b = Math.min(pos + t.tokens, end);
-      if (b > a) by[t.tier] = (by[t.tier] ?? 0) + (b - a);
-      pos += t.tokens;
-    }
-  }
-
-  #verify(r: Req, blockPos: number, blockId: number): void {
-    const d = this.#d;
-    const bs = d.blockSize;
-    const bptl = d.kv.shape.bytesPerTokenPerLayer;
-    let bad = false;
-    for (let layer = 0; layer < d.kv.shape.numLayers; layer++) {
-      for (const kind of [0, 1] as const) {
-        fillKv(r.hashes, blockPos * bs, (blockPos + 1) * bs, layer, kind, bptl, this.#scratchA);
-        d.kv.read(blockId, 2 * layer + kind, this.#scratchB);
-        if (Buffer.compare(this.#scratchA, this.#scratchB) !== 0) {
-          if (!bad) this.counters.mismatchedBlocks++;
-          bad = true;
-          if (this.counters.mismatches.length < MAX_MISMATCHES)
-            this.counters.mismatches.push({ requestId: r.id, block: blockPos, layer });
-          break;
-        }
-      }
-    }
-    if (!bad) this.counters.verifiedBlocks++;
-  }
-
-  #writeKv(r: Req, start: number, end: number): void {
-    const d = this.#d;
-    const bs = d.blockSize;
-    const bptl = d.kv.shape.bytesPerTokenPerLayer;
-    for (let p = start; p < end; ) {
-      const j = Math.floor(p / bs);
-      const stop = Math.min(end, (j + 1) * bs);
-      const out = this.#tokenBuf.subarray(0, (stop - p) * bptl);
-      for (let layer = 0; layer < d.kv.shape.numLayers; layer++)
-        for (const kind of [0, 1] as const) {
-          fillKv(r.hashes, p, stop, layer, kind, bptl, out);
-          d.kv.write(r.blocks[j]!, 2 * layer + kind, p - j * bs, out);
-        }
-      p = stop;
-    }
   }
 
   /** Publishes the request's full, computed prompt blocks to the prefix cache. */
