@@ -17,45 +17,23 @@ import {
 } from '../sim/planner.ts';
 import { formatPlannerLines, sweepTable } from '../sim/planner-report.ts';
 import { formatReport, hitRateWithGpu, kvtierTokens, reportToJson } from '../sim/report.ts';
-import type {
-  SimEngineOptions,
-  SimFaults,
-  SimModel,
-  SimReport,
-  SimTierConfig,
-  Workload,
-} from '../sim/types.ts';
+import type { SimReport, SimTierConfig, Workload } from '../sim/types.ts';
 import { PrivateRedis } from './private-redis.ts';
 import {
   oneLine,
   type Plan,
   parsePlan,
   SIMULATE_COMMAND_USAGE,
+  type SimulationRunOptions,
   UsageError,
 } from './simulate-plan.ts';
 
-export { DEFAULT_FAULT_STEP, FAULT_NAMES, SIMULATE_COMMAND_USAGE } from './simulate-plan.ts';
-
-/** What `kvtier simulate` hands the engine for one run (the engine's `runSimulation` options). */
-export interface SimulationRunOptions {
-  workload: Workload;
-  model?: Partial<SimModel>;
-  engine?: Partial<SimEngineOptions>;
-  /** The model the run is planned for (capacities below are already converted from its bytes). */
-  planned?: PlannedModel;
-  /** Capacity of the sidecar's CPU tier in bytes (verification model); the engine's default when absent. */
-  cpuBytes?: number;
-  /** Tiers below the CPU tier, in order. */
-  lowerTiers?: SimTierConfig[];
-  faults?: SimFaults;
-  /** Stops and restarts the run's own Redis server (given with `--fault redis-outage`). */
-  hooks?: { killRedis(): Promise<void>; restartRedis(): Promise<void> };
-  /** A fresh directory the run may write to (removed afterwards). */
-  workDir?: string;
-  /** Whether waits for kvtier advance the modeled clock (the command passes false: a virtual clock). */
-  waitsAdvanceClock?: boolean;
-  signal?: AbortSignal;
-}
+export {
+  DEFAULT_FAULT_STEP,
+  FAULT_NAMES,
+  SIMULATE_COMMAND_USAGE,
+  type SimulationRunOptions,
+} from './simulate-plan.ts';
 
 /** Runs one simulation; the engine's `runSimulation` unless a test injects another. */
 export type SimulationRunner = (opts: SimulationRunOptions) => Promise<SimReport>;

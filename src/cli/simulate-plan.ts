@@ -8,9 +8,35 @@ import {
   type PlannedModel,
   readModelConfig,
 } from '../sim/models.ts';
-import type { SimEngineOptions, SimFaults, Workload } from '../sim/types.ts';
+import type {
+  SimEngineOptions,
+  SimFaults,
+  SimModel,
+  SimTierConfig,
+  Workload,
+} from '../sim/types.ts';
 import { longDocQa, multiRoundQa, traceReplay } from '../sim/workloads.ts';
-import type { SimulationRunOptions } from './simulate-command.ts';
+
+/** What `kvtier simulate` hands the engine for one run (the engine's `runSimulation` options). */
+export interface SimulationRunOptions {
+  workload: Workload;
+  model?: Partial<SimModel>;
+  engine?: Partial<SimEngineOptions>;
+  /** The model the run is planned for (capacities below are already converted from its bytes). */
+  planned?: PlannedModel;
+  /** Capacity of the sidecar's CPU tier in bytes (verification model); the engine's default when absent. */
+  cpuBytes?: number;
+  /** Tiers below the CPU tier, in order. */
+  lowerTiers?: SimTierConfig[];
+  faults?: SimFaults;
+  /** Stops and restarts the run's own Redis server (given with `--fault redis-outage`). */
+  hooks?: { killRedis(): Promise<void>; restartRedis(): Promise<void> };
+  /** A fresh directory the run may write to (removed afterwards). */
+  workDir?: string;
+  /** Whether waits for kvtier advance the modeled clock (the command passes false: a virtual clock). */
+  waitsAdvanceClock?: boolean;
+  signal?: AbortSignal;
+}
 
 /**
  * Flags of `kvtier simulate`: the usage text, and the parser that turns argv into a {@link Plan}

@@ -112,11 +112,19 @@ describe('connector state machine', () => {
       'finished',
     ]);
     assert.deepEqual(h.loads('B'), [[128, 128]], '4 chunks before the last token');
-    // A is usually preempted too (while B runs), keeping 5 blocks (80 tokens) in the engine's
-    // prefix cache: it resumes with a partial-chunk claim of the rest of chunk 2 and chunk 3.
+    // A is often preempted too (while B runs). How many of its blocks the engine's prefix cache
+    // still holds then depends on when: it resumes with at most one load, a partial-chunk claim
+    // of whole blocks beyond them, every loaded block verified.
     const a = h.loads('A');
-    assert.ok(a.length === 0 || JSON.stringify(a) === '[[48,48]]', JSON.stringify(a));
-    assert.equal(rep.verifiedBlocks, 8 + (a.length === 0 ? 0 : 3));
+    assert.ok(a.length <= 1, JSON.stringify(a));
+    const aTokens = a.length === 0 ? 0 : a[0]![0]!;
+    assert.ok(
+      aTokens % MODEL.blockSize === 0 &&
+        aTokens <= 128 &&
+        (a.length === 0 || a[0]?.[1] === aTokens),
+      JSON.stringify(a),
+    );
+    assert.equal(rep.verifiedBlocks, 8 + aTokens / MODEL.blockSize);
     assert.equal(h.statuses('A').at(-1), 'finished');
   });
 
