@@ -1,10 +1,19 @@
-import { Cluster, Redis, type RedisOptions } from 'ioredis';
+import { Cluster } from 'ioredis';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { Deadline } from '../util/deadline.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import { BufferPool } from './buffer-pool.ts';
 import { chunkObjectBytes, decodeChunkObject, encodeChunkObjectInto } from './chunk-format.ts';
 import { checkChunk } from './local-cpu.ts';
+import {
+  type Client,
+  clearNode,
+  connect,
+  globEscape,
+  type Removed,
+  sizeSum,
+  unlinkSized,
+} from './redis-client.ts';
 import {
   type RedisBackendOptions,
   type ResolvedRedisBackendOptions,
@@ -36,15 +45,6 @@ export {
   resolveRedisBackendOptions,
 } from './redis-options.ts';
 
-/**
- * Commands that skip auto-pipelining: an auto-pipeline is sent as one concatenated buffer, which
- * copies every multi-MiB SET value once more; a SET alone is written straight to the socket.
- */
-const UNPIPELINED = ['set'];
-
-/** Keys asked for per SCAN step and deleted per pipeline in `clear`. */
-const SCAN_COUNT = 1000;
-
 /** Counters of {@link RedisBackend} (see `stats` for what `chunks`/`bytesUsed` mean). */
 export interface RedisBackendStats extends BackendStats {
   /** Objects that failed to decode, were treated as misses and deleted. */
@@ -52,19 +52,6 @@ export interface RedisBackendStats extends BackendStats {
   /** Commands that failed or timed out (connection lost, server error). */
   readonly errors: number;
 }
-
-/** Deletes one key and returns its size in bytes (0 when missing): one atomic, cluster-safe step. */
-const UNLINK_SIZED = `local n = redis.call('STRLEN', KEYS[1])
-if n > 0 then redis.call('UNLINK', KEYS[1]) end
-return n`;
-
-/** What a removal took away. */
-interface Removed {
-  chunks: number;
-  bytes: number;
-}
-
-type Client = Redis | Cluster;
 
 const LOST: readonly string[] = ['reconnecting', 'close', 'end'];
 
@@ -425,78 +412,6 @@ export class RedisBackend implements StorageBackend {
       d.dispose();
     }
   }
-}
-
-function connect(o: ResolvedRedisBackendOptions): Client {
-  const retry = (times: number) => Math.min(50 * 2 ** Math.min(times, 10), o.reconnectMaxDelayMs);
-  const common = {
-    username: o.username,
-    password: o.password,
-    tls: o.tls,
-    commandTimeout: o.timeoutMs,
-    connectTimeout: o.connectTimeoutMs,
-    maxRetriesPerRequest: 0,
-  } satisfies RedisOptions;
-  if (o.cluster !== null) {
-    return new Cluster([...o.cluster], {
-      enableOfflineQueue: false,
-      enableAutoPipelining: true,
-      autoPipeliningIgnoredCommands: UNPIPELINED,
-      // Lost nodes are dropped (ioredis's default); when all are gone the cluster reconnects
-      // from the seeds with this backoff, and its status shows the outage meanwhile.
-      clusterRetryStrategy: retry,
-      slotsRefreshTimeout: o.timeoutMs,
-      redisOptions: common,
-    });
-  }
-  const opts: RedisOptions = {
-    ...common,
-    db: o.db,
-    enableOfflineQueue: false,
-    enableAutoPipelining: true,
-    autoPipeliningIgnoredCommands: UNPIPELINED,
-    retryStrategy: retry,
-  };
-  if (o.url !== null) return new Redis(o.url, stripUndefined(opts));
-  return new Redis({ ...stripUndefined(opts), host: o.host, port: o.port });
-}
-
-/** ioredis lets an explicit `undefined` override what the URL says (e.g. its password). */
-function stripUndefined<T extends object>(o: T): T {
-  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
-}
-
-async function unlinkSized(c: Client, key: string): Promise<number> {
-  const n = await c.eval(UNLINK_SIZED, 1, key);
-  return typeof n === 'number' ? n : 0;
-}
-
-function sizeSum(sizes: readonly number[]): Removed {
-  let chunks = 0;
-  let bytes = 0;
-  for (const n of sizes) {
-    if (n > 0) chunks++;
-    bytes += n;
-  }
-  return { chunks, bytes };
-}
-
-/** SCAN + one-key delete on one node (a multi-key UNLINK fails across slots in a cluster). */
-async function clearNode(node: Redis, pattern: string): Promise<Removed> {
-  const total: Removed = { chunks: 0, bytes: 0 };
-  let cursor = '0';
-  do {
-    const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', SCAN_COUNT);
-    cursor = next;
-    const r = sizeSum(await Promise.all(keys.map((k) => unlinkSized(node, k))));
-    total.chunks += r.chunks;
-    total.bytes += r.bytes;
-  } while (cursor !== '0');
-  return total;
-}
-
-function globEscape(s: string): string {
-  return s.replace(/[*?[\]\\]/g, '\\$&');
 }
 
 /**

@@ -306,3 +306,13 @@ export function hexToHash(hex: string): Buffer {
   }
   return Buffer.from(hex, 'hex');
 }
+
+/** Splits packed hashes into hex strings (64 digits each). */
+export function hashesToHex(packed: Buffer): string[] {
+  const n = packed.length / HASH_BYTES;
+  // One native hex conversion, then substrings: much cheaper than a conversion per hash.
+  const all = packed.toString('hex');
+  const out = new Array<string>(n);
+  for (let i = 0; i < n; i++) out[i] = all.slice(i * 64, (i + 1) * 64);
+  return out;
+}

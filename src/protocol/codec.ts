@@ -28,6 +28,7 @@ import {
   WIRE_LIMITS,
 } from './messages.ts';
 
+export { hashesToHex } from '../hashing/chunk-hasher.ts';
 export { decodeHeader, type Header, peekRequestId } from './frame.ts';
 
 const NS_RE = /^[0-9a-f]{32}$/;
@@ -488,14 +489,4 @@ export function decodeReply(buf: Uint8Array): Reply {
       throw new KvtierError('KVT_PROTOCOL', `unknown reply type 0x${type.toString(16)}`);
     }
   }
-}
-
-/** Splits packed hashes into hex strings (64 digits each). */
-export function hashesToHex(packed: Buffer): string[] {
-  const n = packed.length / HASH_BYTES;
-  // One native hex conversion, then substrings: much cheaper than a conversion per hash.
-  const all = packed.toString('hex');
-  const out = new Array<string>(n);
-  for (let i = 0; i < n; i++) out[i] = all.slice(i * 64, (i + 1) * 64);
-  return out;
 }

@@ -1,0 +1,100 @@
+/**
+ * The Redis tier's connection and key-deletion helpers: how the ioredis client (standalone or
+ * cluster) is configured, and the atomic sized deletes that `remove` and `clear` use.
+ */
+import { Cluster, Redis, type RedisOptions } from 'ioredis';
+import type { ResolvedRedisBackendOptions } from './redis-options.ts';
+
+/**
+ * Commands that skip auto-pipelining: an auto-pipeline is sent as one concatenated buffer, which
+ * copies every multi-MiB SET value once more; a SET alone is written straight to the socket.
+ */
+const UNPIPELINED = ['set'];
+
+/** Keys asked for per SCAN step and deleted per pipeline in `clear`. */
+const SCAN_COUNT = 1000;
+
+/** Deletes one key and returns its size in bytes (0 when missing): one atomic, cluster-safe step. */
+const UNLINK_SIZED = `local n = redis.call('STRLEN', KEYS[1])
+if n > 0 then redis.call('UNLINK', KEYS[1]) end
+return n`;
+
+/** What a removal took away. */
+export interface Removed {
+  chunks: number;
+  bytes: number;
+}
+
+export type Client = Redis | Cluster;
+
+export function connect(o: ResolvedRedisBackendOptions): Client {
+  const retry = (times: number) => Math.min(50 * 2 ** Math.min(times, 10), o.reconnectMaxDelayMs);
+  const common = {
+    username: o.username,
+    password: o.password,
+    tls: o.tls,
+    commandTimeout: o.timeoutMs,
+    connectTimeout: o.connectTimeoutMs,
+    maxRetriesPerRequest: 0,
+  } satisfies RedisOptions;
+  if (o.cluster !== null) {
+    return new Cluster([...o.cluster], {
+      enableOfflineQueue: false,
+      enableAutoPipelining: true,
+      autoPipeliningIgnoredCommands: UNPIPELINED,
+      // Lost nodes are dropped (ioredis's default); when all are gone the cluster reconnects
+      // from the seeds with this backoff, and its status shows the outage meanwhile.
+      clusterRetryStrategy: retry,
+      slotsRefreshTimeout: o.timeoutMs,
+      redisOptions: common,
+    });
+  }
+  const opts: RedisOptions = {
+    ...common,
+    db: o.db,
+    enableOfflineQueue: false,
+    enableAutoPipelining: true,
+    autoPipeliningIgnoredCommands: UNPIPELINED,
+    retryStrategy: retry,
+  };
+  if (o.url !== null) return new Redis(o.url, stripUndefined(opts));
+  return new Redis({ ...stripUndefined(opts), host: o.host, port: o.port });
+}
+
+/** ioredis lets an explicit `undefined` override what the URL says (e.g. its password). */
+function stripUndefined<T extends object>(o: T): T {
+  return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
+}
+
+export async function unlinkSized(c: Client, key: string): Promise<number> {
+  const n = await c.eval(UNLINK_SIZED, 1, key);
+  return typeof n === 'number' ? n : 0;
+}
+
+export function sizeSum(sizes: readonly number[]): Removed {
+  let chunks = 0;
+  let bytes = 0;
+  for (const n of sizes) {
+    if (n > 0) chunks++;
+    bytes += n;
+  }
+  return { chunks, bytes };
+}
+
+/** SCAN + one-key delete on one node (a multi-key UNLINK fails across slots in a cluster). */
+export async function clearNode(node: Redis, pattern: string): Promise<Removed> {
+  const total: Removed = { chunks: 0, bytes: 0 };
+  let cursor = '0';
+  do {
+    const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', SCAN_COUNT);
+    cursor = next;
+    const r = sizeSum(await Promise.all(keys.map((k) => unlinkSized(node, k))));
+    total.chunks += r.chunks;
+    total.bytes += r.bytes;
+  } while (cursor !== '0');
+  return total;
+}
+
+export function globEscape(s: string): string {
+  return s.replace(/[*?[\]\\]/g, '\\$&');
+}
