@@ -15,6 +15,8 @@ export type KvtierErrorCode =
   | 'KVT_BACKEND'
   | 'KVT_CORRUPT'
   | 'KVT_CONFIG'
+  | 'KVT_UNAUTHENTICATED'
+  | 'KVT_FORBIDDEN'
   | 'KVT_INTERNAL';
 
 /** Every code, for validation of codes arriving over the wire. */
@@ -31,6 +33,8 @@ export const KVTIER_ERROR_CODES: readonly KvtierErrorCode[] = [
   'KVT_BACKEND',
   'KVT_CORRUPT',
   'KVT_CONFIG',
+  'KVT_UNAUTHENTICATED',
+  'KVT_FORBIDDEN',
   'KVT_INTERNAL',
 ];
 

@@ -3,6 +3,7 @@ import type { StorageBackend } from './backends/types.ts';
 import type { KvtierConfig } from './config/config.ts';
 import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
+import { serverAuthFromConfig } from './lookup-server/auth-config.ts';
 import { LookupServer } from './lookup-server/lookup-server.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
 import { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
@@ -63,6 +64,8 @@ export class Sidecar {
   static async start(opts: SidecarOptions): Promise<Sidecar> {
     const { config } = opts;
     const log = opts.log ?? createLogger('kvtier', { level: config.logLevel });
+    // Keys (or the refusal of an open non-loopback bind) before anything is built.
+    const auth = await serverAuthFromConfig(config, log.child('auth'));
     const metrics = new KvtierMetrics({ defaultMetrics: opts.processMetrics ?? true });
     const registry =
       opts.registry ??
@@ -111,6 +114,7 @@ export class Sidecar {
       metrics,
       log: log.child('server'),
       info: () => ({ version: KVTIER_VERSION }),
+      ...(auth !== undefined ? { auth } : {}),
     });
     let ops: OpsHttpServer | undefined;
     try {

@@ -22,6 +22,8 @@ __all__ = [
     "RequestTimeoutError",
     "AbortedError",
     "ConfigError",
+    "UnauthenticatedError",
+    "ForbiddenError",
     "ERROR_CODES",
     "error_for_code",
 ]
@@ -123,6 +125,18 @@ class ConfigError(KvtierError):
     code = "KVT_CONFIG"
 
 
+class UnauthenticatedError(KvtierError):
+    """The connection carries no identity the server issued (CurveZMQ on, see docs/security.md)."""
+
+    code = "KVT_UNAUTHENTICATED"
+
+
+class ForbiddenError(KvtierError):
+    """The client's key may not send this message, or not for this namespace; nothing changed."""
+
+    code = "KVT_FORBIDDEN"
+
+
 #: Code -> exception class, for every code of protocol v1.
 ERROR_CODES: dict[str, type[KvtierError]] = {
     cls.code: cls
@@ -140,6 +154,8 @@ ERROR_CODES: dict[str, type[KvtierError]] = {
         RequestTimeoutError,
         AbortedError,
         ConfigError,
+        UnauthenticatedError,
+        ForbiddenError,
     )
 }
 

@@ -267,7 +267,7 @@ def test_error_classes():
     assert set(ERROR_CODES) == {
         "KVT_PROTOCOL", "KVT_TOO_LARGE", "KVT_INVALID_ARGUMENT", "KVT_CAPACITY", "KVT_CLOSED",
         "KVT_INTERNAL", "KVT_BACKEND", "KVT_CORRUPT", "KVT_UNKNOWN_NAMESPACE", "KVT_NOT_FOUND",
-        "KVT_TIMEOUT", "KVT_ABORTED", "KVT_CONFIG",
+        "KVT_TIMEOUT", "KVT_ABORTED", "KVT_CONFIG", "KVT_UNAUTHENTICATED", "KVT_FORBIDDEN",
     }
     for code, cls in ERROR_CODES.items():
         err = error_for_code(code, "m")

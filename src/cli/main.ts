@@ -8,6 +8,7 @@ import { LookupClient } from '../lookup-client/lookup-client.ts';
 import { KVTIER_VERSION, Sidecar } from '../sidecar.ts';
 import { runConfigCommand } from './config-command.ts';
 import { runHashCommand } from './hash-command.ts';
+import { clientCurveKeys, runKeygenCommand } from './keygen-command.ts';
 import { processSimulateIo, runSimulateCommand } from './simulate-command.ts';
 
 const USAGE = `kvtier ${KVTIER_VERSION} — KV-cache tiering sidecar
@@ -19,13 +20,16 @@ Usage:
   kvtier lookup --namespace ID [--tokens FILE] [--endpoint E] [--chunk-size N] [--salt S] [--partial]
   kvtier stats  [--endpoint E]
   kvtier ping   [--endpoint E]
+  kvtier keygen [--out DIR] [--name NAME]   (CurveZMQ key pair: DIR/NAME.key, DIR/NAME.pub)
   kvtier simulate --workload multi-round|long-doc|trace [--sweep cpu=64M,256M,1G] [--chart FILE] ...
   kvtier version
 
 serve starts with no config at all: one LocalCPU tier sized for the machine, the lookup server on
 tcp://127.0.0.1:5555 and /metrics, /healthz, /readyz on http://127.0.0.1:9464. Environment:
 KVTIER_CONFIG, KVTIER_LISTEN, KVTIER_METRICS_PORT, KVTIER_METRICS_HOST, KVTIER_CPU_BYTES,
-KVTIER_LOG_LEVEL. Client commands use --endpoint or KVTIER_ENDPOINT (default tcp://127.0.0.1:5555).
+KVTIER_LOG_LEVEL, KVTIER_ALLOW_UNAUTHENTICATED. Client commands use --endpoint or KVTIER_ENDPOINT
+(default tcp://127.0.0.1:5555), and with CurveZMQ --key-file FILE (KVTIER_KEY_FILE, the client's
+secret key) and --server-key KEY|FILE (KVTIER_SERVER_KEY); see docs/security.md.
 `;
 
 /** Runs the CLI; resolves the process exit code. */
@@ -48,6 +52,8 @@ export async function main(argv: string[]): Promise<number> {
           err: (l) => process.stderr.write(`${l}\n`),
           env: process.env,
         });
+      case 'keygen':
+        return await runKeygenCommand(rest, { out: (l) => process.stdout.write(`${l}\n`) });
       case 'simulate':
         return await runSimulateCommand(rest, processSimulateIo());
       case 'lookup':
@@ -165,6 +171,8 @@ async function lookup(args: string[]): Promise<number> {
       salt: { type: 'string', default: '' },
       partial: { type: 'boolean', default: false },
       'timeout-ms': { type: 'string', default: '5000' },
+      'key-file': { type: 'string' },
+      'server-key': { type: 'string' },
     },
     strict: true,
   });
@@ -190,10 +198,12 @@ async function lookup(args: string[]): Promise<number> {
     salt: values.salt,
     partial: values.partial,
   });
+  const curve = await clientCurveKeys(values, process.env);
   const client = new LookupClient({
     endpoint: endpointOf(values.endpoint),
     namespaces: [values.namespace],
     lookupTimeoutMs: Number(values['timeout-ms']),
+    ...(curve !== undefined ? { curve } : {}),
   });
   try {
     const answer = await client.lookupAsync(
@@ -222,11 +232,21 @@ async function lookup(args: string[]): Promise<number> {
 async function query(cmd: 'stats' | 'ping', args: string[]): Promise<number> {
   const { values } = parseArgs({
     args,
-    options: { endpoint: { type: 'string' }, 'timeout-ms': { type: 'string', default: '3000' } },
+    options: {
+      endpoint: { type: 'string' },
+      'timeout-ms': { type: 'string', default: '3000' },
+      'key-file': { type: 'string' },
+      'server-key': { type: 'string' },
+    },
     strict: true,
   });
   const endpoint = endpointOf(values.endpoint);
-  const client = new LookupClient({ endpoint, requestTimeoutMs: Number(values['timeout-ms']) });
+  const curve = await clientCurveKeys(values, process.env);
+  const client = new LookupClient({
+    endpoint,
+    requestTimeoutMs: Number(values['timeout-ms']),
+    ...(curve !== undefined ? { curve } : {}),
+  });
   try {
     const info = cmd === 'stats' ? await client.stats() : await client.ping();
     process.stdout.write(`${JSON.stringify(info, null, 2)}\n`);

@@ -9,6 +9,7 @@ import type { LogLevel } from '../util/log.ts';
 import { parseBytes } from './bytes.ts';
 import { validateConfigDocument } from './schema.ts';
 import type { ConfigProblem } from './schema-kit.ts';
+import type { ClientConfig } from './security-schema.ts';
 
 /** The sidecar's whole configuration after defaults, file, environment and flags. */
 export interface KvtierConfig {
@@ -26,6 +27,15 @@ export interface KvtierConfig {
   };
   limits: ProtocolLimits;
   logLevel: LogLevel;
+  /** CurveZMQ and client roles (docs/security.md); relative paths are against `baseDir`. */
+  security: {
+    /** The server's secret key file; null: no CurveZMQ (only loopback/ipc binds, see below). */
+    serverSecretKeyFile: string | null;
+    /** Allow-listed client keys with their roles. */
+    clients: ClientConfig[];
+    /** Serve a non-loopback TCP endpoint without keys instead of refusing to start. */
+    allowUnauthenticated: boolean;
+  };
   /** Directory relative paths in the config (plug-in modules) are resolved against. */
   baseDir: string;
 }
@@ -83,6 +93,7 @@ export const CONFIG_DEFAULTS = deepFreeze({
     maxTokensPerChunk: 65536,
   },
   logLevel: 'info' as LogLevel,
+  security: { serverSecretKeyFile: null, clients: [], allowUnauthenticated: false },
 });
 
 /**
@@ -106,6 +117,11 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfi
     storage: d.storage,
     limits: d.limits,
     logLevel: d.logLevel,
+    security: {
+      serverSecretKeyFile: null,
+      clients: [],
+      allowUnauthenticated: d.security.allowUnauthenticated,
+    },
     baseDir: process.cwd(),
   };
 }
@@ -158,6 +174,13 @@ export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()
   Object.assign(cfg.storage.writeThrough, writeThrough);
   Object.assign(cfg.limits, doc.limits);
   if (doc.logLevel !== undefined) cfg.logLevel = doc.logLevel;
+  if (doc.security !== undefined) {
+    const { serverSecretKeyFile, clients, allowUnauthenticated } = doc.security;
+    if (serverSecretKeyFile !== undefined) cfg.security.serverSecretKeyFile = serverSecretKeyFile;
+    if (clients !== undefined) cfg.security.clients = clients;
+    if (allowUnauthenticated !== undefined)
+      cfg.security.allowUnauthenticated = allowUnauthenticated;
+  }
   return cfg;
 }
 
@@ -265,6 +288,15 @@ export async function loadConfig(
         }),
       );
     }
+  }
+  if (env.KVTIER_ALLOW_UNAUTHENTICATED !== undefined && env.KVTIER_ALLOW_UNAUTHENTICATED !== '') {
+    const v = env.KVTIER_ALLOW_UNAUTHENTICATED;
+    if (v !== '1' && v !== 'true' && v !== '0' && v !== 'false')
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `KVTIER_ALLOW_UNAUTHENTICATED must be "1", "true", "0" or "false", got ${JSON.stringify(v)}`,
+      );
+    cfg.security.allowUnauthenticated = v === '1' || v === 'true';
   }
   if (env.KVTIER_CPU_BYTES) {
     const first = cfg.tiers[0]!;

@@ -18,6 +18,7 @@ import {
   str,
   strict,
 } from './schema-kit.ts';
+import { checkSecurity, type SecurityDocument, securitySchema } from './security-schema.ts';
 import { BUILTIN_TIER_SCHEMAS, genericTierSchema } from './tier-schemas.ts';
 
 /** Log levels, most verbose first. */
@@ -88,6 +89,9 @@ export const rootSchema = strict({
     }),
   ),
   logLevel: v.optional(oneOf(LOG_LEVELS)),
+  security: v.optional(
+    v.pipe(securitySchema, v.description('CurveZMQ keys and client roles (docs/security.md).')),
+  ),
 });
 
 /** A config file after validation: what it gives, sizes as numbers, tiers as the registry takes them. */
@@ -103,6 +107,7 @@ export interface ConfigDocument {
   };
   limits?: { maxChunksPerLookup?: number; maxPayloadBytes?: number; maxTokensPerChunk?: number };
   logLevel?: LogLevel;
+  security?: SecurityDocument;
 }
 
 /**
@@ -171,6 +176,7 @@ export function validateConfigDocument(
       else names.set(name, i);
     });
   }
+  if (root.ok) checkSecurity(root.value.security as SecurityDocument | undefined, problems);
   if (!root.ok || problems.length > 0) return { ok: false, problems };
   const { $schema: _, tiers: __, ...rest } = root.value;
   const value: ConfigDocument = rest as ConfigDocument;

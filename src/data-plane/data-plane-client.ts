@@ -1,5 +1,6 @@
 import { closedError, KvtierError } from '../errors.ts';
 import { asPackedHashes, type HashesInput } from '../lookup-client/lookup-client.ts';
+import type { ClientCurveKeys } from '../protocol/curve-client.ts';
 import type { RequestEndKindName } from '../protocol/data-plane-messages.ts';
 import type { Reply, Request } from '../protocol/messages.ts';
 import { RequestSocket, unexpectedReply } from '../protocol/request-socket.ts';
@@ -24,7 +25,8 @@ export interface DataPlaneClientOptions {
    * Default 1000.
    */
   unregisterTimeoutMs?: number;
-  log?: Logger;
+  log?: Logger /** CurveZMQ keys, for a server with CurveZMQ on (docs/security.md); default none. */;
+  curve?: ClientCurveKeys;
 }
 
 /** What the sidecar answered to a registration. */
@@ -97,6 +99,7 @@ export class DataPlaneClient {
     this.#log = opts.log ?? silentLogger;
     this.#rs = new RequestSocket({
       endpoint,
+      ...(opts.curve !== undefined ? { curve: opts.curve } : {}),
       requestTimeoutMs,
       name: 'data plane client',
       log: this.#log,

@@ -233,6 +233,11 @@ export class DataPlane {
     }
   }
 
+  /** The namespace id an engine is registered under, or undefined for an unknown engine. */
+  namespaceOf(engineId: string): string | undefined {
+    return this.#engines.get(engineId)?.layout.namespace.id;
+  }
+
   /** Records that an engine is alive; returns false for an unknown engine. */
   heartbeat(engineId: string): boolean {
     const eng = this.#engines.get(engineId);

@@ -1,4 +1,5 @@
 import { KvtierError } from '../errors.ts';
+import type { ClientCurveKeys } from '../protocol/curve-client.ts';
 import {
   HASH_BYTES,
   type LookupConfig,
@@ -21,7 +22,8 @@ export interface LookupClientOptions {
   requestTimeoutMs?: number;
   /** Clock (ms) the non-blocking `lookup()` checks deadlines against; default Date.now. */
   now?: () => number;
-  log?: Logger;
+  log?: Logger /** CurveZMQ keys, for a server with CurveZMQ on (docs/security.md); default none. */;
+  curve?: ClientCurveKeys;
 }
 
 /** Packed hashes (32 bytes each) or one 32-byte array per chunk. */
@@ -80,6 +82,7 @@ export class LookupClient {
     this.#now = opts.now ?? Date.now;
     this.#rs = new RequestSocket({
       endpoint,
+      ...(opts.curve !== undefined ? { curve: opts.curve } : {}),
       requestTimeoutMs: this.#requestTimeoutMs,
       name: 'lookup client',
       log: opts.log ?? silentLogger,

@@ -20,6 +20,7 @@ import type { StorageManager } from '../storage-manager/storage-manager.ts';
 import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
+import type { ServerAuth } from './auth.ts';
 
 export interface LookupServerOptions {
   /** ZMQ endpoint to bind; default 'tcp://127.0.0.1:5555'. `tcp://127.0.0.1:*` picks a free port. */
@@ -39,6 +40,11 @@ export interface LookupServerOptions {
   dataPlane?: DataPlane;
   /** Deadline of a LOAD that asks for the default (deadlineMs 0), ms; default 20 000. */
   loadDeadlineMs?: number;
+  /**
+   * CurveZMQ keys, allow-list and roles (docs/security.md); without it the socket is open to
+   * anyone who can reach it. Owned: started by `start` and closed by `close`.
+   */
+  auth?: ServerAuth;
 }
 
 /** Longest timer Node can arm, ms; longer load deadlines are cut to it. */
@@ -92,6 +98,7 @@ export class LookupServer {
   readonly #requestedEndpoint: string;
   readonly #dataPlane: DataPlane | undefined;
   readonly #loadDeadlineMs: number;
+  readonly #auth: ServerAuth | undefined;
   #router: zmq.Router | undefined;
   #sendQueue: SocketSendQueue | undefined;
   #endpoint = '';
@@ -111,6 +118,7 @@ export class LookupServer {
     this.#log = opts.log ?? silentLogger;
     this.#info = opts.info ?? (() => ({}));
     this.#dataPlane = opts.dataPlane;
+    this.#auth = opts.auth;
     this.#loadDeadlineMs = requireInt(
       'loadDeadlineMs',
       opts.loadDeadlineMs ?? 20_000,
@@ -132,7 +140,9 @@ export class LookupServer {
   async start(): Promise<void> {
     if (this.#closing !== undefined) throw closedError('lookup server');
     if (this.#router !== undefined) return;
+    await this.#auth?.start();
     const router = new zmq.Router({
+      ...this.#auth?.routerOptions(),
       linger: 0,
       maxMessageSize: Math.max(
         2 * this.#limits.maxPayloadBytes + 1024 * 1024,
@@ -145,6 +155,7 @@ export class LookupServer {
       await router.bind(this.#requestedEndpoint);
     } catch (err) {
       router.close();
+      await this.#auth?.close();
       throw new KvtierError(
         'KVT_CONFIG',
         `cannot bind lookup server to ${this.#requestedEndpoint}: ${(err as Error).message}`,
@@ -190,6 +201,12 @@ export class LookupServer {
       req = decodeRequest(msg!, this.#limits);
     } catch (err) {
       this.#replyError(envelope, peekRequestId(msg!), err);
+      return;
+    }
+    try {
+      this.#auth?.authorize(envelope[0]!, req, (id) => this.#dataPlane?.namespaceOf(id));
+    } catch (err) {
+      this.#replyError(envelope, req.requestId, err);
       return;
     }
     this.#metrics?.requests.inc({ type: req.type });
@@ -401,6 +418,7 @@ export class LookupServer {
       const router = this.#router;
       router?.close();
       await this.#loop;
+      await this.#auth?.close();
       // ZMQ closes the listener on its I/O thread; resolve once the port is free again so a
       // restart on the same endpoint does not race it. (Unbinding first instead can trip a
       // libzmq assertion when a peer reconnects during the teardown.)

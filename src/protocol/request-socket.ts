@@ -4,6 +4,7 @@ import { Deadline, type DeadlineTimers } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { decodeReply, encodeRequest } from './codec.ts';
+import { type ClientCurveKeys, curveClientOptions } from './curve-client.ts';
 import type { Reply, Request } from './messages.ts';
 import { SocketSendQueue } from './send-queue.ts';
 
@@ -20,6 +21,8 @@ export interface RequestSocketOptions {
   log?: Logger;
   /** Timers of the request deadlines; default `setTimeout` (tests inject a clock). */
   timers?: DeadlineTimers;
+  /** CurveZMQ keys, for a server with CurveZMQ on (docs/security.md); default none. */
+  curve?: ClientCurveKeys;
 }
 
 /** Per-call options of {@link RequestSocket.request}. */
@@ -65,6 +68,7 @@ export class RequestSocket {
     this.#log = opts.log ?? silentLogger;
     this.#timers = opts.timers;
     this.#socket = new zmq.Dealer({
+      ...curveClientOptions(opts.curve),
       linger: 0,
       reconnectInterval: 100,
       reconnectMaxInterval: 1000,

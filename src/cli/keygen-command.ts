@@ -1,0 +1,66 @@
+/**
+ * `kvtier keygen`: a CurveZMQ key pair for the server or a client (docs/security.md), and the
+ * keys the client commands (lookup, stats, ping) connect with.
+ */
+import { parseArgs } from 'node:util';
+import { KvtierError } from '../errors.ts';
+import type { ClientCurveKeys } from '../protocol/curve-client.ts';
+import {
+  curvePublicKey,
+  generateCurveKeyPair,
+  isZ85Key,
+  readKeyFile,
+  writeKeyPair,
+} from '../security/curve-keys.ts';
+
+/** Where `kvtier keygen` writes. */
+export interface KeygenIo {
+  out: (line: string) => void;
+}
+
+/**
+ * `kvtier keygen [--out DIR] [--name NAME]`: without --out, prints the pair as JSON
+ * (`{"publicKey","secretKey"}`); with it, writes DIR/NAME.key (secret, mode 0600, never
+ * overwritten) and DIR/NAME.pub and prints the public key. Resolves the exit code.
+ */
+export async function runKeygenCommand(args: string[], io: KeygenIo): Promise<number> {
+  const { values } = parseArgs({
+    args,
+    options: { out: { type: 'string' }, name: { type: 'string', default: 'kvtier' } },
+    strict: true,
+  });
+  const pair = generateCurveKeyPair();
+  if (values.out === undefined) {
+    io.out(JSON.stringify(pair));
+    return 0;
+  }
+  const { secretPath, publicPath } = await writeKeyPair(values.out, values.name, pair);
+  io.out(`wrote ${secretPath} (secret, mode 0600) and ${publicPath}`);
+  io.out(`public key: ${pair.publicKey}`);
+  return 0;
+}
+
+/**
+ * The keys of a client command: `--key-file FILE` (or KVTIER_KEY_FILE), the client's secret key
+ * (its public key is derived), and `--server-key KEY` (or KVTIER_SERVER_KEY), the server's public
+ * key as Z85 text or a .pub file. Undefined when neither is given.
+ * @throws KvtierError KVT_CONFIG when only one is given or a key is unreadable.
+ */
+export async function clientCurveKeys(
+  flags: { 'key-file'?: string | undefined; 'server-key'?: string | undefined },
+  env: NodeJS.ProcessEnv,
+): Promise<ClientCurveKeys | undefined> {
+  const keyFile = flags['key-file'] ?? env.KVTIER_KEY_FILE;
+  const serverKey = flags['server-key'] ?? env.KVTIER_SERVER_KEY;
+  if (!keyFile && !serverKey) return undefined;
+  if (!keyFile || !serverKey)
+    throw new KvtierError(
+      'KVT_CONFIG',
+      'CurveZMQ needs both --key-file (KVTIER_KEY_FILE) and --server-key (KVTIER_SERVER_KEY)',
+    );
+  const secretKey = await readKeyFile(keyFile, 'client secret key file', true);
+  const serverPublicKey = isZ85Key(serverKey)
+    ? serverKey
+    : await readKeyFile(serverKey, 'server public key file', false);
+  return { serverPublicKey, publicKey: curvePublicKey(secretKey), secretKey };
+}

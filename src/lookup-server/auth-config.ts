@@ -1,0 +1,81 @@
+/**
+ * From the config's `security` section to the lookup server's {@link ServerAuth}, and the rule
+ * for binds beyond this machine: a non-loopback TCP endpoint without keys is refused unless
+ * `security.allowUnauthenticated` (or KVTIER_ALLOW_UNAUTHENTICATED=1) says so, and then served
+ * with a warning. See docs/security.md for why.
+ */
+import { resolve } from 'node:path';
+import type { KvtierConfig } from '../config/config.ts';
+import { KvtierError } from '../errors.ts';
+import { readKeyFile } from '../security/curve-keys.ts';
+import type { Logger } from '../util/log.ts';
+import { type ClientGrant, ServerAuth } from './auth.ts';
+
+/**
+ * True when only this machine can reach `endpoint`: ipc:// and inproc://, and tcp:// on a
+ * loopback address (127.0.0.0/8, ::1, localhost). `*`, 0.0.0.0, other addresses and interface
+ * names are not.
+ */
+export function isLocalEndpoint(endpoint: string): boolean {
+  if (endpoint.startsWith('ipc://') || endpoint.startsWith('inproc://')) return true;
+  const m = /^tcp:\/\/(.+):([^:\]]+)$/.exec(endpoint);
+  if (m === null) return false;
+  const host = m[1]!.replace(/^\[|\]$/g, '').toLowerCase();
+  return host === 'localhost' || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
+}
+
+/**
+ * Builds the server's authentication from config, reading the key files (relative paths against
+ * `config.baseDir`); undefined when CurveZMQ is off.
+ * @throws KvtierError KVT_CONFIG for an unreadable or malformed key file, a secret key file
+ *   readable by others, a bad allow-list, or a non-loopback endpoint without keys (unless
+ *   allowed).
+ */
+export async function serverAuthFromConfig(
+  config: KvtierConfig,
+  log: Logger,
+): Promise<ServerAuth | undefined> {
+  const sec = config.security;
+  const local = isLocalEndpoint(config.listen);
+  if (sec.serverSecretKeyFile === null) {
+    if (local) return undefined;
+    if (!sec.allowUnauthenticated)
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `refusing to serve ${config.listen} without CurveZMQ keys: anyone who can reach it could write KV that engines load. ` +
+          'Set security.serverSecretKeyFile and security.clients (kvtier keygen; docs/security.md), bind to loopback, ' +
+          'or set security.allowUnauthenticated (KVTIER_ALLOW_UNAUTHENTICATED=1) on a network only trusted clients reach',
+      );
+    log.warn('serving a non-loopback endpoint without authentication', {
+      endpoint: config.listen,
+      see: 'docs/security.md',
+    });
+    return undefined;
+  }
+  const path = (p: string) => resolve(config.baseDir, p);
+  const secretKey = await readKeyFile(
+    path(sec.serverSecretKeyFile),
+    'security.serverSecretKeyFile',
+    true,
+  );
+  const clients: ClientGrant[] = [];
+  for (const [i, c] of sec.clients.entries()) {
+    const publicKey =
+      c.publicKey ??
+      (await readKeyFile(path(c.publicKeyFile!), `security.clients[${i}].publicKeyFile`, false));
+    clients.push({
+      publicKey,
+      role: c.role,
+      ...(c.name !== undefined ? { name: c.name } : {}),
+      ...(c.namespaces !== undefined ? { namespaces: c.namespaces } : {}),
+    });
+  }
+  let auth: ServerAuth;
+  try {
+    auth = new ServerAuth({ secretKey, clients, log });
+  } catch (err) {
+    throw new KvtierError('KVT_CONFIG', `security: ${(err as Error).message}`, { cause: err });
+  }
+  log.info('CurveZMQ on', { serverPublicKey: auth.publicKey, clients: clients.length });
+  return auth;
+}

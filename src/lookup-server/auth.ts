@@ -1,0 +1,267 @@
+/**
+ * CurveZMQ authentication and authorisation for the lookup server (docs/security.md).
+ *
+ * libzmq authenticates each connection's Curve key through a ZAP handler (RFC 27) that this
+ * class runs on `inproc://zeromq.zap.01` in a ZMQ context of its own (one handler per context,
+ * so every server has its own). zeromq.js exposes no per-message metadata (the ZAP "User-Id"
+ * cannot be read from a received message), so the handler instead names the connection: its
+ * reply carries an `Identity` metadata property, which libzmq makes the connection's routing id
+ * on the ROUTER. The id is minted per handshake as
+ * `0x4b | client public key (32) | counter (8) | HMAC-SHA256(process secret, key | counter)[0..16)`,
+ * so the server reads which key sent a message from the ROUTER's first frame and checks the MAC:
+ * a routing id the handler did not mint (a client-chosen one) names no one and is refused with
+ * KVT_UNAUTHENTICATED. Keys not on the allow-list fail the handshake and never reach the server.
+ */
+import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
+import * as zmq from 'zeromq';
+import type { KvRegistration } from '../data-plane/kv-layout.ts';
+import { resolveKvRegistration } from '../data-plane/kv-layout.ts';
+import { KvtierError } from '../errors.ts';
+import type { Request } from '../protocol/messages.ts';
+import { curvePublicKey, isZ85Key, z85Encode } from '../security/curve-keys.ts';
+import {
+  checkNamespaces,
+  checkRole,
+  namespacesOf,
+  type Principal,
+  ROLES,
+  type Role,
+} from '../security/policy.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { describe, requireOneOf } from '../util/validate.ts';
+
+/** One allow-listed client key. */
+export interface ClientGrant {
+  /** For logs and error messages; default the key's first 8 characters. */
+  name?: string;
+  /** The client's Curve public key, Z85 (40 characters). */
+  publicKey: string;
+  role: Role;
+  /** Namespace ids (32 hex digits) the key may touch; left out: every namespace. */
+  namespaces?: readonly string[];
+}
+
+/** Options of {@link ServerAuth}. */
+export interface ServerAuthOptions {
+  /** The server's Curve secret key, Z85; its public key is derived from it. */
+  secretKey: string;
+  /** The allow-list: only these keys complete the handshake. */
+  clients: readonly ClientGrant[];
+  log?: Logger;
+}
+
+/** ZAP domain of the lookup server's ROUTER. */
+export const ZAP_DOMAIN = 'kvtier';
+const ZAP_ENDPOINT = 'inproc://zeromq.zap.01';
+const ID_TAG = 0x4b;
+const ID_BYTES = 1 + 32 + 8 + 16;
+/** Routing ids verified and remembered; past this the memo starts over (it only saves MACs). */
+const MEMO_MAX = 4096;
+
+/** The namespace of an engine id the data plane has registered, or undefined. */
+export type EngineNamespaceOf = (engineId: string) => string | undefined;
+
+/**
+ * The allow-list, the ZAP handler and the per-request checks. Owns its ZMQ context and handler
+ * socket; `close()` after the ROUTER is closed.
+ */
+export class ServerAuth {
+  /** The server's public key (Z85): what clients set as their `serverKey`. */
+  readonly publicKey: string;
+  readonly #secretKey: string;
+  readonly #grants = new Map<string, Principal>();
+  readonly #macKey = randomBytes(32);
+  readonly #memo = new Map<string, Principal>();
+  readonly #log: Logger;
+  readonly #context = new zmq.Context();
+  #handler: zmq.Reply | undefined;
+  #loop: Promise<void> | undefined;
+  #counter = 0n;
+
+  /** @throws KvtierError KVT_INVALID_ARGUMENT for a bad key, role or namespace, or a key listed twice. */
+  constructor(opts: ServerAuthOptions) {
+    if (!isZ85Key(opts.secretKey))
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        'server secret key must be 40 characters of Z85',
+      );
+    this.#secretKey = opts.secretKey;
+    this.publicKey = curvePublicKey(opts.secretKey);
+    this.#log = opts.log ?? silentLogger;
+    opts.clients.forEach((c, i) => {
+      const at = `clients[${i}]`;
+      if (!isZ85Key(c.publicKey))
+        throw new KvtierError(
+          'KVT_INVALID_ARGUMENT',
+          `${at}.publicKey must be 40 characters of Z85, got ${describe(c.publicKey)}`,
+        );
+      if (this.#grants.has(c.publicKey))
+        throw new KvtierError('KVT_INVALID_ARGUMENT', `${at}.publicKey is listed twice`);
+      const role = requireOneOf(`${at}.role`, c.role, ROLES);
+      let namespaces: Set<string> | undefined;
+      if (c.namespaces !== undefined) {
+        namespaces = new Set();
+        for (const ns of c.namespaces) {
+          if (typeof ns !== 'string' || !/^[0-9a-fA-F]{32}$/.test(ns))
+            throw new KvtierError(
+              'KVT_INVALID_ARGUMENT',
+              `${at}.namespaces must hold namespace ids of 32 hex digits, got ${describe(ns)}`,
+            );
+          namespaces.add(ns.toLowerCase());
+        }
+      }
+      this.#grants.set(c.publicKey, {
+        name: c.name ?? c.publicKey.slice(0, 8),
+        publicKey: c.publicKey,
+        role,
+        ...(namespaces !== undefined ? { namespaces } : {}),
+      });
+    });
+  }
+
+  /** Options that make a ROUTER a Curve server authenticated by this handler. */
+  routerOptions(): Partial<zmq.SocketOptions<zmq.Router>> & { context: zmq.Context } {
+    return {
+      context: this.#context,
+      curveServer: true,
+      curveSecretKey: this.#secretKey,
+      curvePublicKey: this.publicKey,
+      zapDomain: ZAP_DOMAIN,
+      // Without a handler, libzmq would let every key in; with this it refuses them all.
+      zapEnforceDomain: true,
+    };
+  }
+
+  /** Binds the ZAP handler; call before the ROUTER binds. */
+  async start(): Promise<void> {
+    if (this.#handler !== undefined) return;
+    const rep = new zmq.Reply({ context: this.#context, linger: 0 });
+    await rep.bind(ZAP_ENDPOINT);
+    this.#handler = rep;
+    this.#loop = this.#serveZap(rep);
+  }
+
+  async #serveZap(rep: zmq.Reply): Promise<void> {
+    try {
+      for await (const frames of rep) await rep.send(this.#zapReply(frames));
+    } catch (err) {
+      if (!rep.closed) this.#log.error('ZAP handler failed; new connections are refused', { err });
+    }
+  }
+
+  /** RFC 27: version, request id, domain, address, identity, mechanism, credentials... */
+  #zapReply(f: Buffer[]): Buffer[] {
+    const version = f[0] ?? Buffer.from('1.0');
+    const requestId = f[1] ?? Buffer.alloc(0);
+    const deny = (status: string, text: string) => [
+      version,
+      requestId,
+      Buffer.from(status),
+      Buffer.from(text),
+      Buffer.alloc(0),
+      Buffer.alloc(0),
+    ];
+    if (f.length < 7 || version.toString() !== '1.0') return deny('500', 'malformed ZAP request');
+    const address = f[3]!.toString();
+    if (f[2]!.toString() !== ZAP_DOMAIN || f[5]!.toString() !== 'CURVE' || f[6]!.length !== 32) {
+      this.#log.warn('connection refused: not a Curve client', { address });
+      return deny('400', 'CURVE required');
+    }
+    const key = z85Encode(f[6]!);
+    const p = this.#grants.get(key);
+    if (p === undefined) {
+      this.#log.warn('connection refused: key not allowed', { address, publicKey: key });
+      return deny('400', 'key not allowed');
+    }
+    this.#log.info('client authenticated', { address, client: p.name, role: p.role });
+    const id = this.#mint(f[6]!);
+    return [
+      version,
+      requestId,
+      Buffer.from('200'),
+      Buffer.from('OK'),
+      Buffer.from(p.name),
+      zmtpProperty('Identity', id),
+    ];
+  }
+
+  #mint(rawKey: Buffer): Buffer {
+    const id = Buffer.alloc(ID_BYTES);
+    id[0] = ID_TAG;
+    rawKey.copy(id, 1);
+    id.writeBigUInt64BE(this.#counter++, 33);
+    this.#mac(id.subarray(1, 41)).copy(id, 41);
+    return id;
+  }
+
+  #mac(body: Buffer): Buffer {
+    return createHmac('sha256', this.#macKey).update(body).digest().subarray(0, 16);
+  }
+
+  /** The client a ROUTER routing id names, or undefined when this handler did not mint it. */
+  principalOf(routingId: Buffer): Principal | undefined {
+    if (routingId.length !== ID_BYTES || routingId[0] !== ID_TAG) return undefined;
+    const memoKey = routingId.toString('latin1');
+    const known = this.#memo.get(memoKey);
+    if (known !== undefined) return known;
+    if (!timingSafeEqual(this.#mac(routingId.subarray(1, 41)), routingId.subarray(41)))
+      return undefined;
+    const p = this.#grants.get(z85Encode(routingId.subarray(1, 33)));
+    if (p === undefined) return undefined;
+    if (this.#memo.size >= MEMO_MAX) this.#memo.clear();
+    this.#memo.set(memoKey, p);
+    return p;
+  }
+
+  /**
+   * Checks that the connection named by `routingId` may send `req`: its role, then every
+   * namespace the request touches (for data-plane requests, the engine's registered namespace,
+   * and for REGISTER also the namespace it would register).
+   * @throws KvtierError KVT_UNAUTHENTICATED for a connection without a minted id;
+   *   KVT_FORBIDDEN for a wrong role or namespace.
+   */
+  authorize(routingId: Buffer, req: Request, engineNamespace: EngineNamespaceOf): Principal {
+    const p = this.principalOf(routingId);
+    if (p === undefined)
+      throw new KvtierError(
+        'KVT_UNAUTHENTICATED',
+        'this connection carries no identity the server issued; reconnect with an allow-listed key',
+      );
+    checkRole(p, req.type);
+    if (p.namespaces === undefined) return p;
+    const named = namespacesOf(req);
+    checkNamespaces(p, named);
+    if ('engineId' in req) {
+      const ns = engineNamespace(req.engineId);
+      if (ns !== undefined) checkNamespaces(p, [ns]);
+    } else if (req.type === 'register') {
+      const reg = req.registration as unknown as KvRegistration;
+      let ns: string | undefined;
+      try {
+        ns = resolveKvRegistration(reg).namespace.id;
+      } catch {
+        // Invalid: the data plane refuses it with the reason and registers nothing.
+      }
+      if (ns !== undefined) checkNamespaces(p, [ns]);
+      // Registering an id again replaces the old registration: it must be the key's too.
+      const old = typeof reg.engineId === 'string' ? engineNamespace(reg.engineId) : undefined;
+      if (old !== undefined) checkNamespaces(p, [old]);
+    }
+    return p;
+  }
+
+  /** Closes the handler and the context's sockets. Idempotent; close the ROUTER first. */
+  async close(): Promise<void> {
+    this.#handler?.close();
+    await this.#loop;
+  }
+}
+
+/** One ZMTP metadata property: name length (u8), name, value length (u32 BE), value. */
+function zmtpProperty(name: string, value: Buffer): Buffer {
+  const head = Buffer.alloc(1 + name.length + 4);
+  head[0] = name.length;
+  head.write(name, 1, 'latin1');
+  head.writeUInt32BE(value.length, 1 + name.length);
+  return Buffer.concat([head, value]);
+}
