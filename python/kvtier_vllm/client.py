@@ -31,6 +31,7 @@ from typing import Any, Callable, Iterable, Sequence
 import zmq
 
 from . import protocol as P
+from .curve import CurveKeys
 from .errors import (
     CapacityError,
     ClosedError,
@@ -127,6 +128,8 @@ class KvtierClient:
     :param liveness_timeout_ms: silence with requests in flight after which a PING probes the
         sidecar, and the time that PING has to answer before the sidecar counts as down.
         Default 1000.
+    :param curve: CurveZMQ keys for a sidecar with authentication on (:func:`load_client_keys`);
+        default none.
     """
 
     def __init__(
@@ -137,6 +140,7 @@ class KvtierClient:
         clock: Callable[[], float] = time.monotonic,
         context: zmq.Context | None = None,
         liveness_timeout_ms: float = 1000,
+        curve: CurveKeys | None = None,
     ) -> None:
         if not isinstance(endpoint, str) or endpoint == "":
             raise InvalidArgumentError("endpoint must be a non-empty string")
@@ -153,6 +157,7 @@ class KvtierClient:
         self.liveness_timeout_s = liveness_timeout_ms / 1000.0
         self._clock = clock
         self._ctx = context if context is not None else zmq.Context.instance()
+        self._curve = curve
         self._sock = self._open_socket()
         self._rid = 0
         self._pending: dict[int, Pending] = {}
@@ -207,6 +212,8 @@ class KvtierClient:
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
         sock.setsockopt(zmq.SNDHWM, 100_000)
         sock.setsockopt(zmq.RCVHWM, 100_000)
+        if self._curve is not None:
+            self._curve.apply(sock)
         sock.connect(self.endpoint)
         return sock
 

@@ -52,6 +52,11 @@ class KvtierConfig:
     save: bool | None = None
     #: Bound on waiting for transfers and UNREGISTER at shutdown.
     shutdown_timeout_ms: int = 5000
+    #: CurveZMQ (docs/security.md): the sidecar's public key, Z85 text or the path of its .pub.
+    server_public_key: str | None = None
+    #: CurveZMQ: this engine's secret key file (mode 0600); its public key is on the sidecar's
+    #: allow-list. Both keys or neither.
+    client_secret_key_file: str | None = None
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "KvtierConfig":
@@ -67,6 +72,10 @@ class KvtierConfig:
         out: dict[str, Any] = {}
         for name, value in extra.items():
             out[name] = _check(name, value)
+        if (out.get("server_public_key") is None) != (out.get("client_secret_key_file") is None):
+            raise ConfigError(
+                "kv_connector_extra_config.server_public_key and client_secret_key_file go together (CurveZMQ needs both)"
+            )
         return cls(**out)
 
 
@@ -114,7 +123,7 @@ def _check(name: str, v: Any) -> Any:
         return None if v is None else _int(name, v, 1, 100_000)
     if name == "salt":
         return _str(name, v, allow_empty=True)
-    if name == "model_id":
+    if name in ("model_id", "server_public_key", "client_secret_key_file"):
         return None if v is None else _str(name, v)
     if name == "kv_layout":
         if v is None:

@@ -29,6 +29,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 
 from .client import KvtierClient
 from .config import KvtierConfig
+from .curve import CurveKeys, load_client_keys
 from .connector_types import ConnectorMeta, ConnectorOutput
 from .kv_caches import build_registration
 from .rank_lookup import RankLookup, rank_index, rank_suffix
@@ -136,7 +137,14 @@ class KvtierConnector(KVConnectorBase_V1):
             lookup_timeout_ms=self._cfg.lookup_timeout_ms,
             request_timeout_ms=self._cfg.request_timeout_ms,
             liveness_timeout_ms=self._cfg.liveness_timeout_ms,
+            curve=self._curve_keys(),
         )
+
+    def _curve_keys(self) -> CurveKeys | None:
+        cfg = self._cfg
+        if cfg.server_public_key is None or cfg.client_secret_key_file is None:
+            return None
+        return load_client_keys(cfg.server_public_key, cfg.client_secret_key_file)
 
     def _make_scheduler(self) -> SchedulerConnector:
         clients: dict[str, KvtierClient] = {}

@@ -96,8 +96,18 @@ FROM_SOURCE = _from_source()
 class Sidecar:
     """A kvtier sidecar process on a fixed endpoint (see the module docstring)."""
 
-    def __init__(self, *, disk: bool = False, cpu_bytes: int = 64 * 1024 * 1024, config: dict | None = None) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="kvtier-pytest-"))
+    def __init__(
+        self,
+        *,
+        disk: bool = False,
+        cpu_bytes: int = 64 * 1024 * 1024,
+        config: dict | None = None,
+        curve=None,
+        dir: Path | None = None,
+    ) -> None:
+        # curve: the keys the readiness PING uses when the config turns CurveZMQ on.
+        self.curve = curve
+        self.dir = dir if dir is not None else Path(tempfile.mkdtemp(prefix="kvtier-pytest-"))
         self.port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
         tiers: list[dict] = [{"name": "cpu", "type": "local-cpu", "capacityBytes": cpu_bytes}]
@@ -156,7 +166,7 @@ class Sidecar:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + START_TIMEOUT_S
-        client = KvtierClient(self.endpoint, request_timeout_ms=500)
+        client = KvtierClient(self.endpoint, request_timeout_ms=500, curve=self.curve)
         try:
             while True:
                 if self.proc.poll() is not None:
