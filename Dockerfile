@@ -17,9 +17,14 @@ COPY --from=build /opt/kvtier/bin ./bin
 COPY --from=build /opt/kvtier/dist ./dist
 COPY --from=build /opt/kvtier/node_modules ./node_modules
 COPY --from=build /opt/kvtier/native-cuda/build/Release/kvtier_native.node ./native-cuda/build/Release/
+# All interfaces inside the container's network namespace, so the port can be published; what
+# reaches it is decided by the publish flags. Without keys the sidecar would refuse a non-loopback
+# bind: the image allows it (with a warning at start). Give it keys (security section of the
+# config, docs/security.md) before publishing the port beyond the host.
 ENV KVTIER_LISTEN=tcp://0.0.0.0:5555 \
     KVTIER_METRICS_HOST=0.0.0.0 \
-    KVTIER_METRICS_PORT=9464
+    KVTIER_METRICS_PORT=9464 \
+    KVTIER_ALLOW_UNAUTHENTICATED=1
 EXPOSE 5555 9464
 USER node
 ENTRYPOINT ["node", "bin/kvtier.js"]
