@@ -55,6 +55,8 @@ export const ZAP_DOMAIN = 'kvtier';
 const ZAP_ENDPOINT = 'inproc://zeromq.zap.01';
 const ID_TAG = 0x4b;
 const ID_BYTES = 1 + 32 + 8 + 16;
+/** Wait before each ZAP reply, ms (see #serveZap): handshakes are serialised through it. */
+const ZAP_REPLY_DELAY_MS = 5;
 /** Routing ids verified and remembered; past this the memo starts over (it only saves MACs). */
 const MEMO_MAX = 4096;
 
@@ -143,7 +145,13 @@ export class ServerAuth {
 
   async #serveZap(rep: zmq.Reply): Promise<void> {
     try {
-      for await (const frames of rep) await rep.send(this.#zapReply(frames));
+      for await (const frames of rep) {
+        const reply = this.#zapReply(frames);
+        // libzmq peeks for the reply right after sending the request and only then applies the
+        // client's own metadata; a reply already there would lose its Identity to the client's.
+        await new Promise((r) => setTimeout(r, ZAP_REPLY_DELAY_MS));
+        await rep.send(reply);
+      }
     } catch (err) {
       if (!rep.closed) this.#log.error('ZAP handler failed; new connections are refused', { err });
     }

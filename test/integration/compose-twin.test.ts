@@ -266,10 +266,13 @@ describe('docker-compose twin: the deployed config end to end with processes', (
     // The Dockerfile's ENV, bound to loopback instead of the container's 0.0.0.0.
     const dockerEnv = dockerfileEnv();
     assert.deepEqual(Object.keys(dockerEnv).sort(), [
+      'KVTIER_ALLOW_UNAUTHENTICATED',
       'KVTIER_LISTEN',
       'KVTIER_METRICS_HOST',
       'KVTIER_METRICS_PORT',
     ]);
+    // The image opts in to its container-internal 0.0.0.0 bind without keys (docs/security.md).
+    assert.equal(dockerEnv.KVTIER_ALLOW_UNAUTHENTICATED, '1');
     endpoint = `tcp://127.0.0.1:${await freeTcpPort()}`;
     metricsPort = await freeTcpPort();
     opsBase = `http://127.0.0.1:${metricsPort}`;
