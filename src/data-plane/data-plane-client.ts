@@ -106,6 +106,14 @@ export class DataPlaneClient {
     });
   }
 
+  /**
+   * Fresh connections opened because the sidecar refused a request as unauthenticated (with
+   * Curve keys; the refused requests are sent again on them, docs/security.md).
+   */
+  get authReconnects(): number {
+    return this.#rs.authReconnects;
+  }
+
   /** The registered engine id; undefined before `register` resolves and after `unregister` or `close`. */
   get engineId(): string | undefined {
     return this.#engineId;

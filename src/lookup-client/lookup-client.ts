@@ -103,6 +103,14 @@ export class LookupClient {
   }
 
   /**
+   * Fresh connections opened because the server refused a request as unauthenticated (with Curve
+   * keys; the refused requests are sent again on them, docs/security.md).
+   */
+  get authReconnects(): number {
+    return this.#rs.authReconnects;
+  }
+
+  /**
    * Non-blocking lookup. First call for `lookupId` sends the request and returns null; later
    * calls return null until the answer arrives, then the hit tokens (once; the next call starts a
    * new lookup). Past the deadline it returns 0 and cancels the server-side work.

@@ -9,7 +9,7 @@ import type { KvtierConfig } from '../config/config.ts';
 import { KvtierError } from '../errors.ts';
 import { readKeyFile } from '../security/curve-keys.ts';
 import type { Logger } from '../util/log.ts';
-import { type ClientGrant, ServerAuth } from './auth.ts';
+import { type ClientGrant, ServerAuth, type ServerAuthOptions } from './auth.ts';
 
 /**
  * True when only this machine can reach `endpoint`: ipc:// and inproc://, and tcp:// on a
@@ -25,8 +25,17 @@ export function isLocalEndpoint(endpoint: string): boolean {
 }
 
 /**
+ * Test fault, read from the environment only (not a config key): the first N handshakes of each
+ * allow-listed key mint no routing id ({@link ServerAuthOptions.failFirstHandshakes}), so that
+ * tests of other processes (the Python client's) can make a sidecar refuse connections as
+ * unauthenticated.
+ */
+export const TEST_FAIL_FIRST_HANDSHAKES_ENV = 'KVTIER_TEST_FAIL_FIRST_HANDSHAKES';
+
+/**
  * Builds the server's authentication from config, reading the key files (relative paths against
- * `config.baseDir`); undefined when CurveZMQ is off.
+ * `config.baseDir`); undefined when CurveZMQ is off. `env` is read only for the test fault
+ * {@link TEST_FAIL_FIRST_HANDSHAKES_ENV}.
  * @throws KvtierError KVT_CONFIG for an unreadable or malformed key file, a secret key file
  *   readable by others, a bad allow-list, or a non-loopback endpoint without keys (unless
  *   allowed).
@@ -34,6 +43,7 @@ export function isLocalEndpoint(endpoint: string): boolean {
 export async function serverAuthFromConfig(
   config: KvtierConfig,
   log: Logger,
+  env: Readonly<Record<string, string | undefined>> = process.env,
 ): Promise<ServerAuth | undefined> {
   const sec = config.security;
   const local = isLocalEndpoint(config.listen);
@@ -70,9 +80,22 @@ export async function serverAuthFromConfig(
       ...(c.namespaces !== undefined ? { namespaces: c.namespaces } : {}),
     });
   }
+  const fault = env[TEST_FAIL_FIRST_HANDSHAKES_ENV];
+  let failFirstHandshakes = 0;
+  if (fault !== undefined && fault !== '') {
+    failFirstHandshakes = Number(fault);
+    if (!Number.isInteger(failFirstHandshakes) || failFirstHandshakes < 0)
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `${TEST_FAIL_FIRST_HANDSHAKES_ENV} must be a non-negative integer, got ${JSON.stringify(fault)}`,
+      );
+    log.warn('test fault on: the first handshakes of each key mint no routing id', {
+      [TEST_FAIL_FIRST_HANDSHAKES_ENV]: failFirstHandshakes,
+    });
+  }
   let auth: ServerAuth;
   try {
-    auth = new ServerAuth({ secretKey, clients, log });
+    auth = new ServerAuth({ secretKey, clients, log, failFirstHandshakes });
   } catch (err) {
     throw new KvtierError('KVT_CONFIG', `security: ${(err as Error).message}`, { cause: err });
   }

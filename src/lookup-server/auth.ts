@@ -28,7 +28,7 @@ import {
   type Role,
 } from '../security/policy.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { describe, requireOneOf } from '../util/validate.ts';
+import { describe, requireInt, requireOneOf } from '../util/validate.ts';
 
 /** One allow-listed client key. */
 export interface ClientGrant {
@@ -48,6 +48,18 @@ export interface ServerAuthOptions {
   /** The allow-list: only these keys complete the handshake. */
   clients: readonly ClientGrant[];
   log?: Logger;
+  /**
+   * Test hook, not a config key: the wait before each ZAP reply, ms; default 5 (see
+   * #serveZap). 0 lets the reply race libzmq's peek, which tests use to provoke the race.
+   */
+  zapReplyDelayMs?: number;
+  /**
+   * Test fault, not a config key: the first `n` handshakes of each allow-listed key are accepted
+   * with a reply that mints no routing id, as when the reply loses the race, so every request
+   * on those connections is refused with KVT_UNAUTHENTICATED. Default 0. The sidecar sets it
+   * from `KVTIER_TEST_FAIL_FIRST_HANDSHAKES` (auth-config.ts).
+   */
+  failFirstHandshakes?: number;
 }
 
 /** ZAP domain of the lookup server's ROUTER. */
@@ -57,6 +69,7 @@ const ID_TAG = 0x4b;
 const ID_BYTES = 1 + 32 + 8 + 16;
 /** Wait before each ZAP reply, ms (see #serveZap): handshakes are serialised through it. */
 const ZAP_REPLY_DELAY_MS = 5;
+const MAX_DELAY_MS = 1000;
 /** Routing ids verified and remembered; past this the memo starts over (it only saves MACs). */
 const MEMO_MAX = 4096;
 
@@ -79,6 +92,10 @@ export class ServerAuth {
   #handler: zmq.Reply | undefined;
   #loop: Promise<void> | undefined;
   #counter = 0n;
+  readonly #zapReplyDelayMs: number;
+  readonly #failFirstHandshakes: number;
+  /** Handshakes faulted per key (test fault only). */
+  readonly #faulted = new Map<string, number>();
 
   /** @throws KvtierError KVT_INVALID_ARGUMENT for a bad key, role or namespace, or a key listed twice. */
   constructor(opts: ServerAuthOptions) {
@@ -90,6 +107,13 @@ export class ServerAuth {
     this.#secretKey = opts.secretKey;
     this.publicKey = curvePublicKey(opts.secretKey);
     this.#log = opts.log ?? silentLogger;
+    this.#zapReplyDelayMs = requireInt(
+      'zapReplyDelayMs',
+      opts.zapReplyDelayMs ?? ZAP_REPLY_DELAY_MS,
+      0,
+      MAX_DELAY_MS,
+    );
+    this.#failFirstHandshakes = requireInt('failFirstHandshakes', opts.failFirstHandshakes ?? 0, 0);
     opts.clients.forEach((c, i) => {
       const at = `clients[${i}]`;
       if (!isZ85Key(c.publicKey))
@@ -149,7 +173,8 @@ export class ServerAuth {
         const reply = this.#zapReply(frames);
         // libzmq peeks for the reply right after sending the request and only then applies the
         // client's own metadata; a reply already there would lose its Identity to the client's.
-        await new Promise((r) => setTimeout(r, ZAP_REPLY_DELAY_MS));
+        if (this.#zapReplyDelayMs > 0)
+          await new Promise((r) => setTimeout(r, this.#zapReplyDelayMs));
         await rep.send(reply);
       }
     } catch (err) {
@@ -181,16 +206,18 @@ export class ServerAuth {
       this.#log.warn('connection refused: key not allowed', { address, publicKey: key });
       return deny('400', 'key not allowed');
     }
+    const ok = [version, requestId, Buffer.from('200'), Buffer.from('OK'), Buffer.from(p.name)];
+    const faulted = this.#faulted.get(key) ?? 0;
+    if (faulted < this.#failFirstHandshakes) {
+      this.#faulted.set(key, faulted + 1);
+      this.#log.warn('test fault: handshake accepted without a minted routing id', {
+        address,
+        client: p.name,
+      });
+      return [...ok, Buffer.alloc(0)];
+    }
     this.#log.info('client authenticated', { address, client: p.name, role: p.role });
-    const id = this.#mint(f[6]!);
-    return [
-      version,
-      requestId,
-      Buffer.from('200'),
-      Buffer.from('OK'),
-      Buffer.from(p.name),
-      zmtpProperty('Identity', id),
-    ];
+    return [...ok, zmtpProperty('Identity', this.#mint(f[6]!))];
   }
 
   #mint(rawKey: Buffer): Buffer {

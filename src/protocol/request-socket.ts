@@ -35,49 +35,99 @@ export interface RequestCallOptions {
 interface Pending {
   resolve: (r: Reply) => void;
   reject: (e: unknown) => void;
+  /** The encoded request, kept for a resend after a refusal as unauthenticated. */
+  frame: Buffer;
+  /** The connection it was last sent on. */
+  conn: Connection;
+  /** Times it was sent again after a refusal as unauthenticated. */
+  resends: number;
 }
+
+/** One DEALER socket, its send queue and its receive loop. */
+interface Connection {
+  socket: zmq.Dealer;
+  sendQueue: SocketSendQueue;
+  loop: Promise<void>;
+  /** Requests whose reply is expected on this connection. */
+  inFlight: number;
+  /** Replaced after a refusal as unauthenticated: closed once nothing waits on it. */
+  retired: boolean;
+}
+
+/**
+ * Fresh connections opened in a row (no other reply in between) after refusals as
+ * unauthenticated, and times one request is sent again, before the refusal is surfaced.
+ */
+export const MAX_AUTH_RECONNECTS = 3;
 
 /**
  * The request/response core shared by the protocol clients: one DEALER socket (its sends owned
  * by a {@link SocketSendQueue}), request ids 1..2^32-1 wrapping to 1, replies matched by id,
- * a deadline per request (the deadline helper: `KVT_TIMEOUT`, or the caller's abort). It survives server restarts: ZMQ reconnects on its own and requests
- * lost with the old server run into their deadline.
+ * a deadline per request (the deadline helper: `KVT_TIMEOUT`, or the caller's abort). It
+ * survives server restarts: ZMQ reconnects on its own and requests lost with the old server run
+ * into their deadline.
+ *
+ * With Curve keys, a request refused with `KVT_UNAUTHENTICATED` (its connection carries no
+ * identity the server minted, docs/security.md; the server did nothing with it) is sent again
+ * on a fresh socket, i.e. a new connection and handshake. The refused socket stays open until
+ * the replies to the other requests sent on it are in (each is sent again only if it was
+ * refused too). At most {@link MAX_AUTH_RECONNECTS} fresh sockets in a row (any other reply on
+ * the current one starts the count again) and as many resends of one request; past that the
+ * refusal is surfaced, and the count starts again for the next refusal. Without keys it is
+ * surfaced at once.
  */
 export class RequestSocket {
-  readonly #socket: zmq.Dealer;
-  readonly #sendQueue: SocketSendQueue;
+  readonly #endpoint: string;
+  readonly #curve: ClientCurveKeys | undefined;
+  #conn: Connection;
+  readonly #conns = new Set<Connection>();
   readonly #pending = new Map<number, Pending>();
   readonly #requestTimeoutMs: number;
   readonly #name: string;
   readonly #onReply: ((rep: Reply) => void) | undefined;
   readonly #log: Logger;
   readonly #timers: DeadlineTimers | undefined;
-  readonly #loop: Promise<void>;
   #nextId = 1;
   #closed = false;
+  #authReconnects = 0;
+  #authReconnectsInARow = 0;
 
   /**
    * Connects at once (ZMQ connects in the background and reconnects on its own).
    * @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options.
    */
   constructor(opts: RequestSocketOptions) {
-    const endpoint = requireString('endpoint', opts.endpoint, { nonEmpty: true });
+    this.#endpoint = requireString('endpoint', opts.endpoint, { nonEmpty: true });
     this.#requestTimeoutMs = requireInt('requestTimeoutMs', opts.requestTimeoutMs ?? 10_000, 1);
     this.#name = opts.name ?? 'client';
     this.#onReply = opts.onReply;
     this.#log = opts.log ?? silentLogger;
     this.#timers = opts.timers;
-    this.#socket = new zmq.Dealer({
-      ...curveClientOptions(opts.curve),
+    curveClientOptions(opts.curve); // validates the keys before anything is opened
+    this.#curve = opts.curve;
+    this.#conn = this.#open();
+  }
+
+  #open(): Connection {
+    const socket = new zmq.Dealer({
+      ...curveClientOptions(this.#curve),
       linger: 0,
       reconnectInterval: 100,
       reconnectMaxInterval: 1000,
       sendHighWaterMark: 100_000,
       receiveHighWaterMark: 100_000,
     });
-    this.#socket.connect(endpoint);
-    this.#sendQueue = new SocketSendQueue(this.#socket, { log: this.#log });
-    this.#loop = this.#receiveLoop();
+    socket.connect(this.#endpoint);
+    const conn: Connection = {
+      socket,
+      sendQueue: new SocketSendQueue(socket, { log: this.#log }),
+      loop: Promise.resolve(),
+      inFlight: 0,
+      retired: false,
+    };
+    conn.loop = this.#receiveLoop(conn);
+    this.#conns.add(conn);
+    return conn;
   }
 
   /** Requests waiting for a reply. */
@@ -88,6 +138,11 @@ export class RequestSocket {
   /** True once `close()` was called. */
   get closed(): boolean {
     return this.#closed;
+  }
+
+  /** Fresh connections opened because a request was refused as unauthenticated (a counter). */
+  get authReconnects(): number {
+    return this.#authReconnects;
   }
 
   /**
@@ -111,24 +166,29 @@ export class RequestSocket {
       this.#nextId = this.#nextId >= 0xffffffff ? 1 : this.#nextId + 1;
       req.requestId = requestId;
       const frame = encodeRequest(req);
+      const conn = this.#conn;
+      let entry!: Pending;
       const reply = new Promise<Reply>((resolve, reject) => {
-        this.#pending.set(requestId, { resolve, reject });
+        entry = { resolve, reject, frame, conn, resends: 0 };
       });
+      this.#pending.set(requestId, entry);
+      conn.inFlight++;
       try {
-        if (!this.#sendQueue.send(frame))
+        if (!conn.sendQueue.send(frame))
           throw new KvtierError('KVT_CAPACITY', 'send queue is full');
         return await d.race(reply);
       } finally {
         this.#pending.delete(requestId);
+        this.#release(entry.conn);
       }
     } finally {
       d.dispose();
     }
   }
 
-  async #receiveLoop(): Promise<void> {
+  async #receiveLoop(conn: Connection): Promise<void> {
     try {
-      for await (const frames of this.#socket) {
+      for await (const frames of conn.socket) {
         const frame = frames[frames.length - 1];
         if (frame === undefined) continue;
         let rep: Reply;
@@ -140,12 +200,58 @@ export class RequestSocket {
         }
         this.#onReply?.(rep);
         const p = this.#pending.get(rep.requestId);
-        if (p === undefined) continue;
+        if (p === undefined || p.conn !== conn) continue;
+        if (rep.type === 'error' && rep.code === 'KVT_UNAUTHENTICATED' && this.#resend(p, conn))
+          continue;
+        if (conn === this.#conn) this.#authReconnectsInARow = 0;
         if (rep.type === 'error') p.reject(new KvtierError(rep.code, `server: ${rep.message}`));
         else p.resolve(rep);
       }
     } catch (err) {
-      if (!this.#socket.closed) this.#log.error('client receive loop failed', { err });
+      if (!conn.socket.closed) this.#log.error('client receive loop failed', { err });
+    }
+  }
+
+  /**
+   * Sends `p`, refused as unauthenticated on `conn`, again on a fresh connection (opened here
+   * when `conn` is still the current one). False when it must be surfaced instead.
+   */
+  #resend(p: Pending, conn: Connection): boolean {
+    if (this.#curve === undefined || this.#closed) return false;
+    if (
+      p.resends >= MAX_AUTH_RECONNECTS ||
+      (conn === this.#conn && this.#authReconnectsInARow >= MAX_AUTH_RECONNECTS)
+    ) {
+      // Surfaced; the next refusal may try fresh connections again (a request never waits
+      // on more than MAX_AUTH_RECONNECTS + 1 of them).
+      this.#authReconnectsInARow = 0;
+      return false;
+    }
+    if (conn === this.#conn) {
+      this.#authReconnectsInARow++;
+      this.#authReconnects++;
+      this.#log.warn('request refused as unauthenticated; reconnecting', {
+        endpoint: this.#endpoint,
+        inARow: this.#authReconnectsInARow,
+      });
+      conn.retired = true;
+      this.#conn = this.#open();
+    }
+    p.resends++;
+    p.conn = this.#conn;
+    this.#conn.inFlight++;
+    this.#release(conn);
+    if (!this.#conn.sendQueue.send(p.frame))
+      p.reject(new KvtierError('KVT_CAPACITY', 'send queue is full'));
+    return true;
+  }
+
+  /** One request less waits on `conn`; a retired connection is closed when none does. */
+  #release(conn: Connection): void {
+    conn.inFlight--;
+    if (conn.retired && conn.inFlight <= 0 && !conn.socket.closed) {
+      conn.socket.close();
+      this.#conns.delete(conn);
     }
   }
 
@@ -154,9 +260,9 @@ export class RequestSocket {
     if (!this.#closed) {
       this.#closed = true;
       for (const p of [...this.#pending.values()]) p.reject(closedError(this.#name));
-      this.#socket.close();
+      for (const c of this.#conns) c.socket.close();
     }
-    return this.#loop;
+    return Promise.all([...this.#conns].map((c) => c.loop)).then(() => {});
   }
 }
 

@@ -128,6 +128,16 @@ describe('roles and routing ids', () => {
       /listed twice/,
     );
   });
+
+  test('the test hooks zapReplyDelayMs and failFirstHandshakes are validated', () => {
+    const secretKey = generateCurveKeyPair().secretKey;
+    for (const [opt, re] of [
+      [{ zapReplyDelayMs: -1 }, /zapReplyDelayMs must be an integer in \[0, 1000\]/],
+      [{ zapReplyDelayMs: 1.5 }, /zapReplyDelayMs/],
+      [{ failFirstHandshakes: -1 }, /failFirstHandshakes must be an integer >= 0/],
+    ] as const)
+      assert.throws(() => new ServerAuth({ secretKey, clients: [], ...opt }), re);
+  });
 });
 
 describe('binds and config', () => {
@@ -224,5 +234,27 @@ describe('binds and config', () => {
       },
     });
     assert.equal(ok.security.clients[0]!.role, 'worker');
+  });
+
+  test('the test fault KVTIER_TEST_FAIL_FIRST_HANDSHAKES is read from the environment and validated', async () => {
+    const server = generateCurveKeyPair();
+    writeFileSync(join(dir, 'fault-server.key'), `${server.secretKey}\n`, { mode: 0o600 });
+    const cfg = resolveConfig({
+      security: {
+        serverSecretKeyFile: join(dir, 'fault-server.key'),
+        clients: [{ publicKey: generateCurveKeyPair().publicKey, role: 'lookup' }],
+      },
+    });
+    await assert.rejects(
+      serverAuthFromConfig(cfg, silentLogger, { KVTIER_TEST_FAIL_FIRST_HANDSHAKES: 'two' }),
+      (e: unknown) =>
+        isKvtierError(e, 'KVT_CONFIG') && /KVTIER_TEST_FAIL_FIRST_HANDSHAKES/.test(String(e)),
+    );
+    const warnings: string[] = [];
+    const log = { ...silentLogger, warn: (m: string) => warnings.push(m) };
+    const auth = await serverAuthFromConfig(cfg, log, { KVTIER_TEST_FAIL_FIRST_HANDSHAKES: '2' });
+    assert.ok(auth instanceof ServerAuth);
+    assert.match(warnings.join(), /test fault on/);
+    await auth.close();
   });
 });
