@@ -20,10 +20,20 @@ A PING is repeated every ``liveness_timeout_ms`` while down; the first frame hea
 sidecar ends it. Going down also replaces the socket, so nothing queued for the old connection
 (a SAVE given up on, whose blocks the engine may reuse) can reach a sidecar later. A client object belongs to
 one thread (zmq sockets are not thread-safe).
+
+With CurveZMQ keys, a request refused with ``KVT_UNAUTHENTICATED`` (its connection carries no
+identity the sidecar minted, docs/security.md; the sidecar did nothing with it) is sent again on
+a fresh socket, i.e. a new connection and handshake. The refused socket is kept (and drained)
+until the replies to the other requests sent on it are in; each of those is sent again only if
+it was refused too. At most ``MAX_AUTH_RECONNECTS`` fresh sockets in a row (any other reply on
+the current socket starts the count again) and as many resends of one request; past that the
+refusal is surfaced (``UnauthenticatedError``) and the count starts again. Without keys it is
+surfaced at once.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import deque
 from typing import Any, Callable, Iterable, Sequence
@@ -42,7 +52,14 @@ from .errors import (
     error_for_code,
 )
 
-__all__ = ["KvtierClient", "MultiLookupClient", "Pending"]
+__all__ = ["KvtierClient", "MultiLookupClient", "Pending", "MAX_AUTH_RECONNECTS"]
+
+_log = logging.getLogger("kvtier_vllm.client")
+
+#: Fresh sockets opened in a row after refusals as unauthenticated, and resends of one request,
+#: before the refusal is surfaced (see the module docstring).
+MAX_AUTH_RECONNECTS = 3
+_UNAUTHENTICATED = "KVT_UNAUTHENTICATED"
 
 _PENDING, _OK, _FAILED = 0, 1, 2
 _POLLIN = zmq.POLLIN
@@ -59,7 +76,10 @@ class Pending:
     """One request in flight. ``done`` once answered, failed or expired; ``result()`` returns
     the reply object (a dict for PING/STATS) or raises its :class:`KvtierError`."""
 
-    __slots__ = ("_client", "request_id", "msg_type", "deadline", "lookup_id", "_state", "_value", "_seen")
+    __slots__ = (
+        "_client", "request_id", "msg_type", "deadline", "lookup_id", "_state", "_value", "_seen",
+        "_frame", "_sock", "_resends",
+    )
 
     def __init__(self, client: "KvtierClient", request_id: int, msg_type: int, deadline: float, lookup_id: str | None = None) -> None:
         self._client = client
@@ -70,6 +90,10 @@ class Pending:
         self._state = _PENDING
         self._value: Any = None
         self._seen = -1
+        # for a resend after a refusal as unauthenticated (kept only with Curve keys)
+        self._frame: bytes | None = None
+        self._sock: zmq.Socket | None = None
+        self._resends = 0
 
     @property
     def done(self) -> bool:
@@ -159,6 +183,11 @@ class KvtierClient:
         self._ctx = context if context is not None else zmq.Context.instance()
         self._curve = curve
         self._sock = self._open_socket()
+        # sockets replaced after a refusal as unauthenticated, drained until nothing waits on them
+        self._retired: list[zmq.Socket] = []
+        self._auth_in_a_row = 0
+        #: Fresh sockets opened because the sidecar refused a request as unauthenticated.
+        self.auth_reconnects = 0
         self._rid = 0
         self._pending: dict[int, Pending] = {}
         self._lookups: dict[str, Pending] = {}
@@ -202,7 +231,8 @@ class KvtierClient:
     @property
     def socket(self) -> zmq.Socket:
         """The DEALER socket (e.g. to poll it together with others); do not recv from it. It is
-        replaced when the sidecar is found down, so ask for it again after an outage."""
+        replaced when the sidecar is found down or refuses it as unauthenticated, so ask for it
+        again after an outage."""
         return self._sock
 
     def _open_socket(self) -> zmq.Socket:
@@ -245,9 +275,15 @@ class KvtierClient:
         if not self._send(frame):
             p._fail(CapacityError("send queue full: the sidecar is not taking messages"))
             return p
+        self._track(p, frame)
         self._pending[rid] = p
         self._request_q.append(p)
         return p
+
+    def _track(self, p: Pending, frame: bytes) -> None:
+        p._sock = self._sock
+        if self._curve is not None:
+            p._frame = frame
 
     def _fire_cancel(self, lookup_id: str) -> None:
         if self._closed:
@@ -257,7 +293,7 @@ class KvtierClient:
         except KvtierError:
             pass
 
-    def _take(self, frame: bytes) -> None:
+    def _take(self, frame: bytes, sock: zmq.Socket | None = None) -> None:
         try:
             msg_type, rid, rep = P.decode_reply(frame)
         except KvtierError as err:
@@ -273,6 +309,12 @@ class KvtierClient:
         if p is None:
             self.unmatched_replies += 1
             return
+        if sock is None:
+            sock = self._sock
+        if msg_type == _ERROR and rep.code == _UNAUTHENTICATED and self._resend(p, sock):
+            return
+        if sock is self._sock:
+            self._auth_in_a_row = 0
         if msg_type == _ERROR:
             self._complete_error(p, error_for_code(rep.code, rep.message))
         elif msg_type != p.msg_type | 0x80:
@@ -289,6 +331,68 @@ class KvtierClient:
             p._resolve(rep.stats)
         else:
             p._resolve(rep)
+
+    def _resend(self, p: Pending, sock: zmq.Socket) -> bool:
+        """Sends ``p``, refused as unauthenticated on ``sock``, again on a fresh socket (opened
+        here when ``sock`` is still the current one). False when the refusal is to be surfaced."""
+        if self._curve is None or self._closed or p._frame is None:
+            return False
+        if p._resends >= MAX_AUTH_RECONNECTS or (
+            sock is self._sock and self._auth_in_a_row >= MAX_AUTH_RECONNECTS
+        ):
+            self._auth_in_a_row = 0  # surfaced; the next refusal may try fresh sockets again
+            return False
+        if sock is self._sock:
+            self._auth_in_a_row += 1
+            self.auth_reconnects += 1
+            _log.warning(
+                "request refused as unauthenticated by %s; reconnecting (%d in a row)",
+                self.endpoint,
+                self._auth_in_a_row,
+            )
+            self._retired.append(sock)
+            self._sock = self._open_socket()
+        p._resends += 1
+        p._sock = self._sock
+        if self._send(p._frame):
+            self._pending[p.request_id] = p
+        else:
+            self._complete_error(p, CapacityError("send queue full: the sidecar is not taking messages"))
+        return True
+
+    def _drain_retired(self) -> int:
+        """Takes in the replies waiting on replaced sockets and closes those nothing waits on."""
+        n = 0
+        for sock in list(self._retired):
+            while sock.get(_EVENTS) & _POLLIN:
+                try:
+                    frame = sock.recv(_NOBLOCK)
+                except _Again:
+                    break
+                while sock.get(_RCVMORE):
+                    frame = sock.recv()
+                self._take(frame, sock)
+                n += 1
+        waited_on = {id(p._sock) for p in self._pending.values()}
+        for sock in list(self._retired):
+            if id(sock) not in waited_on:
+                sock.close(linger=0)
+                self._retired.remove(sock)
+        return n
+
+    def _close_retired(self) -> None:
+        for sock in self._retired:
+            sock.close(linger=0)
+        self._retired.clear()
+
+    def _poll_sockets(self, timeout_ms: float) -> bool:
+        """Waits up to ``timeout_ms`` for a reply on the socket (or a replaced one)."""
+        if not self._retired:
+            return bool(self._sock.poll(timeout_ms))
+        poller = zmq.Poller()
+        for sock in (self._sock, *self._retired):
+            poller.register(sock, _POLLIN)
+        return bool(poller.poll(timeout_ms))
 
     def _complete_error(self, p: Pending, err: KvtierError) -> None:
         if p.lookup_id is not None:
@@ -311,11 +415,13 @@ class KvtierClient:
                     break
                 while sock.get(_RCVMORE):  # the last frame is the message
                     frame = sock.recv()
-                self._take(frame)
+                self._take(frame, sock)
                 n += 1
                 # one option read is cheaper than ending on a zmq.Again exception
                 if not sock.get(_EVENTS) & _POLLIN:
                     break
+        if self._retired:
+            n += self._drain_retired()
         now = self._clock()
         if n:
             self._heard_at = now
@@ -360,6 +466,7 @@ class KvtierClient:
         # A new socket: what the old one still queued for the sidecar (a SAVE the worker has
         # now given up on, whose blocks the engine may reuse) must never reach it later.
         self._sock.close(linger=0)
+        self._close_retired()
         self._sock = self._open_socket()
 
     def _expire(self, now: float) -> None:
@@ -386,8 +493,8 @@ class KvtierClient:
         if self._closed:
             return 0
         if timeout_ms > 0:
-            if self._sock.poll(timeout_ms):
-                n = self._drain(ready=True)
+            if self._poll_sockets(timeout_ms):
+                n = self._drain(ready=not self._retired)
             else:
                 self._gen += 1  # the socket was checked: lookups need not check it again
                 n = 0
@@ -412,8 +519,8 @@ class KvtierClient:
                 if limit is not None and limit <= now:
                     raise RequestTimeoutError(f"request #{p.request_id} still pending after {timeout_ms} ms")
                 continue
-            if self._sock.poll(max(1, int(left_ms) + 1)):
-                self._drain(ready=True)
+            if self._poll_sockets(max(1, int(left_ms) + 1)):
+                self._drain(ready=not self._retired)
 
     # ---------------------------------------------------------------------------------------
     # non-blocking lookups
@@ -447,6 +554,7 @@ class KvtierClient:
                 self.last_lookup_error = CapacityError("send queue full: the sidecar is not taking messages")
                 return 0
             p = Pending(self, rid, P.MsgType.LOOKUP, self._clock() + self.lookup_timeout_s, lookup_id)
+            self._track(p, frame)
             p._seen = self._gen
             self._pending[rid] = p
             self._lookups[lookup_id] = p
@@ -660,6 +768,7 @@ class KvtierClient:
         self._lookup_q.clear()
         self._request_q.clear()
         self._sock.close(linger=0)
+        self._close_retired()
 
     def __enter__(self) -> "KvtierClient":
         return self

@@ -104,9 +104,12 @@ class Sidecar:
         config: dict | None = None,
         curve=None,
         dir: Path | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         # curve: the keys the readiness PING uses when the config turns CurveZMQ on.
         self.curve = curve
+        # env: extra environment of the sidecar process (e.g. a KVTIER_TEST_* fault).
+        self.extra_env = dict(env or {})
         self.dir = dir if dir is not None else Path(tempfile.mkdtemp(prefix="kvtier-pytest-"))
         self.port = free_port()
         self.endpoint = f"tcp://127.0.0.1:{self.port}"
@@ -148,6 +151,7 @@ class Sidecar:
         env["XDG_CACHE_HOME"] = str(self.dir / "cache")
         if FROM_SOURCE:
             env["KVTIER_FROM_SOURCE"] = "1"
+        env.update(self.extra_env)
         log = open(self.log_path, "ab")
         try:
             self.proc = subprocess.Popen(
