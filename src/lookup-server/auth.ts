@@ -11,6 +11,8 @@
  * so the server reads which key sent a message from the ROUTER's first frame and checks the MAC:
  * a routing id the handler did not mint (a client-chosen one) names no one and is refused with
  * KVT_UNAUTHENTICATED. Keys not on the allow-list fail the handshake and never reach the server.
+ * A ZAP reply that wins the race against libzmq's peek (see #serveZap) leaves its connection
+ * unnamed, so refused too; the clients then reconnect and send again (request-socket.ts).
  */
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import * as zmq from 'zeromq';
