@@ -19,6 +19,7 @@ import { type CopyEngine, DataPlane } from '../src/data-plane/data-plane.ts';
 import { DataPlaneClient } from '../src/data-plane/data-plane-client.ts';
 import { createFsCopyEngine } from '../src/data-plane/fs-copy-engine.ts';
 import type { KvRegistration } from '../src/data-plane/kv-layout.ts';
+import { chunkHashFromBytes } from '../src/hashing/chunk-hash.ts';
 import { LookupClient } from '../src/lookup-client/lookup-client.ts';
 import { LookupServer } from '../src/lookup-server/lookup-server.ts';
 import { createNativeCopyEngine } from '../src/native/copy-engine.ts';
@@ -137,7 +138,7 @@ async function barePath(path: string, engine: CopyEngine): Promise<Path> {
   const server = new LookupServer({ endpoint: 'tcp://127.0.0.1:*', storage });
   await server.start();
   const layout = await dp.register(registration(path));
-  const hex = (h: Buffer[]) => h.map((x) => x.toString('hex'));
+  const hex = (h: Buffer[]) => h.map((x) => chunkHashFromBytes(x));
   return {
     label: 'bare (in-process, undecorated tier)',
     endpoint: server.endpoint,

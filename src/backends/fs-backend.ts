@@ -8,13 +8,12 @@ import {
   errnoOf,
   type FileSystem,
   isNotFound,
-  isStorableHash,
   isStorableNamespace,
   listStore,
   objectPath,
   readObjectFile,
   realFileSystem,
-  requireStorableKey,
+  requireStorableNamespace,
   writeChunkFileAtomic,
 } from './file-store.ts';
 import {
@@ -186,7 +185,7 @@ export class FsBackend implements StorageBackend {
     for (const hash of hashes) {
       if (out.has(hash)) continue;
       out.set(hash, null);
-      if (!isStorableNamespace(ns) || !isStorableHash(hash)) continue;
+      if (!isStorableNamespace(ns)) continue;
       reads.push(
         this.#read(ns, hash, opts.signal).then((chunk) => {
           out.set(hash, chunk);
@@ -205,7 +204,7 @@ export class FsBackend implements StorageBackend {
   ): Promise<PutOutcome> {
     this.#open(opts.signal, 'put');
     checkChunk(chunk);
-    requireStorableKey(ns, hash);
+    requireStorableNamespace(ns);
     const key = `${ns}/${hash}`;
     const inflight = this.#writes.get(key);
     if (inflight !== undefined) {
@@ -223,9 +222,7 @@ export class FsBackend implements StorageBackend {
 
   async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
     this.#open(undefined, 'remove');
-    const paths = [...new Set(hashes)]
-      .filter((h) => isStorableNamespace(ns) && isStorableHash(h))
-      .map((h) => this.#path(ns, h));
+    const paths = isStorableNamespace(ns) ? [...new Set(hashes)].map((h) => this.#path(ns, h)) : [];
     return this.#track(
       this.#unlinkAll(
         paths.map((path) => ({ path })),
@@ -341,7 +338,7 @@ export class FsBackend implements StorageBackend {
     signal: AbortSignal | undefined,
     skip: () => boolean = () => false,
   ): Promise<boolean> {
-    if (!isStorableNamespace(ns) || !isStorableHash(hash)) return false;
+    if (!isStorableNamespace(ns)) return false;
     try {
       // `skip` is asked once a slot is free: a miss found meanwhile makes the stat pointless.
       const path = this.#path(ns, hash);

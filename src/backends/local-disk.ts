@@ -12,7 +12,7 @@ import {
   objectPath,
   readObjectFile,
   realFileSystem,
-  requireStorableKey,
+  requireStorableNamespace,
   writeChunkFileAtomic,
 } from './file-store.ts';
 import { countPrefixHits, pinPresent } from './index-ops.ts';
@@ -198,7 +198,7 @@ export class LocalDiskBackend implements StorageBackend {
   ): Promise<PutOutcome> {
     this.#open(opts.signal, 'put');
     checkChunk(chunk);
-    requireStorableKey(ns, hash);
+    requireStorableNamespace(ns);
     const key = keyOf(ns, hash);
     const inflight = this.#writes.get(key);
     if (inflight !== undefined) {

@@ -11,13 +11,14 @@ import type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types
 import { resolveCudaDevice } from './device-uuid.ts';
 import { createFsCopyEngine } from './fs-copy-engine.ts';
 import {
-  appendChunkOps,
   checkRegionsFit,
+  chunkOpSlots,
   chunkPayloadBytes,
   type KvLayout,
   type KvRegistration,
   resolveKvRegistration,
   splitBlocks,
+  writeChunkOps,
 } from './kv-layout.ts';
 
 export type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
@@ -109,7 +110,6 @@ interface EngineState {
   gone: boolean;
 }
 
-const HASH = /^[0-9a-f]{64}$/;
 const DEFAULTS = { heartbeatTimeoutMs: 30_000, sweepIntervalMs: 5000 };
 
 /**
@@ -256,10 +256,10 @@ export class DataPlane {
     const skip = requireInt('save.skipChunks', req.skipChunks ?? 0, 0, hashes.length);
     const ns = layout.namespace.id;
     const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
-    const surfaces: CopySurface[] = [...eng.surfaces];
-    const ops: number[] = [];
     const pending: StorageReservation[] = [];
+    const pendingIds: Uint32Array[] = [];
     try {
+      let slots = 0;
       for (let i = skip; i < hashes.length; i++) {
         const ids = chunks[i]!;
         const bytes = chunkPayloadBytes(layout, ids.length);
@@ -268,10 +268,19 @@ export class DataPlane {
         else if (r === 'dropped') result.dropped++;
         else {
           pending.push(r);
-          appendChunkOps(ops, layout, 'gather', ids, eng.regionSurface, surfaces.push(r.view) - 1);
+          pendingIds.push(ids);
+          slots += chunkOpSlots(layout, ids.length);
         }
       }
-      await this.#track(eng, this.#copy.copy(surfaces, Float64Array.from(ops)));
+      // The op table is filled in place: block ids go from the decoded Uint32Array straight to it.
+      const surfaces: CopySurface[] = [...eng.surfaces];
+      const ops = new Float64Array(slots);
+      let at = 0;
+      for (let k = 0; k < pending.length; k++) {
+        const payload = surfaces.push(pending[k]!.view) - 1;
+        at = writeChunkOps(ops, at, layout, 'gather', pendingIds[k]!, eng.regionSurface, payload);
+      }
+      await this.#track(eng, this.#copy.copy(surfaces, ops));
     } catch (err) {
       for (const r of pending) r.abort();
       throw err;
@@ -324,7 +333,7 @@ export class DataPlane {
       const hashes = checkHashes(req.chunkHashes, 'load');
       const skip = req.skipBlocks ?? 0;
       const chunks = splitBlocks(eng.layout, req.blockIds, hashes.length, 'load', skip);
-      if (new Set(chunks.flat()).size !== req.blockIds.length)
+      if (hasRepeat(chunks))
         throw new KvtierError('KVT_INVALID_ARGUMENT', 'load.blockIds must not repeat a block');
       if (req.stateSlot !== undefined)
         requireInt('load.stateSlot', req.stateSlot, 0, (eng.layout.stateFile?.slots ?? 0) - 1);
@@ -356,7 +365,7 @@ export class DataPlane {
     state: RequestState,
     pinned: PinnedLookup | undefined,
     hashes: readonly ChunkHash[],
-    chunks: number[][],
+    chunks: Uint32Array[],
     skipBlocks: number,
     deadlineMs: number | undefined,
     signal: AbortSignal | undefined,
@@ -392,17 +401,27 @@ export class DataPlane {
         });
         break;
       }
-      const ops: number[] = [];
-      appendChunkOps(ops, layout, 'scatter', ids, eng.regionSurface, eng.surfaces.length, 0, skip);
+      const ops = new Float64Array(chunkOpSlots(layout, ids.length));
+      writeChunkOps(
+        ops,
+        0,
+        layout,
+        'scatter',
+        ids,
+        eng.regionSurface,
+        eng.surfaces.length,
+        0,
+        skip,
+      );
       try {
-        await this.#copy.copy([...eng.surfaces, chunk.data], Float64Array.from(ops));
+        await this.#copy.copy([...eng.surfaces, chunk.data], ops);
       } catch (err) {
         this.#log.warn('scatter failed; chunk reported invalid', { hash, err });
         break;
       }
       loadedTokens += ids.length * layout.blockSize;
     }
-    return { loadedTokens, invalidBlockIds: chunks.slice(i).flat() };
+    return { loadedTokens, invalidBlockIds: chunks.slice(i).flatMap((c) => Array.from(c)) };
   }
 
   async #setState(eng: EngineState | undefined, req: LoadRequest, ok: boolean): Promise<void> {
@@ -534,18 +553,22 @@ export class DataPlane {
   }
 }
 
+/** The hashes themselves were validated where they entered (a `ChunkHash` is never re-checked). */
 function checkHashes(hashes: readonly ChunkHash[], what: string): readonly ChunkHash[] {
   if (!Array.isArray(hashes))
     throw new KvtierError(
       'KVT_INVALID_ARGUMENT',
       `${what}.chunkHashes must be an array, got ${describe(hashes)}`,
     );
-  hashes.forEach((h, i) => {
-    if (typeof h !== 'string' || !HASH.test(h))
-      throw new KvtierError(
-        'KVT_INVALID_ARGUMENT',
-        `${what}.chunkHashes[${i}] must be 64 lowercase hex digits, got ${describe(h)}`,
-      );
-  });
   return hashes;
+}
+
+function hasRepeat(chunks: readonly Uint32Array[]): boolean {
+  const seen = new Set<number>();
+  for (const c of chunks)
+    for (const id of c) {
+      if (seen.has(id)) return true;
+      seen.add(id);
+    }
+  return false;
 }

@@ -27,6 +27,7 @@ import type {
   StorageBackend,
 } from '../../src/backends/types.ts';
 import { isKvtierError, KvtierError, type KvtierErrorCode } from '../../src/errors.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 
 /** Ways a subject can damage a stored object below the backend's API. */
 export type CorruptionKind = 'payload' | 'truncate' | 'magic' | 'foreign-hash';
@@ -852,7 +853,7 @@ function randomNs(): NamespaceId {
 }
 
 function randomHash(): ChunkHash {
-  return randomBytes(32).toString('hex');
+  return chunkHashFromBytes(randomBytes(32));
 }
 
 function randomHashes(n: number): ChunkHash[] {

@@ -15,6 +15,7 @@ import {
 } from '../../src/backends/fs-backend.ts';
 import type { Chunk } from '../../src/backends/types.ts';
 import { isKvtierError } from '../../src/errors.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 
 const dirs: string[] = [];
 after(async () => {
@@ -28,7 +29,7 @@ async function tempDir(): Promise<string> {
 }
 
 const ns = () => randomBytes(16).toString('hex');
-const hash = () => randomBytes(32).toString('hex');
+const hash = () => chunkHashFromBytes(randomBytes(32));
 const chunk = (bytes: number, tokens = 256): Chunk => ({ tokens, data: randomBytes(bytes) });
 const obj = (payload: number) => CHUNK_HEADER_BYTES + payload;
 
