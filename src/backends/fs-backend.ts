@@ -3,18 +3,16 @@ import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
+import { type ChunkFileRead, ChunkFiles, statEntries, TaskSet } from './chunk-files.ts';
+import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import {
   errnoOf,
   type FileSystem,
   isNotFound,
   isStorableNamespace,
   listStore,
-  objectPath,
-  readObjectFile,
   realFileSystem,
   requireStorableNamespace,
-  writeChunkFileAtomic,
 } from './file-store.ts';
 import {
   type FsBackendOptions,
@@ -76,12 +74,6 @@ export interface FsSweepReport {
   readonly tempsRemoved: number;
 }
 
-interface Found {
-  readonly path: string;
-  readonly size: number;
-  readonly mtimeMs: number;
-}
-
 /**
  * A chunk store in a directory shared by several sidecars (NFS, Lustre, a 3FS mount): one file
  * per chunk in the stored chunk format, sharded by hash prefix, published atomically (temp file
@@ -99,12 +91,12 @@ export class FsBackend implements StorageBackend {
   readonly options: ResolvedFsBackendOptions;
 
   readonly #fs: FileSystem;
+  readonly #files: ChunkFiles;
   readonly #limit: LimitFunction;
-  readonly #onCorrupt: (reason: string) => void;
   readonly #log: Logger;
   readonly #now: () => number;
   readonly #writes = new Map<string, Promise<PutOutcome>>();
-  readonly #tasks = new Set<Promise<unknown>>();
+  readonly #tasks = new TaskSet();
   #sweepTimer: NodeJS.Timeout | undefined;
   #probeTimer: NodeJS.Timeout | undefined;
   #sweeping: Promise<FsSweepReport> | null = null;
@@ -113,7 +105,6 @@ export class FsBackend implements StorageBackend {
   #lastSweepAtMs: number | null = null;
   #evictions = 0;
   #droppedPuts = 0;
-  #corrupt = 0;
   #ioErrors = 0;
   #timeouts = 0;
   #health: BackendHealth = 'up';
@@ -140,8 +131,17 @@ export class FsBackend implements StorageBackend {
     this.name = ctx.name;
     this.#fs = raw.fsImpl ?? realFileSystem;
     this.#limit = pLimit(o.ioConcurrency);
-    this.#onCorrupt = raw.onCorrupt ?? (() => {});
     this.#log = raw.log ?? silentLogger;
+    this.#files = new ChunkFiles({
+      fs: this.#fs,
+      root: o.path,
+      shardChars: o.shardChars,
+      maxChunkBytes: o.maxChunkBytes,
+      fsync: o.fsync,
+      tier: ctx.name,
+      log: this.#log,
+      onCorrupt: raw.onCorrupt ?? (() => {}),
+    });
     this.#now = raw.now ?? Date.now;
     this.capabilities = Object.freeze({
       pinning: false,
@@ -161,7 +161,7 @@ export class FsBackend implements StorageBackend {
     this.#open(opts.signal, 'contains');
     // Checks run in parallel; once one misses, checks after it that have not started are skipped.
     let firstMiss = hashes.length;
-    const found = await this.#track(
+    const found = await this.#tasks.track(
       Promise.all(
         hashes.map(async (hash, i) => {
           const hit = await this.#exists(ns, hash, opts.signal, () => i >= firstMiss);
@@ -192,7 +192,7 @@ export class FsBackend implements StorageBackend {
         }),
       );
     }
-    await this.#track(Promise.all(reads));
+    await this.#tasks.track(Promise.all(reads));
     return out;
   }
 
@@ -211,7 +211,7 @@ export class FsBackend implements StorageBackend {
       const outcome = await inflight;
       return outcome === 'dropped' ? this.#drop() : 'exists';
     }
-    const write = this.#track(this.#store(ns, hash, chunk, opts.signal));
+    const write = this.#tasks.track(this.#store(ns, hash, chunk, opts.signal));
     this.#writes.set(key, write);
     try {
       return await write;
@@ -223,7 +223,7 @@ export class FsBackend implements StorageBackend {
   async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
     this.#open(undefined, 'remove');
     const paths = isStorableNamespace(ns) ? [...new Set(hashes)].map((h) => this.#path(ns, h)) : [];
-    return this.#track(
+    return this.#tasks.track(
       this.#unlinkAll(
         paths.map((path) => ({ path })),
         'remove',
@@ -246,7 +246,7 @@ export class FsBackend implements StorageBackend {
   async clear(ns?: NamespaceId): Promise<void> {
     this.#open(undefined, 'clear');
     if (ns !== undefined && !isStorableNamespace(ns)) return;
-    await this.#track(
+    await this.#tasks.track(
       (async () => {
         const entries = await this.#list(ns);
         await this.#unlinkAll(
@@ -266,7 +266,7 @@ export class FsBackend implements StorageBackend {
       pinnedChunks: 0,
       evictions: this.#evictions,
       droppedPuts: this.#droppedPuts,
-      corruptObjects: this.#corrupt,
+      corruptObjects: this.#files.corrupt,
       ioErrors: this.#ioErrors,
       timeouts: this.#timeouts,
       lastSweepAtMs: this.#lastSweepAtMs,
@@ -291,7 +291,7 @@ export class FsBackend implements StorageBackend {
   async sweep(): Promise<FsSweepReport> {
     this.#open(undefined, 'sweep');
     if (this.#sweeping === null) {
-      const run = this.#track(this.#sweep());
+      const run = this.#tasks.track(this.#sweep());
       this.#sweeping = run;
       void run.then(
         () => (this.#sweeping = null),
@@ -306,7 +306,7 @@ export class FsBackend implements StorageBackend {
     this.#closing ??= (async () => {
       clearInterval(this.#sweepTimer);
       clearTimeout(this.#probeTimer);
-      while (this.#tasks.size > 0) await Promise.allSettled([...this.#tasks]);
+      await this.#tasks.drain();
     })();
     return this.#closing;
   }
@@ -356,28 +356,18 @@ export class FsBackend implements StorageBackend {
 
   async #read(ns: NamespaceId, hash: ChunkHash, signal: AbortSignal | undefined) {
     const path = this.#path(ns, hash);
-    let res: Awaited<ReturnType<typeof readObjectFile>>;
+    let res: ChunkFileRead;
     try {
-      const max = CHUNK_HEADER_BYTES + this.options.maxChunkBytes;
-      res = await this.#op(() => readObjectFile(this.#fs, path, max), signal, 'read');
+      res = await this.#files.read(ns, hash, path, (fn) => this.#op(fn, signal, 'read'));
     } catch (err) {
       if (signal?.aborted === true) throw err;
       this.#failed('read', err);
       return null;
     }
     this.#up();
-    if (res.kind === 'missing') return null;
-    if (res.kind === 'ok' && this.#expired(res.mtimeMs)) return null;
-    const decoded =
-      res.kind === 'ok'
-        ? decodeChunkObject(ns, hash, res.bytes)
-        : ({ ok: false, reason: 'length' } as const);
-    if (decoded.ok) return decoded.chunk;
-    this.#corrupt++;
-    this.#log.warn('corrupt object removed', { tier: this.name, path, reason: decoded.reason });
-    this.#onCorrupt(decoded.reason);
-    const size = res.kind === 'ok' ? res.bytes.byteLength : res.size;
-    await this.#unlinkAll([{ path, size }], 'corrupt').catch(() => {});
+    if (res.kind === 'ok') return this.#expired(res.mtimeMs) ? null : res.chunk;
+    if (res.kind === 'corrupt')
+      await this.#unlinkAll([{ path, size: res.size }], 'corrupt').catch(() => {});
     return null;
   }
 
@@ -392,18 +382,7 @@ export class FsBackend implements StorageBackend {
     if (chunk.data.byteLength > this.options.maxChunkBytes) return this.#drop();
     try {
       const bytes = await this.#op(
-        () =>
-          writeChunkFileAtomic(
-            this.#fs,
-            path,
-            () => encodeChunkHeader(ns, hash, chunk),
-            CHUNK_HEADER_BYTES,
-            chunk.data,
-            {
-              fsync: this.options.fsync,
-              makeDir: () => this.#makeDirs(ns, hash),
-            },
-          ),
+        () => this.#files.write(ns, hash, chunk, path, () => this.#makeDirs(ns, hash)),
         signal,
         'write',
       );
@@ -483,22 +462,12 @@ export class FsBackend implements StorageBackend {
   }
 
   async #sweep(): Promise<FsSweepReport> {
-    const entries = await this.#list();
-    const stat = async (path: string): Promise<Found | null> => {
-      try {
-        const st = await this.#op(() => this.#fs.stat(path), undefined, 'stat');
-        return { path, size: st.size, mtimeMs: st.mtimeMs };
-      } catch (err) {
-        if (!isNotFound(err)) this.#failed('stat', err);
-        return null;
-      }
-    };
-    const objects = (
-      await Promise.all(entries.filter((e) => e.kind === 'object').map((e) => stat(e.path)))
-    ).filter((f): f is Found => f !== null);
-    const temps = (
-      await Promise.all(entries.filter((e) => e.kind === 'temp').map((e) => stat(e.path)))
-    ).filter((f): f is Found => f !== null);
+    const { objects, temps } = await statEntries(
+      this.#fs,
+      await this.#list(),
+      (fn) => this.#op(fn, undefined, 'stat'),
+      (err) => this.#failed('stat', err),
+    );
     const now = this.#now();
     const staleTemps = temps.filter((t) => now - t.mtimeMs > this.options.staleTempMs);
     const live = objects.filter((o) => !this.#expired(o.mtimeMs));
@@ -543,7 +512,7 @@ export class FsBackend implements StorageBackend {
   }
 
   #path(ns: NamespaceId, hash: ChunkHash): string {
-    return objectPath(this.options.path, ns, hash, this.options.shardChars);
+    return this.#files.path(ns, hash);
   }
 
   #expired(mtimeMs: number): boolean {
@@ -580,7 +549,7 @@ export class FsBackend implements StorageBackend {
         { what: `${this.name} probe`, timeoutMs: this.options.timeoutMs },
         this.#fs.stat(this.options.path),
       );
-      void this.#track(probe).then(
+      void this.#tasks.track(probe).then(
         (st) => {
           this.#probeTimer = undefined;
           if (st.isDirectory()) this.#up();
@@ -593,15 +562,6 @@ export class FsBackend implements StorageBackend {
       );
     }, this.options.probeIntervalMs);
     this.#probeTimer.unref();
-  }
-
-  #track<T>(p: Promise<T>): Promise<T> {
-    this.#tasks.add(p);
-    void p.then(
-      () => this.#tasks.delete(p),
-      () => this.#tasks.delete(p),
-    );
-    return p;
   }
 
   #open(signal: AbortSignal | undefined, op: string): void {

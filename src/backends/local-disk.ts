@@ -3,17 +3,15 @@ import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
+import { type ChunkFileRead, ChunkFiles, statEntries, TaskSet } from './chunk-files.ts';
+import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import {
   type FileSystem,
   isNotFound,
   listStore,
   objectDir,
-  objectPath,
-  readObjectFile,
   realFileSystem,
   requireStorableNamespace,
-  writeChunkFileAtomic,
 } from './file-store.ts';
 import { countPrefixHits, pinPresent } from './index-ops.ts';
 import { checkChunk } from './local-cpu.ts';
@@ -83,22 +81,21 @@ export class LocalDiskBackend implements StorageBackend {
   readonly options: ResolvedLocalDiskOptions;
 
   readonly #fs: FileSystem;
+  readonly #files: ChunkFiles;
   readonly #limit: LimitFunction;
-  readonly #onCorrupt: (reason: string) => void;
   readonly #log: Logger;
   readonly #index = new Map<string, Entry>();
   /** Recency of unpinned entries; evicting from it deletes the file. */
   readonly #lru: LRUCache<string, Entry>;
   readonly #writes = new Map<string, Promise<PutOutcome>>();
   readonly #deletes = new Map<string, Promise<void>>();
-  readonly #tasks = new Set<Promise<unknown>>();
+  readonly #tasks = new TaskSet();
   #bytesUsed = 0;
   #reservedBytes = 0;
   #pinnedBytes = 0;
   #pinnedChunks = 0;
   #evictions = 0;
   #droppedPuts = 0;
-  #corrupt = 0;
   #filesWritten = 0;
   #ioErrors = 0;
   #health: BackendHealth = 'up';
@@ -130,8 +127,17 @@ export class LocalDiskBackend implements StorageBackend {
     this.name = ctx.name;
     this.#fs = fs;
     this.#limit = pLimit(o.ioConcurrency);
-    this.#onCorrupt = raw.onCorrupt ?? (() => {});
     this.#log = raw.log ?? silentLogger;
+    this.#files = new ChunkFiles({
+      fs,
+      root: o.path,
+      shardChars: o.shardChars,
+      maxChunkBytes: o.maxChunkBytes,
+      fsync: o.fsync,
+      tier: ctx.name,
+      log: this.#log,
+      onCorrupt: raw.onCorrupt ?? (() => {}),
+    });
     // Every object is at least a header, so more slots than that could never be used.
     this.#lru = new LRUCache<string, Entry>({
       max: Math.min(o.maxChunks, Math.floor(o.capacityBytes / CHUNK_HEADER_BYTES)),
@@ -186,7 +192,7 @@ export class LocalDiskBackend implements StorageBackend {
         }),
       );
     }
-    await this.#track(Promise.all(reads));
+    await this.#tasks.track(Promise.all(reads));
     return out;
   }
 
@@ -215,13 +221,12 @@ export class LocalDiskBackend implements StorageBackend {
     if (chunk.data.byteLength > this.capabilities.maxChunkBytes || !this.#makeRoom(bytes)) {
       return this.#drop();
     }
-    const write = this.#store(key, ns, hash, chunk, bytes, opts.pin === true);
+    const write = this.#tasks.track(this.#store(key, ns, hash, chunk, bytes, opts.pin === true));
     this.#writes.set(key, write);
-    this.#tasks.add(write);
-    void write.finally(() => {
-      this.#tasks.delete(write);
+    const settled = () => {
       if (this.#writes.get(key) === write) this.#writes.delete(key);
-    });
+    };
+    void write.then(settled, settled);
     const signal = opts.signal;
     try {
       return await this.#deadline(write, signal, 'put');
@@ -288,7 +293,7 @@ export class LocalDiskBackend implements StorageBackend {
       pinnedChunks: this.#pinnedChunks,
       evictions: this.#evictions,
       droppedPuts: this.#droppedPuts,
-      corruptObjects: this.#corrupt,
+      corruptObjects: this.#files.corrupt,
       filesWritten: this.#filesWritten,
       ioErrors: this.#ioErrors,
     };
@@ -303,7 +308,7 @@ export class LocalDiskBackend implements StorageBackend {
   /** Waits for reads, writes and deletes under way, then drops the index. Files stay. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      while (this.#tasks.size > 0) await Promise.allSettled([...this.#tasks]);
+      await this.#tasks.drain();
       this.#lru.clear();
       this.#index.clear();
     })();
@@ -314,34 +319,26 @@ export class LocalDiskBackend implements StorageBackend {
     const { path, shardChars } = this.options;
     await this.#fs.mkdir(path, { recursive: true });
     const found = await listStore(this.#fs, path, shardChars, this.#limit);
-    const objects: { e: Entry; mtimeMs: number }[] = [];
+    const { objects, temps } = await statEntries(this.#fs, found, this.#limit, (err) => {
+      throw err;
+    });
     await Promise.all(
-      found.map((f) =>
-        this.#limit(async () => {
-          try {
-            if (f.kind === 'temp') {
-              await this.#fs.unlink(f.path);
-              return;
-            }
-            const st = await this.#fs.stat(f.path);
-            if (!st.isFile()) return;
-            const e: Entry = {
-              key: keyOf(f.ns, f.hash),
-              ns: f.ns,
-              hash: f.hash,
-              path: f.path,
-              bytes: st.size,
-              pins: 0,
-            };
-            objects.push({ e, mtimeMs: st.mtimeMs });
-          } catch (err) {
-            if (!isNotFound(err)) throw err;
-          }
+      temps.map((t) =>
+        this.#limit(() => this.#fs.unlink(t.path)).catch((err: unknown) => {
+          if (!isNotFound(err)) throw err;
         }),
       ),
     );
     objects.sort((a, b) => a.mtimeMs - b.mtimeMs);
-    for (const { e } of objects) {
+    for (const f of objects) {
+      const e: Entry = {
+        key: keyOf(f.ns, f.hash),
+        ns: f.ns,
+        hash: f.hash,
+        path: f.path,
+        bytes: f.size,
+        pins: 0,
+      };
       this.#index.set(e.key, e);
       this.#bytesUsed += e.bytes;
       this.#lru.set(e.key, e);
@@ -357,14 +354,10 @@ export class LocalDiskBackend implements StorageBackend {
   }
 
   async #read(e: Entry, signal: AbortSignal | undefined): Promise<Chunk | null> {
-    let res: Awaited<ReturnType<typeof readObjectFile>>;
+    let res: ChunkFileRead;
     try {
-      res = await this.#deadline(
-        this.#limit(() =>
-          readObjectFile(this.#fs, e.path, CHUNK_HEADER_BYTES + this.options.maxChunkBytes),
-        ),
-        signal,
-        'read',
+      res = await this.#files.read(e.ns, e.hash, e.path, (fn) =>
+        this.#deadline(this.#limit(fn), signal, 'read'),
       );
     } catch (err) {
       if (signal?.aborted === true) throw err;
@@ -372,26 +365,11 @@ export class LocalDiskBackend implements StorageBackend {
       return null;
     }
     this.#health = 'up';
-    if (res.kind === 'missing') {
-      // Deleted behind our back: forget it (unless it was replaced meanwhile).
-      if (this.#index.get(e.key) === e) this.#forget(e);
-      return null;
-    }
-    const decoded =
-      res.kind === 'ok'
-        ? decodeChunkObject(e.ns, e.hash, res.bytes)
-        : ({ ok: false, reason: 'length' } as const);
-    if (decoded.ok) return decoded.chunk;
-    this.#corrupt++;
-    this.#log.warn('corrupt object removed', {
-      tier: this.name,
-      path: e.path,
-      reason: decoded.reason,
-    });
-    this.#onCorrupt(decoded.reason);
+    if (res.kind === 'ok') return res.chunk;
+    // Deleted behind our back, or corrupt: forget it (unless it was replaced meanwhile).
     if (this.#index.get(e.key) === e) {
       this.#forget(e);
-      await this.#unlink(e);
+      if (res.kind === 'corrupt') await this.#unlink(e);
     }
     return null;
   }
@@ -409,26 +387,12 @@ export class LocalDiskBackend implements StorageBackend {
     try {
       // A delete of the previous file of this key must not land after our rename.
       await this.#deletes.get(key);
-      const path = objectPath(this.options.path, ns, hash, this.options.shardChars);
+      const path = this.#files.path(ns, hash);
+      const dir = objectDir(this.options.path, ns, hash, this.options.shardChars);
       await this.#limit(() =>
-        writeChunkFileAtomic(
-          this.#fs,
-          path,
-          () => encodeChunkHeader(ns, hash, chunk),
-          CHUNK_HEADER_BYTES,
-          chunk.data,
-          {
-            fsync: this.options.fsync,
-            makeDir: async () => {
-              await this.#fs.mkdir(
-                objectDir(this.options.path, ns, hash, this.options.shardChars),
-                {
-                  recursive: true,
-                },
-              );
-            },
-          },
-        ),
+        this.#files.write(ns, hash, chunk, path, async () => {
+          await this.#fs.mkdir(dir, { recursive: true });
+        }),
       );
       this.#filesWritten++;
       this.#health = 'up';
@@ -464,15 +428,6 @@ export class LocalDiskBackend implements StorageBackend {
       { what: `${this.name} ${what}`, timeoutMs: this.options.timeoutMs, signal },
       op,
     );
-  }
-
-  #track<T>(p: Promise<T>): Promise<T> {
-    this.#tasks.add(p);
-    void p.then(
-      () => this.#tasks.delete(p),
-      () => this.#tasks.delete(p),
-    );
-    return p;
   }
 
   #open(signal: AbortSignal | undefined, op: string): void {
@@ -523,7 +478,7 @@ export class LocalDiskBackend implements StorageBackend {
       }
     })();
     this.#deletes.set(e.key, p);
-    this.#track(p);
+    this.#tasks.track(p);
     void p.then(() => {
       if (this.#deletes.get(e.key) === p) this.#deletes.delete(e.key);
     });
