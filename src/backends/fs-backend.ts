@@ -79,9 +79,11 @@ export interface FsSweepReport {
  * per chunk in the stored chunk format, sharded by hash prefix, published atomically (temp file
  * + rename). There is no authoritative index: contains stats files, gets read and verify them,
  * and an object written or deleted by another instance is seen at once. Every file operation
- * races a `timeoutMs` timer, so a hung mount costs a lookup at most that (a miss). Pins are not
- * supported (another sidecar could delete anyway). An optional size bound and TTL are enforced
- * by a background sweep.
+ * races a `timeoutMs` timer; a failed or timed-out operation fails its call (counted), which the
+ * circuit breaker around the tier answers as a miss or a drop, so a hung or vanished mount costs
+ * a lookup at most that and then nothing while the breaker is open. Pins are not supported
+ * (another sidecar could delete anyway). An optional size bound and TTL are enforced by a
+ * background sweep.
  */
 export class FsBackend implements StorageBackend {
   readonly name: string;
@@ -98,7 +100,6 @@ export class FsBackend implements StorageBackend {
   readonly #writes = new Map<string, Promise<PutOutcome>>();
   readonly #tasks = new TaskSet();
   #sweepTimer: NodeJS.Timeout | undefined;
-  #probeTimer: NodeJS.Timeout | undefined;
   #sweeping: Promise<FsSweepReport> | null = null;
   /** Objects and bytes counted by the last sweep, plus and minus this instance's own changes. */
   readonly #known = { chunks: 0, bytes: 0 };
@@ -107,7 +108,8 @@ export class FsBackend implements StorageBackend {
   #droppedPuts = 0;
   #ioErrors = 0;
   #timeouts = 0;
-  #health: BackendHealth = 'up';
+  /** Whether the latest file operation failed (the backend's own view; see {@link health}). */
+  #lastFailed = false;
   #closing: Promise<void> | null = null;
 
   /**
@@ -160,18 +162,27 @@ export class FsBackend implements StorageBackend {
   ): Promise<number> {
     this.#open(opts.signal, 'contains');
     // Checks run in parallel; once one misses, checks after it that have not started are skipped.
+    // A failure before the first miss fails the call (the breaker answers it as a miss).
     let firstMiss = hashes.length;
     const found = await this.#tasks.track(
       Promise.all(
         hashes.map(async (hash, i) => {
-          const hit = await this.#exists(ns, hash, opts.signal, () => i >= firstMiss);
-          if (!hit && i < firstMiss) firstMiss = i;
-          return hit;
+          try {
+            const hit = await this.#exists(ns, hash, opts.signal, () => i >= firstMiss);
+            if (!hit && i < firstMiss) firstMiss = i;
+            return hit;
+          } catch (err) {
+            if (opts.signal?.aborted === true) throw err;
+            return err as KvtierError;
+          }
         }),
       ),
     );
-    const k = found.indexOf(false);
-    return k === -1 ? found.length : k;
+    for (const [i, r] of found.entries()) {
+      if (r === false) return i;
+      if (r !== true) throw r;
+    }
+    return found.length;
   }
 
   async batchedGet(
@@ -182,17 +193,28 @@ export class FsBackend implements StorageBackend {
     this.#open(opts.signal, 'get');
     const out = new Map<ChunkHash, Chunk | null>();
     const reads: Promise<void>[] = [];
+    const errors: unknown[] = [];
+    let reached = 0;
     for (const hash of hashes) {
       if (out.has(hash)) continue;
       out.set(hash, null);
       if (!isStorableNamespace(ns)) continue;
       reads.push(
-        this.#read(ns, hash, opts.signal).then((chunk) => {
-          out.set(hash, chunk);
-        }),
+        this.#read(ns, hash, opts.signal).then(
+          (chunk) => {
+            reached++;
+            out.set(hash, chunk);
+          },
+          (err: unknown) => {
+            if (opts.signal?.aborted === true) throw err;
+            errors.push(err);
+          },
+        ),
       );
     }
     await this.#tasks.track(Promise.all(reads));
+    // A read that failed is a miss, unless none reached the store: then the store is failing.
+    if (errors.length > 0 && reached === 0) throw errors[0];
     return out;
   }
 
@@ -274,12 +296,14 @@ export class FsBackend implements StorageBackend {
   }
 
   /**
-   * 'down' from a file operation that failed (other than "not found") or timed out until a
-   * background probe of the directory (every `probeIntervalMs`) or another operation succeeds.
+   * The backend's own view: 'degraded' while the latest file operation failed (other than "not
+   * found") or timed out, 'up' once one succeeds. It never reports 'down' by itself: the circuit
+   * breaker the host wraps the tier in is its one health mechanism (it opens after consecutive
+   * failures, answers calls as misses and drops while open, and probes until the mount answers).
    */
   health(): BackendHealth {
     this.#open(undefined, 'health');
-    return this.#health;
+    return this.#lastFailed ? 'degraded' : 'up';
   }
 
   /**
@@ -305,7 +329,6 @@ export class FsBackend implements StorageBackend {
   close(): Promise<void> {
     this.#closing ??= (async () => {
       clearInterval(this.#sweepTimer);
-      clearTimeout(this.#probeTimer);
       await this.#tasks.drain();
     })();
     return this.#closing;
@@ -344,12 +367,12 @@ export class FsBackend implements StorageBackend {
       const path = this.#path(ns, hash);
       const st = await this.#op(async () => (skip() ? null : this.#fs.stat(path)), signal, 'stat');
       if (st === null) return false;
-      this.#up();
+      this.#ok();
       return st.isFile() && st.size > CHUNK_HEADER_BYTES && !this.#expired(st.mtimeMs);
     } catch (err) {
       if (signal?.aborted === true) throw err;
-      if (!isNotFound(err)) this.#failed('stat', err);
-      else this.#up();
+      if (!isNotFound(err)) throw this.#failed('stat', err);
+      this.#ok();
       return false;
     }
   }
@@ -361,10 +384,9 @@ export class FsBackend implements StorageBackend {
       res = await this.#files.read(ns, hash, path, (fn) => this.#op(fn, signal, 'read'));
     } catch (err) {
       if (signal?.aborted === true) throw err;
-      this.#failed('read', err);
-      return null;
+      throw this.#failed('read', err);
     }
-    this.#up();
+    this.#ok();
     if (res.kind === 'ok') return this.#expired(res.mtimeMs) ? null : res.chunk;
     if (res.kind === 'corrupt')
       await this.#unlinkAll([{ path, size: res.size }], 'corrupt').catch(() => {});
@@ -386,14 +408,13 @@ export class FsBackend implements StorageBackend {
         signal,
         'write',
       );
-      this.#up();
+      this.#ok();
       this.#known.chunks++;
       this.#known.bytes += bytes;
       return 'stored';
     } catch (err) {
       if (signal?.aborted === true) throw err;
-      this.#failed('write', err);
-      return this.#drop();
+      throw this.#failed('write', err);
     }
   }
 
@@ -442,7 +463,7 @@ export class FsBackend implements StorageBackend {
       this.#known.chunks = Math.max(0, this.#known.chunks - 1);
       this.#known.bytes = Math.max(0, this.#known.bytes - r.value);
     }
-    if (files.length > 0) this.#up();
+    if (files.length > 0) this.#ok();
     return removed;
   }
 
@@ -456,8 +477,7 @@ export class FsBackend implements StorageBackend {
         ns,
       );
     } catch (err) {
-      this.#failed('list', err);
-      throw backendError(`${this.name} list`, err);
+      throw this.#failed('list', err);
     }
   }
 
@@ -524,44 +544,22 @@ export class FsBackend implements StorageBackend {
     return 'dropped';
   }
 
-  #up(): void {
-    if (this.#health === 'up') return;
-    this.#health = 'up';
-    clearTimeout(this.#probeTimer);
-    this.#probeTimer = undefined;
+  #ok(): void {
+    if (!this.#lastFailed) return;
+    this.#lastFailed = false;
     this.#log.info('fs tier reachable again', { tier: this.name });
   }
 
-  #failed(op: string, err: unknown): void {
+  /**
+   * Counts a failed file operation and returns it as a KvtierError for the caller to throw (the
+   * circuit breaker around the tier counts it and answers the call as a miss or a drop).
+   */
+  #failed(op: string, err: unknown): KvtierError {
     if (errnoOf(err) === 'KVT_TIMEOUT') this.#timeouts++;
     else this.#ioErrors++;
-    if (this.#health !== 'down')
-      this.#log.warn(`fs ${op} failed; tier down`, { tier: this.name, err });
-    this.#health = 'down';
-    this.#scheduleProbe();
-  }
-
-  /** While down, stats the root every `probeIntervalMs` (bypassing the limiter, whose slots a hung mount may hold). */
-  #scheduleProbe(): void {
-    if (this.#probeTimer !== undefined || this.#closing !== null) return;
-    this.#probeTimer = setTimeout(() => {
-      const probe = withDeadline(
-        { what: `${this.name} probe`, timeoutMs: this.options.timeoutMs },
-        this.#fs.stat(this.options.path),
-      );
-      void this.#tasks.track(probe).then(
-        (st) => {
-          this.#probeTimer = undefined;
-          if (st.isDirectory()) this.#up();
-          else this.#scheduleProbe();
-        },
-        () => {
-          this.#probeTimer = undefined;
-          this.#scheduleProbe();
-        },
-      );
-    }, this.options.probeIntervalMs);
-    this.#probeTimer.unref();
+    if (!this.#lastFailed) this.#log.warn(`fs ${op} failed`, { tier: this.name, err });
+    this.#lastFailed = true;
+    return backendError(`${this.name} ${op}`, err);
   }
 
   #open(signal: AbortSignal | undefined, op: string): void {

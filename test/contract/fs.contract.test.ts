@@ -33,8 +33,7 @@ describeBackendContract(
   async () => {
     const base = await mkdtemp(join(tmpdir(), 'kvtier-fs-contract-'));
     const dir = join(base, 'mount');
-    const open = () =>
-      FsBackend.open({ path: dir, timeoutMs: 2000, probeIntervalMs: 20 }, { name: 'fs' });
+    const open = () => FsBackend.open({ path: dir, timeoutMs: 2000 }, { name: 'fs' });
     const backend = await open();
     const others: FsBackend[] = [];
     return {
