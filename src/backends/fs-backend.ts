@@ -1,19 +1,18 @@
-import { join } from 'node:path';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { type ChunkFileRead, ChunkFiles, statEntries, TaskSet } from './chunk-files.ts';
+import { type ChunkFileRead, ChunkFiles, TaskSet } from './chunk-files.ts';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import {
   errnoOf,
   type FileSystem,
   isNotFound,
   isStorableNamespace,
-  listStore,
   realFileSystem,
   requireStorableNamespace,
 } from './file-store.ts';
+import { FsMaintenance, type FsSweepReport } from './fs-maintenance.ts';
 import {
   type FsBackendOptions,
   fsOptionsFromConfig,
@@ -37,6 +36,7 @@ import type {
   StorageBackend,
 } from './types.ts';
 
+export type { FsSweepReport } from './fs-maintenance.ts';
 export {
   FS_BACKEND_DEFAULTS,
   type FsBackendOptions,
@@ -61,19 +61,6 @@ export interface FsBackendStats extends BackendStats {
   readonly lastSweepAtMs: number | null;
 }
 
-/** What one {@link FsBackend.sweep} found and did. */
-export interface FsSweepReport {
-  /** Objects left after the sweep, and their bytes. */
-  readonly chunks: number;
-  readonly bytes: number;
-  /** Objects deleted because their TTL had passed. */
-  readonly expired: number;
-  /** Objects deleted (oldest first) to get under `capacityBytes`. */
-  readonly evicted: number;
-  /** Stale temp files deleted. */
-  readonly tempsRemoved: number;
-}
-
 /**
  * A chunk store in a directory shared by several sidecars (NFS, Lustre, a 3FS mount): one file
  * per chunk in the stored chunk format, sharded by hash prefix, published atomically (temp file
@@ -96,15 +83,11 @@ export class FsBackend implements StorageBackend {
   readonly #files: ChunkFiles;
   readonly #limit: LimitFunction;
   readonly #log: Logger;
-  readonly #now: () => number;
   readonly #writes = new Map<string, Promise<PutOutcome>>();
   readonly #tasks = new TaskSet();
   #sweepTimer: NodeJS.Timeout | undefined;
   #sweeping: Promise<FsSweepReport> | null = null;
-  /** Objects and bytes counted by the last sweep, plus and minus this instance's own changes. */
-  readonly #known = { chunks: 0, bytes: 0 };
-  #lastSweepAtMs: number | null = null;
-  #evictions = 0;
+  readonly #maint: FsMaintenance;
   #droppedPuts = 0;
   #ioErrors = 0;
   #timeouts = 0;
@@ -144,7 +127,16 @@ export class FsBackend implements StorageBackend {
       log: this.#log,
       onCorrupt: raw.onCorrupt ?? (() => {}),
     });
-    this.#now = raw.now ?? Date.now;
+    this.#maint = new FsMaintenance({
+      fs: this.#fs,
+      options: o,
+      tier: ctx.name,
+      log: this.#log,
+      now: raw.now ?? Date.now,
+      op: (what) => (fn) => this.#op(fn, undefined, what),
+      failed: (what, err) => this.#failed(what, err),
+      ok: () => this.#ok(),
+    });
     this.capabilities = Object.freeze({
       pinning: false,
       hostMemory: false,
@@ -246,7 +238,7 @@ export class FsBackend implements StorageBackend {
     this.#open(undefined, 'remove');
     const paths = isStorableNamespace(ns) ? [...new Set(hashes)].map((h) => this.#path(ns, h)) : [];
     return this.#tasks.track(
-      this.#unlinkAll(
+      this.#maint.unlinkAll(
         paths.map((path) => ({ path })),
         'remove',
       ),
@@ -270,8 +262,8 @@ export class FsBackend implements StorageBackend {
     if (ns !== undefined && !isStorableNamespace(ns)) return;
     await this.#tasks.track(
       (async () => {
-        const entries = await this.#list(ns);
-        await this.#unlinkAll(
+        const entries = await this.#maint.list(ns);
+        await this.#maint.unlinkAll(
           entries.filter((e) => e.kind === 'object').map((e) => ({ path: e.path })),
           'clear',
         );
@@ -282,16 +274,16 @@ export class FsBackend implements StorageBackend {
   stats(): FsBackendStats {
     this.#open(undefined, 'stats');
     return {
-      chunks: this.#known.chunks,
-      bytesUsed: this.#known.bytes,
+      chunks: this.#maint.known.chunks,
+      bytesUsed: this.#maint.known.bytes,
       capacityBytes: this.options.capacityBytes,
       pinnedChunks: 0,
-      evictions: this.#evictions,
+      evictions: this.#maint.evictions,
       droppedPuts: this.#droppedPuts,
       corruptObjects: this.#files.corrupt,
       ioErrors: this.#ioErrors,
       timeouts: this.#timeouts,
-      lastSweepAtMs: this.#lastSweepAtMs,
+      lastSweepAtMs: this.#maint.lastSweepAtMs,
     };
   }
 
@@ -315,7 +307,7 @@ export class FsBackend implements StorageBackend {
   async sweep(): Promise<FsSweepReport> {
     this.#open(undefined, 'sweep');
     if (this.#sweeping === null) {
-      const run = this.#tasks.track(this.#sweep());
+      const run = this.#tasks.track(this.#maint.sweep());
       this.#sweeping = run;
       void run.then(
         () => (this.#sweeping = null),
@@ -368,7 +360,7 @@ export class FsBackend implements StorageBackend {
       const st = await this.#op(async () => (skip() ? null : this.#fs.stat(path)), signal, 'stat');
       if (st === null) return false;
       this.#ok();
-      return st.isFile() && st.size > CHUNK_HEADER_BYTES && !this.#expired(st.mtimeMs);
+      return st.isFile() && st.size > CHUNK_HEADER_BYTES && !this.#maint.expired(st.mtimeMs);
     } catch (err) {
       if (signal?.aborted === true) throw err;
       if (!isNotFound(err)) throw this.#failed('stat', err);
@@ -387,9 +379,9 @@ export class FsBackend implements StorageBackend {
       throw this.#failed('read', err);
     }
     this.#ok();
-    if (res.kind === 'ok') return this.#expired(res.mtimeMs) ? null : res.chunk;
+    if (res.kind === 'ok') return this.#maint.expired(res.mtimeMs) ? null : res.chunk;
     if (res.kind === 'corrupt')
-      await this.#unlinkAll([{ path, size: res.size }], 'corrupt').catch(() => {});
+      await this.#maint.unlinkAll([{ path, size: res.size }], 'corrupt').catch(() => {});
     return null;
   }
 
@@ -404,119 +396,17 @@ export class FsBackend implements StorageBackend {
     if (chunk.data.byteLength > this.options.maxChunkBytes) return this.#drop();
     try {
       const bytes = await this.#op(
-        () => this.#files.write(ns, hash, chunk, path, () => this.#makeDirs(ns, hash)),
+        () => this.#files.write(ns, hash, chunk, path, () => this.#maint.makeDirs(ns, hash)),
         signal,
         'write',
       );
       this.#ok();
-      this.#known.chunks++;
-      this.#known.bytes += bytes;
+      this.#maint.added(bytes);
       return 'stored';
     } catch (err) {
       if (signal?.aborted === true) throw err;
       throw this.#failed('write', err);
     }
-  }
-
-  /** Re-creates the namespace and shard directories, never the root (a vanished mount). */
-  async #makeDirs(ns: NamespaceId, hash: ChunkHash): Promise<void> {
-    const nsDir = join(this.options.path, ns);
-    const dirs =
-      this.options.shardChars === 0
-        ? [nsDir]
-        : [nsDir, join(nsDir, hash.slice(0, this.options.shardChars))];
-    for (const dir of dirs) {
-      try {
-        await this.#fs.mkdir(dir);
-      } catch (err) {
-        if (errnoOf(err) !== 'EEXIST') throw err;
-      }
-    }
-  }
-
-  /**
-   * Deletes files (stat first where the size is not known, for the byte count); returns how
-   * many existed. @throws the first failure other than ENOENT, as a KvtierError.
-   */
-  async #unlinkAll(
-    files: readonly { path: string; size?: number }[],
-    what: string,
-  ): Promise<number> {
-    const results = await Promise.allSettled(
-      files.map(async ({ path, size }) => {
-        try {
-          const bytes = size ?? (await this.#op(() => this.#fs.stat(path), undefined, what)).size;
-          await this.#op(() => this.#fs.unlink(path), undefined, what);
-          return bytes;
-        } catch (err) {
-          if (isNotFound(err)) return -1;
-          this.#failed(what, err);
-          throw err;
-        }
-      }),
-    );
-    let removed = 0;
-    for (const r of results) {
-      if (r.status === 'rejected') throw backendError(`${this.name} ${what}`, r.reason);
-      if (r.value < 0) continue;
-      removed++;
-      this.#known.chunks = Math.max(0, this.#known.chunks - 1);
-      this.#known.bytes = Math.max(0, this.#known.bytes - r.value);
-    }
-    if (files.length > 0) this.#ok();
-    return removed;
-  }
-
-  async #list(ns?: NamespaceId) {
-    try {
-      return await listStore(
-        this.#fs,
-        this.options.path,
-        this.options.shardChars,
-        (op) => this.#op(op, undefined, 'list'),
-        ns,
-      );
-    } catch (err) {
-      throw this.#failed('list', err);
-    }
-  }
-
-  async #sweep(): Promise<FsSweepReport> {
-    const { objects, temps } = await statEntries(
-      this.#fs,
-      await this.#list(),
-      (fn) => this.#op(fn, undefined, 'stat'),
-      (err) => this.#failed('stat', err),
-    );
-    const now = this.#now();
-    const staleTemps = temps.filter((t) => now - t.mtimeMs > this.options.staleTempMs);
-    const live = objects.filter((o) => !this.#expired(o.mtimeMs));
-    const expired = objects.length - live.length;
-    live.sort((a, b) => a.mtimeMs - b.mtimeMs);
-    let bytes = live.reduce((sum, o) => sum + o.size, 0);
-    let evict = 0;
-    const cap = this.options.capacityBytes;
-    while (cap !== null && bytes > cap && evict < live.length) bytes -= live[evict++]!.size;
-    const doomed = [
-      ...objects.filter((o) => this.#expired(o.mtimeMs)),
-      ...live.slice(0, evict),
-      ...staleTemps,
-    ];
-    await this.#unlinkAll(doomed, 'sweep').catch((err: unknown) =>
-      this.#log.warn('fs sweep could not delete every file', { tier: this.name, err }),
-    );
-    this.#evictions += expired + evict;
-    const report = {
-      chunks: live.length - evict,
-      bytes,
-      expired,
-      evicted: evict,
-      tempsRemoved: staleTemps.length,
-    };
-    this.#known.chunks = report.chunks;
-    this.#known.bytes = report.bytes;
-    this.#lastSweepAtMs = this.#now();
-    return report;
   }
 
   /** One file operation through the concurrency limit, raced against `timeoutMs`. */
@@ -533,10 +423,6 @@ export class FsBackend implements StorageBackend {
 
   #path(ns: NamespaceId, hash: ChunkHash): string {
     return this.#files.path(ns, hash);
-  }
-
-  #expired(mtimeMs: number): boolean {
-    return this.options.ttlMs !== null && this.#now() - mtimeMs > this.options.ttlMs;
   }
 
   #drop(): 'dropped' {
