@@ -3,7 +3,8 @@ import { randomBytes } from 'node:crypto';
 import * as fsp from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { after, describe, it } from 'node:test';
+import { after, describe, it, mock } from 'node:test';
+import { setImmediate as turn } from 'node:timers/promises';
 import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
 import { type FileSystem, objectPath } from '../../src/backends/file-store.ts';
 import {
@@ -291,13 +292,30 @@ describe('LocalDiskBackend', () => {
       slow,
     );
     await b.put(n, h, chunk(1000));
-    hang = true;
-    assert.equal((await b.batchedGet(n, [h])).get(h), null);
-    assert.equal(b.health(), 'degraded');
-    assert.equal(b.stats().ioErrors, 1);
-    hang = false;
-    assert.notEqual((await b.batchedGet(n, [h])).get(h), null, 'served once the disk answers');
-    assert.equal(b.health(), 'up');
+    // Timers are mocked from here: the hung read times out when the test moves the clock, and
+    // the real read after it can never time out however loaded this machine is.
+    mock.timers.enable({ apis: ['setTimeout'] });
+    try {
+      hang = true;
+      const hung = b.batchedGet(n, [h]);
+      let done = false;
+      const settled = () => {
+        done = true;
+      };
+      hung.then(settled, settled);
+      for (let i = 0; i < 10_000 && !done; i++) {
+        mock.timers.tick(5);
+        await turn();
+      }
+      assert.equal((await hung).get(h), null);
+      assert.equal(b.health(), 'degraded');
+      assert.equal(b.stats().ioErrors, 1);
+      hang = false;
+      assert.notEqual((await b.batchedGet(n, [h])).get(h), null, 'served once the disk answers');
+      assert.equal(b.health(), 'up');
+    } finally {
+      mock.timers.reset();
+    }
     await b.close();
   });
 
