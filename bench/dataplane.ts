@@ -19,9 +19,11 @@ import { type CopyEngine, DataPlane } from '../src/data-plane/data-plane.ts';
 import { DataPlaneClient } from '../src/data-plane/data-plane-client.ts';
 import { createFsCopyEngine } from '../src/data-plane/fs-copy-engine.ts';
 import type { KvRegistration } from '../src/data-plane/kv-layout.ts';
+import { chunkHashFromBytes } from '../src/hashing/chunk-hash.ts';
 import { LookupClient } from '../src/lookup-client/lookup-client.ts';
 import { LookupServer } from '../src/lookup-server/lookup-server.ts';
 import { createNativeCopyEngine } from '../src/native/copy-engine.ts';
+import { nativeSlabAllocator } from '../src/native/host-slabs.ts';
 import { Sidecar } from '../src/sidecar.ts';
 import { StorageManager } from '../src/storage-manager/storage-manager.ts';
 import { silentLogger } from '../src/util/log.ts';
@@ -131,13 +133,18 @@ const counts = Array<number>(CHUNKS).fill(CHUNK_TOKENS);
 
 /** The bare path: a LocalCpuBackend, storage manager and data plane called in-process. */
 async function barePath(path: string, engine: CopyEngine): Promise<Path> {
-  const cpu = new LocalCpuBackend(CPU_OPTIONS, { name: 'cpu' });
+  // The same aligned slabs as the sidecar's host-memory tier, when the addon is built.
+  const allocateSlab = nativeSlabAllocator();
+  const cpu = new LocalCpuBackend(
+    { ...CPU_OPTIONS, ...(allocateSlab !== undefined ? { allocateSlab } : {}) },
+    { name: 'cpu' },
+  );
   const storage = new StorageManager({ tiers: [cpu], sweepIntervalMs: 0 });
   const dp = new DataPlane({ storage, copyEngine: engine, sweepIntervalMs: 0 });
   const server = new LookupServer({ endpoint: 'tcp://127.0.0.1:*', storage });
   await server.start();
   const layout = await dp.register(registration(path));
-  const hex = (h: Buffer[]) => h.map((x) => x.toString('hex'));
+  const hex = (h: Buffer[]) => h.map((x) => chunkHashFromBytes(x));
   return {
     label: 'bare (in-process, undecorated tier)',
     endpoint: server.endpoint,

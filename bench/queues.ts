@@ -10,6 +10,7 @@
 import pLimit from 'p-limit';
 import PQueue from 'p-queue';
 import type { Chunk, StorageBackend } from '../src/backends/types.ts';
+import { chunkHash } from '../src/hashing/chunk-hash.ts';
 import { SocketSendQueue } from '../src/protocol/send-queue.ts';
 import { WriteThroughQueue } from '../src/storage-manager/write-through.ts';
 import { printTable, writeResults } from './support/child.ts';
@@ -20,6 +21,8 @@ const BURST = 512;
 const TRIALS = QUICK ? 3 : 7;
 const CONCURRENCY = 4;
 const CHUNK: Chunk = { data: new Uint8Array(4096), tokens: 256 } as unknown as Chunk;
+/** Any valid hash: the fake tier ignores it. */
+const HASH = chunkHash('0'.repeat(64));
 
 /** Runs `burst(n)` for ITEMS items in bursts; resolves items per second. */
 async function rate(burst: (n: number) => Promise<void>): Promise<number> {
@@ -90,7 +93,7 @@ async function writeHandMade(): Promise<number> {
   const targets = [fakeTier()];
   return rate(async (n) => {
     for (let i = 0; i < n; i++)
-      q.enqueue({ ns: 'n', hash: 'h', chunk: CHUNK, targets, done: () => {} });
+      q.enqueue({ ns: 'n', hash: HASH, chunk: CHUNK, targets, done: () => {} });
     await q.idle();
   });
 }
@@ -106,7 +109,7 @@ async function writePQueue(): Promise<number> {
     bytes += size;
     void q.add(async () => {
       try {
-        await Promise.all(targets.map((t) => t.put('n', 'h', chunk).catch(() => 'dropped')));
+        await Promise.all(targets.map((t) => t.put('n', HASH, chunk).catch(() => 'dropped')));
       } finally {
         bytes -= size;
         done();
@@ -134,7 +137,7 @@ async function writePLimit(): Promise<number> {
       all.push(
         limit(async () => {
           try {
-            await Promise.all(targets.map((t) => t.put('n', 'h', CHUNK).catch(() => 'dropped')));
+            await Promise.all(targets.map((t) => t.put('n', HASH, CHUNK).catch(() => 'dropped')));
           } finally {
             bytes -= CHUNK.data.length;
           }

@@ -13,6 +13,7 @@ import { GetObjectCommand, PutObjectCommand, S3Client } from '@aws-sdk/client-s3
 import { Redis } from 'ioredis';
 import { BackendRegistry, type TierConfig } from '../src/backends/registry.ts';
 import type { Chunk, StorageBackend } from '../src/backends/types.ts';
+import { type ChunkHash, chunkHash } from '../src/hashing/chunk-hash.ts';
 import { startRedis } from '../test/support/redis-server.ts';
 import { startS3 } from '../test/support/s3-server.ts';
 import { printTable, writeResults } from './support/child.ts';
@@ -57,8 +58,8 @@ async function timed(fn: () => Promise<void>): Promise<number> {
   return performance.now() - t0;
 }
 
-function hashOf(size: number, i: number): string {
-  return `${size.toString(16).padStart(16, '0')}${i.toString(16).padStart(48, '0')}`;
+function hashOf(size: number, i: number): ChunkHash {
+  return chunkHash(`${size.toString(16).padStart(16, '0')}${i.toString(16).padStart(48, '0')}`);
 }
 
 /** Best of REPEAT runs (ms): the least disturbed run on a shared machine. `run` returns its own time. */
@@ -94,7 +95,7 @@ async function measure(
       for (let i = 0; i < n; i++) await raw.put(i, payloads[i]!);
     });
   });
-  let hashes: string[] = [];
+  let hashes: ChunkHash[] = [];
   const putMs = await best(async () => {
     // Each run writes new keys; removing the previous run's is not part of the measurement.
     if (hashes.length > 0) await backend.remove(NS, hashes);

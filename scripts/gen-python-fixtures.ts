@@ -16,6 +16,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { isDeepStrictEqual } from 'node:util';
+import { chunkHashFromBytes } from '../src/hashing/chunk-hash.ts';
 import { type ChunkHasherOptions, hashChunks, hashSeed } from '../src/hashing/chunk-hasher.ts';
 import {
   canonicalNamespaceEncoding,
@@ -234,7 +235,7 @@ const NAMESPACE_CASES: { name: string; spec: NamespaceSpec }[] = (() => {
 
 const NS_A = '48f3d9651eaf7e9014cf0c0d7bc30fba';
 const NS_B = 'ccd750d5fc54b2450fad560f67df94f4';
-const H = (i: number) => Buffer.alloc(32, i).toString('hex');
+const H = (i: number) => chunkHashFromBytes(Buffer.alloc(32, i));
 const packed = (...ids: number[]) => Buffer.concat(ids.map((i) => Buffer.alloc(32, i)));
 
 const REQUESTS: { name: string; req: Request }[] = [

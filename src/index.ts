@@ -120,6 +120,14 @@ export {
   type EventManagerOptions,
   type PrefetchState,
 } from './event-manager/event-manager.ts';
+export {
+  CHUNK_HASH_BYTES,
+  chunkHash,
+  chunkHashBytes,
+  chunkHashesFromPacked,
+  chunkHashFromBytes,
+  isChunkHash,
+} from './hashing/chunk-hash.ts';
 // Chunk hashing and namespaces (client side; any language can reproduce them)
 export {
   CHUNK_HASHER_DEFAULTS,

@@ -10,6 +10,7 @@ import { instrumentBackend, instrumentHostTier } from './metrics/instrumented-ba
 import { instrumentCopyEngine } from './metrics/instrumented-copy-engine.ts';
 import { KvtierMetrics } from './metrics/metrics.ts';
 import { createNativeCopyEngine } from './native/copy-engine.ts';
+import { nativeSlabAllocator } from './native/host-slabs.ts';
 import { asHostMemoryTier, StorageManager } from './storage-manager/storage-manager.ts';
 import { createLogger, type Logger } from './util/log.ts';
 
@@ -73,6 +74,7 @@ export class Sidecar {
         pluginBaseDir: config.baseDir,
         log: log.child('tier'),
         metricsRegistry: metrics.registry,
+        ...hostSlabs(),
       });
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
     let tiers: StorageBackend[];
@@ -177,4 +179,10 @@ export class Sidecar {
     })();
     return this.#closing;
   }
+}
+
+/** The native addon's aligned slabs for the host-memory tier, when the addon is built. */
+function hostSlabs(): { allocateHostSlab?: (bytes: number) => Uint8Array } {
+  const allocateHostSlab = nativeSlabAllocator();
+  return allocateHostSlab === undefined ? {} : { allocateHostSlab };
 }

@@ -37,6 +37,7 @@ import type {
 } from '../../src/backends/types.ts';
 import { parseBytes } from '../../src/config/bytes.ts';
 import { abortedError, closedError, KvtierError } from '../../src/errors.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { createLogger, type Logger } from '../../src/util/log.ts';
 import { describe, requireInt, requireString } from '../../src/util/validate.ts';
 
@@ -447,7 +448,7 @@ export class LogStoreBackend implements StorageBackend {
     while (pos + CHUNK_HEADER_BYTES <= fileBytes) {
       await readFully(seg.fh, header, pos);
       // The header's CRC covers the hash, so reading it before the check is safe.
-      const hash = header.toString('hex', 32, 64);
+      const hash = chunkHashFromBytes(header, 32);
       const parsed = decodeChunkHeader(space.ns, hash, header);
       if (!parsed.ok) break;
       const length = CHUNK_HEADER_BYTES + parsed.header.payloadBytes;

@@ -8,7 +8,7 @@ import { crc32 } from 'node:zlib';
 import xxhash from 'xxhash-wasm';
 import { KvtierError } from '../errors.ts';
 import { describe } from '../util/validate.ts';
-import type { Chunk } from './types.ts';
+import type { Chunk, ChunkHash } from './types.ts';
 
 /** 4-byte magic at offset 0 of every stored chunk object: ASCII `KVTC`. */
 export const CHUNK_MAGIC: Buffer = Buffer.from('KVTC', 'latin1');
@@ -37,7 +37,7 @@ export interface ChunkHeader {
   /** Namespace id, 32 lowercase hex digits. */
   namespace: string;
   /** Chunk hash, 64 lowercase hex digits. */
-  hash: string;
+  hash: ChunkHash;
   tokens: number;
   layout: number;
   payloadBytes: number;
@@ -85,7 +85,6 @@ const OFF_HEADER_CRC = 124; // u32, CRC-32 (IEEE) of bytes [0, 124)
 
 const U32_MAX = 0xffff_ffff;
 const NS_RE = /^[0-9a-f]{32}$/;
-const HASH_RE = /^[0-9a-f]{64}$/;
 
 // Hashing in slices keeps the WebAssembly memory (which never shrinks) at one slice instead of
 // the largest payload ever seen, and beats one-shot hashing on large payloads (bench/checksum.ts).
@@ -115,7 +114,7 @@ function invalid(message: string): KvtierError {
   return new KvtierError('KVT_INVALID_ARGUMENT', message);
 }
 
-function checkChunkArgs(ns: string, hash: string, chunk: Chunk, layout: number): void {
+function checkChunkArgs(ns: string, chunk: Chunk, layout: number): void {
   const n = chunk.data?.byteLength;
   if (typeof n !== 'number' || n < 1 || n > CHUNK_MAX_PAYLOAD_BYTES) {
     throw invalid(
@@ -124,9 +123,6 @@ function checkChunkArgs(ns: string, hash: string, chunk: Chunk, layout: number):
   }
   if (typeof ns !== 'string' || !NS_RE.test(ns)) {
     throw invalid(`namespace must be 32 lowercase hex digits, got ${describe(ns)}`);
-  }
-  if (typeof hash !== 'string' || !HASH_RE.test(hash)) {
-    throw invalid(`chunk hash must be 64 lowercase hex digits, got ${describe(hash)}`);
   }
   const tokens = chunk.tokens;
   if (!Number.isInteger(tokens) || tokens < 1 || tokens > U32_MAX) {
@@ -141,7 +137,7 @@ function checkChunkArgs(ns: string, hash: string, chunk: Chunk, layout: number):
 function writeHeader(
   out: Buffer,
   ns: string,
-  hash: string,
+  hash: ChunkHash,
   chunk: Chunk,
   layout: number,
   checksum: bigint,
@@ -165,16 +161,16 @@ function writeHeader(
  * The header for `chunk` stored under (ns, hash); computes the payload checksum.
  * Write it followed by `chunk.data` (e.g. a file written in two parts, then renamed).
  * @param layout payload layout id, default 0 (opaque).
- * @throws KvtierError `KVT_INVALID_ARGUMENT` for a malformed ns or hash, tokens outside
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for a malformed ns, tokens outside
  *   [1, 2^32-1], an empty or over-large payload (see CHUNK_MAX_PAYLOAD_BYTES), or a bad layout.
  */
 export function encodeChunkHeader(
   ns: string,
-  hash: string,
+  hash: ChunkHash,
   chunk: Chunk,
   layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
 ): Buffer {
-  checkChunkArgs(ns, hash, chunk, layout);
+  checkChunkArgs(ns, chunk, layout);
   const out = Buffer.allocUnsafe(CHUNK_HEADER_BYTES);
   writeHeader(out, ns, hash, chunk, layout, chunkPayloadChecksum(chunk.data));
   return out;
@@ -186,11 +182,11 @@ export function encodeChunkHeader(
  */
 export function encodeChunkObject(
   ns: string,
-  hash: string,
+  hash: ChunkHash,
   chunk: Chunk,
   layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
 ): Buffer {
-  checkChunkArgs(ns, hash, chunk, layout);
+  checkChunkArgs(ns, chunk, layout);
   const out = Buffer.allocUnsafe(CHUNK_HEADER_BYTES + chunk.data.byteLength);
   writeHeader(out, ns, hash, chunk, layout, chunkPayloadChecksum(chunk.data));
   out.set(chunk.data, CHUNK_HEADER_BYTES);
@@ -206,12 +202,12 @@ export function encodeChunkObject(
 export function encodeChunkObjectInto(
   target: Uint8Array,
   ns: string,
-  hash: string,
+  hash: ChunkHash,
   chunk: Chunk,
   layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
   offset = 0,
 ): number {
-  checkChunkArgs(ns, hash, chunk, layout);
+  checkChunkArgs(ns, chunk, layout);
   const total = chunkObjectBytes(chunk.data.byteLength);
   if (!Number.isInteger(offset) || offset < 0 || offset + total > target.byteLength) {
     throw invalid(
@@ -230,7 +226,7 @@ function asBuffer(bytes: Uint8Array): Buffer {
   return Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.length);
 }
 
-function parseHeader(expectedNs: string, expectedHash: string, buf: Buffer): HeaderResult {
+function parseHeader(expectedNs: string, expectedHash: ChunkHash, buf: Buffer): HeaderResult {
   if (buf.length < CHUNK_HEADER_BYTES) return { ok: false, reason: 'truncated' };
   if (CHUNK_MAGIC.compare(buf, OFF_MAGIC, OFF_MAGIC + 4) !== 0) {
     return { ok: false, reason: 'magic' };
@@ -258,14 +254,14 @@ function parseHeader(expectedNs: string, expectedHash: string, buf: Buffer): Hea
   }
   const namespace = buf.toString('hex', OFF_NAMESPACE, OFF_NAMESPACE + 16);
   if (namespace !== expectedNs) return { ok: false, reason: 'namespace' };
-  const hash = buf.toString('hex', OFF_HASH, OFF_HASH + 32);
-  if (hash !== expectedHash) return { ok: false, reason: 'hash' };
+  if (buf.toString('hex', OFF_HASH, OFF_HASH + 32) !== expectedHash)
+    return { ok: false, reason: 'hash' };
   return {
     ok: true,
     header: {
       version,
       namespace,
-      hash,
+      hash: expectedHash,
       tokens,
       layout: buf.readUInt32LE(OFF_LAYOUT),
       payloadBytes,
@@ -290,7 +286,7 @@ function reservedIsZero(buf: Buffer): boolean {
  */
 export function decodeChunkHeader(
   expectedNs: string,
-  expectedHash: string,
+  expectedHash: ChunkHash,
   buf: Uint8Array,
 ): HeaderResult {
   return parseHeader(expectedNs, expectedHash, asBuffer(buf));
@@ -304,7 +300,7 @@ export function decodeChunkHeader(
  */
 export function decodeChunkObject(
   expectedNs: string,
-  expectedHash: string,
+  expectedHash: ChunkHash,
   obj: Uint8Array,
 ): { ok: true; chunk: Chunk; header: ChunkHeader } | { ok: false; reason: ChunkDecodeFailure } {
   const parsed = parseHeader(expectedNs, expectedHash, asBuffer(obj));

@@ -1,4 +1,5 @@
 import { abortedError, closedError, isKvtierError, KvtierError } from '../errors.ts';
+import { chunkHash } from '../hashing/chunk-hash.ts';
 import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
@@ -68,7 +69,7 @@ export function resolveCircuitBreakerOptions(
 
 /** Namespace and key of the background probe: a lookup of a chunk nobody stores. */
 const PROBE_NS = '00000000000000000000000000000000';
-const PROBE_HASH = '0'.repeat(64);
+const PROBE_HASH = chunkHash('0'.repeat(64));
 
 /** Counters of one breaker, for stats and tests. */
 export interface BreakerCounters {

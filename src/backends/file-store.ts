@@ -11,6 +11,7 @@ import { randomBytes } from 'node:crypto';
 import * as nodeFs from 'node:fs/promises';
 import { dirname, join } from 'node:path';
 import { KvtierError } from '../errors.ts';
+import { isChunkHash } from '../hashing/chunk-hash.ts';
 import { describe } from '../util/validate.ts';
 import type { ChunkHash, NamespaceId } from './types.ts';
 
@@ -43,7 +44,6 @@ export type FileSystem = Pick<
 export const realFileSystem: FileSystem = nodeFs;
 
 const NS_RE = /^[0-9a-f]{32}$/;
-const HASH_RE = /^[0-9a-f]{64}$/;
 const SHARD_RE = /^[0-9a-f]+$/;
 
 /** True when `ns` is a namespace id the chunk format can store: 32 lowercase hex digits. */
@@ -51,26 +51,16 @@ export function isStorableNamespace(ns: unknown): ns is NamespaceId {
   return typeof ns === 'string' && NS_RE.test(ns);
 }
 
-/** True when `hash` is a chunk hash the chunk format can store: 64 lowercase hex digits. */
-export function isStorableHash(hash: unknown): hash is ChunkHash {
-  return typeof hash === 'string' && HASH_RE.test(hash);
-}
-
 /**
- * Throws unless (ns, hash) can be stored as a file.
+ * Throws unless `ns` can name a directory. (A `ChunkHash` is valid by construction, so only the
+ * namespace is checked.)
  * @throws KvtierError `KVT_INVALID_ARGUMENT` naming what is wrong.
  */
-export function requireStorableKey(ns: unknown, hash: unknown): void {
+export function requireStorableNamespace(ns: unknown): void {
   if (!isStorableNamespace(ns)) {
     throw new KvtierError(
       'KVT_INVALID_ARGUMENT',
       `namespace must be 32 lowercase hex digits, got ${describe(ns)}`,
-    );
-  }
-  if (!isStorableHash(hash)) {
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `chunk hash must be 64 lowercase hex digits, got ${describe(hash)}`,
     );
   }
 }
@@ -307,8 +297,7 @@ async function listFiles(
       out.push({ kind: 'temp', path });
     } else if (name.endsWith(OBJECT_SUFFIX)) {
       const hash = name.slice(0, -OBJECT_SUFFIX.length);
-      if (isStorableHash(hash) && hash.startsWith(shard))
-        out.push({ kind: 'object', ns, hash, path });
+      if (isChunkHash(hash) && hash.startsWith(shard)) out.push({ kind: 'object', ns, hash, path });
     }
   }
 }

@@ -1,22 +1,18 @@
-import { join } from 'node:path';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
+import { type ChunkFileRead, ChunkFiles, TaskSet } from './chunk-files.ts';
+import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import {
   errnoOf,
   type FileSystem,
   isNotFound,
-  isStorableHash,
   isStorableNamespace,
-  listStore,
-  objectPath,
-  readObjectFile,
   realFileSystem,
-  requireStorableKey,
-  writeChunkFileAtomic,
+  requireStorableNamespace,
 } from './file-store.ts';
+import { FsMaintenance, type FsSweepReport } from './fs-maintenance.ts';
 import {
   type FsBackendOptions,
   fsOptionsFromConfig,
@@ -40,6 +36,7 @@ import type {
   StorageBackend,
 } from './types.ts';
 
+export type { FsSweepReport } from './fs-maintenance.ts';
 export {
   FS_BACKEND_DEFAULTS,
   type FsBackendOptions,
@@ -64,33 +61,16 @@ export interface FsBackendStats extends BackendStats {
   readonly lastSweepAtMs: number | null;
 }
 
-/** What one {@link FsBackend.sweep} found and did. */
-export interface FsSweepReport {
-  /** Objects left after the sweep, and their bytes. */
-  readonly chunks: number;
-  readonly bytes: number;
-  /** Objects deleted because their TTL had passed. */
-  readonly expired: number;
-  /** Objects deleted (oldest first) to get under `capacityBytes`. */
-  readonly evicted: number;
-  /** Stale temp files deleted. */
-  readonly tempsRemoved: number;
-}
-
-interface Found {
-  readonly path: string;
-  readonly size: number;
-  readonly mtimeMs: number;
-}
-
 /**
  * A chunk store in a directory shared by several sidecars (NFS, Lustre, a 3FS mount): one file
  * per chunk in the stored chunk format, sharded by hash prefix, published atomically (temp file
  * + rename). There is no authoritative index: contains stats files, gets read and verify them,
  * and an object written or deleted by another instance is seen at once. Every file operation
- * races a `timeoutMs` timer, so a hung mount costs a lookup at most that (a miss). Pins are not
- * supported (another sidecar could delete anyway). An optional size bound and TTL are enforced
- * by a background sweep.
+ * races a `timeoutMs` timer; a failed or timed-out operation fails its call (counted), which the
+ * circuit breaker around the tier answers as a miss or a drop, so a hung or vanished mount costs
+ * a lookup at most that and then nothing while the breaker is open. Pins are not supported
+ * (another sidecar could delete anyway). An optional size bound and TTL are enforced by a
+ * background sweep.
  */
 export class FsBackend implements StorageBackend {
   readonly name: string;
@@ -100,24 +80,19 @@ export class FsBackend implements StorageBackend {
   readonly options: ResolvedFsBackendOptions;
 
   readonly #fs: FileSystem;
+  readonly #files: ChunkFiles;
   readonly #limit: LimitFunction;
-  readonly #onCorrupt: (reason: string) => void;
   readonly #log: Logger;
-  readonly #now: () => number;
   readonly #writes = new Map<string, Promise<PutOutcome>>();
-  readonly #tasks = new Set<Promise<unknown>>();
+  readonly #tasks = new TaskSet();
   #sweepTimer: NodeJS.Timeout | undefined;
-  #probeTimer: NodeJS.Timeout | undefined;
   #sweeping: Promise<FsSweepReport> | null = null;
-  /** Objects and bytes counted by the last sweep, plus and minus this instance's own changes. */
-  readonly #known = { chunks: 0, bytes: 0 };
-  #lastSweepAtMs: number | null = null;
-  #evictions = 0;
+  readonly #maint: FsMaintenance;
   #droppedPuts = 0;
-  #corrupt = 0;
   #ioErrors = 0;
   #timeouts = 0;
-  #health: BackendHealth = 'up';
+  /** Whether the latest file operation failed (the backend's own view; see {@link health}). */
+  #lastFailed = false;
   #closing: Promise<void> | null = null;
 
   /**
@@ -141,9 +116,27 @@ export class FsBackend implements StorageBackend {
     this.name = ctx.name;
     this.#fs = raw.fsImpl ?? realFileSystem;
     this.#limit = pLimit(o.ioConcurrency);
-    this.#onCorrupt = raw.onCorrupt ?? (() => {});
     this.#log = raw.log ?? silentLogger;
-    this.#now = raw.now ?? Date.now;
+    this.#files = new ChunkFiles({
+      fs: this.#fs,
+      root: o.path,
+      shardChars: o.shardChars,
+      maxChunkBytes: o.maxChunkBytes,
+      fsync: o.fsync,
+      tier: ctx.name,
+      log: this.#log,
+      onCorrupt: raw.onCorrupt ?? (() => {}),
+    });
+    this.#maint = new FsMaintenance({
+      fs: this.#fs,
+      options: o,
+      tier: ctx.name,
+      log: this.#log,
+      now: raw.now ?? Date.now,
+      op: (what) => (fn) => this.#op(fn, undefined, what),
+      failed: (what, err) => this.#failed(what, err),
+      ok: () => this.#ok(),
+    });
     this.capabilities = Object.freeze({
       pinning: false,
       hostMemory: false,
@@ -161,18 +154,27 @@ export class FsBackend implements StorageBackend {
   ): Promise<number> {
     this.#open(opts.signal, 'contains');
     // Checks run in parallel; once one misses, checks after it that have not started are skipped.
+    // A failure before the first miss fails the call (the breaker answers it as a miss).
     let firstMiss = hashes.length;
-    const found = await this.#track(
+    const found = await this.#tasks.track(
       Promise.all(
         hashes.map(async (hash, i) => {
-          const hit = await this.#exists(ns, hash, opts.signal, () => i >= firstMiss);
-          if (!hit && i < firstMiss) firstMiss = i;
-          return hit;
+          try {
+            const hit = await this.#exists(ns, hash, opts.signal, () => i >= firstMiss);
+            if (!hit && i < firstMiss) firstMiss = i;
+            return hit;
+          } catch (err) {
+            if (opts.signal?.aborted === true) throw err;
+            return err as KvtierError;
+          }
         }),
       ),
     );
-    const k = found.indexOf(false);
-    return k === -1 ? found.length : k;
+    for (const [i, r] of found.entries()) {
+      if (r === false) return i;
+      if (r !== true) throw r;
+    }
+    return found.length;
   }
 
   async batchedGet(
@@ -183,17 +185,28 @@ export class FsBackend implements StorageBackend {
     this.#open(opts.signal, 'get');
     const out = new Map<ChunkHash, Chunk | null>();
     const reads: Promise<void>[] = [];
+    const errors: unknown[] = [];
+    let reached = 0;
     for (const hash of hashes) {
       if (out.has(hash)) continue;
       out.set(hash, null);
-      if (!isStorableNamespace(ns) || !isStorableHash(hash)) continue;
+      if (!isStorableNamespace(ns)) continue;
       reads.push(
-        this.#read(ns, hash, opts.signal).then((chunk) => {
-          out.set(hash, chunk);
-        }),
+        this.#read(ns, hash, opts.signal).then(
+          (chunk) => {
+            reached++;
+            out.set(hash, chunk);
+          },
+          (err: unknown) => {
+            if (opts.signal?.aborted === true) throw err;
+            errors.push(err);
+          },
+        ),
       );
     }
-    await this.#track(Promise.all(reads));
+    await this.#tasks.track(Promise.all(reads));
+    // A read that failed is a miss, unless none reached the store: then the store is failing.
+    if (errors.length > 0 && reached === 0) throw errors[0];
     return out;
   }
 
@@ -205,14 +218,14 @@ export class FsBackend implements StorageBackend {
   ): Promise<PutOutcome> {
     this.#open(opts.signal, 'put');
     checkChunk(chunk);
-    requireStorableKey(ns, hash);
+    requireStorableNamespace(ns);
     const key = `${ns}/${hash}`;
     const inflight = this.#writes.get(key);
     if (inflight !== undefined) {
       const outcome = await inflight;
       return outcome === 'dropped' ? this.#drop() : 'exists';
     }
-    const write = this.#track(this.#store(ns, hash, chunk, opts.signal));
+    const write = this.#tasks.track(this.#store(ns, hash, chunk, opts.signal));
     this.#writes.set(key, write);
     try {
       return await write;
@@ -223,11 +236,9 @@ export class FsBackend implements StorageBackend {
 
   async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
     this.#open(undefined, 'remove');
-    const paths = [...new Set(hashes)]
-      .filter((h) => isStorableNamespace(ns) && isStorableHash(h))
-      .map((h) => this.#path(ns, h));
-    return this.#track(
-      this.#unlinkAll(
+    const paths = isStorableNamespace(ns) ? [...new Set(hashes)].map((h) => this.#path(ns, h)) : [];
+    return this.#tasks.track(
+      this.#maint.unlinkAll(
         paths.map((path) => ({ path })),
         'remove',
       ),
@@ -249,10 +260,10 @@ export class FsBackend implements StorageBackend {
   async clear(ns?: NamespaceId): Promise<void> {
     this.#open(undefined, 'clear');
     if (ns !== undefined && !isStorableNamespace(ns)) return;
-    await this.#track(
+    await this.#tasks.track(
       (async () => {
-        const entries = await this.#list(ns);
-        await this.#unlinkAll(
+        const entries = await this.#maint.list(ns);
+        await this.#maint.unlinkAll(
           entries.filter((e) => e.kind === 'object').map((e) => ({ path: e.path })),
           'clear',
         );
@@ -263,26 +274,28 @@ export class FsBackend implements StorageBackend {
   stats(): FsBackendStats {
     this.#open(undefined, 'stats');
     return {
-      chunks: this.#known.chunks,
-      bytesUsed: this.#known.bytes,
+      chunks: this.#maint.known.chunks,
+      bytesUsed: this.#maint.known.bytes,
       capacityBytes: this.options.capacityBytes,
       pinnedChunks: 0,
-      evictions: this.#evictions,
+      evictions: this.#maint.evictions,
       droppedPuts: this.#droppedPuts,
-      corruptObjects: this.#corrupt,
+      corruptObjects: this.#files.corrupt,
       ioErrors: this.#ioErrors,
       timeouts: this.#timeouts,
-      lastSweepAtMs: this.#lastSweepAtMs,
+      lastSweepAtMs: this.#maint.lastSweepAtMs,
     };
   }
 
   /**
-   * 'down' from a file operation that failed (other than "not found") or timed out until a
-   * background probe of the directory (every `probeIntervalMs`) or another operation succeeds.
+   * The backend's own view: 'degraded' while the latest file operation failed (other than "not
+   * found") or timed out, 'up' once one succeeds. It never reports 'down' by itself: the circuit
+   * breaker the host wraps the tier in is its one health mechanism (it opens after consecutive
+   * failures, answers calls as misses and drops while open, and probes until the mount answers).
    */
   health(): BackendHealth {
     this.#open(undefined, 'health');
-    return this.#health;
+    return this.#lastFailed ? 'degraded' : 'up';
   }
 
   /**
@@ -294,7 +307,7 @@ export class FsBackend implements StorageBackend {
   async sweep(): Promise<FsSweepReport> {
     this.#open(undefined, 'sweep');
     if (this.#sweeping === null) {
-      const run = this.#track(this.#sweep());
+      const run = this.#tasks.track(this.#maint.sweep());
       this.#sweeping = run;
       void run.then(
         () => (this.#sweeping = null),
@@ -308,8 +321,7 @@ export class FsBackend implements StorageBackend {
   close(): Promise<void> {
     this.#closing ??= (async () => {
       clearInterval(this.#sweepTimer);
-      clearTimeout(this.#probeTimer);
-      while (this.#tasks.size > 0) await Promise.allSettled([...this.#tasks]);
+      await this.#tasks.drain();
     })();
     return this.#closing;
   }
@@ -341,46 +353,35 @@ export class FsBackend implements StorageBackend {
     signal: AbortSignal | undefined,
     skip: () => boolean = () => false,
   ): Promise<boolean> {
-    if (!isStorableNamespace(ns) || !isStorableHash(hash)) return false;
+    if (!isStorableNamespace(ns)) return false;
     try {
       // `skip` is asked once a slot is free: a miss found meanwhile makes the stat pointless.
       const path = this.#path(ns, hash);
       const st = await this.#op(async () => (skip() ? null : this.#fs.stat(path)), signal, 'stat');
       if (st === null) return false;
-      this.#up();
-      return st.isFile() && st.size > CHUNK_HEADER_BYTES && !this.#expired(st.mtimeMs);
+      this.#ok();
+      return st.isFile() && st.size > CHUNK_HEADER_BYTES && !this.#maint.expired(st.mtimeMs);
     } catch (err) {
       if (signal?.aborted === true) throw err;
-      if (!isNotFound(err)) this.#failed('stat', err);
-      else this.#up();
+      if (!isNotFound(err)) throw this.#failed('stat', err);
+      this.#ok();
       return false;
     }
   }
 
   async #read(ns: NamespaceId, hash: ChunkHash, signal: AbortSignal | undefined) {
     const path = this.#path(ns, hash);
-    let res: Awaited<ReturnType<typeof readObjectFile>>;
+    let res: ChunkFileRead;
     try {
-      const max = CHUNK_HEADER_BYTES + this.options.maxChunkBytes;
-      res = await this.#op(() => readObjectFile(this.#fs, path, max), signal, 'read');
+      res = await this.#files.read(ns, hash, path, (fn) => this.#op(fn, signal, 'read'));
     } catch (err) {
       if (signal?.aborted === true) throw err;
-      this.#failed('read', err);
-      return null;
+      throw this.#failed('read', err);
     }
-    this.#up();
-    if (res.kind === 'missing') return null;
-    if (res.kind === 'ok' && this.#expired(res.mtimeMs)) return null;
-    const decoded =
-      res.kind === 'ok'
-        ? decodeChunkObject(ns, hash, res.bytes)
-        : ({ ok: false, reason: 'length' } as const);
-    if (decoded.ok) return decoded.chunk;
-    this.#corrupt++;
-    this.#log.warn('corrupt object removed', { tier: this.name, path, reason: decoded.reason });
-    this.#onCorrupt(decoded.reason);
-    const size = res.kind === 'ok' ? res.bytes.byteLength : res.size;
-    await this.#unlinkAll([{ path, size }], 'corrupt').catch(() => {});
+    this.#ok();
+    if (res.kind === 'ok') return this.#maint.expired(res.mtimeMs) ? null : res.chunk;
+    if (res.kind === 'corrupt')
+      await this.#maint.unlinkAll([{ path, size: res.size }], 'corrupt').catch(() => {});
     return null;
   }
 
@@ -395,142 +396,17 @@ export class FsBackend implements StorageBackend {
     if (chunk.data.byteLength > this.options.maxChunkBytes) return this.#drop();
     try {
       const bytes = await this.#op(
-        () =>
-          writeChunkFileAtomic(
-            this.#fs,
-            path,
-            () => encodeChunkHeader(ns, hash, chunk),
-            CHUNK_HEADER_BYTES,
-            chunk.data,
-            {
-              fsync: this.options.fsync,
-              makeDir: () => this.#makeDirs(ns, hash),
-            },
-          ),
+        () => this.#files.write(ns, hash, chunk, path, () => this.#maint.makeDirs(ns, hash)),
         signal,
         'write',
       );
-      this.#up();
-      this.#known.chunks++;
-      this.#known.bytes += bytes;
+      this.#ok();
+      this.#maint.added(bytes);
       return 'stored';
     } catch (err) {
       if (signal?.aborted === true) throw err;
-      this.#failed('write', err);
-      return this.#drop();
+      throw this.#failed('write', err);
     }
-  }
-
-  /** Re-creates the namespace and shard directories, never the root (a vanished mount). */
-  async #makeDirs(ns: NamespaceId, hash: ChunkHash): Promise<void> {
-    const nsDir = join(this.options.path, ns);
-    const dirs =
-      this.options.shardChars === 0
-        ? [nsDir]
-        : [nsDir, join(nsDir, hash.slice(0, this.options.shardChars))];
-    for (const dir of dirs) {
-      try {
-        await this.#fs.mkdir(dir);
-      } catch (err) {
-        if (errnoOf(err) !== 'EEXIST') throw err;
-      }
-    }
-  }
-
-  /**
-   * Deletes files (stat first where the size is not known, for the byte count); returns how
-   * many existed. @throws the first failure other than ENOENT, as a KvtierError.
-   */
-  async #unlinkAll(
-    files: readonly { path: string; size?: number }[],
-    what: string,
-  ): Promise<number> {
-    const results = await Promise.allSettled(
-      files.map(async ({ path, size }) => {
-        try {
-          const bytes = size ?? (await this.#op(() => this.#fs.stat(path), undefined, what)).size;
-          await this.#op(() => this.#fs.unlink(path), undefined, what);
-          return bytes;
-        } catch (err) {
-          if (isNotFound(err)) return -1;
-          this.#failed(what, err);
-          throw err;
-        }
-      }),
-    );
-    let removed = 0;
-    for (const r of results) {
-      if (r.status === 'rejected') throw backendError(`${this.name} ${what}`, r.reason);
-      if (r.value < 0) continue;
-      removed++;
-      this.#known.chunks = Math.max(0, this.#known.chunks - 1);
-      this.#known.bytes = Math.max(0, this.#known.bytes - r.value);
-    }
-    if (files.length > 0) this.#up();
-    return removed;
-  }
-
-  async #list(ns?: NamespaceId) {
-    try {
-      return await listStore(
-        this.#fs,
-        this.options.path,
-        this.options.shardChars,
-        (op) => this.#op(op, undefined, 'list'),
-        ns,
-      );
-    } catch (err) {
-      this.#failed('list', err);
-      throw backendError(`${this.name} list`, err);
-    }
-  }
-
-  async #sweep(): Promise<FsSweepReport> {
-    const entries = await this.#list();
-    const stat = async (path: string): Promise<Found | null> => {
-      try {
-        const st = await this.#op(() => this.#fs.stat(path), undefined, 'stat');
-        return { path, size: st.size, mtimeMs: st.mtimeMs };
-      } catch (err) {
-        if (!isNotFound(err)) this.#failed('stat', err);
-        return null;
-      }
-    };
-    const objects = (
-      await Promise.all(entries.filter((e) => e.kind === 'object').map((e) => stat(e.path)))
-    ).filter((f): f is Found => f !== null);
-    const temps = (
-      await Promise.all(entries.filter((e) => e.kind === 'temp').map((e) => stat(e.path)))
-    ).filter((f): f is Found => f !== null);
-    const now = this.#now();
-    const staleTemps = temps.filter((t) => now - t.mtimeMs > this.options.staleTempMs);
-    const live = objects.filter((o) => !this.#expired(o.mtimeMs));
-    const expired = objects.length - live.length;
-    live.sort((a, b) => a.mtimeMs - b.mtimeMs);
-    let bytes = live.reduce((sum, o) => sum + o.size, 0);
-    let evict = 0;
-    const cap = this.options.capacityBytes;
-    while (cap !== null && bytes > cap && evict < live.length) bytes -= live[evict++]!.size;
-    const doomed = [
-      ...objects.filter((o) => this.#expired(o.mtimeMs)),
-      ...live.slice(0, evict),
-      ...staleTemps,
-    ];
-    await this.#unlinkAll(doomed, 'sweep').catch((err: unknown) =>
-      this.#log.warn('fs sweep could not delete every file', { tier: this.name, err }),
-    );
-    this.#evictions += expired + evict;
-    const report = {
-      chunks: live.length - evict,
-      bytes,
-      expired,
-      evicted: evict,
-      tempsRemoved: staleTemps.length,
-    };
-    this.#known.chunks = report.chunks;
-    this.#known.bytes = report.bytes;
-    this.#lastSweepAtMs = this.#now();
-    return report;
   }
 
   /** One file operation through the concurrency limit, raced against `timeoutMs`. */
@@ -546,11 +422,7 @@ export class FsBackend implements StorageBackend {
   }
 
   #path(ns: NamespaceId, hash: ChunkHash): string {
-    return objectPath(this.options.path, ns, hash, this.options.shardChars);
-  }
-
-  #expired(mtimeMs: number): boolean {
-    return this.options.ttlMs !== null && this.#now() - mtimeMs > this.options.ttlMs;
+    return this.#files.path(ns, hash);
   }
 
   #drop(): 'dropped' {
@@ -558,53 +430,22 @@ export class FsBackend implements StorageBackend {
     return 'dropped';
   }
 
-  #up(): void {
-    if (this.#health === 'up') return;
-    this.#health = 'up';
-    clearTimeout(this.#probeTimer);
-    this.#probeTimer = undefined;
+  #ok(): void {
+    if (!this.#lastFailed) return;
+    this.#lastFailed = false;
     this.#log.info('fs tier reachable again', { tier: this.name });
   }
 
-  #failed(op: string, err: unknown): void {
+  /**
+   * Counts a failed file operation and returns it as a KvtierError for the caller to throw (the
+   * circuit breaker around the tier counts it and answers the call as a miss or a drop).
+   */
+  #failed(op: string, err: unknown): KvtierError {
     if (errnoOf(err) === 'KVT_TIMEOUT') this.#timeouts++;
     else this.#ioErrors++;
-    if (this.#health !== 'down')
-      this.#log.warn(`fs ${op} failed; tier down`, { tier: this.name, err });
-    this.#health = 'down';
-    this.#scheduleProbe();
-  }
-
-  /** While down, stats the root every `probeIntervalMs` (bypassing the limiter, whose slots a hung mount may hold). */
-  #scheduleProbe(): void {
-    if (this.#probeTimer !== undefined || this.#closing !== null) return;
-    this.#probeTimer = setTimeout(() => {
-      const probe = withDeadline(
-        { what: `${this.name} probe`, timeoutMs: this.options.timeoutMs },
-        this.#fs.stat(this.options.path),
-      );
-      void this.#track(probe).then(
-        (st) => {
-          this.#probeTimer = undefined;
-          if (st.isDirectory()) this.#up();
-          else this.#scheduleProbe();
-        },
-        () => {
-          this.#probeTimer = undefined;
-          this.#scheduleProbe();
-        },
-      );
-    }, this.options.probeIntervalMs);
-    this.#probeTimer.unref();
-  }
-
-  #track<T>(p: Promise<T>): Promise<T> {
-    this.#tasks.add(p);
-    void p.then(
-      () => this.#tasks.delete(p),
-      () => this.#tasks.delete(p),
-    );
-    return p;
+    if (!this.#lastFailed) this.#log.warn(`fs ${op} failed`, { tier: this.name, err });
+    this.#lastFailed = true;
+    return backendError(`${this.name} ${op}`, err);
   }
 
   #open(signal: AbortSignal | undefined, op: string): void {

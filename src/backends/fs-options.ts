@@ -31,8 +31,6 @@ export interface FsBackendOptions {
   sweepIntervalMs?: number;
   /** Temp files older than this are a crashed writer's and deleted by the sweep, ms; default 600000. */
   staleTempMs?: number;
-  /** While 'down', how often the directory is probed, ms; default 1000. */
-  probeIntervalMs?: number;
   /** Durability of writes; default 'data' (see {@link FsyncPolicy}). */
   fsync?: FsyncPolicy;
   /** Largest chunk payload in bytes; default 1 GiB. */
@@ -56,7 +54,6 @@ export interface ResolvedFsBackendOptions {
   readonly ttlMs: number | null;
   readonly sweepIntervalMs: number;
   readonly staleTempMs: number;
-  readonly probeIntervalMs: number;
   readonly fsync: FsyncPolicy;
   readonly maxChunkBytes: number;
 }
@@ -68,7 +65,6 @@ export const FS_BACKEND_DEFAULTS = Object.freeze({
   timeoutMs: 5000,
   sweepIntervalMs: 60_000,
   staleTempMs: 600_000,
-  probeIntervalMs: 1000,
   fsync: 'data' as FsyncPolicy,
   maxChunkBytes: 1024 ** 3,
 });
@@ -82,7 +78,6 @@ const OPTION_KEYS: readonly string[] = [
   'ttlMs',
   'sweepIntervalMs',
   'staleTempMs',
-  'probeIntervalMs',
   'fsync',
   'maxChunkBytes',
 ];
@@ -110,12 +105,6 @@ export function resolveFsBackendOptions(options: FsBackendOptions): ResolvedFsBa
     ttlMs: optional('ttlMs', options.ttlMs, 1),
     sweepIntervalMs: requireInt('sweepIntervalMs', options.sweepIntervalMs ?? d.sweepIntervalMs, 1),
     staleTempMs: requireInt('staleTempMs', options.staleTempMs ?? d.staleTempMs, 1),
-    probeIntervalMs: requireInt(
-      'probeIntervalMs',
-      options.probeIntervalMs ?? d.probeIntervalMs,
-      1,
-      HOUR_MS,
-    ),
     fsync: requireOneOf('fsync', options.fsync ?? d.fsync, FSYNC_POLICIES),
     maxChunkBytes,
   };

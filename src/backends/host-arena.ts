@@ -1,5 +1,4 @@
 import { KvtierError } from '../errors.ts';
-import { loadNative } from '../native/native.ts';
 import { describe, requireInt } from '../util/validate.ts';
 
 /** Largest slab: Node typed arrays stop at 4 GiB, and 1 GiB keeps a failed allocation cheap. */
@@ -16,8 +15,8 @@ export interface HostArenaOptions {
   /** Hard bound on host memory in bytes; rounded down to whole pages; at least one page. */
   capacityBytes: number;
   /**
-   * Where slabs come from; default: the native addon's page-aligned slabs (pinned for CUDA when
-   * it is available) when the addon is built, else Node buffers. Must return exactly `bytes`.
+   * Where slabs come from; must return exactly `bytes`. Default: Node buffers. The sidecar passes
+   * the native addon's page-aligned slabs when the addon is built (`native/host-slabs.ts`).
    */
   allocateSlab?: (bytes: number) => Uint8Array;
   /** Page size in bytes: a power of two >= 4096. Default 65536 (64 KiB). */
@@ -149,7 +148,7 @@ export class HostArena {
     this.maxBlockBytes = o.slabBytes;
     this.#slabPages = o.slabBytes / o.pageBytes;
     this.#totalPages = o.capacityBytes / o.pageBytes;
-    this.#allocateSlab = options.allocateSlab ?? defaultSlabAllocator();
+    this.#allocateSlab = options.allocateSlab ?? ((bytes) => Buffer.allocUnsafeSlow(bytes));
   }
 
   /** Bytes in allocated pages (pages x pageBytes). */
@@ -294,24 +293,4 @@ function giveBack(slab: Slab, start: number, pages: number): void {
     runs.splice(lo, 0, { start, length: pages });
   }
   slab.freePages += pages;
-}
-
-let slabAllocator: ((bytes: number) => Uint8Array) | undefined;
-
-/**
- * Page-aligned slabs from the native addon when it is built (copies into and out of aligned
- * pages run about twice as fast as into 16-byte-aligned heap memory, and CUDA can pin them),
- * otherwise Node buffers. Only the addon's declaration (`native/native.ts`, a leaf) is
- * imported, never a copy engine; `test/unit/layering.test.ts` keeps it so.
- */
-function defaultSlabAllocator(): (bytes: number) => Uint8Array {
-  if (slabAllocator === undefined) {
-    const loaded = loadNative();
-    const addon = loaded.addon;
-    slabAllocator =
-      addon !== null
-        ? (bytes) => new Uint8Array(addon.allocSlab(bytes))
-        : (bytes) => Buffer.allocUnsafeSlow(bytes);
-  }
-  return slabAllocator;
 }

@@ -3,14 +3,15 @@
  * hits (optionally pinning exactly those) and pinning the present chunks of a list. Each
  * backend supplies how to find, touch and pin one of its entries.
  */
+import type { ChunkHash } from '../hashing/chunk-hash.ts';
 
 /**
  * Counts hits from the first hash until the first miss; `find` also refreshes recency. With
  * `pin`, exactly the counted entries are pinned, after the walk (a miss pins nothing extra).
  */
 export function countPrefixHits<E>(
-  hashes: readonly string[],
-  find: (hash: string) => E | undefined,
+  hashes: readonly ChunkHash[],
+  find: (hash: ChunkHash) => E | undefined,
   pin: ((e: E) => void) | undefined,
 ): number {
   const hits: E[] = [];
@@ -25,8 +26,8 @@ export function countPrefixHits<E>(
 
 /** Pins every present entry once; returns how many were pinned. */
 export function pinPresent<E>(
-  hashes: readonly string[],
-  find: (hash: string) => E | undefined,
+  hashes: readonly ChunkHash[],
+  find: (hash: ChunkHash) => E | undefined,
   pin: (e: E) => void,
 ): number {
   let pinned = 0;

@@ -35,6 +35,8 @@ export interface LocalCpuOptions {
   pageBytes?: number;
   /** Arena slab size in bytes; multiple of pageBytes, <= 1 GiB. Default min(1 GiB, capacity). */
   slabBytes?: number;
+  /** Where the arena's slabs come from (not a config key); see {@link HostArenaOptions}. */
+  allocateSlab?: (bytes: number) => Uint8Array;
 }
 
 /** LocalCPU options after defaults and validation. */
@@ -103,7 +105,10 @@ export class LocalCpuBackend implements HostMemoryTier {
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
   constructor(options: LocalCpuOptions, ctx: BackendContext = { name: 'local-cpu' }) {
-    const arena = new HostArena(resolveLocalCpuOptions(options));
+    const arena = new HostArena({
+      ...resolveLocalCpuOptions(options),
+      ...(options.allocateSlab !== undefined ? { allocateSlab: options.allocateSlab } : {}),
+    });
     this.#arena = arena;
     this.name = ctx.name;
     this.capabilities = Object.freeze({
@@ -442,6 +447,20 @@ export function localCpuOptionsFromConfig(
   return optionsFromConfig(raw, tier, 'local-cpu', OPTION_KEYS, resolveLocalCpuOptions);
 }
 
+/**
+ * The factory of {@link LocalCpuBackend}s whose arenas take slabs from `allocateSlab` (default
+ * Node buffers). @throws `KVT_CONFIG` on bad options.
+ */
+export function localCpuFactory(allocateSlab?: (bytes: number) => Uint8Array): BackendFactory {
+  return async (options, ctx) =>
+    new LocalCpuBackend(
+      {
+        ...localCpuOptionsFromConfig(options, ctx.name),
+        ...(allocateSlab !== undefined ? { allocateSlab } : {}),
+      },
+      ctx,
+    );
+}
+
 /** Builds a {@link LocalCpuBackend} from config options. @throws `KVT_CONFIG` on bad options. */
-export const createLocalCpuBackend: BackendFactory = async (options, ctx) =>
-  new LocalCpuBackend(localCpuOptionsFromConfig(options, ctx.name), ctx);
+export const createLocalCpuBackend: BackendFactory = localCpuFactory();

@@ -1,19 +1,17 @@
-import { LRUCache } from 'lru-cache';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
+import { type ChunkFileRead, ChunkFiles, statEntries, TaskSet } from './chunk-files.ts';
+import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
+import { type DiskEntry, DiskIndex, diskKey } from './disk-index.ts';
 import {
   type FileSystem,
   isNotFound,
   listStore,
   objectDir,
-  objectPath,
-  readObjectFile,
   realFileSystem,
-  requireStorableKey,
-  writeChunkFileAtomic,
+  requireStorableNamespace,
 } from './file-store.ts';
 import { countPrefixHits, pinPresent } from './index-ops.ts';
 import { checkChunk } from './local-cpu.ts';
@@ -57,16 +55,6 @@ export interface LocalDiskStats extends BackendStats {
   readonly ioErrors: number;
 }
 
-interface Entry {
-  readonly key: string;
-  readonly ns: NamespaceId;
-  readonly hash: ChunkHash;
-  readonly path: string;
-  /** File size: header + payload. */
-  readonly bytes: number;
-  pins: number;
-}
-
 /**
  * A byte-bounded chunk store in a local directory, one file per chunk in the stored chunk
  * format. An in-memory index answers contains without I/O; it is rebuilt at {@link open} from
@@ -83,22 +71,14 @@ export class LocalDiskBackend implements StorageBackend {
   readonly options: ResolvedLocalDiskOptions;
 
   readonly #fs: FileSystem;
+  readonly #files: ChunkFiles;
   readonly #limit: LimitFunction;
-  readonly #onCorrupt: (reason: string) => void;
   readonly #log: Logger;
-  readonly #index = new Map<string, Entry>();
-  /** Recency of unpinned entries; evicting from it deletes the file. */
-  readonly #lru: LRUCache<string, Entry>;
+  readonly #index: DiskIndex;
   readonly #writes = new Map<string, Promise<PutOutcome>>();
   readonly #deletes = new Map<string, Promise<void>>();
-  readonly #tasks = new Set<Promise<unknown>>();
-  #bytesUsed = 0;
-  #reservedBytes = 0;
-  #pinnedBytes = 0;
-  #pinnedChunks = 0;
-  #evictions = 0;
+  readonly #tasks = new TaskSet();
   #droppedPuts = 0;
-  #corrupt = 0;
   #filesWritten = 0;
   #ioErrors = 0;
   #health: BackendHealth = 'up';
@@ -130,15 +110,18 @@ export class LocalDiskBackend implements StorageBackend {
     this.name = ctx.name;
     this.#fs = fs;
     this.#limit = pLimit(o.ioConcurrency);
-    this.#onCorrupt = raw.onCorrupt ?? (() => {});
     this.#log = raw.log ?? silentLogger;
-    // Every object is at least a header, so more slots than that could never be used.
-    this.#lru = new LRUCache<string, Entry>({
-      max: Math.min(o.maxChunks, Math.floor(o.capacityBytes / CHUNK_HEADER_BYTES)),
-      dispose: (e, _key, reason) => {
-        if (reason === 'evict') this.#evicted(e);
-      },
+    this.#files = new ChunkFiles({
+      fs,
+      root: o.path,
+      shardChars: o.shardChars,
+      maxChunkBytes: o.maxChunkBytes,
+      fsync: o.fsync,
+      tier: ctx.name,
+      log: this.#log,
+      onCorrupt: raw.onCorrupt ?? (() => {}),
     });
+    this.#index = new DiskIndex(o.capacityBytes, o.maxChunks, (e) => void this.#unlink(e));
     this.capabilities = Object.freeze({
       pinning: true,
       hostMemory: false,
@@ -158,11 +141,11 @@ export class LocalDiskBackend implements StorageBackend {
     return countPrefixHits(
       hashes,
       (h) => {
-        const e = this.#index.get(keyOf(ns, h));
-        if (e !== undefined) this.#touch(e);
+        const e = this.#index.get(ns, h);
+        if (e !== undefined) this.#index.touch(e);
         return e;
       },
-      opts.pin === true ? (e) => this.#pinEntry(e) : undefined,
+      opts.pin === true ? (e) => this.#index.pin(e) : undefined,
     );
   }
 
@@ -177,16 +160,16 @@ export class LocalDiskBackend implements StorageBackend {
     for (const hash of hashes) {
       if (out.has(hash)) continue;
       out.set(hash, null);
-      const e = this.#index.get(keyOf(ns, hash));
+      const e = this.#index.get(ns, hash);
       if (e === undefined) continue;
-      this.#touch(e);
+      this.#index.touch(e);
       reads.push(
         this.#read(e, opts.signal).then((chunk) => {
           out.set(hash, chunk);
         }),
       );
     }
-    await this.#track(Promise.all(reads));
+    await this.#tasks.track(Promise.all(reads));
     return out;
   }
 
@@ -198,30 +181,29 @@ export class LocalDiskBackend implements StorageBackend {
   ): Promise<PutOutcome> {
     this.#open(opts.signal, 'put');
     checkChunk(chunk);
-    requireStorableKey(ns, hash);
-    const key = keyOf(ns, hash);
+    requireStorableNamespace(ns);
+    const key = diskKey(ns, hash);
     const inflight = this.#writes.get(key);
     if (inflight !== undefined) {
       await this.#deadline(inflight, opts.signal, 'put').catch(() => {});
     }
-    const existing = this.#index.get(key);
+    const existing = this.#index.get(ns, hash);
     if (existing !== undefined) {
-      this.#touch(existing);
-      if (opts.pin === true) this.#pinEntry(existing);
+      this.#index.touch(existing);
+      if (opts.pin === true) this.#index.pin(existing);
       return 'exists';
     }
     if (inflight !== undefined && this.#writes.has(key)) return this.#drop();
     const bytes = CHUNK_HEADER_BYTES + chunk.data.byteLength;
-    if (chunk.data.byteLength > this.capabilities.maxChunkBytes || !this.#makeRoom(bytes)) {
+    if (chunk.data.byteLength > this.capabilities.maxChunkBytes || !this.#index.reserve(bytes)) {
       return this.#drop();
     }
-    const write = this.#store(key, ns, hash, chunk, bytes, opts.pin === true);
+    const write = this.#tasks.track(this.#store(key, ns, hash, chunk, bytes, opts.pin === true));
     this.#writes.set(key, write);
-    this.#tasks.add(write);
-    void write.finally(() => {
-      this.#tasks.delete(write);
+    const settled = () => {
       if (this.#writes.get(key) === write) this.#writes.delete(key);
-    });
+    };
+    void write.then(settled, settled);
     const signal = opts.signal;
     try {
       return await this.#deadline(write, signal, 'put');
@@ -236,9 +218,9 @@ export class LocalDiskBackend implements StorageBackend {
     this.#open(undefined, 'remove');
     const deletes: Promise<void>[] = [];
     for (const hash of hashes) {
-      const e = this.#index.get(keyOf(ns, hash));
+      const e = this.#index.get(ns, hash);
       if (e === undefined) continue;
-      this.#forget(e);
+      this.#index.forget(e);
       deletes.push(this.#unlink(e));
     }
     await Promise.all(deletes);
@@ -249,31 +231,24 @@ export class LocalDiskBackend implements StorageBackend {
     this.#open(undefined, 'pin');
     return pinPresent(
       hashes,
-      (h) => this.#index.get(keyOf(ns, h)),
-      (e) => this.#pinEntry(e),
+      (h) => this.#index.get(ns, h),
+      (e) => this.#index.pin(e),
     );
   }
 
   unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
     this.#open(undefined, 'unpin');
     for (const hash of hashes) {
-      const e = this.#index.get(keyOf(ns, hash));
-      if (e === undefined || e.pins === 0) continue;
-      e.pins--;
-      if (e.pins === 0) {
-        this.#pinnedChunks--;
-        this.#pinnedBytes -= e.bytes;
-        this.#lru.set(e.key, e);
-      }
+      const e = this.#index.get(ns, hash);
+      if (e !== undefined) this.#index.unpin(e);
     }
   }
 
   async clear(ns?: NamespaceId): Promise<void> {
     this.#open(undefined, 'clear');
     const deletes: Promise<void>[] = [];
-    for (const e of [...this.#index.values()]) {
-      if (ns !== undefined && e.ns !== ns) continue;
-      this.#forget(e);
+    for (const e of this.#index.entries(ns)) {
+      this.#index.forget(e);
       deletes.push(this.#unlink(e));
     }
     await Promise.all(deletes);
@@ -283,12 +258,12 @@ export class LocalDiskBackend implements StorageBackend {
     this.#open(undefined, 'stats');
     return {
       chunks: this.#index.size,
-      bytesUsed: this.#bytesUsed,
+      bytesUsed: this.#index.bytesUsed,
       capacityBytes: this.options.capacityBytes,
-      pinnedChunks: this.#pinnedChunks,
-      evictions: this.#evictions,
+      pinnedChunks: this.#index.pinnedChunks,
+      evictions: this.#index.evictions,
       droppedPuts: this.#droppedPuts,
-      corruptObjects: this.#corrupt,
+      corruptObjects: this.#files.corrupt,
       filesWritten: this.#filesWritten,
       ioErrors: this.#ioErrors,
     };
@@ -303,8 +278,7 @@ export class LocalDiskBackend implements StorageBackend {
   /** Waits for reads, writes and deletes under way, then drops the index. Files stay. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      while (this.#tasks.size > 0) await Promise.allSettled([...this.#tasks]);
-      this.#lru.clear();
+      await this.#tasks.drain();
       this.#index.clear();
     })();
     return this.#closing;
@@ -314,57 +288,36 @@ export class LocalDiskBackend implements StorageBackend {
     const { path, shardChars } = this.options;
     await this.#fs.mkdir(path, { recursive: true });
     const found = await listStore(this.#fs, path, shardChars, this.#limit);
-    const objects: { e: Entry; mtimeMs: number }[] = [];
+    const { objects, temps } = await statEntries(this.#fs, found, this.#limit, (err) => {
+      throw err;
+    });
     await Promise.all(
-      found.map((f) =>
-        this.#limit(async () => {
-          try {
-            if (f.kind === 'temp') {
-              await this.#fs.unlink(f.path);
-              return;
-            }
-            const st = await this.#fs.stat(f.path);
-            if (!st.isFile()) return;
-            const e: Entry = {
-              key: keyOf(f.ns, f.hash),
-              ns: f.ns,
-              hash: f.hash,
-              path: f.path,
-              bytes: st.size,
-              pins: 0,
-            };
-            objects.push({ e, mtimeMs: st.mtimeMs });
-          } catch (err) {
-            if (!isNotFound(err)) throw err;
-          }
+      temps.map((t) =>
+        this.#limit(() => this.#fs.unlink(t.path)).catch((err: unknown) => {
+          if (!isNotFound(err)) throw err;
         }),
       ),
     );
     objects.sort((a, b) => a.mtimeMs - b.mtimeMs);
-    for (const { e } of objects) {
-      this.#index.set(e.key, e);
-      this.#bytesUsed += e.bytes;
-      this.#lru.set(e.key, e);
+    for (const f of objects) {
+      const { ns, hash, path, size } = f;
+      this.#index.add({ key: diskKey(ns, hash), ns, hash, path, bytes: size, pins: 0 });
     }
     // The bound may have been lowered since these files were written.
-    while (this.#bytesUsed > this.options.capacityBytes && this.#lru.pop() !== undefined) {}
+    this.#index.trim();
     await Promise.all([...this.#deletes.values()]);
     this.#log.info('local disk index loaded', {
       tier: this.name,
       chunks: this.#index.size,
-      bytes: this.#bytesUsed,
+      bytes: this.#index.bytesUsed,
     });
   }
 
-  async #read(e: Entry, signal: AbortSignal | undefined): Promise<Chunk | null> {
-    let res: Awaited<ReturnType<typeof readObjectFile>>;
+  async #read(e: DiskEntry, signal: AbortSignal | undefined): Promise<Chunk | null> {
+    let res: ChunkFileRead;
     try {
-      res = await this.#deadline(
-        this.#limit(() =>
-          readObjectFile(this.#fs, e.path, CHUNK_HEADER_BYTES + this.options.maxChunkBytes),
-        ),
-        signal,
-        'read',
+      res = await this.#files.read(e.ns, e.hash, e.path, (fn) =>
+        this.#deadline(this.#limit(fn), signal, 'read'),
       );
     } catch (err) {
       if (signal?.aborted === true) throw err;
@@ -372,26 +325,11 @@ export class LocalDiskBackend implements StorageBackend {
       return null;
     }
     this.#health = 'up';
-    if (res.kind === 'missing') {
-      // Deleted behind our back: forget it (unless it was replaced meanwhile).
-      if (this.#index.get(e.key) === e) this.#forget(e);
-      return null;
-    }
-    const decoded =
-      res.kind === 'ok'
-        ? decodeChunkObject(e.ns, e.hash, res.bytes)
-        : ({ ok: false, reason: 'length' } as const);
-    if (decoded.ok) return decoded.chunk;
-    this.#corrupt++;
-    this.#log.warn('corrupt object removed', {
-      tier: this.name,
-      path: e.path,
-      reason: decoded.reason,
-    });
-    this.#onCorrupt(decoded.reason);
-    if (this.#index.get(e.key) === e) {
-      this.#forget(e);
-      await this.#unlink(e);
+    if (res.kind === 'ok') return res.chunk;
+    // Deleted behind our back, or corrupt: forget it (unless it was replaced meanwhile).
+    if (this.#index.holds(e)) {
+      this.#index.forget(e);
+      if (res.kind === 'corrupt') await this.#unlink(e);
     }
     return null;
   }
@@ -404,47 +342,29 @@ export class LocalDiskBackend implements StorageBackend {
     bytes: number,
     pin: boolean,
   ): Promise<PutOutcome> {
-    this.#reservedBytes += bytes;
+    // Room for `bytes` was reserved by put; released here either way.
     let reserved = true;
     try {
       // A delete of the previous file of this key must not land after our rename.
       await this.#deletes.get(key);
-      const path = objectPath(this.options.path, ns, hash, this.options.shardChars);
+      const path = this.#files.path(ns, hash);
+      const dir = objectDir(this.options.path, ns, hash, this.options.shardChars);
       await this.#limit(() =>
-        writeChunkFileAtomic(
-          this.#fs,
-          path,
-          () => encodeChunkHeader(ns, hash, chunk),
-          CHUNK_HEADER_BYTES,
-          chunk.data,
-          {
-            fsync: this.options.fsync,
-            makeDir: async () => {
-              await this.#fs.mkdir(
-                objectDir(this.options.path, ns, hash, this.options.shardChars),
-                {
-                  recursive: true,
-                },
-              );
-            },
-          },
-        ),
+        this.#files.write(ns, hash, chunk, path, async () => {
+          await this.#fs.mkdir(dir, { recursive: true });
+        }),
       );
       this.#filesWritten++;
       this.#health = 'up';
-      this.#reservedBytes -= bytes;
+      this.#index.unreserve(bytes);
       reserved = false;
-      const e: Entry = { key, ns, hash, path, bytes, pins: 0 };
-      this.#index.set(key, e);
-      this.#bytesUsed += bytes;
-      if (pin) this.#pinEntry(e);
-      else this.#lru.set(key, e);
+      this.#index.add({ key, ns, hash, path, bytes, pins: 0 }, pin);
       return 'stored';
     } catch (err) {
       this.#ioFailed('write', err);
       return this.#drop();
     } finally {
-      if (reserved) this.#reservedBytes -= bytes;
+      if (reserved) this.#index.unreserve(bytes);
     }
   }
 
@@ -466,53 +386,13 @@ export class LocalDiskBackend implements StorageBackend {
     );
   }
 
-  #track<T>(p: Promise<T>): Promise<T> {
-    this.#tasks.add(p);
-    void p.then(
-      () => this.#tasks.delete(p),
-      () => this.#tasks.delete(p),
-    );
-    return p;
-  }
-
   #open(signal: AbortSignal | undefined, op: string): void {
     if (this.#closing !== null) throw closedError(`backend ${this.name}`);
     if (signal?.aborted === true) throw abortedError(signal, `${this.name} ${op}`);
   }
 
-  #touch(e: Entry): void {
-    if (e.pins === 0) this.#lru.get(e.key);
-  }
-
-  #pinEntry(e: Entry): void {
-    if (e.pins === 0) {
-      this.#lru.delete(e.key);
-      this.#pinnedChunks++;
-      this.#pinnedBytes += e.bytes;
-    }
-    e.pins++;
-  }
-
-  /** Takes an entry out of the index and the accounting; its file is the caller's concern. */
-  #forget(e: Entry): void {
-    this.#index.delete(e.key);
-    this.#lru.delete(e.key);
-    this.#bytesUsed -= e.bytes;
-    if (e.pins > 0) {
-      this.#pinnedChunks--;
-      this.#pinnedBytes -= e.bytes;
-    }
-  }
-
-  /** LRU eviction (count bound, or `pop` from {@link #makeRoom}): the entry has left the LRU. */
-  #evicted(e: Entry): void {
-    this.#index.delete(e.key);
-    this.#bytesUsed -= e.bytes;
-    this.#evictions++;
-    void this.#unlink(e);
-  }
-
-  #unlink(e: Entry): Promise<void> {
+  /** Deletes an entry's file, after any earlier delete of its key (a later rename must not be undone). */
+  #unlink(e: DiskEntry): Promise<void> {
     const prev = this.#deletes.get(e.key);
     const p: Promise<void> = (async () => {
       await prev;
@@ -523,27 +403,12 @@ export class LocalDiskBackend implements StorageBackend {
       }
     })();
     this.#deletes.set(e.key, p);
-    this.#track(p);
+    this.#tasks.track(p);
     void p.then(() => {
       if (this.#deletes.get(e.key) === p) this.#deletes.delete(e.key);
     });
     return p;
   }
-
-  /** Evicts unpinned chunks oldest first until `bytes` fit; false (nothing evicted) if they cannot. */
-  #makeRoom(bytes: number): boolean {
-    const cap = this.options.capacityBytes;
-    if (cap - this.#pinnedBytes - this.#reservedBytes < bytes) return false;
-    while (this.#bytesUsed + this.#reservedBytes + bytes > cap) {
-      if (this.#lru.pop() === undefined) return false;
-    }
-    return true;
-  }
-}
-
-/** Unambiguous composite key: the length prefix keeps (ns, hash) pairs from colliding. */
-function keyOf(ns: NamespaceId, hash: ChunkHash): string {
-  return `${ns.length}:${ns}${hash}`;
 }
 
 /** Opens a {@link LocalDiskBackend} from config options. @throws `KVT_CONFIG` on bad options. */

@@ -4,7 +4,7 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { closeQuietly, storageBackendProblems, withoutTierPrefix } from './backend-check.ts';
 import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-breaker.ts';
 import { createFsBackend, fsOptionsFromConfig } from './fs-backend.ts';
-import { createLocalCpuBackend, localCpuOptionsFromConfig } from './local-cpu.ts';
+import { localCpuFactory, localCpuOptionsFromConfig } from './local-cpu.ts';
 import { createLocalDiskBackend, localDiskOptionsFromConfig } from './local-disk.ts';
 import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
 import { createModuleBackendFactory } from './plugin.ts';
@@ -43,6 +43,11 @@ export interface BackendRegistryOptions {
    * series; default one fresh registry per `BackendRegistry`.
    */
   metricsRegistry?: Registry;
+  /**
+   * Where local-cpu tiers' arenas take their slabs; default Node buffers. The sidecar passes the
+   * native addon's page-aligned slabs when it is built.
+   */
+  allocateHostSlab?: (bytes: number) => Uint8Array;
 }
 
 /**
@@ -61,7 +66,7 @@ export class BackendRegistry {
     this.#configDir = opts.pluginBaseDir;
     this.#metrics = opts.metricsRegistry ?? new Registry();
     if (opts.builtins !== false) {
-      this.register('local-cpu', createLocalCpuBackend, localCpuOptionsFromConfig);
+      this.register('local-cpu', localCpuFactory(opts.allocateHostSlab), localCpuOptionsFromConfig);
       this.register('memory', createMemoryBackend, memoryOptionsFromConfig);
       this.register('local-disk', createLocalDiskBackend, localDiskOptionsFromConfig);
       this.register('fs', createFsBackend, fsOptionsFromConfig);

@@ -1,5 +1,3 @@
-import { Agent as HttpAgent } from 'node:http';
-import { Agent as HttpsAgent } from 'node:https';
 import {
   CreateBucketCommand,
   DeleteObjectCommand,
@@ -10,12 +8,9 @@ import {
   type HeadObjectCommandOutput,
   ListObjectsV2Command,
   PutObjectCommand,
-  S3Client,
-  type S3ClientConfig,
+  type S3Client,
 } from '@aws-sdk/client-s3';
-import pLimit, { type LimitFunction } from 'p-limit';
-import { abortedError, closedError, isKvtierError, KvtierError } from '../errors.ts';
-import { Deadline, withDeadline } from '../util/deadline.ts';
+import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe } from '../util/validate.ts';
 import { decodeChunkObject, encodeChunkObject } from './chunk-format.ts';
@@ -26,6 +21,7 @@ import {
   type S3BackendOptions,
   s3OptionsFromConfig,
 } from './s3-options.ts';
+import { failure, type Outcome, S3Requests } from './s3-requests.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -53,7 +49,6 @@ export {
 /** S3's limit on keys per DeleteObjects request. */
 const DELETE_BATCH = 1000;
 const NS_RE = /^[0-9a-f]{32}$/;
-const HASH_RE = /^[0-9a-f]{64}$/;
 
 function invalid(message: string): KvtierError {
   return new KvtierError('KVT_INVALID_ARGUMENT', message);
@@ -68,17 +63,6 @@ export interface S3BackendStats extends BackendStats {
   /** Requests running / waiting for a concurrency slot now. */
   readonly activeRequests: number;
   readonly pendingRequests: number;
-}
-
-/** How one request ended: its value, a 404, or a failure (already counted in health). */
-type Outcome<T> =
-  | { ok: true; value: T }
-  | { ok: false; notFound: true }
-  | { ok: false; notFound: false; error: KvtierError };
-
-/** Thrown for an outcome that must be a success. */
-function failure(o: { ok: false; notFound: boolean; error?: KvtierError }, what: string): Error {
-  return o.error ?? new KvtierError('KVT_BACKEND', `${what}: S3 answered 404 (no such bucket?)`);
 }
 
 /**
@@ -101,16 +85,11 @@ export class S3Backend implements StorageBackend {
   readonly kind = 's3';
   readonly capabilities: BackendCapabilities;
   readonly #o: ResolvedS3BackendOptions;
-  readonly #client: S3Client;
-  readonly #limit: LimitFunction;
+  readonly #s3: S3Requests;
   readonly #onCorrupt: ((reason: string) => void) | undefined;
   readonly #log: Logger;
-  /** Aborted by close: requests in flight stop with KVT_CLOSED. */
-  readonly #closeAc = new AbortController();
   /** Latest put per key, so a second put of the key waits and then finds it. */
   readonly #putting = new Map<string, Promise<PutOutcome>>();
-  #lastFailed = false;
-  #requestFailures = 0;
   #corruptObjects = 0;
   #droppedPuts = 0;
   #chunks = 0;
@@ -124,26 +103,7 @@ export class S3Backend implements StorageBackend {
     this.name = ctx.name;
     this.#onCorrupt = options.onCorrupt;
     this.#log = options.log ?? silentLogger;
-    this.#limit = pLimit(o.concurrency);
-    const agentOpts = { keepAlive: true, maxSockets: o.concurrency };
-    const config: S3ClientConfig = {
-      region: o.region,
-      forcePathStyle: o.forcePathStyle,
-      maxAttempts: o.maxAttempts,
-      // Without these the SDK frames bodies as aws-chunked with trailing checksums, which
-      // several S3-compatible servers store verbatim: silently corrupt objects.
-      requestChecksumCalculation: 'WHEN_REQUIRED',
-      responseChecksumValidation: 'WHEN_REQUIRED',
-      requestHandler: {
-        httpAgent: new HttpAgent(agentOpts),
-        httpsAgent: new HttpsAgent(agentOpts),
-        connectionTimeout: o.timeoutMs,
-        requestTimeout: o.timeoutMs,
-      },
-      ...(o.endpoint !== undefined ? { endpoint: o.endpoint } : {}),
-      ...(o.credentials !== undefined ? { credentials: o.credentials } : {}),
-    };
-    this.#client = new S3Client(config);
+    this.#s3 = new S3Requests(o, ctx.name, this.#log);
     this.capabilities = Object.freeze({
       pinning: false,
       hostMemory: false,
@@ -159,7 +119,7 @@ export class S3Backend implements StorageBackend {
    * metrics or tracing; writes sent around the backend bypass its format and counters.
    */
   get client(): S3Client {
-    return this.#client;
+    return this.#s3.client;
   }
 
   /**
@@ -171,8 +131,8 @@ export class S3Backend implements StorageBackend {
   async start(): Promise<void> {
     this.#checkOpen(undefined, 'start');
     const Bucket = this.#o.bucket;
-    const head = await this.#request('start', (s) =>
-      this.#client.send(new HeadBucketCommand({ Bucket }), { abortSignal: s }),
+    const head = await this.#s3.request('start', (s) =>
+      this.#s3.client.send(new HeadBucketCommand({ Bucket }), { abortSignal: s }),
     );
     if (head.ok) return;
     if (!head.notFound) {
@@ -185,8 +145,8 @@ export class S3Backend implements StorageBackend {
         'KVT_CONFIG',
         `S3 bucket "${Bucket}" does not exist (create it, or set createBucket: true)`,
       );
-    const made = await this.#request('start', (s) =>
-      this.#client.send(new CreateBucketCommand({ Bucket }), { abortSignal: s }),
+    const made = await this.#s3.request('start', (s) =>
+      this.#s3.client.send(new CreateBucketCommand({ Bucket }), { abortSignal: s }),
     );
     if (!made.ok) throw failure(made, `creating S3 bucket "${Bucket}"`);
   }
@@ -197,7 +157,7 @@ export class S3Backend implements StorageBackend {
     opts: ContainsOptions = {},
   ): Promise<number> {
     this.#checkOpen(opts.signal, 'contains');
-    checkKeys(ns, hashes);
+    checkNamespace(ns);
     let firstMiss = hashes.length;
     // All HEADs are queued at once; those behind a known miss are skipped, not sent.
     const results = await Promise.all(
@@ -226,7 +186,7 @@ export class S3Backend implements StorageBackend {
     opts: GetOptions = {},
   ): Promise<Map<ChunkHash, Chunk | null>> {
     this.#checkOpen(opts.signal, 'get');
-    checkKeys(ns, hashes);
+    checkNamespace(ns);
     const out = new Map<ChunkHash, Chunk | null>(hashes.map((h) => [h, null]));
     const errors: KvtierError[] = [];
     let reached = 0;
@@ -234,10 +194,10 @@ export class S3Backend implements StorageBackend {
     await Promise.all(
       [...out.keys()].map(async (hash) => {
         const Key = this.#key(ns, hash);
-        const r = await this.#request(
+        const r = await this.#s3.request(
           'get',
           async (s) => {
-            const res = await this.#client.send(new GetObjectCommand({ Bucket, Key }), {
+            const res = await this.#s3.client.send(new GetObjectCommand({ Bucket, Key }), {
               abortSignal: s,
             });
             if (res.Body === undefined) throw new Error('GetObject answered without a body');
@@ -273,7 +233,7 @@ export class S3Backend implements StorageBackend {
     opts: PutOptions = {},
   ): Promise<PutOutcome> {
     this.#checkOpen(opts.signal, 'put');
-    checkKeys(ns, [hash]);
+    checkNamespace(ns);
     checkChunk(chunk);
     if (chunk.data.byteLength > this.#o.maxChunkBytes) {
       this.#droppedPuts++;
@@ -306,10 +266,10 @@ export class S3Backend implements StorageBackend {
     const Body = encodeChunkObject(ns, hash, chunk);
     const Bucket = this.#o.bucket;
     const Key = this.#key(ns, hash);
-    const put = await this.#request(
+    const put = await this.#s3.request(
       'put',
       (s) =>
-        this.#client.send(
+        this.#s3.client.send(
           new PutObjectCommand({ Bucket, Key, Body, ContentLength: Body.byteLength }),
           { abortSignal: s },
         ),
@@ -325,7 +285,7 @@ export class S3Backend implements StorageBackend {
 
   async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
     this.#checkOpen(undefined, 'remove');
-    checkKeys(ns, hashes);
+    checkNamespace(ns);
     const unique = [...new Set(hashes)];
     const heads = await Promise.all(unique.map((h) => this.#head('remove', ns, h)));
     const keys: string[] = [];
@@ -357,14 +317,14 @@ export class S3Backend implements StorageBackend {
    */
   async clear(ns?: NamespaceId): Promise<void> {
     this.#checkOpen(undefined, 'clear');
-    if (ns !== undefined) checkKeys(ns, []);
+    if (ns !== undefined) checkNamespace(ns);
     const Bucket = this.#o.bucket;
     const Prefix = ns === undefined ? this.#o.keyPrefix : `${this.#o.keyPrefix}${ns}/`;
     let token: string | undefined;
     do {
       const ContinuationToken = token;
-      const page = await this.#request('clear', (s) =>
-        this.#client.send(new ListObjectsV2Command({ Bucket, Prefix, ContinuationToken }), {
+      const page = await this.#s3.request('clear', (s) =>
+        this.#s3.client.send(new ListObjectsV2Command({ Bucket, Prefix, ContinuationToken }), {
           abortSignal: s,
         }),
       );
@@ -391,24 +351,21 @@ export class S3Backend implements StorageBackend {
       evictions: 0,
       droppedPuts: this.#droppedPuts,
       corruptObjects: this.#corruptObjects,
-      requestFailures: this.#requestFailures,
-      activeRequests: this.#limit.activeCount,
-      pendingRequests: this.#limit.pendingCount,
+      requestFailures: this.#s3.failures,
+      activeRequests: this.#s3.active,
+      pendingRequests: this.#s3.pending,
     };
   }
 
   health(): BackendHealth {
     this.#checkOpen(undefined, 'health');
-    return this.#lastFailed ? 'degraded' : 'up';
+    return this.#s3.lastFailed ? 'degraded' : 'up';
   }
 
   /** Aborts requests in flight (they reject with `KVT_CLOSED`), then destroys the client. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
-      this.#closeAc.abort(closedError(`backend ${this.name}`));
-      // Runs after every queued request, each of which settles at once once closed.
-      await this.#limit(() => undefined);
-      this.#client.destroy();
+      await this.#s3.close(closedError(`backend ${this.name}`));
     })();
     return this.#closing;
   }
@@ -437,9 +394,9 @@ export class S3Backend implements StorageBackend {
   ): Promise<Outcome<HeadObjectCommandOutput>> {
     const Bucket = this.#o.bucket;
     const Key = this.#key(ns, hash);
-    return this.#request(
+    return this.#s3.request(
       op,
-      (s) => this.#client.send(new HeadObjectCommand({ Bucket, Key }), { abortSignal: s }),
+      (s) => this.#s3.client.send(new HeadObjectCommand({ Bucket, Key }), { abortSignal: s }),
       signal,
       skip,
       deadline,
@@ -456,8 +413,8 @@ export class S3Backend implements StorageBackend {
     }
     const Bucket = this.#o.bucket;
     const Key = this.#key(ns, hash);
-    const r = await this.#request('delete', (s) =>
-      this.#client.send(new DeleteObjectCommand({ Bucket, Key }), { abortSignal: s }),
+    const r = await this.#s3.request('delete', (s) =>
+      this.#s3.client.send(new DeleteObjectCommand({ Bucket, Key }), { abortSignal: s }),
     );
     if (r.ok) this.#forget(1, bytes);
   }
@@ -471,8 +428,8 @@ export class S3Backend implements StorageBackend {
     await Promise.all(
       batches.map(async (batch) => {
         const Delete = { Objects: batch.map((Key) => ({ Key })), Quiet: true };
-        const r = await this.#request('delete', (s) =>
-          this.#client.send(new DeleteObjectsCommand({ Bucket, Delete }), { abortSignal: s }),
+        const r = await this.#s3.request('delete', (s) =>
+          this.#s3.client.send(new DeleteObjectsCommand({ Bucket, Delete }), { abortSignal: s }),
         );
         if (!r.ok) throw failure(r, `${this.name} delete`);
         const bad = r.value.Errors ?? [];
@@ -484,95 +441,15 @@ export class S3Backend implements StorageBackend {
       }),
     );
   }
-
-  /**
-   * Runs one request under the concurrency bound, with a deadline of `timeoutMs` from when it
-   * starts (or the shared `deadline`, set by its first request). Rejects only for the caller's
-   * abort (also while queued) or close; S3 failures come back as outcomes and update health.
-   * With `skip` true when its turn comes, a request settles as a 404 without being sent (the
-   * answer no longer needs it). The caller is answered as soon as the deadline passes; the slot
-   * stays taken until the SDK call ends, so the bound on requests in flight holds.
-   */
-  #request<T>(
-    op: string,
-    run: (signal: AbortSignal) => Promise<T>,
-    signal?: AbortSignal,
-    skip?: () => boolean,
-    deadline?: { at: number },
-  ): Promise<Outcome<T>> {
-    const what = `${this.name} ${op}`;
-    const answered = new Promise<Outcome<T>>((resolve, reject) => {
-      const task = async (): Promise<void> => {
-        if (this.#closing !== null) return reject(closedError(`backend ${this.name}`));
-        if (signal?.aborted === true) return reject(abortedError(signal, what));
-        if (skip?.() === true) return resolve({ ok: false, notFound: true });
-        const now = Date.now();
-        if (deadline !== undefined && deadline.at === 0) deadline.at = now + this.#o.timeoutMs;
-        const timeoutMs =
-          deadline === undefined ? this.#o.timeoutMs : Math.max(0, deadline.at - now);
-        const d = new Deadline({ what, timeoutMs, signal: [signal, this.#closeAc.signal] });
-        let running: Promise<T> | undefined;
-        try {
-          running = run(d.signal);
-          const value = await d.race(running);
-          this.#succeeded();
-          resolve({ ok: true, value });
-        } catch (err) {
-          const ended = d.error();
-          if (isKvtierError(ended, 'KVT_CLOSED')) return reject(ended);
-          if (hasAborted(signal)) return reject(abortedError(signal, what));
-          if (ended === undefined && isNotFound(err)) {
-            this.#succeeded();
-            return resolve({ ok: false, notFound: true });
-          }
-          resolve({ ok: false, notFound: false, error: this.#failed(what, ended ?? err) });
-        } finally {
-          d.dispose();
-        }
-        await running?.catch(() => {});
-      };
-      this.#limit(task).catch(reject);
-    });
-    // A caller that aborts while its request waits for a slot is answered at once.
-    return withDeadline({ what, signal }, answered);
-  }
-
-  #succeeded(): void {
-    if (this.#lastFailed) this.#log.info('S3 reachable again', { tier: this.name });
-    this.#lastFailed = false;
-  }
-
-  #failed(what: string, err: unknown): KvtierError {
-    this.#requestFailures++;
-    if (!this.#lastFailed) this.#log.warn('S3 request failed', { tier: this.name, err });
-    this.#lastFailed = true;
-    if (err instanceof KvtierError) return err;
-    const name = err instanceof Error ? err.name : 'Error';
-    const msg = err instanceof Error ? err.message : String(err);
-    const code =
-      name === 'TimeoutError' && /timed? ?out/i.test(msg) ? 'KVT_TIMEOUT' : 'KVT_BACKEND';
-    return new KvtierError(code, `${what} failed: ${name}: ${msg}`, { cause: err });
-  }
 }
 
-/** Whether `signal` has fired; a function, so that TypeScript does not carry narrowing across awaits. */
-function hasAborted(signal: AbortSignal | undefined): boolean {
-  return signal?.aborted === true;
-}
-
-function isNotFound(err: unknown): boolean {
-  if (typeof err !== 'object' || err === null) return false;
-  const e = err as { name?: unknown; $metadata?: { httpStatusCode?: unknown } };
-  return e.$metadata?.httpStatusCode === 404 || e.name === 'NotFound' || e.name === 'NoSuchKey';
-}
-
-/** @throws KvtierError `KVT_INVALID_ARGUMENT` unless ns and hashes are lowercase hex ids. */
-function checkKeys(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
+/**
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` unless ns is a lowercase hex id (a `ChunkHash` is
+ *   valid by construction and not re-checked).
+ */
+function checkNamespace(ns: NamespaceId): void {
   if (typeof ns !== 'string' || !NS_RE.test(ns))
     throw invalid(`namespace must be 32 lowercase hex digits, got ${describe(ns)}`);
-  for (const h of hashes)
-    if (typeof h !== 'string' || !HASH_RE.test(h))
-      throw invalid(`chunk hash must be 64 lowercase hex digits, got ${describe(h)}`);
 }
 
 /**

@@ -4,10 +4,10 @@
  */
 import type { Counter, Gauge, Histogram, Registry } from 'prom-client';
 import type { KvtierError } from '../errors.ts';
+import type { ChunkHash } from '../hashing/chunk-hash.ts';
 import type { Logger } from '../util/log.ts';
 
-/** A chunk hash as 64 lowercase hex digits (32 bytes, see docs/protocol.md "Chunk hashing"). */
-export type ChunkHash = string;
+export type { ChunkHash } from '../hashing/chunk-hash.ts';
 
 /** A namespace id as 32 lowercase hex digits (see src/namespace). */
 export type NamespaceId = string;

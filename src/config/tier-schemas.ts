@@ -141,7 +141,6 @@ const fs = tier('fs', {
   ttlMs: v.optional(v.nullable(int(1))),
   sweepIntervalMs: v.optional(int(1)),
   staleTempMs: v.optional(int(1)),
-  probeIntervalMs: v.optional(int(1, HOUR_MS)),
   fsync: v.optional(oneOf(FSYNC_POLICIES)),
   maxChunkBytes: v.optional(bytes(1)),
 });

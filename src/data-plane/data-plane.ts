@@ -7,109 +7,42 @@ import type {
 } from '../storage-manager/storage-manager.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
-import type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
-import { resolveCudaDevice } from './device-uuid.ts';
+import type { CopyEngine, CopySurface } from './copy-engine-types.ts';
+import {
+  type DataPlaneOptions,
+  LOAD_STATE,
+  type LoadRequest,
+  type LoadResult,
+  type SaveRequest,
+  type SaveResult,
+} from './data-plane-types.ts';
+import {
+  cudaDeviceFor,
+  type EngineState,
+  openSurfaces,
+  type RequestState,
+} from './engine-state.ts';
 import { createFsCopyEngine } from './fs-copy-engine.ts';
 import {
-  appendChunkOps,
-  checkRegionsFit,
+  chunkOpSlots,
   chunkPayloadBytes,
   type KvLayout,
   type KvRegistration,
   resolveKvRegistration,
   splitBlocks,
+  writeChunkOps,
 } from './kv-layout.ts';
 
 export type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
+export {
+  type DataPlaneOptions,
+  LOAD_STATE,
+  type LoadRequest,
+  type LoadResult,
+  type SaveRequest,
+  type SaveResult,
+} from './data-plane-types.ts';
 
-/** Values of a load's completion word: the engine zeroes it before asking, kvtier writes the outcome. */
-export const LOAD_STATE = Object.freeze({ PENDING: 0, DONE: 1, FAILED: 2 });
-
-/** Options of {@link DataPlane}. */
-export interface DataPlaneOptions {
-  /** Not owned: the data plane neither starts nor closes it. */
-  storage: StorageManager;
-  /** Default: {@link createFsCopyEngine}. */
-  copyEngine?: CopyEngine;
-  /** An engine silent this long (no heartbeat or call) is treated as gone; default 30 000 ms. */
-  heartbeatTimeoutMs?: number;
-  /** How often silent engines are swept, ms; 0 disables the timer (call `sweep()`); default 5000. */
-  sweepIntervalMs?: number;
-  /** Clock for heartbeats and load deadlines (ms); default Date.now. */
-  now?: () => number;
-  log?: Logger;
-}
-
-/** A save after a forward pass: the blocks of the chunks to gather. */
-export interface SaveRequest {
-  engineId: string;
-  requestId: string;
-  /** Blocks of the chunks, in order: chunk i owns blockIds[i * blocksPerChunk ...]. */
-  blockIds: ArrayLike<number>;
-  chunkHashes: readonly ChunkHash[];
-  /** Leading chunks the engine knows are stored; default 0. */
-  skipChunks?: number;
-}
-
-/** Chunk counts of a save; they add up to the number of chunk hashes. */
-export interface SaveResult {
-  saved: number;
-  /** Skipped by request or already in the CPU tier. */
-  skipped: number;
-  /** No room in the CPU tier (counted there), or cleared by a CLEAR that ran during the copy. */
-  dropped: number;
-}
-
-/** A load before a forward pass: pinned chunks to scatter into the blocks. */
-export interface LoadRequest {
-  engineId: string;
-  requestId: string;
-  /** The lookup whose pins cover the chunks (held by `holdLookup` or still in the storage manager). */
-  lookupId: string;
-  /**
-   * Destination blocks, aligned with the chunks like {@link SaveRequest.blockIds}, less the
-   * `skipBlocks` leading blocks of the first chunk.
-   */
-  blockIds: ArrayLike<number>;
-  chunkHashes: readonly ChunkHash[];
-  /**
-   * Leading blocks of the first chunk the engine already holds (its prefix cache ended inside
-   * that chunk): they are not written and not in `blockIds`. 0..blocksPerChunk-1; default 0.
-   */
-  skipBlocks?: number;
-  /** Chunks not started by this time (on the `now` clock, ms) are reported invalid. */
-  deadlineMs?: number;
-  /** Slot of the registered state file to set to DONE or FAILED. */
-  stateSlot?: number;
-  /** In-process completion word (element 0), set with `Atomics.store` and notified. */
-  stateWord?: Int32Array;
-}
-
-/** The reply to a load (vLLM's load-failure recovery reads `invalidBlockIds`). */
-export interface LoadResult {
-  loadedTokens: number;
-  /** Blocks not written with valid KV: those of the first chunk that failed and every later chunk. */
-  invalidBlockIds: number[];
-}
-
-interface RequestState {
-  readonly held: Map<string, PinnedLookup>;
-  active: number;
-  finished: boolean;
-}
-
-interface EngineState {
-  readonly layout: KvLayout;
-  readonly surfaces: DeviceSurface[];
-  readonly regionSurface: number[];
-  readonly stateSurface: DeviceSurface | null;
-  readonly requests: Map<string, RequestState>;
-  readonly inflight: Set<Promise<unknown>>;
-  lastSeenMs: number;
-  gone: boolean;
-}
-
-const HASH = /^[0-9a-f]{64}$/;
 const DEFAULTS = { heartbeatTimeoutMs: 30_000, sweepIntervalMs: 5000 };
 
 /**
@@ -162,60 +95,16 @@ export class DataPlane {
   async register(reg: KvRegistration): Promise<KvLayout> {
     this.#open();
     const layout = resolveKvRegistration(reg);
-    if (layout.device === 'cuda' && this.#copy.openCuda === undefined)
-      throw new KvtierError(
-        'KVT_CONFIG',
-        'the cuda device needs the native copy engine (CUDA build on a GPU machine)',
-      );
-    const cudaDevice =
-      layout.device === 'cuda'
-        ? resolveCudaDevice(layout.deviceUuid, this.#copy.cudaDevices?.() ?? [])
-        : -1;
+    const cudaDevice = cudaDeviceFor(this.#copy, layout);
     if (this.#engines.has(layout.engineId)) await this.engineGone(layout.engineId);
-    const opened = new Map<string, number>();
-    const surfaces: DeviceSurface[] = [];
-    const sizes = new Map<string, number>();
-    const openOne = async (key: string, make: () => Promise<DeviceSurface>): Promise<number> => {
-      let idx = opened.get(key);
-      if (idx === undefined) {
-        const s = await make();
-        idx = surfaces.push(s) - 1;
-        opened.set(key, idx);
-        sizes.set(key, s.sizeBytes);
-      }
-      return idx;
-    };
-    const openFile = (path: string) =>
-      this.#copy.openFile(path).catch((err: unknown) => {
-        throw new KvtierError(
-          'KVT_INVALID_ARGUMENT',
-          `registration: cannot open ${path}: ${(err as Error).message}`,
-          { cause: err },
-        );
-      });
+    const opened = await openSurfaces(this.#copy, layout, cudaDevice);
     try {
-      const regionSurface: number[] = [];
-      for (const r of layout.regions) {
-        const loc = r.location;
-        regionSurface.push(
-          loc.device === 'host'
-            ? await openOne(loc.path, () => openFile(loc.path))
-            : await openOne(`cuda:${loc.ipcHandle}`, () =>
-                this.#copy.openCuda!(loc.ipcHandle, loc.allocationBytes, cudaDevice),
-              ),
-        );
-      }
-      const sf = layout.stateFile;
-      const stateIdx = sf === null ? -1 : await openOne(sf.path, () => openFile(sf.path));
-      checkRegionsFit(layout, (p) => sizes.get(p) ?? 0);
       this.#open();
       // A concurrent registration of the same engine won the race: this one replaces it.
       if (this.#engines.has(layout.engineId)) await this.engineGone(layout.engineId);
       this.#engines.set(layout.engineId, {
         layout,
-        surfaces,
-        regionSurface,
-        stateSurface: stateIdx < 0 ? null : surfaces[stateIdx]!,
+        ...opened,
         requests: new Map(),
         inflight: new Set(),
         lastSeenMs: this.#now(),
@@ -228,7 +117,7 @@ export class DataPlane {
       });
       return layout;
     } catch (err) {
-      await Promise.all(surfaces.map((s) => s.close()));
+      await Promise.all(opened.surfaces.map((s) => s.close()));
       throw err;
     }
   }
@@ -261,10 +150,10 @@ export class DataPlane {
     const skip = requireInt('save.skipChunks', req.skipChunks ?? 0, 0, hashes.length);
     const ns = layout.namespace.id;
     const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
-    const surfaces: CopySurface[] = [...eng.surfaces];
-    const ops: number[] = [];
     const pending: StorageReservation[] = [];
+    const pendingIds: Uint32Array[] = [];
     try {
+      let slots = 0;
       for (let i = skip; i < hashes.length; i++) {
         const ids = chunks[i]!;
         const bytes = chunkPayloadBytes(layout, ids.length);
@@ -273,10 +162,19 @@ export class DataPlane {
         else if (r === 'dropped') result.dropped++;
         else {
           pending.push(r);
-          appendChunkOps(ops, layout, 'gather', ids, eng.regionSurface, surfaces.push(r.view) - 1);
+          pendingIds.push(ids);
+          slots += chunkOpSlots(layout, ids.length);
         }
       }
-      await this.#track(eng, this.#copy.copy(surfaces, Float64Array.from(ops)));
+      // The op table is filled in place: block ids go from the decoded Uint32Array straight to it.
+      const surfaces: CopySurface[] = [...eng.surfaces];
+      const ops = new Float64Array(slots);
+      let at = 0;
+      for (let k = 0; k < pending.length; k++) {
+        const payload = surfaces.push(pending[k]!.view) - 1;
+        at = writeChunkOps(ops, at, layout, 'gather', pendingIds[k]!, eng.regionSurface, payload);
+      }
+      await this.#track(eng, this.#copy.copy(surfaces, ops));
     } catch (err) {
       for (const r of pending) r.abort();
       throw err;
@@ -329,7 +227,7 @@ export class DataPlane {
       const hashes = checkHashes(req.chunkHashes, 'load');
       const skip = req.skipBlocks ?? 0;
       const chunks = splitBlocks(eng.layout, req.blockIds, hashes.length, 'load', skip);
-      if (new Set(chunks.flat()).size !== req.blockIds.length)
+      if (hasRepeat(chunks))
         throw new KvtierError('KVT_INVALID_ARGUMENT', 'load.blockIds must not repeat a block');
       if (req.stateSlot !== undefined)
         requireInt('load.stateSlot', req.stateSlot, 0, (eng.layout.stateFile?.slots ?? 0) - 1);
@@ -361,7 +259,7 @@ export class DataPlane {
     state: RequestState,
     pinned: PinnedLookup | undefined,
     hashes: readonly ChunkHash[],
-    chunks: number[][],
+    chunks: Uint32Array[],
     skipBlocks: number,
     deadlineMs: number | undefined,
     signal: AbortSignal | undefined,
@@ -397,17 +295,27 @@ export class DataPlane {
         });
         break;
       }
-      const ops: number[] = [];
-      appendChunkOps(ops, layout, 'scatter', ids, eng.regionSurface, eng.surfaces.length, 0, skip);
+      const ops = new Float64Array(chunkOpSlots(layout, ids.length));
+      writeChunkOps(
+        ops,
+        0,
+        layout,
+        'scatter',
+        ids,
+        eng.regionSurface,
+        eng.surfaces.length,
+        0,
+        skip,
+      );
       try {
-        await this.#copy.copy([...eng.surfaces, chunk.data], Float64Array.from(ops));
+        await this.#copy.copy([...eng.surfaces, chunk.data], ops);
       } catch (err) {
         this.#log.warn('scatter failed; chunk reported invalid', { hash, err });
         break;
       }
       loadedTokens += ids.length * layout.blockSize;
     }
-    return { loadedTokens, invalidBlockIds: chunks.slice(i).flat() };
+    return { loadedTokens, invalidBlockIds: chunks.slice(i).flatMap((c) => Array.from(c)) };
   }
 
   async #setState(eng: EngineState | undefined, req: LoadRequest, ok: boolean): Promise<void> {
@@ -539,18 +447,22 @@ export class DataPlane {
   }
 }
 
+/** The hashes themselves were validated where they entered (a `ChunkHash` is never re-checked). */
 function checkHashes(hashes: readonly ChunkHash[], what: string): readonly ChunkHash[] {
   if (!Array.isArray(hashes))
     throw new KvtierError(
       'KVT_INVALID_ARGUMENT',
       `${what}.chunkHashes must be an array, got ${describe(hashes)}`,
     );
-  hashes.forEach((h, i) => {
-    if (typeof h !== 'string' || !HASH.test(h))
-      throw new KvtierError(
-        'KVT_INVALID_ARGUMENT',
-        `${what}.chunkHashes[${i}] must be 64 lowercase hex digits, got ${describe(h)}`,
-      );
-  });
   return hashes;
+}
+
+function hasRepeat(chunks: readonly Uint32Array[]): boolean {
+  const seen = new Set<number>();
+  for (const c of chunks)
+    for (const id of c) {
+      if (seen.has(id)) return true;
+      seen.add(id);
+    }
+  return false;
 }

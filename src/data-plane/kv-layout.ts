@@ -345,8 +345,9 @@ export function payloadOffset(
  * last chunk may have fewer blocks. With `skipBlocks = s` the first `s` blocks of the first chunk
  * are absent from `blockIds` (the engine holds them already), so chunk 0 gets the first
  * `blocksPerChunk - s` ids and every later chunk's range moves down by `s`. Validates ids
- * against `numBlocks`.
- * @returns the block ids of each chunk.
+ * against `numBlocks` in one pass.
+ * @returns the block ids of each chunk, as views into one `Uint32Array`: `blockIds` itself when
+ *   it is one (as decoded from the wire), else one copy of it.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` when counts do not match, an id is out of range, or
  *   `skipBlocks` is not in `0..blocksPerChunk - 1` (or is > 0 with no chunks).
  */
@@ -356,7 +357,7 @@ export function splitBlocks(
   chunks: number,
   what: string,
   skipBlocks = 0,
-): number[][] {
+): Uint32Array[] {
   const per = layout.blocksPerChunk;
   const s = requireInt(`${what}.skipBlocks`, skipBlocks, 0, per - 1);
   if (s > 0 && chunks === 0) throw invalid(`${what}: skipBlocks is ${s} but there are no chunks`);
@@ -367,43 +368,63 @@ export function splitBlocks(
     throw invalid(
       `${what}: ${chunks} chunks of ${per} blocks${s > 0 ? ` skipping ${s}` : ''} need ${chunks === 0 ? 0 : `${lo}..${hi}`} block ids, got ${n}`,
     );
-  const out: number[][] = [];
-  for (let i = 0; i < chunks; i++) {
-    const ids: number[] = [];
-    const start = i === 0 ? 0 : i * per - s;
-    for (let k = start; k < Math.min(n, (i + 1) * per - s); k++)
-      ids.push(requireInt(`${what}.blockIds[${k}]`, blockIds[k], 0, layout.numBlocks - 1));
-    out.push(ids);
+  const given = blockIds instanceof Uint32Array;
+  const ids = given ? blockIds : new Uint32Array(n);
+  const max = layout.numBlocks - 1;
+  for (let k = 0; k < n; k++) {
+    const id = blockIds[k]!;
+    // The message is built only for a bad id: this loop runs once per block of every save and load.
+    if (!(Number.isInteger(id) && id >= 0 && id <= max))
+      requireInt(`${what}.blockIds[${k}]`, id, 0, max);
+    if (!given) ids[k] = id;
   }
+  const out: Uint32Array[] = [];
+  for (let i = 0; i < chunks; i++)
+    out.push(ids.subarray(i === 0 ? 0 : i * per - s, Math.min(n, (i + 1) * per - s)));
   return out;
 }
 
+/** Number of slots {@link writeChunkOps} fills for a chunk of `blocks` copied blocks. */
+export function chunkOpSlots(layout: KvLayout, blocks: number): number {
+  return 5 * layout.regions.length * blocks;
+}
+
 /**
- * Appends the copy ops of one chunk as 5-tuples `[src, srcOffset, dst, dstOffset, length]`.
+ * Writes the copy ops of one chunk into `out` from slot `at`, as 5-tuples
+ * `[src, srcOffset, dst, dstOffset, length]` (the copy engine's op table, filled in place), and
+ * returns the slot after the last one written ({@link chunkOpSlots} later).
  * `gather` copies blocks into the payload, `scatter` the payload into blocks.
  * @param regionSurface surface index of each region; @param payload surface index of the payload.
  * @param skipBlocks leading blocks of the chunk that are not copied: `blockIds[j]` is the chunk's
  *   block `skipBlocks + j`, in a payload of `skipBlocks + blockIds.length` blocks. Default 0.
  */
-export function appendChunkOps(
-  out: number[],
+export function writeChunkOps(
+  out: Float64Array,
+  at: number,
   layout: KvLayout,
   direction: 'gather' | 'scatter',
-  blockIds: readonly number[],
+  blockIds: ArrayLike<number>,
   regionSurface: readonly number[],
   payload: number,
   payloadBase = 0,
   skipBlocks = 0,
-): void {
+): number {
   const n = skipBlocks + blockIds.length;
   const len = layout.blockBytes;
+  let o = at;
   for (let r = 0; r < layout.regions.length; r++) {
     const surface = regionSurface[r]!;
     for (let j = 0; j < blockIds.length; j++) {
       const dev = blockOffset(layout, r, blockIds[j]!);
       const pay = payloadBase + payloadOffset(layout, r, skipBlocks + j, n);
-      if (direction === 'gather') out.push(surface, dev, payload, pay, len);
-      else out.push(payload, pay, surface, dev, len);
+      const gather = direction === 'gather';
+      out[o] = gather ? surface : payload;
+      out[o + 1] = gather ? dev : pay;
+      out[o + 2] = gather ? payload : surface;
+      out[o + 3] = gather ? pay : dev;
+      out[o + 4] = len;
+      o += 5;
     }
   }
+  return o;
 }

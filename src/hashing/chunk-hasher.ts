@@ -2,6 +2,13 @@ import { createHash } from 'node:crypto';
 import { KvtierError } from '../errors.ts';
 import { describe, requireBoolean, requireInt, requireString } from '../util/validate.ts';
 import {
+  type ChunkHash,
+  chunkHash,
+  chunkHashBytes,
+  chunkHashesFromPacked,
+  chunkHashFromBytes,
+} from './chunk-hash.ts';
+import {
   encodeChunkSpans,
   type MultiModalSpan,
   type ResolvedMultiModalSpan,
@@ -84,8 +91,6 @@ export const CHUNK_HASHER_DEFAULTS: Readonly<Required<ChunkHasherOptions>> = Obj
 const LONE_SURROGATE = /[\uD800-\uDBFF](?![\uDC00-\uDFFF])|(?<![\uD800-\uDBFF])[\uDC00-\uDFFF]/;
 
 const LITTLE_ENDIAN_HOST = new Uint8Array(new Uint32Array([1]).buffer)[0] === 1;
-
-const HEX_HASH = /^[0-9a-f]{64}$/;
 
 /**
  * Fills in defaults and validates.
@@ -279,17 +284,16 @@ export function tokenCounts(chunks: readonly HashedChunk[]): number[] {
 }
 
 /**
- * Lowercase hex of a 32-byte hash.
+ * The chunk hash of a 32-byte digest (its lowercase hex).
  * @throws KvtierError `KVT_INVALID_ARGUMENT` when `hash` is not 32 bytes.
  */
-export function hashToHex(hash: Uint8Array): string {
-  if (!(hash instanceof Uint8Array) || hash.length !== HASH_BYTES) {
+export function hashToHex(hash: Uint8Array): ChunkHash {
+  if (hash instanceof Uint8Array && hash.length !== HASH_BYTES)
     throw new KvtierError(
       'KVT_INVALID_ARGUMENT',
-      `hash must be ${HASH_BYTES} bytes, got ${hash instanceof Uint8Array ? `${hash.length} bytes` : describe(hash)}`,
+      `hash must be ${HASH_BYTES} bytes, got ${hash.length} bytes`,
     );
-  }
-  return Buffer.from(hash.buffer, hash.byteOffset, hash.length).toString('hex');
+  return chunkHashFromBytes(hash);
 }
 
 /**
@@ -298,21 +302,8 @@ export function hashToHex(hash: Uint8Array): string {
  * @throws KvtierError `KVT_INVALID_ARGUMENT` for anything else.
  */
 export function hexToHash(hex: string): Buffer {
-  if (typeof hex !== 'string' || !HEX_HASH.test(hex)) {
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `hash must be ${HASH_BYTES * 2} lowercase hex digits, got ${describe(hex)}`,
-    );
-  }
-  return Buffer.from(hex, 'hex');
+  return chunkHashBytes(chunkHash(hex, 'hash'));
 }
 
-/** Splits packed hashes into hex strings (64 digits each). */
-export function hashesToHex(packed: Buffer): string[] {
-  const n = packed.length / HASH_BYTES;
-  // One native hex conversion, then substrings: much cheaper than a conversion per hash.
-  const all = packed.toString('hex');
-  const out = new Array<string>(n);
-  for (let i = 0; i < n; i++) out[i] = all.slice(i * 64, (i + 1) * 64);
-  return out;
-}
+/** Splits packed hashes into chunk hashes (64 hex digits each); see {@link chunkHashesFromPacked}. */
+export const hashesToHex: (packed: Uint8Array) => ChunkHash[] = chunkHashesFromPacked;

@@ -1,4 +1,5 @@
 import { KvtierError } from '../errors.ts';
+import { chunkHash } from '../hashing/chunk-hash.ts';
 import type { ClientCurveKeys } from '../protocol/curve-client.ts';
 import {
   HASH_BYTES,
@@ -246,7 +247,10 @@ export class LookupClient {
     return rep.stats;
   }
 
-  /** Stores one chunk's bytes on the server. */
+  /**
+   * Stores one chunk's bytes on the server.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` unless `hash` is 64 lowercase hex digits.
+   */
   async put(
     namespace: string,
     hash: string,
@@ -258,20 +262,26 @@ export class LookupClient {
       ? payload
       : Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength);
     const rep = await this.#request(
-      { type: 'put', requestId: 0, namespace, hash, tokens, payload: data },
+      { type: 'put', requestId: 0, namespace, hash: chunkHash(hash), tokens, payload: data },
       opts,
     );
     if (rep.type !== 'put-result') throw unexpected(rep);
     return rep.outcome;
   }
 
-  /** Reads one chunk's bytes from the server; null when no tier has it. */
+  /**
+   * Reads one chunk's bytes from the server; null when no tier has it.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` unless `hash` is 64 lowercase hex digits.
+   */
   async get(
     namespace: string,
     hash: string,
     opts: { signal?: AbortSignal } = {},
   ): Promise<{ tokens: number; payload: Buffer } | null> {
-    const rep = await this.#request({ type: 'get', requestId: 0, namespace, hash }, opts);
+    const rep = await this.#request(
+      { type: 'get', requestId: 0, namespace, hash: chunkHash(hash) },
+      opts,
+    );
     if (rep.type !== 'get-result') throw unexpected(rep);
     return rep.found ? { tokens: rep.tokens, payload: rep.payload } : null;
   }

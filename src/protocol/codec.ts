@@ -5,6 +5,7 @@
  * `KvtierError('KVT_PROTOCOL' | 'KVT_TOO_LARGE')` with the byte offset of the problem.
  */
 import { KVTIER_ERROR_CODES, KvtierError, type KvtierErrorCode } from '../errors.ts';
+import { chunkHashFromBytes } from '../hashing/chunk-hash.ts';
 import {
   decodeDataPlaneReply,
   decodeDataPlaneRequest,
@@ -32,7 +33,6 @@ export { hashesToHex } from '../hashing/chunk-hasher.ts';
 export { decodeHeader, type Header, peekRequestId } from './frame.ts';
 
 const NS_RE = /^[0-9a-f]{32}$/;
-const HASH_HEX_RE = /^[0-9a-f]{64}$/;
 
 function checkLookupId(s: string): void {
   if (s.length === 0) throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookupId must not be empty');
@@ -50,14 +50,6 @@ function checkNamespace(ns: string): void {
     throw new KvtierError(
       'KVT_INVALID_ARGUMENT',
       `namespace id must be 32 lowercase hex digits, got ${JSON.stringify(ns)}`,
-    );
-}
-
-function checkHashHex(h: string): void {
-  if (!HASH_HEX_RE.test(h))
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `chunk hash must be 64 lowercase hex digits, got ${JSON.stringify(h)}`,
     );
 }
 
@@ -138,7 +130,6 @@ export function encodeRequest(req: Request): Buffer {
       return new Writer(HEADER_BYTES, MessageType.Stats, req.requestId).done();
     case 'put': {
       checkNamespace(req.namespace);
-      checkHashHex(req.hash);
       const w = new Writer(
         HEADER_BYTES + NAMESPACE_BYTES + HASH_BYTES + 8 + req.payload.length,
         MessageType.Put,
@@ -153,7 +144,6 @@ export function encodeRequest(req: Request): Buffer {
     }
     case 'get': {
       checkNamespace(req.namespace);
-      checkHashHex(req.hash);
       const w = new Writer(
         HEADER_BYTES + NAMESPACE_BYTES + HASH_BYTES,
         MessageType.Get,
@@ -337,7 +327,7 @@ export function decodeRequest(buf: Uint8Array, limits: ProtocolLimits = DEFAULT_
       return { type: 'stats', requestId };
     case MessageType.Put: {
       const namespace = r.hex(NAMESPACE_BYTES, 'namespace id');
-      const hash = r.hex(HASH_BYTES, 'chunk hash');
+      const hash = chunkHashFromBytes(r.bytes(HASH_BYTES, 'chunk hash'));
       const tokens = r.u32('token count');
       if (tokens < 1 || tokens > limits.maxTokensPerChunk) {
         throw new KvtierError(
@@ -358,7 +348,7 @@ export function decodeRequest(buf: Uint8Array, limits: ProtocolLimits = DEFAULT_
     }
     case MessageType.Get: {
       const namespace = r.hex(NAMESPACE_BYTES, 'namespace id');
-      const hash = r.hex(HASH_BYTES, 'chunk hash');
+      const hash = chunkHashFromBytes(r.bytes(HASH_BYTES, 'chunk hash'));
       r.end('get');
       return { type: 'get', requestId, namespace, hash };
     }

@@ -3,6 +3,7 @@
  * codec in codec.ts is its only implementation in this repository.
  */
 import type { KvtierErrorCode } from '../errors.ts';
+import type { ChunkHash } from '../hashing/chunk-hash.ts';
 import type { DataPlaneReply, DataPlaneRequest } from './data-plane-messages.ts';
 
 /** First two bytes of every message: ASCII "kv". */
@@ -130,8 +131,8 @@ export interface PutRequest {
   type: 'put';
   requestId: number;
   namespace: string;
-  /** 64 hex digits. */
-  hash: string;
+  /** Validated where it enters (wire decode, or the client's `put`). */
+  hash: ChunkHash;
   tokens: number;
   payload: Buffer;
 }
@@ -140,7 +141,7 @@ export interface GetRequest {
   type: 'get';
   requestId: number;
   namespace: string;
-  hash: string;
+  hash: ChunkHash;
 }
 
 export type Request =

@@ -5,6 +5,7 @@ import { CHUNK_HEADER_BYTES } from '../backends/chunk-format.ts';
 import { OBJECT_SUFFIX } from '../backends/file-store.ts';
 import type { LoadIntent } from '../connector/types.ts';
 import { KvtierError } from '../errors.ts';
+import { chunkHashesFromPacked } from '../hashing/chunk-hash.ts';
 import type { LookupClient } from '../lookup-client/lookup-client.ts';
 import type { Sidecar } from '../sidecar.ts';
 import type { SimFaults, SimTierConfig } from './types.ts';
@@ -154,10 +155,7 @@ export class FaultInjector {
     let removed = 0;
     for (const l of loads) {
       await env.admin.cancel(l.lookupId);
-      const hashes: string[] = [];
-      for (let i = 0; i < l.chunkHashes.length; i += 32)
-        hashes.push(l.chunkHashes.subarray(i, i + 32).toString('hex'));
-      removed += await cpu.remove(env.namespace(), hashes);
+      removed += await cpu.remove(env.namespace(), chunkHashesFromPacked(l.chunkHashes));
     }
     this.#fire(
       'evict-between-lookup-and-load',

@@ -1,8 +1,6 @@
 import type {
-  BackendHealth,
   Chunk,
   ChunkHash,
-  ChunkReservation,
   HostMemoryTier,
   NamespaceId,
   PutOutcome,
@@ -17,102 +15,29 @@ import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { PinLedger } from './pin-ledger.ts';
-import { type Segment, type TierTokens, TierWalk } from './tier-walk.ts';
+import { asHostMemoryTier, SavePath, type StampedJob } from './save-path.ts';
+import type {
+  LookupInput,
+  LookupOutcome,
+  PinnedLookup,
+  StorageManagerOptions,
+  StorageReservation,
+  TierHealth,
+} from './storage-types.ts';
+import { type Segment, TierWalk } from './tier-walk.ts';
+import { WriteThroughQueue } from './write-through.ts';
 
+export { asHostMemoryTier } from './save-path.ts';
+export type {
+  LookupInput,
+  LookupOutcome,
+  PinnedLookup,
+  SaveOutcome,
+  StorageManagerOptions,
+  StorageReservation,
+  TierHealth,
+} from './storage-types.ts';
 export type { TierTokens } from './tier-walk.ts';
-
-import { type WriteJob, type WriteThroughOptions, WriteThroughQueue } from './write-through.ts';
-
-export interface StorageManagerOptions {
-  /**
-   * Tiers, fastest first. The first must be the host-memory tier: a {@link HostMemoryTier}
-   * (`capabilities.hostMemory` and `reserve`), e.g. LocalCPU, or a decorator of one.
-   */
-  tiers: readonly StorageBackend[];
-  /** Chunks that admitted prefetches may bring into host memory at once; default 1024. */
-  prefetchBudgetChunks?: number;
-  /** Lifetime of an answered lookup's pins when nobody consumes or cancels it; default 60 000 ms. */
-  pinTtlMs?: number;
-  /** Most lookups tracked at once (ongoing plus answered and pinned); default 4096. */
-  maxLookups?: number;
-  writeThrough?: WriteThroughOptions;
-  metrics?: KvtierMetrics;
-  log?: Logger;
-  /** Clock for pin expiry (ms); default Date.now. */
-  now?: () => number;
-  /** How often expired pins are swept, ms; 0 disables the timer (call `sweep()`); default 1000. */
-  sweepIntervalMs?: number;
-  /**
-   * First epoch. Default: seconds since 2024-01-01 UTC, so a restarted sidecar starts above the
-   * epochs its clients saw before (they drop answers older than the highest epoch they know).
-   */
-  initialEpoch?: number;
-}
-
-/** One lookup as the storage manager sees it. */
-export interface LookupInput {
-  lookupId: string;
-  /** A chunk counts only when every namespace has it (one per rank hosted here). */
-  namespaces: readonly NamespaceId[];
-  hashes: readonly ChunkHash[];
-  /** Tokens per chunk, one per hash. */
-  tokenCounts: ArrayLike<number>;
-  /** Keep the ready chunks pinned until cancel, `takeLookup` or the pin TTL; default true. */
-  pin?: boolean;
-  /** Bring lower-tier hits into host memory; default true. Without it only CPU hits count. */
-  prefetch?: boolean;
-}
-
-export interface LookupOutcome {
-  status: 'ok' | 'canceled' | 'stale';
-  /** Epoch the answer belongs to. */
-  epoch: number;
-  /** Tokens ready in host memory, counted from the first chunk. */
-  hitTokens: number;
-  hitChunks: number;
-  /** Where the ready tokens were found (first namespace), in tier order. */
-  tiers: TierTokens[];
-}
-
-/** An answered lookup whose ready chunks are pinned in the CPU tier. */
-export interface PinnedLookup extends LookupOutcome {
-  lookupId: string;
-  namespaces: readonly NamespaceId[];
-  /** Hashes of the ready prefix (hitChunks of them). */
-  hashes: readonly ChunkHash[];
-  /** Internal record of the pins; released through `releaseLookup`. */
-  readonly ledger: PinLedger;
-}
-
-/** What a save's chunk came to: stored (indexed and queued), already there, or not kept. */
-export type SaveOutcome = 'stored' | 'exists' | 'dropped';
-
-/**
- * Host-memory room for one chunk, from {@link StorageManager.reserve}: fill `view`, then settle
- * once with `commit` or `abort`.
- */
-export interface StorageReservation {
-  /** Exactly the reserved length; write the chunk's bytes here before `commit`. */
-  readonly view: Uint8Array;
-  /**
-   * Makes the chunk visible: indexes it in the host-memory tier, pins it while its write-through
-   * to the lower tiers is queued or running, and queues that write-through (a full queue drops
-   * it, counted). Returns `'exists'` when the key was stored meanwhile (the block is freed) and
-   * `'dropped'` when a CLEAR of the chunk's namespace ran since `reserve` (the chunk is
-   * discarded: a chunk saved before a CLEAR is never visible after it).
-   * @throws KvtierError `KVT_INTERNAL` if already settled; `KVT_CLOSED` after close.
-   */
-  commit(): SaveOutcome;
-  /** Frees the room. @throws KvtierError `KVT_INTERNAL` if already settled. */
-  abort(): void;
-}
-
-/** Name, kind and health of one tier, in tier order. */
-export interface TierHealth {
-  name: string;
-  kind: string;
-  health: BackendHealth;
-}
 
 const DEFAULTS = {
   prefetchBudgetChunks: 1024,
@@ -146,7 +71,7 @@ export class StorageManager {
   readonly #walk: TierWalk;
   /** Answered lookups that hold pins (in the event manager or taken), for CLEAR to release. */
   readonly #answered = new Set<PinnedLookup>();
-  #writeDropped = 0;
+  readonly #save: SavePath;
   readonly #metrics: KvtierMetrics | undefined;
   readonly #log: Logger;
   #epoch: number;
@@ -200,6 +125,14 @@ export class StorageManager {
       fence: this.#fence,
       metrics: this.#metrics,
       log: this.#log,
+    });
+    this.#save = new SavePath({
+      host: this.#host,
+      lower: this.#lower,
+      fence: this.#fence,
+      queue: this.#writeQueue,
+      metrics: this.#metrics,
+      closed: () => this.#closing !== undefined,
     });
     this.serializer = this.#serializer;
     this.events = this.#events;
@@ -391,27 +324,13 @@ export class StorageManager {
    * A CLEAR of `ns` that runs before this resolves wins: the chunk is not kept.
    * @throws KvtierError `KVT_CLOSED` after close; the CPU tier's `KVT_INVALID_ARGUMENT`.
    */
-  async put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<PutOutcome> {
-    if (this.#closing !== undefined) throw closedError('storage manager');
-    const stamp = this.#fence.stamp();
-    const pinForWrite = this.#lower.length > 0;
-    const outcome = await this.#host.put(ns, hash, chunk, { pin: pinForWrite });
-    const inCpu = outcome !== 'dropped';
-    if (this.#fence.clearedSince(ns, stamp)) {
-      if (inCpu && pinForWrite) this.#host.unpin(ns, [hash]);
-      if (outcome === 'stored') await this.#host.remove(ns, [hash]).catch(() => 0);
-      return outcome;
-    }
-    if (!pinForWrite) return outcome;
-    const queued = this.#enqueue(ns, hash, chunk, inCpu, stamp);
-    return inCpu ? outcome : queued ? 'stored' : 'dropped';
+  put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<PutOutcome> {
+    return this.#save.put(ns, hash, chunk);
   }
 
   /**
    * Reserves host memory for a chunk the caller writes in place (the data plane's gather), so
-   * the bytes never pass through the JS heap. Never waits: evicts like `put`, or drops.
-   * @returns a {@link StorageReservation}; `'exists'` when the CPU tier already has the chunk
-   *   (touched, nothing reserved); `'dropped'` (counted by the tier) when there is no room.
+   * the bytes never pass through the JS heap; see {@link SavePath.reserve}.
    * @throws KvtierError `KVT_CLOSED` after close; `KVT_INVALID_ARGUMENT` on bad sizes.
    */
   reserve(
@@ -420,75 +339,12 @@ export class StorageManager {
     bytes: number,
     tokens: number,
   ): StorageReservation | 'exists' | 'dropped' {
-    if (this.#closing !== undefined) throw closedError('storage manager');
-    const stamp = this.#fence.stamp();
-    const r = this.#host.reserve(ns, hash, bytes, tokens);
-    if (typeof r === 'string') return r;
-    let settled = false;
-    const settle = (): ChunkReservation => {
-      if (settled) throw new KvtierError('KVT_INTERNAL', 'storage reservation already settled');
-      settled = true;
-      return r;
-    };
-    return {
-      view: r.view,
-      commit: () => this.#commit(ns, hash, tokens, settle(), stamp),
-      abort: () => settle().abort(),
-    };
-  }
-
-  #commit(
-    ns: NamespaceId,
-    hash: ChunkHash,
-    tokens: number,
-    r: ChunkReservation,
-    stamp: number,
-  ): SaveOutcome {
-    if (this.#closing !== undefined) {
-      r.abort();
-      throw closedError('storage manager');
-    }
-    if (this.#fence.clearedSince(ns, stamp)) {
-      r.abort();
-      return 'dropped';
-    }
-    const pinForWrite = this.#lower.length > 0;
-    const outcome = r.commit({ pin: pinForWrite });
-    if (!pinForWrite) return outcome;
-    if (outcome === 'exists') {
-      this.#host.unpin(ns, [hash]);
-      return 'exists';
-    }
-    this.#enqueue(ns, hash, { tokens, data: r.view }, true, stamp);
-    return 'stored';
-  }
-
-  /**
-   * Queues the write-through of a chunk (pinned in the CPU tier when `inCpu`; the pin is
-   * released when the job leaves the queue). Returns false, counted, when the queue is full.
-   */
-  #enqueue(ns: NamespaceId, hash: ChunkHash, chunk: Chunk, inCpu: boolean, stamp: number): boolean {
-    const job: StampedJob = {
-      ns,
-      hash,
-      chunk,
-      stamp,
-      targets: this.#lower,
-      done: () => {
-        if (inCpu) this.#host.unpin(ns, [hash]);
-      },
-    };
-    if (this.#writeQueue.enqueue(job)) return true;
-    if (inCpu) this.#host.unpin(ns, [hash]);
-    this.#writeDropped++;
-    for (const t of this.#lower)
-      this.#metrics?.writeThroughDropped.inc({ tier: t.name, reason: 'queue_full' });
-    return false;
+    return this.#save.reserve(ns, hash, bytes, tokens);
   }
 
   /** Write-throughs refused because the queue was full, since start (PUT and saves). */
   get writeThroughDropped(): number {
-    return this.#writeDropped;
+    return this.#save.writeThroughDropped;
   }
 
   /**
@@ -598,7 +454,7 @@ export class StorageManager {
       writeThrough: {
         depth: this.#writeQueue.depth,
         bytes: this.#writeQueue.bytes,
-        dropped: this.#writeDropped,
+        dropped: this.#save.writeThroughDropped,
       },
     };
   }
@@ -613,29 +469,6 @@ export class StorageManager {
     })();
     return this.#closing;
   }
-}
-
-/** A write-through job with the fence stamp of the write that queued it. */
-interface StampedJob extends WriteJob {
-  readonly stamp: number;
-}
-
-/**
- * The first tier as the host-memory port.
- * @throws KvtierError `KVT_CONFIG` when it does not keep chunks in host memory or lacks `reserve`.
- */
-export function asHostMemoryTier(tier: StorageBackend): HostMemoryTier {
-  if (!tier.capabilities.hostMemory)
-    throw new KvtierError(
-      'KVT_CONFIG',
-      `the first tier must keep chunks in host memory (e.g. local-cpu), got "${tier.name}" (${tier.kind})`,
-    );
-  if (typeof (tier as Partial<HostMemoryTier>).reserve !== 'function')
-    throw new KvtierError(
-      'KVT_CONFIG',
-      `tier "${tier.name}" (${tier.kind}) declares hostMemory but does not implement HostMemoryTier.reserve (wrap it with instrumentHostTier or a ForwardingBackend that declares HostMemoryTier)`,
-    );
-  return tier as HostMemoryTier;
 }
 
 const EPOCH_BASE_MS = Date.UTC(2024, 0, 1);

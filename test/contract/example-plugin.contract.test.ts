@@ -26,6 +26,7 @@ import { BackendRegistry, type TierConfig } from '../../src/backends/registry.ts
 import type { StorageBackend } from '../../src/backends/types.ts';
 import { loadConfig } from '../../src/config/config.ts';
 import { isKvtierError } from '../../src/errors.ts';
+import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { type CorruptionKind, describeBackendContract } from './backend.contract.ts';
 
 // The plug-in logs torn tails and corrupt objects as warnings; the tests provoke both.
@@ -93,7 +94,7 @@ async function corruptObject(
   if (kind === 'foreign-hash') {
     // Another chunk's valid object of the same length, so the segment's layout is unchanged.
     const data = randomBytes(at.length - CHUNK_HEADER_BYTES);
-    bytes = encodeChunkObject(ns, randomBytes(32).toString('hex'), { tokens: 256, data });
+    bytes = encodeChunkObject(ns, chunkHashFromBytes(randomBytes(32)), { tokens: 256, data });
   } else {
     if (kind === 'payload') pos += CHUNK_HEADER_BYTES + 17;
     bytes = Buffer.alloc(kind === 'magic' ? 4 : 1);
@@ -145,13 +146,13 @@ describeBackendContract(
 
 describe('log-store example plug-in specifics', () => {
   const ns = randomBytes(16).toString('hex');
-  const hashes = () => Array.from({ length: 3 }, () => randomBytes(32).toString('hex'));
+  const hashes = () => Array.from({ length: 3 }, () => chunkHashFromBytes(randomBytes(32)));
   const chunk = (bytes = 4 * KiB) => ({ tokens: 256, data: randomBytes(bytes) });
 
   it('truncates a torn tail on reopen and appends after it', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'kvtier-log-store-'));
     try {
-      const [a, b, c] = hashes() as [string, string, string];
+      const [a, b, c] = hashes() as [ChunkHash, ChunkHash, ChunkHash];
       const [ca, cb, cc] = [chunk(), chunk(), chunk()];
       const first = await loadTier({ path: dir });
       assert.equal(await first.put(ns, a, ca), 'stored');
@@ -200,7 +201,7 @@ describe('log-store example plug-in specifics', () => {
     const dir = await mkdtemp(join(tmpdir(), 'kvtier-log-store-'));
     const b = await loadTier({ path: dir });
     try {
-      const [x, y] = hashes() as [string, string];
+      const [x, y] = hashes() as [ChunkHash, ChunkHash];
       await b.put(ns, x, chunk());
       await b.put(ns, y, chunk());
       await corruptObject(dir, ns, x, 'payload');
@@ -219,7 +220,7 @@ describe('log-store example plug-in specifics', () => {
     const object = CHUNK_HEADER_BYTES + 4 * KiB;
     const b = await loadTier({ path: dir, capacityBytes: 2 * object });
     try {
-      const [x, y, z] = hashes() as [string, string, string];
+      const [x, y, z] = hashes() as [ChunkHash, ChunkHash, ChunkHash];
       assert.equal(await b.put(ns, x, chunk()), 'stored');
       assert.equal(await b.put(ns, y, chunk()), 'stored');
       assert.equal(await b.put(ns, z, chunk()), 'dropped', 'no room: dropped, not waited for');
@@ -307,7 +308,7 @@ describe('log-store example plug-in specifics', () => {
           built.map((t) => t.kind),
           ['local-cpu', 'log-store'],
         );
-        const h = randomBytes(32).toString('hex');
+        const h = chunkHashFromBytes(randomBytes(32));
         assert.equal(await built[1]!.put(ns, h, chunk()), 'stored');
         assert.equal(await built[1]!.batchedContains(ns, [h]), 1);
       } finally {

@@ -5,13 +5,15 @@ import { join } from 'node:path';
 import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/chunk-format.ts';
 import { objectPath } from '../../src/backends/file-store.ts';
 import { FsBackend } from '../../src/backends/fs-backend.ts';
+import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { type CorruptionKind, describeBackendContract } from './backend.contract.ts';
 
 /** Damages the object file of (ns, hash) in place, as a failing server or a stray writer would. */
 async function corruptFile(path: string, ns: string, kind: CorruptionKind): Promise<void> {
   if (kind === 'truncate') return truncate(path, CHUNK_HEADER_BYTES + 100);
   if (kind === 'foreign-hash') {
-    const other = randomBytes(32).toString('hex');
+    const other = chunkHashFromBytes(randomBytes(32));
     return writeFile(path, encodeChunkObject(ns, other, { tokens: 256, data: randomBytes(4096) }));
   }
   const fh = await open(path, 'r+');
@@ -31,13 +33,12 @@ describeBackendContract(
   async () => {
     const base = await mkdtemp(join(tmpdir(), 'kvtier-fs-contract-'));
     const dir = join(base, 'mount');
-    const open = () =>
-      FsBackend.open({ path: dir, timeoutMs: 2000, probeIntervalMs: 20 }, { name: 'fs' });
+    const open = () => FsBackend.open({ path: dir, timeoutMs: 2000 }, { name: 'fs' });
     const backend = await open();
     const others: FsBackend[] = [];
     return {
       backend,
-      corrupt: (ns: string, hash: string, kind: CorruptionKind) =>
+      corrupt: (ns: string, hash: ChunkHash, kind: CorruptionKind) =>
         corruptFile(objectPath(dir, ns, hash, backend.options.shardChars), ns, kind),
       // A vanished mount, for real: every path under the directory fails with ENOTDIR.
       down: async () => {

@@ -5,6 +5,8 @@ import { join } from 'node:path';
 import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/chunk-format.ts';
 import { objectPath } from '../../src/backends/file-store.ts';
 import { LocalDiskBackend, type LocalDiskOptions } from '../../src/backends/local-disk.ts';
+import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { type CorruptionKind, describeBackendContract } from './backend.contract.ts';
 
 const OUTAGE_SKIP =
@@ -15,7 +17,7 @@ const OUTAGE_SKIP =
 async function corruptFile(path: string, ns: string, kind: CorruptionKind): Promise<void> {
   if (kind === 'truncate') return truncate(path, CHUNK_HEADER_BYTES + 100);
   if (kind === 'foreign-hash') {
-    const other = randomBytes(32).toString('hex');
+    const other = chunkHashFromBytes(randomBytes(32));
     return writeFile(path, encodeChunkObject(ns, other, { tokens: 256, data: randomBytes(4096) }));
   }
   const fh = await open(path, 'r+');
@@ -38,7 +40,7 @@ function subjectFactory(options: Omit<LocalDiskOptions, 'path'>) {
     const reopened: LocalDiskBackend[] = [];
     return {
       backend,
-      corrupt: (ns: string, hash: string, kind: CorruptionKind) =>
+      corrupt: (ns: string, hash: ChunkHash, kind: CorruptionKind) =>
         corruptFile(objectPath(dir, ns, hash, backend.options.shardChars), ns, kind),
       reopen: async () => {
         const b = await open();

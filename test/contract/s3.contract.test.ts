@@ -2,6 +2,7 @@ import { GetObjectCommand, PutObjectCommand } from '@aws-sdk/client-s3';
 import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/chunk-format.ts';
 import { S3Backend } from '../../src/backends/s3-backend.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
+import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 import { type CorruptionKind, describeBackendContract } from './backend.contract.ts';
 
@@ -45,7 +46,7 @@ describeBackendContract(
         bad = obj;
         bad.write('XXXX', 0, 'latin1');
       } else {
-        const other = hash.replace(/^./, (c) => (c === '0' ? '1' : '0'));
+        const other = chunkHash(hash.replace(/^./, (c) => (c === '0' ? '1' : '0')));
         bad = encodeChunkObject(ns, other, { tokens: 1, data: obj.subarray(CHUNK_HEADER_BYTES) });
       }
       await raw.send(new PutObjectCommand({ Bucket: s3.bucket, Key, Body: bad }));

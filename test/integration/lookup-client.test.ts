@@ -6,6 +6,7 @@
 import assert from 'node:assert/strict';
 import { afterEach, describe, it } from 'node:test';
 import { isKvtierError } from '../../src/errors.ts';
+import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { LookupClient, type LookupClientOptions } from '../../src/lookup-client/lookup-client.ts';
 import { MultiLookupClient } from '../../src/lookup-client/multi-lookup-client.ts';
 import type { LookupServer } from '../../src/lookup-server/lookup-server.ts';
@@ -40,7 +41,7 @@ function client(opts: LookupClientOptions): LookupClient {
   return c;
 }
 
-async function putCpu(s: TestStack, ns: string, hashes: string[], counts: number[]) {
+async function putCpu(s: TestStack, ns: string, hashes: ChunkHash[], counts: number[]) {
   for (let i = 0; i < hashes.length; i++) {
     const outcome = await s.storage.put(ns, hashes[i]!, {
       tokens: counts[i]!,
@@ -51,7 +52,7 @@ async function putCpu(s: TestStack, ns: string, hashes: string[], counts: number
   await s.storage.writeQueue.idle();
 }
 
-async function putLower(s: TestStack, ns: string, hashes: string[], counts: number[]) {
+async function putLower(s: TestStack, ns: string, hashes: ChunkHash[], counts: number[]) {
   for (let i = 0; i < hashes.length; i++) {
     const outcome = await s.gated.put(ns, hashes[i]!, {
       tokens: counts[i]!,

@@ -6,6 +6,7 @@ import assert from 'node:assert/strict';
 import { afterEach, describe, it } from 'node:test';
 import * as zmq from 'zeromq';
 import { isKvtierError } from '../../src/errors.ts';
+import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { decodeReply, encodeRequest } from '../../src/protocol/codec.ts';
 import { HEADER_BYTES, MAGIC, type Reply } from '../../src/protocol/messages.ts';
@@ -41,7 +42,7 @@ function client(s: TestStack, ns: string, opts: { lookupTimeoutMs?: number } = {
 }
 
 /** Stores chunks in the lower tier only, as if the CPU tier had evicted them. */
-async function putLower(s: TestStack, ns: string, hashes: string[], counts: number[]) {
+async function putLower(s: TestStack, ns: string, hashes: ChunkHash[], counts: number[]) {
   for (let i = 0; i < hashes.length; i++) {
     assert.equal(
       await s.gated.put(ns, hashes[i]!, { tokens: counts[i]!, data: randomPayload(1024) }),

@@ -10,6 +10,8 @@ import { createServer } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
+import type { ChunkHash } from '../../src/backends/types.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { LookupServer, type LookupServerOptions } from '../../src/lookup-server/lookup-server.ts';
 import {
   StorageManager,
@@ -33,12 +35,12 @@ export function randomNamespace(): string {
 }
 
 /** A random chunk hash (64 lowercase hex digits). */
-export function randomHash(): string {
-  return randomBytes(32).toString('hex');
+export function randomHash(): ChunkHash {
+  return chunkHashFromBytes(randomBytes(32));
 }
 
 /** `n` distinct random chunk hashes. */
-export function randomHashes(n: number): string[] {
+export function randomHashes(n: number): ChunkHash[] {
   return Array.from({ length: n }, () => randomHash());
 }
 

@@ -13,6 +13,7 @@ import { setTimeout as sleep } from 'node:timers/promises';
 import { Cluster, Redis } from 'ioredis';
 import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/chunk-format.ts';
 import { RedisBackend, type RedisBackendOptions } from '../../src/backends/redis-backend.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { silentLogger } from '../../src/util/log.ts';
 import type { ContractSubject, CorruptionKind } from '../contract/backend.contract.ts';
 
@@ -351,7 +352,7 @@ export async function corruptRedisValue(
       damaged.write('XXXX', 0, 'latin1');
       break;
     case 'foreign-hash':
-      damaged = encodeChunkObject(ns, randomBytes(32).toString('hex'), {
+      damaged = encodeChunkObject(ns, chunkHashFromBytes(randomBytes(32)), {
         tokens: 1,
         data: randomBytes(64),
       });

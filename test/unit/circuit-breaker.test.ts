@@ -4,10 +4,11 @@ import { getEventListeners } from 'node:events';
 import { afterEach, beforeEach, describe, mock, test } from 'node:test';
 import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
+import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { GatedBackend } from '../support/gated-backend.ts';
 
 const NS = '0123456789abcdef0123456789abcdef';
-const H = (i: number) => i.toString(16).padStart(64, '0');
+const H = (i: number) => chunkHash(i.toString(16).padStart(64, '0'));
 
 async function flush(): Promise<void> {
   for (let i = 0; i < 10; i++) await Promise.resolve();

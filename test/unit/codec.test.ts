@@ -2,6 +2,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
 import { KVTIER_ERROR_CODES, KvtierError, type KvtierErrorCode } from '../../src/errors.ts';
+import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import {
   decodeHeader,
   decodeReply,
@@ -23,8 +24,8 @@ import {
 
 const NS_A = '48f3d9651eaf7e9014cf0c0d7bc30fba';
 const NS_B = 'ccd750d5fc54b2450fad560f67df94f4';
-const H0 = '9023a6f72e494c809d3ea5b388ef2ff49d20cc1d48e046e2a6c8d259b8592548';
-const H1 = '3b0d4074d7c396f8848f7b6439a3a8d85f5996b37d759ea087988e8960a9b73c';
+const H0 = chunkHash('9023a6f72e494c809d3ea5b388ef2ff49d20cc1d48e046e2a6c8d259b8592548');
+const H1 = chunkHash('3b0d4074d7c396f8848f7b6439a3a8d85f5996b37d759ea087988e8960a9b73c');
 
 function lookup(over: Partial<LookupRequest> = {}): LookupRequest {
   return {
@@ -538,12 +539,11 @@ describe('encoder validation', () => {
       tokens: 1,
       payload: Buffer.of(1),
     } as const;
-    throwsCode(() => encodeRequest({ ...put, hash: H0.slice(1) }), 'KVT_INVALID_ARGUMENT');
     throwsCode(() => encodeRequest({ ...put, namespace: 'g'.repeat(32) }), 'KVT_INVALID_ARGUMENT');
-    throwsCode(
-      () => encodeRequest({ type: 'get', requestId: 1, namespace: NS_A, hash: `${H0}00` }),
-      'KVT_INVALID_ARGUMENT',
-    );
+    // A hash is checked where text becomes a ChunkHash (the client's put and get), not re-checked here.
+    throwsCode(() => chunkHash(H0.slice(1)), 'KVT_INVALID_ARGUMENT');
+    throwsCode(() => chunkHash(`${H0}00`), 'KVT_INVALID_ARGUMENT');
+    throwsCode(() => chunkHash(H0.toUpperCase()), 'KVT_INVALID_ARGUMENT');
   });
 });
 

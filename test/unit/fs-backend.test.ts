@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { after, describe, it, mock } from 'node:test';
 import { setImmediate as turn } from 'node:timers/promises';
 import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
+import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
 import { type FileSystem, objectPath } from '../../src/backends/file-store.ts';
 import {
   createFsBackend,
@@ -15,6 +16,7 @@ import {
 } from '../../src/backends/fs-backend.ts';
 import type { Chunk } from '../../src/backends/types.ts';
 import { isKvtierError } from '../../src/errors.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 
 const dirs: string[] = [];
 after(async () => {
@@ -28,7 +30,7 @@ async function tempDir(): Promise<string> {
 }
 
 const ns = () => randomBytes(16).toString('hex');
-const hash = () => randomBytes(32).toString('hex');
+const hash = () => chunkHashFromBytes(randomBytes(32));
 const chunk = (bytes: number, tokens = 256): Chunk => ({ tokens, data: randomBytes(bytes) });
 const obj = (payload: number) => CHUNK_HEADER_BYTES + payload;
 
@@ -192,19 +194,20 @@ describe('FsBackend', () => {
     await b.close();
   });
 
-  it('a hung mount costs timeoutMs: misses and drops, health down, restored by the probe', async () => {
+  it('a hung mount: calls fail with KVT_TIMEOUT, the breaker answers misses and drops, goes down, and its probe restores the tier', async () => {
     // Timers are mocked: a hung call times out when the test moves the clock, and a real file
     // operation can never time out however slow this machine is (the clock does not move).
     mock.timers.enable({ apis: ['setTimeout'] });
     try {
       const dir = await tempDir();
+      const probeDir = join(dir, '0'.repeat(32));
       let hang = false;
       let probed: (() => void) | null = null;
       const never = () => new Promise<never>(() => {});
       const mount: FileSystem = {
         ...fsp,
         stat: ((path: string) => {
-          if (!hang && path === dir && probed !== null) probed();
+          if (!hang && path.startsWith(probeDir) && probed !== null) probed();
           return hang ? never() : fsp.stat(path);
         }) as typeof fsp.stat,
         open: ((...args: Parameters<typeof fsp.open>) =>
@@ -227,21 +230,29 @@ describe('FsBackend', () => {
         }
         return p;
       };
-      const b = await open(dir, { fsImpl: mount, timeoutMs: 25, probeIntervalMs: 5 });
+      const raw = await open(dir, { fsImpl: mount, timeoutMs: 25 });
+      // As the host wraps it: the breaker is the tier's one health mechanism.
+      const b = new CircuitBreakerBackend(raw, {
+        timeoutMs: 10_000,
+        failureThreshold: 2,
+        probeIntervalMs: 5,
+      });
       const [n, h, c] = [ns(), hash(), chunk(1000)];
       assert.equal(await b.put(n, h, c), 'stored');
       hang = true;
+      await assert.rejects(settle(raw.batchedContains(n, [h])), (err: unknown) =>
+        isKvtierError(err, 'KVT_TIMEOUT'),
+      );
+      assert.equal(raw.health(), 'degraded', 'the tier reports its latest failure, never down');
       assert.equal(
         await settle(b.batchedContains(n, [h, hash()])),
         0,
         'a timed-out stat is a miss',
       );
-      assert.equal(b.health(), 'down');
       assert.equal((await settle(b.batchedGet(n, [h]))).get(h), null, 'a timed-out read is a miss');
-      assert.equal(await settle(b.put(n, hash(), c)), 'dropped', 'a timed-out put is dropped');
-      const s = b.stats();
-      assert.ok(s.timeouts >= 3, `timeouts counted: ${s.timeouts}`);
-      assert.equal(s.droppedPuts, 1);
+      assert.equal(b.health(), 'down', 'the breaker opened');
+      assert.equal(await b.put(n, hash(), c), 'dropped', 'a put while down is dropped at once');
+      assert.ok(raw.stats().timeouts >= 3, `timeouts counted: ${raw.stats().timeouts}`);
       const probeSeen = new Promise<void>((resolve) => {
         probed = resolve;
       });
@@ -260,6 +271,7 @@ describe('FsBackend', () => {
       for (let i = 0; i < 100_000 && b.health() !== 'up'; i++) await turn();
       assert.equal(b.health(), 'up', 'restored by the probe alone');
       assert.equal(await b.batchedContains(n, [h]), 1, 'served again');
+      assert.equal(raw.health(), 'up');
       await b.close();
     } finally {
       mock.timers.reset();

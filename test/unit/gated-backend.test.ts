@@ -3,12 +3,13 @@ import { describe, it } from 'node:test';
 import { MemoryBackend } from '../../src/backends/memory.ts';
 import type { Chunk } from '../../src/backends/types.ts';
 import { isKvtierError } from '../../src/errors.ts';
+import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { Gate, GatedBackend } from '../support/gated-backend.ts';
 
 const NS = 'c'.repeat(32);
 
-function h(i: number): string {
-  return i.toString(16).padStart(64, '0');
+function h(i: number): ChunkHash {
+  return chunkHash(i.toString(16).padStart(64, '0'));
 }
 
 function chunk(fill: number): Chunk {

@@ -11,12 +11,13 @@ import type {
   StorageBackend,
 } from '../../src/backends/types.ts';
 import { KvtierError } from '../../src/errors.ts';
+import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { instrumentBackend } from '../../src/metrics/instrumented-backend.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
 import { assertValidPromText, parsePromText, seriesKey } from '../support/prom-text.ts';
 
 const NS: NamespaceId = '0'.repeat(32);
-const h = (i: number): ChunkHash => i.toString(16).padStart(64, '0');
+const h = (i: number): ChunkHash => chunkHash(i.toString(16).padStart(64, '0'));
 const chunk = (bytes: number): Chunk => ({ tokens: 256, data: new Uint8Array(bytes) });
 
 /** A tiny in-memory backend; `failNext` makes the next async call throw the given error. */

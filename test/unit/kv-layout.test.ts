@@ -1,19 +1,37 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import {
-  appendChunkOps,
   blockOffset,
   checkRegionsFit,
+  chunkOpSlots,
   chunkPayloadBytes,
+  type KvLayout,
   type KvRegistration,
   payloadOffset,
   resolveKvRegistration,
-  splitBlocks,
+  splitBlocks as splitBlockViews,
+  writeChunkOps,
 } from '../../src/data-plane/kv-layout.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { bytesPerToken, deriveNamespace } from '../../src/namespace/namespace.ts';
 
 const HANDLE = 'ab'.repeat(64);
+
+/** {@link splitBlockViews} as plain arrays, for deepEqual. */
+const splitBlocks = (...a: Parameters<typeof splitBlockViews>): number[][] =>
+  splitBlockViews(...a).map((c) => Array.from(c));
+
+/** The ops of one chunk appended to `out`, through the in-place writer. */
+function appendChunkOps(
+  out: number[],
+  layout: KvLayout,
+  ...rest: ['gather' | 'scatter', readonly number[], readonly number[], number, number?, number?]
+): void {
+  const ops = new Float64Array(chunkOpSlots(layout, rest[1].length) + 3);
+  const end = writeChunkOps(ops, 3, layout, ...rest);
+  assert.equal(end, ops.length, 'writes exactly chunkOpSlots slots from `at`');
+  out.push(...ops.subarray(3));
+}
 
 /** 4 layers, 2 heads x 8 dims in bf16: 32 bytes per token per layer, 128-byte blocks of 4 tokens. */
 function reg(over: Partial<KvRegistration> = {}): KvRegistration {
@@ -244,6 +262,16 @@ describe('address math', () => {
     rejects(() => splitBlocks(layout, [1, 2, 3, 4, 5], 1, 'save'), /need 1\.\.4 block ids, got 5/);
     rejects(() => splitBlocks(layout, [1, 10], 1, 'load'), /load\.blockIds\[1\] must be/);
     assert.deepEqual(splitBlocks(layout, [], 0, 'save'), []);
+  });
+
+  test('splitBlocks views a decoded Uint32Array without copying it', () => {
+    const layout = resolveKvRegistration(reg());
+    const ids = Uint32Array.of(9, 1, 5, 3, 2, 0);
+    const [a, b] = splitBlockViews(layout, ids, 2, 'save');
+    assert.equal(a!.buffer, ids.buffer);
+    assert.equal(b!.buffer, ids.buffer);
+    assert.deepEqual([a!.byteOffset, b!.byteOffset], [0, 16]);
+    rejects(() => splitBlockViews(layout, Uint32Array.of(1, 10), 1, 'save'), /blockIds\[1\]/);
   });
 
   test('gather and scatter ops mirror each other', () => {

@@ -7,13 +7,14 @@ import {
 } from '../../src/backends/local-cpu.ts';
 import type { Chunk } from '../../src/backends/types.ts';
 import { isKvtierError } from '../../src/errors.ts';
+import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 
 const PAGE = 4096;
 const NS = 'a'.repeat(32);
 const NS2 = 'b'.repeat(32);
 
-function h(i: number): string {
-  return i.toString(16).padStart(64, '0');
+function h(i: number): ChunkHash {
+  return chunkHash(i.toString(16).padStart(64, '0'));
 }
 
 function chunk(fill: number, bytes = PAGE, tokens = 16): Chunk {
@@ -313,7 +314,7 @@ describe('LocalCpuBackend under a random workload', () => {
       pageBytes: PAGE,
       slabBytes: 8 * PAGE,
     });
-    const pins = new Map<string, { count: number; view: Uint8Array; fill: number }>();
+    const pins = new Map<ChunkHash, { count: number; view: Uint8Array; fill: number }>();
     const fillOf = (i: number) => (i * 37) & 0xff;
     let stored = 0;
     for (let step = 0; step < 3000; step++) {

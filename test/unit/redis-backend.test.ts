@@ -10,6 +10,7 @@ import {
   resolveRedisBackendOptions,
 } from '../../src/backends/redis-backend.ts';
 import { isKvtierError } from '../../src/errors.ts';
+import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import {
   freeTcpPort,
   pollUntil,
@@ -125,7 +126,7 @@ describe('redis backend against redis-server', () => {
     const b = backend(server.port, { keyPrefix: 'unit-clear:' });
     await b.start();
     const [ns1, ns2] = [randomNamespace(), randomNamespace()];
-    const [h1, h2] = randomHashes(2) as [string, string];
+    const [h1, h2] = randomHashes(2) as [ChunkHash, ChunkHash];
     await b.put(ns1, h1, { tokens: 1, data: randomPayload(10) });
     await b.put(ns2, h2, { tokens: 1, data: randomPayload(10) });
     await raw.set('unit-clear-other', 'x');

@@ -19,6 +19,7 @@ import {
   s3OptionsFromConfig,
 } from '../../src/backends/s3-backend.ts';
 import { isKvtierError, type KvtierError } from '../../src/errors.ts';
+import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { randomHash, randomHashes, randomNamespace } from '../support/fixtures.ts';
 import { type S3Harness, S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 
@@ -150,7 +151,7 @@ describe('S3Backend bodies and keys', () => {
     const b = backend({ keyPrefix: 'keys-test/' });
     const nsA = randomNamespace();
     const nsB = randomNamespace();
-    const [a1, a2] = randomHashes(2) as [string, string];
+    const [a1, a2] = randomHashes(2) as [ChunkHash, ChunkHash];
     const b1 = randomHash();
     const chunk = { tokens: 4, data: randomBytes(64) };
     await b.put(nsA, a1, chunk);
@@ -173,7 +174,7 @@ describe('S3Backend bodies and keys', () => {
   test('batched gets are keyed by hash with explicit misses; contains stops at the first miss', async () => {
     const b = backend();
     const ns = randomNamespace();
-    const [h0, h1, h2] = randomHashes(3) as [string, string, string];
+    const [h0, h1, h2] = randomHashes(3) as [ChunkHash, ChunkHash, ChunkHash];
     await b.put(ns, h0, { tokens: 1, data: Buffer.from('zero') });
     await b.put(ns, h2, { tokens: 1, data: Buffer.from('two') });
     assert.equal(await b.batchedContains(ns, [h0, h1, h2]), 1);

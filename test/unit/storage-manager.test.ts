@@ -5,6 +5,7 @@ import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
 import { MemoryBackend } from '../../src/backends/memory.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
 import { KvtierError } from '../../src/errors.ts';
+import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { instrumentBackend, instrumentHostTier } from '../../src/metrics/instrumented-backend.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
 import {
@@ -17,9 +18,9 @@ const NS = '0123456789abcdef0123456789abcdef';
 const NS2 = 'fedcba9876543210fedcba9876543210';
 const CHUNK_BYTES = 4096;
 
-function hashes(n: number, tag = 'h'): string[] {
+function hashes(n: number, tag = 'h'): ChunkHash[] {
   return Array.from({ length: n }, (_, i) =>
-    Buffer.from(`${tag}-${i}`.padEnd(32, '.')).toString('hex'),
+    chunkHashFromBytes(Buffer.from(`${tag}-${i}`.padEnd(32, '.'))),
   );
 }
 
@@ -98,7 +99,7 @@ describe('StorageManager lookup', () => {
     const sm = manager([cpu, lower]);
     const hs = hashes(7);
     for (const h of hs.slice(0, 2)) await cpu.put(NS, h, chunk());
-    const lowerChunks = new Map<string, ReturnType<typeof chunk>>();
+    const lowerChunks = new Map<ChunkHash, ReturnType<typeof chunk>>();
     for (const h of hs.slice(2, 5)) {
       const c = chunk();
       lowerChunks.set(h, c);

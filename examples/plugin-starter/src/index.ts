@@ -51,7 +51,6 @@ export interface DirStoreOptions {
 const ALLOWED = ['path', 'maxChunkBytes'];
 const DEFAULT_MAX_CHUNK_BYTES = 64 * 1024 * 1024;
 const NS_RE = /^[0-9a-f]{32}$/;
-const HASH_RE = /^[0-9a-f]{64}$/;
 
 /** Builds the backend for one tier: the plug-in's entry point. */
 export const createBackend: PluginFactory = async (options, ctx) => {
@@ -129,7 +128,7 @@ export class DirStoreBackend implements StorageBackend {
     hashes: readonly ChunkHash[],
     opts: ContainsOptions = {},
   ): Promise<number> {
-    this.#check(ns, hashes, opts.signal, 'contains');
+    this.#check(ns, opts.signal, 'contains');
     const probe = async () => {
       let k = 0;
       for (const h of hashes) {
@@ -146,7 +145,7 @@ export class DirStoreBackend implements StorageBackend {
     hashes: readonly ChunkHash[],
     opts: GetOptions = {},
   ): Promise<Map<ChunkHash, Chunk | null>> {
-    this.#check(ns, hashes, opts.signal, 'get');
+    this.#check(ns, opts.signal, 'get');
     const read = async () => {
       const out = new Map<ChunkHash, Chunk | null>();
       const unique = [...new Set(hashes)];
@@ -163,7 +162,7 @@ export class DirStoreBackend implements StorageBackend {
     chunk: Chunk,
     opts: PutOptions = {},
   ): Promise<PutOutcome> {
-    this.#check(ns, [hash], opts.signal, 'put');
+    this.#check(ns, opts.signal, 'put');
     if (!Number.isSafeInteger(chunk.tokens) || chunk.tokens < 1 || chunk.data.byteLength < 1) {
       throw new KvtierError('KVT_INVALID_ARGUMENT', 'a chunk needs tokens >= 1 and some bytes');
     }
@@ -178,23 +177,23 @@ export class DirStoreBackend implements StorageBackend {
   }
 
   async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
-    this.#check(ns, hashes, undefined, 'remove');
+    this.#check(ns, undefined, 'remove');
     let n = 0;
     for (const h of new Set(hashes)) if (await this.#unlink(this.#file(ns, h))) n++;
     return n;
   }
 
-  pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
-    this.#check(ns, hashes, undefined, 'pin');
+  pin(ns: NamespaceId, _hashes: readonly ChunkHash[]): number {
+    this.#check(ns, undefined, 'pin');
     return 0; // nothing is evicted: there is nothing for a pin to protect
   }
 
-  unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
-    this.#check(ns, hashes, undefined, 'unpin');
+  unpin(ns: NamespaceId, _hashes: readonly ChunkHash[]): void {
+    this.#check(ns, undefined, 'unpin');
   }
 
   async clear(ns?: NamespaceId): Promise<void> {
-    this.#check(ns, [], undefined, 'clear');
+    this.#check(ns, undefined, 'clear');
     const spaces = ns === undefined ? await readdir(this.path) : [ns];
     for (const space of spaces) {
       if (!NS_RE.test(space)) continue;
@@ -210,7 +209,7 @@ export class DirStoreBackend implements StorageBackend {
   }
 
   stats(): BackendStats {
-    this.#check(undefined, [], undefined, 'stats');
+    this.#check(undefined, undefined, 'stats');
     return {
       chunks: this.#chunks,
       bytesUsed: this.#bytes,
@@ -223,7 +222,7 @@ export class DirStoreBackend implements StorageBackend {
   }
 
   health(): BackendHealth {
-    this.#check(undefined, [], undefined, 'health');
+    this.#check(undefined, undefined, 'health');
     return this.#degraded ? 'degraded' : 'up';
   }
 
@@ -238,15 +237,14 @@ export class DirStoreBackend implements StorageBackend {
     return join(this.path, ns, `${hash}.kvtc`);
   }
 
-  /** Closed, malformed arguments, an aborted signal: each throws its documented error. */
-  #check(ns: string | undefined, hashes: readonly string[], signal?: AbortSignal, op = '') {
+  /**
+   * Closed, a malformed namespace, an aborted signal: each throws its documented error. Hashes
+   * need no check: a `ChunkHash` is validated once by kvtier where it enters.
+   */
+  #check(ns: string | undefined, signal?: AbortSignal, op = '') {
     if (this.#closing !== undefined) throw closedError(`tier "${this.name}"`);
     if (ns !== undefined && !NS_RE.test(ns))
       throw new KvtierError('KVT_INVALID_ARGUMENT', `ns must be 32 lowercase hex digits`);
-    for (const h of hashes) {
-      if (!HASH_RE.test(h))
-        throw new KvtierError('KVT_INVALID_ARGUMENT', `hash must be 64 lowercase hex digits`);
-    }
     this.#ctx.abort.throwIfAborted(signal, `${this.name} ${op}`);
   }
 

@@ -8,6 +8,7 @@ import { fileURLToPath } from 'node:url';
 import {
   BackendRegistry,
   CHUNK_HEADER_BYTES,
+  chunkHashFromBytes,
   encodeChunkObject,
   type StorageBackend,
 } from 'kvtier';
@@ -43,7 +44,7 @@ function damage(obj: Buffer, ns: string, kind: CorruptionKind): Buffer {
       b.fill(0, 0, 4);
       return b;
     case 'foreign-hash':
-      return encodeChunkObject(ns, randomBytes(32).toString('hex'), {
+      return encodeChunkObject(ns, chunkHashFromBytes(randomBytes(32)), {
         tokens: 256,
         data: randomBytes(4096),
       });

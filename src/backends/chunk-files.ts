@@ -1,0 +1,170 @@
+/**
+ * The file-object core the local-disk and fs tiers share: where a chunk's file lives, reading
+ * and verifying one (a corrupt object is counted, logged and reported once, here), writing one
+ * atomically, and the set of operations a tier waits for on close. Each tier keeps its own
+ * index (or none), eviction and error policy; the raw file operations are in file-store.ts.
+ */
+import type { Logger } from '../util/log.ts';
+import {
+  CHUNK_HEADER_BYTES,
+  type ChunkDecodeFailure,
+  decodeChunkObject,
+  encodeChunkHeader,
+} from './chunk-format.ts';
+import {
+  type FileSystem,
+  type FsyncPolicy,
+  isNotFound,
+  objectPath,
+  readObjectFile,
+  type StoreEntry,
+  writeChunkFileAtomic,
+} from './file-store.ts';
+import type { Chunk, ChunkHash, NamespaceId } from './types.ts';
+
+/** What the core needs of its tier. */
+export interface ChunkFilesOptions {
+  readonly fs: FileSystem;
+  /** The store's root directory. */
+  readonly root: string;
+  readonly shardChars: number;
+  /** Largest payload a file may hold; a larger file is read as corrupt (`length`), never allocated. */
+  readonly maxChunkBytes: number;
+  readonly fsync: FsyncPolicy;
+  /** Tier name, for log lines. */
+  readonly tier: string;
+  readonly log: Logger;
+  /** Called once per corrupt object found (after it is counted). */
+  readonly onCorrupt: (reason: ChunkDecodeFailure) => void;
+}
+
+/** What reading one object came to. */
+export type ChunkFileRead =
+  | { readonly kind: 'ok'; readonly chunk: Chunk; readonly mtimeMs: number }
+  | { readonly kind: 'missing' }
+  /** Counted and reported; the caller deletes the file (`size` bytes). */
+  | { readonly kind: 'corrupt'; readonly reason: ChunkDecodeFailure; readonly size: number };
+
+/** Runs one file operation (the tier adds its concurrency limit and deadline). */
+export type FileOp = <T>(fn: () => Promise<T>) => Promise<T>;
+
+/** Reading, verifying and writing chunk files under one root. */
+export class ChunkFiles {
+  readonly #o: ChunkFilesOptions;
+  #corrupt = 0;
+
+  constructor(o: ChunkFilesOptions) {
+    this.#o = o;
+  }
+
+  /** Corrupt objects found since start. */
+  get corrupt(): number {
+    return this.#corrupt;
+  }
+
+  /** The file of (ns, hash). */
+  path(ns: NamespaceId, hash: ChunkHash): string {
+    return objectPath(this.#o.root, ns, hash, this.#o.shardChars);
+  }
+
+  /**
+   * Reads the object at `path` (through `run`) and verifies it against (ns, hash).
+   * @throws the system error (other than ENOENT) or whatever `run` throws (a timeout, an abort).
+   */
+  async read(ns: NamespaceId, hash: ChunkHash, path: string, run: FileOp): Promise<ChunkFileRead> {
+    const max = CHUNK_HEADER_BYTES + this.#o.maxChunkBytes;
+    const res = await run(() => readObjectFile(this.#o.fs, path, max));
+    if (res.kind === 'missing') return res;
+    let reason: ChunkDecodeFailure = 'length';
+    if (res.kind === 'ok') {
+      const decoded = decodeChunkObject(ns, hash, res.bytes);
+      if (decoded.ok) return { kind: 'ok', chunk: decoded.chunk, mtimeMs: res.mtimeMs };
+      reason = decoded.reason;
+    }
+    this.#corrupt++;
+    this.#o.log.warn('corrupt object removed', { tier: this.#o.tier, path, reason });
+    this.#o.onCorrupt(reason);
+    return { kind: 'corrupt', reason, size: res.kind === 'ok' ? res.bytes.byteLength : res.size };
+  }
+
+  /**
+   * Writes `chunk` as the object of (ns, hash) at `path`, atomically (temp file + rename);
+   * `makeDir` creates its directory when missing. Returns the bytes written.
+   * @throws the system error.
+   */
+  write(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    chunk: Chunk,
+    path: string,
+    makeDir: () => Promise<void>,
+  ): Promise<number> {
+    return writeChunkFileAtomic(
+      this.#o.fs,
+      path,
+      () => encodeChunkHeader(ns, hash, chunk),
+      CHUNK_HEADER_BYTES,
+      chunk.data,
+      { fsync: this.#o.fsync, makeDir },
+    );
+  }
+}
+
+/** Operations in flight, which `close` waits for. */
+export class TaskSet {
+  readonly #tasks = new Set<Promise<unknown>>();
+
+  /** Adds `p` until it settles; returns it. */
+  track<T>(p: Promise<T>): Promise<T> {
+    this.#tasks.add(p);
+    const done = () => this.#tasks.delete(p);
+    void p.then(done, done);
+    return p;
+  }
+
+  /** Resolves once every task (including those added meanwhile) has settled. */
+  async drain(): Promise<void> {
+    while (this.#tasks.size > 0) await Promise.allSettled([...this.#tasks]);
+  }
+}
+
+/** A file {@link statEntries} found, with what `stat` said of it. */
+export interface FoundFile {
+  readonly path: string;
+  readonly size: number;
+  readonly mtimeMs: number;
+}
+
+/** An object file {@link statEntries} found. */
+export interface FoundObject extends FoundFile {
+  readonly ns: NamespaceId;
+  readonly hash: ChunkHash;
+}
+
+/**
+ * Stats the entries of a store listing (`listStore`), each through `run`: object files (regular
+ * files only) and temp files, with sizes and mtimes. A file gone meanwhile is skipped; any other
+ * error goes to `onError`, which rethrows it (failing the whole scan) or returns (skipping it).
+ */
+export async function statEntries(
+  fs: FileSystem,
+  entries: readonly StoreEntry[],
+  run: FileOp,
+  onError: (err: unknown) => void,
+): Promise<{ objects: FoundObject[]; temps: FoundFile[] }> {
+  const objects: FoundObject[] = [];
+  const temps: FoundFile[] = [];
+  await Promise.all(
+    entries.map(async (e) => {
+      try {
+        const st = await run(() => fs.stat(e.path));
+        const found = { path: e.path, size: st.size, mtimeMs: st.mtimeMs };
+        if (e.kind === 'temp') temps.push(found);
+        else if (st.isFile()) objects.push({ ...found, ns: e.ns, hash: e.hash });
+      } catch (err) {
+        if (!isNotFound(err)) onError(err);
+      }
+    }),
+  );
+  return { objects, temps };
+}

@@ -1,0 +1,75 @@
+/** The data plane's options and the requests and results of its saves and loads. */
+import type { ChunkHash } from '../backends/types.ts';
+import type { StorageManager } from '../storage-manager/storage-manager.ts';
+import type { Logger } from '../util/log.ts';
+import type { CopyEngine } from './copy-engine-types.ts';
+
+/** Values of a load's completion word: the engine zeroes it before asking, kvtier writes the outcome. */
+export const LOAD_STATE = Object.freeze({ PENDING: 0, DONE: 1, FAILED: 2 });
+
+/** Options of {@link DataPlane}. */
+export interface DataPlaneOptions {
+  /** Not owned: the data plane neither starts nor closes it. */
+  storage: StorageManager;
+  /** Default: {@link createFsCopyEngine}. */
+  copyEngine?: CopyEngine;
+  /** An engine silent this long (no heartbeat or call) is treated as gone; default 30 000 ms. */
+  heartbeatTimeoutMs?: number;
+  /** How often silent engines are swept, ms; 0 disables the timer (call `sweep()`); default 5000. */
+  sweepIntervalMs?: number;
+  /** Clock for heartbeats and load deadlines (ms); default Date.now. */
+  now?: () => number;
+  log?: Logger;
+}
+
+/** A save after a forward pass: the blocks of the chunks to gather. */
+export interface SaveRequest {
+  engineId: string;
+  requestId: string;
+  /** Blocks of the chunks, in order: chunk i owns blockIds[i * blocksPerChunk ...]. */
+  blockIds: ArrayLike<number>;
+  chunkHashes: readonly ChunkHash[];
+  /** Leading chunks the engine knows are stored; default 0. */
+  skipChunks?: number;
+}
+
+/** Chunk counts of a save; they add up to the number of chunk hashes. */
+export interface SaveResult {
+  saved: number;
+  /** Skipped by request or already in the CPU tier. */
+  skipped: number;
+  /** No room in the CPU tier (counted there), or cleared by a CLEAR that ran during the copy. */
+  dropped: number;
+}
+
+/** A load before a forward pass: pinned chunks to scatter into the blocks. */
+export interface LoadRequest {
+  engineId: string;
+  requestId: string;
+  /** The lookup whose pins cover the chunks (held by `holdLookup` or still in the storage manager). */
+  lookupId: string;
+  /**
+   * Destination blocks, aligned with the chunks like {@link SaveRequest.blockIds}, less the
+   * `skipBlocks` leading blocks of the first chunk.
+   */
+  blockIds: ArrayLike<number>;
+  chunkHashes: readonly ChunkHash[];
+  /**
+   * Leading blocks of the first chunk the engine already holds (its prefix cache ended inside
+   * that chunk): they are not written and not in `blockIds`. 0..blocksPerChunk-1; default 0.
+   */
+  skipBlocks?: number;
+  /** Chunks not started by this time (on the `now` clock, ms) are reported invalid. */
+  deadlineMs?: number;
+  /** Slot of the registered state file to set to DONE or FAILED. */
+  stateSlot?: number;
+  /** In-process completion word (element 0), set with `Atomics.store` and notified. */
+  stateWord?: Int32Array;
+}
+
+/** The reply to a load (vLLM's load-failure recovery reads `invalidBlockIds`). */
+export interface LoadResult {
+  loadedTokens: number;
+  /** Blocks not written with valid KV: those of the first chunk that failed and every later chunk. */
+  invalidBlockIds: number[];
+}

@@ -1,0 +1,101 @@
+/**
+ * The storage manager's public types: its options, a lookup's input and outcome, an answered
+ * lookup's pins, and a save's reservation.
+ */
+import type { BackendHealth, ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
+import type { KvtierMetrics } from '../metrics/metrics.ts';
+import type { Logger } from '../util/log.ts';
+import type { PinLedger } from './pin-ledger.ts';
+import type { TierTokens } from './tier-walk.ts';
+import type { WriteThroughOptions } from './write-through.ts';
+
+export interface StorageManagerOptions {
+  /**
+   * Tiers, fastest first. The first must be the host-memory tier: a {@link HostMemoryTier}
+   * (`capabilities.hostMemory` and `reserve`), e.g. LocalCPU, or a decorator of one.
+   */
+  tiers: readonly StorageBackend[];
+  /** Chunks that admitted prefetches may bring into host memory at once; default 1024. */
+  prefetchBudgetChunks?: number;
+  /** Lifetime of an answered lookup's pins when nobody consumes or cancels it; default 60 000 ms. */
+  pinTtlMs?: number;
+  /** Most lookups tracked at once (ongoing plus answered and pinned); default 4096. */
+  maxLookups?: number;
+  writeThrough?: WriteThroughOptions;
+  metrics?: KvtierMetrics;
+  log?: Logger;
+  /** Clock for pin expiry (ms); default Date.now. */
+  now?: () => number;
+  /** How often expired pins are swept, ms; 0 disables the timer (call `sweep()`); default 1000. */
+  sweepIntervalMs?: number;
+  /**
+   * First epoch. Default: seconds since 2024-01-01 UTC, so a restarted sidecar starts above the
+   * epochs its clients saw before (they drop answers older than the highest epoch they know).
+   */
+  initialEpoch?: number;
+}
+
+/** One lookup as the storage manager sees it. */
+export interface LookupInput {
+  lookupId: string;
+  /** A chunk counts only when every namespace has it (one per rank hosted here). */
+  namespaces: readonly NamespaceId[];
+  hashes: readonly ChunkHash[];
+  /** Tokens per chunk, one per hash. */
+  tokenCounts: ArrayLike<number>;
+  /** Keep the ready chunks pinned until cancel, `takeLookup` or the pin TTL; default true. */
+  pin?: boolean;
+  /** Bring lower-tier hits into host memory; default true. Without it only CPU hits count. */
+  prefetch?: boolean;
+}
+
+export interface LookupOutcome {
+  status: 'ok' | 'canceled' | 'stale';
+  /** Epoch the answer belongs to. */
+  epoch: number;
+  /** Tokens ready in host memory, counted from the first chunk. */
+  hitTokens: number;
+  hitChunks: number;
+  /** Where the ready tokens were found (first namespace), in tier order. */
+  tiers: TierTokens[];
+}
+
+/** An answered lookup whose ready chunks are pinned in the CPU tier. */
+export interface PinnedLookup extends LookupOutcome {
+  lookupId: string;
+  namespaces: readonly NamespaceId[];
+  /** Hashes of the ready prefix (hitChunks of them). */
+  hashes: readonly ChunkHash[];
+  /** Internal record of the pins; released through `releaseLookup`. */
+  readonly ledger: PinLedger;
+}
+
+/** What a save's chunk came to: stored (indexed and queued), already there, or not kept. */
+export type SaveOutcome = 'stored' | 'exists' | 'dropped';
+
+/**
+ * Host-memory room for one chunk, from {@link StorageManager.reserve}: fill `view`, then settle
+ * once with `commit` or `abort`.
+ */
+export interface StorageReservation {
+  /** Exactly the reserved length; write the chunk's bytes here before `commit`. */
+  readonly view: Uint8Array;
+  /**
+   * Makes the chunk visible: indexes it in the host-memory tier, pins it while its write-through
+   * to the lower tiers is queued or running, and queues that write-through (a full queue drops
+   * it, counted). Returns `'exists'` when the key was stored meanwhile (the block is freed) and
+   * `'dropped'` when a CLEAR of the chunk's namespace ran since `reserve` (the chunk is
+   * discarded: a chunk saved before a CLEAR is never visible after it).
+   * @throws KvtierError `KVT_INTERNAL` if already settled; `KVT_CLOSED` after close.
+   */
+  commit(): SaveOutcome;
+  /** Frees the room. @throws KvtierError `KVT_INTERNAL` if already settled. */
+  abort(): void;
+}
+
+/** Name, kind and health of one tier, in tier order. */
+export interface TierHealth {
+  name: string;
+  kind: string;
+  health: BackendHealth;
+}
