@@ -3,7 +3,11 @@ import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
+import {
+  CHUNK_HEADER_BYTES,
+  decodeChunkObjectAsync,
+  encodeChunkHeaderAsync,
+} from './chunk-format.ts';
 import {
   errnoOf,
   type FileSystem,
@@ -373,7 +377,7 @@ export class FsBackend implements StorageBackend {
     if (res.kind === 'ok' && this.#expired(res.mtimeMs)) return null;
     const decoded =
       res.kind === 'ok'
-        ? decodeChunkObject(ns, hash, res.bytes)
+        ? await decodeChunkObjectAsync(ns, hash, res.bytes)
         : ({ ok: false, reason: 'length' } as const);
     if (decoded.ok) return decoded.chunk;
     this.#corrupt++;
@@ -399,7 +403,7 @@ export class FsBackend implements StorageBackend {
           writeChunkFileAtomic(
             this.#fs,
             path,
-            () => encodeChunkHeader(ns, hash, chunk),
+            () => encodeChunkHeaderAsync(ns, hash, chunk),
             CHUNK_HEADER_BYTES,
             chunk.data,
             {

@@ -3,7 +3,11 @@ import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { CHUNK_HEADER_BYTES, decodeChunkObject, encodeChunkHeader } from './chunk-format.ts';
+import {
+  CHUNK_HEADER_BYTES,
+  decodeChunkObjectAsync,
+  encodeChunkHeaderAsync,
+} from './chunk-format.ts';
 import {
   type FileSystem,
   isNotFound,
@@ -379,7 +383,7 @@ export class LocalDiskBackend implements StorageBackend {
     }
     const decoded =
       res.kind === 'ok'
-        ? decodeChunkObject(e.ns, e.hash, res.bytes)
+        ? await decodeChunkObjectAsync(e.ns, e.hash, res.bytes)
         : ({ ok: false, reason: 'length' } as const);
     if (decoded.ok) return decoded.chunk;
     this.#corrupt++;
@@ -414,7 +418,7 @@ export class LocalDiskBackend implements StorageBackend {
         writeChunkFileAtomic(
           this.#fs,
           path,
-          () => encodeChunkHeader(ns, hash, chunk),
+          () => encodeChunkHeaderAsync(ns, hash, chunk),
           CHUNK_HEADER_BYTES,
           chunk.data,
           {
