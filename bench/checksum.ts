@@ -100,22 +100,47 @@ async function main(): Promise<void> {
     const objDst = Buffer.allocUnsafe(size + CHUNK_HEADER_BYTES);
     const obj = encodeChunkObject(NS, HASH, { tokens: 256, data: src });
     const methods: Method[] = [
-      { name: 'memcpy', run: () => void (sink ^= src.copy(dst)) },
+      {
+        name: 'memcpy',
+        run: () => {
+          sink ^= src.copy(dst);
+        },
+      },
       ...(native === null
         ? []
-        : [
-            { name: 'crc32c native, this thread', run: () => void (sink ^= native.crc32c(src)) },
+        : ([
+            {
+              name: 'crc32c native, this thread',
+              run: () => {
+                sink ^= native.crc32c(src);
+              },
+            },
             {
               name: 'crc32c native, libuv pool',
-              run: () => native.crc32cAsync(src).then((c) => void (sink ^= c)),
+              run: () =>
+                native.crc32cAsync(src).then((c) => {
+                  sink ^= c;
+                }),
             },
-          ]),
-      { name: 'crc32c JavaScript', run: () => void (sink ^= crc32c(src)) },
+          ] satisfies Method[])),
+      {
+        name: 'crc32c JavaScript',
+        run: () => {
+          sink ^= crc32c(src);
+        },
+      },
       {
         name: 'xxh64 wasm (format v1)',
-        run: () => void (sink ^= Number(payloadChecksum(CHECKSUM_XXH64, src) & 0xffn)),
+        run: () => {
+          sink ^= Number(payloadChecksum(CHECKSUM_XXH64, src) & 0xffn);
+        },
       },
-      { name: 'crc32 zlib', run: () => void (sink ^= crc32(src)) },
+      {
+        name: 'crc32 zlib',
+        run: () => {
+          sink ^= crc32(src);
+        },
+      },
       {
         name: 'decodeChunkObjectAsync',
         run: () =>
