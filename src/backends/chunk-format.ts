@@ -11,6 +11,7 @@ import {
   CHECKSUM_CRC32C,
   CHECKSUM_XXH64,
   type ChecksumAlgorithm,
+  copyPayloadAsync,
   payloadChecksum,
   payloadChecksumAsync,
 } from './checksum.ts';
@@ -249,9 +250,9 @@ export function encodeChunkObjectInto(
 }
 
 /**
- * {@link encodeChunkObjectInto} with the checksum of a large payload computed on the libuv
- * pool while this thread copies the payload. Neither `chunk.data` nor `target` may change until
- * it settles. Rejects as `encodeChunkObjectInto` throws.
+ * {@link encodeChunkObjectInto} with the payload copied and then its checksum computed on the
+ * libuv pool (when the addon is loaded and the payload is large). Neither `chunk.data` nor
+ * `target` may change until it settles. Rejects as `encodeChunkObjectInto` throws.
  */
 export async function encodeChunkObjectIntoAsync(
   target: Uint8Array,
@@ -262,9 +263,10 @@ export async function encodeChunkObjectIntoAsync(
   offset = 0,
 ): Promise<number> {
   const out = objectTarget(target, ns, hash, chunk, layout, offset);
-  const checksum = payloadChecksumAsync(CHECKSUM_CRC32C, chunk.data);
-  out.set(chunk.data, CHUNK_HEADER_BYTES);
-  writeHeader(out, ns, hash, chunk, layout, await checksum);
+  // One after the other: on a 2-core machine two pool threads at once leave the event loop no core.
+  await copyPayloadAsync(chunk.data, out, CHUNK_HEADER_BYTES);
+  const checksum = await payloadChecksumAsync(CHECKSUM_CRC32C, chunk.data);
+  writeHeader(out, ns, hash, chunk, layout, checksum);
   return out.length;
 }
 
