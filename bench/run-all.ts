@@ -75,13 +75,17 @@ const BENCHES: Bench[] = (
       name: 'tiers',
       cmd: node('tiers'),
       json: 'tiers.json',
-      env: { KVTIER_BENCH_TIERS_REPEAT: '1' },
+      env: { KVTIER_BENCH_TIERS_REPEAT: '1', ...(QUICK ? {} : { KVTIER_BENCH_TIERS_MIB: '256' }) },
     },
     {
       name: 'dataplane',
       cmd: node('dataplane'),
       json: 'dataplane.json',
-      env: { KVTIER_BENCH_DATAPLANE_MIB: String(LOAD_MIB), KVTIER_BENCH_DATAPLANE_REPEAT: '2' },
+      env: {
+        KVTIER_BENCH_DATAPLANE_MIB: String(LOAD_MIB),
+        KVTIER_BENCH_DATAPLANE_REPEAT: '2',
+        KVTIER_BENCH_DATAPLANE_PATHS: 'production',
+      },
     },
     {
       name: 'python',
@@ -338,9 +342,11 @@ async function main(): Promise<void> {
       'a machine shared with other work. A loop that never yields records nothing, so a run of ' +
       "back-to-back synchronous CPU-tier puts shows 0. The Python benchmark's sidecar (`kvtier " +
       'serve`) is not watched.',
-    '- Tiers run once per round (`KVTIER_BENCH_TIERS_REPEAT=1`, after the warm-up pass the ' +
-      'benchmark always makes); the data plane keeps the better of two runs per path and round ' +
-      "(the first touches the CPU tier's pages for the first time).",
+    `- Tiers run once per round (\`KVTIER_BENCH_TIERS_REPEAT=1\`, after the warm-up pass the ` +
+      `benchmark always makes), moving ${QUICK ? 128 : 256} MiB per measurement; the data plane ` +
+      'runs the production path only (`bench:dataplane` also runs the bare in-process path) and ' +
+      "keeps the better of two runs per round (the first touches the CPU tier's pages for the " +
+      'first time).',
     `- Seconds per benchmark (all rounds): ${[...seconds].map(([k, s]) => `${k} ${s.toFixed(0)}`).join(', ')}.`,
     '',
   ].join('\n');

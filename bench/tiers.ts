@@ -3,7 +3,8 @@
  * memcpy for LocalCPU, raw file write/read for LocalDisk and FS, raw ioredis SET/GET for Redis,
  * raw SDK PutObject/GetObject for S3 — same sizes, same access pattern.
  *   npm run bench:tiers          (KVTIER_BENCH_QUICK=1 for a short run; KVTIER_BENCH_TIERS=a,b for
- *   some tiers only, KVTIER_BENCH_TIERS_REPEAT=n runs per measurement, the best kept)
+ *   some tiers only, KVTIER_BENCH_TIERS_REPEAT=n runs per measurement, the best kept,
+ *   KVTIER_BENCH_TIERS_MIB=n MiB moved per measurement)
  * Prints a table and writes bench/results/tiers.json.
  */
 import { randomBytes } from 'node:crypto';
@@ -23,7 +24,7 @@ const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
 const MiB = 1024 * 1024;
 const SIZES = [2 * MiB, 32 * MiB];
 /** Bytes moved per measurement (per size, per direction). */
-const VOLUME = (QUICK ? 128 : 512) * MiB;
+const VOLUME = Number(process.env.KVTIER_BENCH_TIERS_MIB ?? (QUICK ? 128 : 512)) * MiB;
 /** Gets are issued in batches of this many chunks, raw reads in parallel groups of the same size. */
 const GET_BATCH = 4;
 /** Each measurement is repeated and the best run kept. */
