@@ -282,6 +282,9 @@ async function main(): Promise<void> {
     if (a.own !== undefined && f.comparedWhat === 'ratio' && f.raw !== null) {
       c.min = a.own.min / a.own.rawMax;
       c.max = a.own.max / a.own.rawMin;
+    } else if (a.own !== undefined && f.comparedWhat === f.unit) {
+      c.min = a.own.min;
+      c.max = a.own.max;
     }
     const raw = a.raws.length > 0 ? median(a.raws) : Number.NaN;
     const met = f.target === null ? null : meets(c.median, f.target);
@@ -321,7 +324,7 @@ async function main(): Promise<void> {
       `${minutes.toFixed(1)} minutes. **${metCount} of ${withTarget.length} targets met.**`,
     '',
     'Each figure: median [min–max] over the rounds; the raw limit is measured in the same run ' +
-      '(median shown); the compared column is the figure over its raw limit (times: the ' +
+      '(median shown); the ratio column is the figure over its raw limit (times: the ' +
       'figure is in the numerator, so lower is better) or, for absolute targets, the value itself. ' +
       'Targets are those of issue 10. "info" rows have no target.',
     '',
