@@ -1,5 +1,6 @@
 #include "crc32c.h"
 
+#include <cstdlib>
 #include <cstring>
 
 #include "errors.h"
@@ -128,7 +129,12 @@ __attribute__((target("sse4.2"))) uint32_t RawHw(uint32_t crc, const uint8_t* p,
   return RawHwOne(r, p + 3 * part, n - 3 * part);
 }
 
-bool DetectHw() { return __builtin_cpu_supports("sse4.2"); }
+// KVTIER_CRC32C_SOFTWARE=1 forces the table (tests compare both paths on one machine).
+bool DetectHw() {
+  const char* force = std::getenv("KVTIER_CRC32C_SOFTWARE");
+  if (force != nullptr && force[0] != '\0' && force[0] != '0') return false;
+  return __builtin_cpu_supports("sse4.2");
+}
 #else
 uint32_t RawHw(uint32_t crc, const uint8_t* p, size_t n) { return RawTable(crc, p, n); }
 bool DetectHw() { return false; }

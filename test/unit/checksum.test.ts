@@ -1,4 +1,5 @@
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import * as fsp from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -100,6 +101,28 @@ describe('CRC-32C', () => {
       assert.equal(crc32c(data.subarray(cut), a.crc32c(data.subarray(0, cut))), want);
       assert.equal(a.crc32c(data.subarray(cut), crc32c(data.subarray(0, cut))), want);
     }
+  });
+
+  it('native table path (KVTIER_CRC32C_SOFTWARE=1) equals JavaScript', {
+    skip: native === null,
+  }, () => {
+    // The CPU instruction is detected once per process, so the table path runs in a child.
+    const script = [
+      `const a = require(${JSON.stringify(native!.path)});`,
+      "const { randomBytes } = require('node:crypto');",
+      'const out = [];',
+      `for (const n of ${JSON.stringify(ODD_SIZES)}) { const b = randomBytes(n); out.push([b.toString('base64'), a.crc32c(b, 0)]); }`,
+      'console.log(JSON.stringify({ hw: a.probe().crc32cHardware, out }));',
+    ].join('\n');
+    const res = spawnSync(process.execPath, ['-e', script], {
+      env: { ...process.env, KVTIER_CRC32C_SOFTWARE: '1' },
+      encoding: 'utf8',
+      maxBuffer: 64 * 1024 * 1024,
+    });
+    assert.equal(res.status, 0, res.stderr);
+    const { hw, out } = JSON.parse(res.stdout) as { hw: boolean; out: [string, number][] };
+    assert.equal(hw, false);
+    for (const [b64, crc] of out) assert.equal(crc, crc32c(Buffer.from(b64, 'base64')));
   });
 
   it('native rejects what is not a buffer, and a crc outside u32', {
