@@ -1,176 +1,208 @@
 /**
- * Payload checksum candidates for the stored chunk format (docs/storage-format.md), each against
- * memcpy of the same bytes (Buffer.copy into a preallocated buffer) measured in the same run.
+ * Payload checksums of the stored chunk format (docs/storage-format.md), each against memcpy of
+ * the same bytes (Buffer.copy into a preallocated buffer) measured in the same run: CRC-32C in
+ * the native addon (on this thread and on the libuv pool), in JavaScript, XXH64 in WebAssembly
+ * (format version 1), zlib's CRC-32, and the encode/decode calls the backends make. Besides GB/s,
+ * the event-loop stall while each runs back to back: monitorEventLoopDelay's max (1 ms
+ * resolution) minus the resolution.
  *   npm run bench:checksum            (KVTIER_BENCH_QUICK=1 for a short run)
  * Prints a table and writes bench/results/checksum.json.
  */
 import { randomFillSync } from 'node:crypto';
 import { cpus } from 'node:os';
+import { monitorEventLoopDelay } from 'node:perf_hooks';
+import { setImmediate as turn } from 'node:timers/promises';
 import { crc32 } from 'node:zlib';
-import xxhash from 'xxhash-wasm';
+import { CHECKSUM_XXH64, crc32cEngine, payloadChecksum } from '../src/backends/checksum.ts';
 import {
   CHUNK_HEADER_BYTES,
-  chunkPayloadChecksum,
-  decodeChunkObject,
+  decodeChunkObjectAsync,
   encodeChunkObject,
-  encodeChunkObjectInto,
+  encodeChunkObjectIntoAsync,
 } from '../src/backends/chunk-format.ts';
 import { chunkHash } from '../src/hashing/chunk-hash.ts';
+import { loadNative } from '../src/native/native.ts';
+import { crc32c } from '../src/util/crc32c.ts';
 import { printTable, writeResults } from './support/child.ts';
 
 const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
 const MiB = 1024 * 1024;
 const SIZES = [2 * MiB, 32 * MiB];
-/** Bytes processed per trial and method; the median of TRIALS trials is reported. */
-const BYTES_PER_TRIAL = (QUICK ? 256 : 1024) * MiB;
-const TRIALS = QUICK ? 3 : 7;
+/** Bytes processed per round and method. */
+const BYTES_PER_ROUND = (QUICK ? 128 : 512) * MiB;
+/** Rounds per figure: the median is reported with min and max. */
+const ROUNDS = Math.max(5, Number(process.env.KVTIER_BENCH_ROUNDS ?? 5));
+/** Calls per method while the event-loop stall is watched. */
+const STALL_CALLS = QUICK ? 8 : 24;
 const NS = 'b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0';
 const HASH = chunkHash('c1'.repeat(32));
-/** The 10% budget: a checksum may cost a tier at most this share of its throughput. */
-const BUDGET = 0.1;
-/**
- * Raw tier rates in GB/s from /work/shared/design.md "Numbers measured", for the cost column:
- * not measured here (bench:tiers measures the tiers themselves).
- */
-const TIER_RATES: readonly { tier: string; gbps: number }[] = [
-  { tier: 'Redis GET/SET', gbps: 0.5 },
-  { tier: 'disk durable write', gbps: 0.6 },
-  { tier: 'disk cold read', gbps: 0.9 },
-  { tier: 'disk warm read', gbps: 10 },
-];
 
 let sink = 0;
 
-function gbps(bytes: number, ms: number): number {
-  return bytes / (ms / 1000) / 1e9;
+interface Stat {
+  median: number;
+  min: number;
+  max: number;
 }
 
-/** Median GB/s of `fn` over the trials, each processing about BYTES_PER_TRIAL bytes. */
-function measure(size: number, fn: () => void): number {
-  const reps = Math.max(4, Math.round(BYTES_PER_TRIAL / size));
-  for (let i = 0; i < 2; i++) fn();
-  const rates: number[] = [];
-  for (let t = 0; t < TRIALS; t++) {
+function stat(xs: number[]): Stat {
+  const s = [...xs].sort((a, b) => a - b);
+  return { median: s[Math.floor(s.length / 2)]!, min: s[0]!, max: s[s.length - 1]! };
+}
+
+interface Method {
+  name: string;
+  /** One call over the payload; a promise when it runs off this thread. */
+  run: () => undefined | Promise<unknown>;
+}
+
+/** GB/s per round, ROUNDS rounds of about BYTES_PER_ROUND bytes each. */
+async function rates(size: number, m: Method): Promise<number[]> {
+  const reps = Math.max(4, Math.round(BYTES_PER_ROUND / size));
+  for (let i = 0; i < 2; i++) await m.run();
+  const out: number[] = [];
+  for (let r = 0; r < ROUNDS; r++) {
     const t0 = performance.now();
-    for (let i = 0; i < reps; i++) fn();
-    rates.push(gbps(size * reps, performance.now() - t0));
+    for (let i = 0; i < reps; i++) {
+      const p = m.run();
+      if (p !== undefined) await p;
+    }
+    out.push((size * reps) / ((performance.now() - t0) / 1000) / 1e9);
   }
-  rates.sort((a, b) => a - b);
-  return rates[Math.floor(rates.length / 2)]!;
+  return out;
 }
 
-/** Share of a tier's throughput lost when every byte is also checksummed, one after the other. */
-function serialCost(tierGbps: number, checksumGbps: number): number {
-  return 1 - 1 / (1 + tierGbps / checksumGbps);
+/**
+ * Longest event-loop stall (ms) per round while the method runs STALL_CALLS times a round,
+ * yielding in between. On a shared machine a round's max also catches preemption and GC, hence
+ * the median over rounds.
+ */
+async function stallsMs(m: Method): Promise<number[]> {
+  const out: number[] = [];
+  for (let r = 0; r < ROUNDS; r++) {
+    const h = monitorEventLoopDelay({ resolution: 1 });
+    h.enable();
+    for (let i = 0; i < STALL_CALLS; i++) {
+      await m.run();
+      await turn();
+    }
+    h.disable();
+    out.push(Math.max(0, h.max / 1e6 - 1));
+  }
+  return out;
 }
 
 async function main(): Promise<void> {
-  const xx = await xxhash();
+  const native = loadNative().addon;
   const results: Record<string, unknown>[] = [];
   for (const size of SIZES) {
     const src = randomFillSync(Buffer.allocUnsafe(size));
     const dst = Buffer.allocUnsafe(size);
     const objDst = Buffer.allocUnsafe(size + CHUNK_HEADER_BYTES);
     const obj = encodeChunkObject(NS, HASH, { tokens: 256, data: src });
-    const memcpy = measure(size, () => {
-      sink ^= src.copy(dst);
-    });
-    const candidates: { method: string; run: () => void }[] = [
+    const methods: Method[] = [
       {
-        method: 'crc32 (zlib)',
+        name: 'memcpy',
+        run: () => {
+          sink ^= src.copy(dst);
+        },
+      },
+      ...(native === null
+        ? []
+        : ([
+            {
+              name: 'crc32c native, this thread',
+              run: () => {
+                sink ^= native.crc32c(src);
+              },
+            },
+            {
+              name: 'crc32c native, libuv pool',
+              run: () =>
+                native.crc32cAsync(src).then((c) => {
+                  sink ^= c;
+                }),
+            },
+          ] satisfies Method[])),
+      {
+        name: 'crc32c JavaScript',
+        run: () => {
+          sink ^= crc32c(src);
+        },
+      },
+      {
+        name: 'xxh64 wasm (format v1)',
+        run: () => {
+          sink ^= Number(payloadChecksum(CHECKSUM_XXH64, src) & 0xffn);
+        },
+      },
+      {
+        name: 'crc32 zlib',
         run: () => {
           sink ^= crc32(src);
         },
       },
       {
-        method: 'xxh64 one-shot',
-        run: () => {
-          sink ^= Number(xx.h64Raw(src) & 0xffn);
-        },
+        name: 'decodeChunkObjectAsync',
+        run: () =>
+          decodeChunkObjectAsync(NS, HASH, obj).then((r) => {
+            if (!r.ok) throw new Error(`bench: decode failed (${r.reason})`);
+          }),
       },
       {
-        method: 'xxh64 sliced (used)',
-        run: () => {
-          sink ^= Number(chunkPayloadChecksum(src) & 0xffn);
-        },
-      },
-      {
-        method: 'decodeChunkObject',
-        run: () => {
-          const r = decodeChunkObject(NS, HASH, obj);
-          if (!r.ok) throw new Error(`bench: decode failed (${r.reason})`);
-          sink ^= r.chunk.data.byteLength;
-        },
-      },
-      {
-        method: 'encodeChunkObject',
-        run: () => {
-          sink ^= encodeChunkObject(NS, HASH, { tokens: 256, data: src }).length;
-        },
-      },
-      {
-        method: 'encodeChunkObjectInto',
-        run: () => {
-          sink ^= encodeChunkObjectInto(objDst, NS, HASH, { tokens: 256, data: src });
-        },
+        name: 'encodeChunkObjectIntoAsync',
+        run: () => encodeChunkObjectIntoAsync(objDst, NS, HASH, { tokens: 256, data: src }),
       },
     ];
-    results.push({ sizeBytes: size, method: 'memcpy', gbps: memcpy, ratioToMemcpy: 1 });
-    for (const c of candidates) {
-      const rate = measure(size, c.run);
+    // memcpy is measured next to every method, so that each ratio compares one moment.
+    for (const m of methods) {
+      const mc = stat(await rates(size, methods[0]!));
+      const gb = m === methods[0] ? mc : stat(await rates(size, m));
       results.push({
         sizeBytes: size,
-        method: c.method,
-        gbps: rate,
-        ratioToMemcpy: rate / memcpy,
-        serialCostByTier: Object.fromEntries(
-          TIER_RATES.map((t) => [t.tier, serialCost(t.gbps, rate)]),
-        ),
+        method: m.name,
+        gbps: gb,
+        memcpyGbps: mc,
+        ratioToMemcpy: gb.median / mc.median,
+        stallMs: stat(await stallsMs(m)),
       });
     }
   }
 
-  const f = (x: unknown, d = 2) => (x as number).toFixed(d);
-  console.log(`\nPayload checksum throughput (median of ${TRIALS} trials, GB/s = 1e9 B/s)`);
-  printTable(
-    ['size', 'method', 'GB/s', 'vs memcpy'],
-    results.map((r) => [
-      `${(r.sizeBytes as number) / MiB} MiB`,
-      r.method as string,
-      f(r.gbps),
-      f(r.ratioToMemcpy),
-    ]),
-  );
-  const used = results.filter((r) => r.method === 'xxh64 sliced (used)');
+  const f = (x: number, d = 2) => x.toFixed(d);
+  const engine = crc32cEngine();
   console.log(
-    `\nThroughput a tier loses to the used checksum when it runs serially (target <= ${BUDGET * 100}%;` +
-      '\ntier rates are the reference numbers in design.md, not measured here)',
+    `\nPayload checksums (GB/s = 1e9 B/s, median [min-max] of ${ROUNDS} rounds; CRC-32C engine: ` +
+      `${engine.engine}${engine.hardware ? ', SSE4.2' : ''}; stall = event-loop delay max - 1 ms, per round)`,
   );
   printTable(
-    ['size', ...TIER_RATES.map((t) => `${t.tier} ${t.gbps} GB/s`)],
-    used.map((r) => {
-      const cost = r.serialCostByTier as Record<string, number>;
+    ['size', 'method', 'GB/s', 'min-max', 'memcpy GB/s', 'vs memcpy', 'stall ms', 'min-max'],
+    results.map((r) => {
+      const g = r.gbps as Stat;
       return [
         `${(r.sizeBytes as number) / MiB} MiB`,
-        ...TIER_RATES.map((t) => `${f((cost[t.tier] ?? 0) * 100, 1)}%`),
+        r.method as string,
+        f(g.median),
+        `${f(g.min)}-${f(g.max)}`,
+        f((r.memcpyGbps as Stat).median),
+        f(r.ratioToMemcpy as number),
+        f((r.stallMs as Stat).median),
+        `${f((r.stallMs as Stat).min)}-${f((r.stallMs as Stat).max)}`,
       ];
     }),
   );
-  const out = {
+  const file = await writeResults('checksum.json', {
     bench: 'checksum',
     date: new Date().toISOString(),
     machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version },
     quick: QUICK,
-    trials: TRIALS,
-    bytesPerTrial: BYTES_PER_TRIAL,
-    headerBytes: CHUNK_HEADER_BYTES,
-    budget: BUDGET,
-    tierRatesGbps: TIER_RATES,
+    rounds: ROUNDS,
+    bytesPerRound: BYTES_PER_ROUND,
+    crc32c: engine,
     results,
     sink,
-  };
-  await writeResults('checksum.json', out);
-  console.log('\nwrote bench/results/checksum.json');
+  });
+  console.log(`\nwrote ${file}`);
 }
 
 await main();

@@ -6,6 +6,10 @@
  * the wire) and the bare path (storage manager and data plane in-process over an undecorated
  * CPU tier); and lookup latency while a load runs, on each.
  *   npm run bench:dataplane        (KVTIER_BENCH_QUICK=1 moves 256 MiB instead of 1 GiB)
+ * KVTIER_BENCH_DATAPLANE_MIB sets the bytes moved each way (a multiple of 32 MiB),
+ * KVTIER_BENCH_DATAPLANE_REPEAT the runs per path (best kept), KVTIER_BENCH_DATAPLANE_PATHS
+ * `production` to skip the bare path. The production sidecar runs in this process; its event-loop
+ * stall is watched while that path runs.
  * Prints a table and writes bench/results/dataplane.json.
  */
 import { type ChildProcess, spawn } from 'node:child_process';
@@ -28,6 +32,7 @@ import { Sidecar } from '../src/sidecar.ts';
 import { StorageManager } from '../src/storage-manager/storage-manager.ts';
 import { silentLogger } from '../src/util/log.ts';
 import { percentile, printTable, writeResults } from './support/child.ts';
+import { stallMeter } from './support/loop-stall.ts';
 
 const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
 const MiB = 1024 * 1024;
@@ -37,11 +42,13 @@ const CHUNK_TOKENS = 256;
 const BYTES_PER_TOKEN_PER_LAYER = 8 * 128 * 2; // K (and V) per token per layer
 const BLOCK_BYTES = BLOCK_TOKENS * BYTES_PER_TOKEN_PER_LAYER; // 32 KiB
 const CHUNK_BYTES = 2 * LAYERS * CHUNK_TOKENS * BYTES_PER_TOKEN_PER_LAYER; // 32 MiB
-const CHUNKS = QUICK ? 8 : 32; // 256 MiB or 1 GiB moved each way
+const MOVED_MIB = Number(process.env.KVTIER_BENCH_DATAPLANE_MIB ?? (QUICK ? 256 : 1024));
+const CHUNKS = Math.max(1, Math.round(MOVED_MIB / 32)); // 256 MiB or 1 GiB moved each way by default
 const BLOCKS_PER_CHUNK = CHUNK_TOKENS / BLOCK_TOKENS;
 const REQUEST_BLOCKS = CHUNKS * BLOCKS_PER_CHUNK;
 const NUM_BLOCKS = 2 * REQUEST_BLOCKS; // saved from the first half, loaded into the second
-const REPEAT = QUICK ? 2 : 3;
+const REPEAT = Number(process.env.KVTIER_BENCH_DATAPLANE_REPEAT ?? (QUICK ? 2 : 3));
+const PATHS = process.env.KVTIER_BENCH_DATAPLANE_PATHS ?? 'bare,production';
 const ENGINE = 'bench-engine';
 const here = new URL('.', import.meta.url).pathname;
 const ext = import.meta.url.endsWith('.ts') ? '.ts' : '.js';
@@ -298,13 +305,20 @@ async function main(): Promise<void> {
     };
     const gbs = (ms: number) => moved / (ms / 1000) / 1e9;
     // One path at a time, so that their arenas are not held together.
-    for (const make of [() => barePath(path, engine), () => productionPath(path)]) {
+    const makers = [
+      { name: 'bare', make: () => barePath(path, engine) },
+      { name: 'production', make: () => productionPath(path) },
+    ].filter((x) => PATHS.split(',').includes(x.name));
+    for (const { make } of makers) {
       const memcpyMs = await memcpy();
       const p = await make();
       let m: Measured;
+      const stall = stallMeter();
+      stall.resume();
       try {
         m = await measure(p, path);
       } finally {
+        stall.pause();
         await p.close();
       }
       for (const [op, ms] of [
@@ -324,6 +338,7 @@ async function main(): Promise<void> {
         samples: m.lat.length,
         p50Ms: percentile(m.lat, 50),
         p99Ms: percentile(m.lat, 99),
+        loopStallMs: stall.maxMs(),
       });
     }
     console.log(
@@ -341,12 +356,13 @@ async function main(): Promise<void> {
     );
     console.log('\nLookup round trips during the loads (target p99 < 5 ms):');
     printTable(
-      ['path', 'samples', 'p50 µs', 'p99 µs'],
+      ['path', 'samples', 'p50 µs', 'p99 µs', 'loop stall ms'],
       lookups.map((l) => [
         String(l.path),
         String(l.samples),
         ((l.p50Ms as number) * 1000).toFixed(0),
         ((l.p99Ms as number) * 1000).toFixed(0),
+        (l.loopStallMs as number).toFixed(2),
       ]),
     );
     const file = await writeResults('dataplane.json', {
@@ -355,6 +371,7 @@ async function main(): Promise<void> {
       machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version },
       quick: QUICK,
       copyEngine: engineName,
+      movedBytes: moved,
       shape: {
         layers: LAYERS,
         kvHeads: 8,

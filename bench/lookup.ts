@@ -10,6 +10,7 @@ import * as zmq from 'zeromq';
 import { LookupClient } from '../src/lookup-client/lookup-client.ts';
 import { encodeRequest } from '../src/protocol/codec.ts';
 import { percentile, printTable, spawnReady, stopChild, writeResults } from './support/child.ts';
+import { childLoopStalls } from './support/loop-stall.ts';
 
 const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
 const NS = 'b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0b0';
@@ -74,6 +75,7 @@ async function throughput(
 }
 
 async function main(): Promise<void> {
+  const stalls = childLoopStalls();
   const server = await spawnReady(`${here}support/lookup-server-child${ext}`);
   const echo = await spawnReady(`${here}support/echo-child${ext}`);
   const client = new LookupClient({
@@ -161,6 +163,8 @@ async function main(): Promise<void> {
     await stopChild(echo.child);
   }
 
+  const sidecarLoopStallMs = Math.max(0, ...stalls.collect().map((s) => s.maxMs));
+  console.log(`\nSidecar event-loop stall (max over the run): ${sidecarLoopStallMs.toFixed(2)} ms`);
   const rtt = results.filter((r) => r.kind === 'rtt');
   const tp = results.filter((r) => r.kind === 'throughput');
   const f = (x: unknown, d = 0) => (x as number).toFixed(d);
@@ -204,6 +208,7 @@ async function main(): Promise<void> {
     machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version },
     quick: QUICK,
     samples: { rtt: RTT_SAMPLES, throughput: THROUGHPUT_LOOKUPS },
+    sidecarLoopStallMs,
     results,
   };
   await writeResults('lookup.json', out);

@@ -10,6 +10,7 @@
         'src/addon.cc',
         'src/copy_batch.cc',
         'src/copy_plan.cc',
+        'src/crc32c.cc',
         'src/cuda_device.cc',
         'src/errors.cc',
         'src/host_memory.cc',

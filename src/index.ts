@@ -14,10 +14,15 @@ export {
   chunkObjectBytes,
   decodeChunkHeader,
   decodeChunkObject,
+  decodeChunkObjectAsync,
   encodeChunkHeader,
+  encodeChunkHeaderAsync,
   encodeChunkObject,
+  encodeChunkObjectAsync,
   encodeChunkObjectInto,
+  encodeChunkObjectIntoAsync,
   verifyChunkPayload,
+  verifyChunkPayloadAsync,
 } from './backends/chunk-format.ts';
 export {
   CIRCUIT_BREAKER_DEFAULTS,

@@ -2,6 +2,7 @@
 import { defaultConfig } from '../../src/config/config.ts';
 import { Sidecar } from '../../src/sidecar.ts';
 import { createLogger } from '../../src/util/log.ts';
+import { watchLoop } from './loop-stall.ts';
 
 const config = defaultConfig();
 config.listen = 'tcp://127.0.0.1:*';
@@ -12,6 +13,7 @@ const sidecar = await Sidecar.start({
   processMetrics: false,
   log: createLogger('bench', { level: 'warn' }),
 });
+watchLoop('lookup-sidecar');
 process.stdout.write(`ready ${sidecar.server.endpoint}\n`);
 process.stdin.resume();
 process.stdin.on('end', () => void sidecar.close().then(() => process.exit(0)));

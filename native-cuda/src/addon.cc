@@ -2,6 +2,7 @@
 #include <napi.h>
 
 #include "copy_batch.h"
+#include "crc32c.h"
 #include "cuda_device.h"
 #include "host_memory.h"
 
@@ -20,6 +21,7 @@ Napi::Value Probe(const Napi::CallbackInfo& info) {
   out.Set("host", Napi::Boolean::New(env, true));
   out.Set("pageBytes", Napi::Number::New(env, static_cast<double>(PageBytes())));
   out.Set("cuda", cuda);
+  out.Set("crc32cHardware", Napi::Boolean::New(env, Crc32cHardware()));
   return out;
 }
 
@@ -42,6 +44,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaMalloc", Napi::Function::New(env, CudaMalloc, "cudaMalloc"));
   exports.Set("cudaFree", Napi::Function::New(env, CudaFree, "cudaFree"));
   exports.Set("copyBatchDevice", Napi::Function::New(env, CopyBatchDevice, "copyBatchDevice"));
+  exports.Set("crc32c", Napi::Function::New(env, Crc32cSync, "crc32c"));
+  exports.Set("crc32cAsync", Napi::Function::New(env, Crc32cAsync, "crc32cAsync"));
   return exports;
 }
 

@@ -8,8 +8,8 @@ import type { Logger } from '../util/log.ts';
 import {
   CHUNK_HEADER_BYTES,
   type ChunkDecodeFailure,
-  decodeChunkObject,
-  encodeChunkHeader,
+  decodeChunkObjectAsync,
+  encodeChunkHeaderAsync,
 } from './chunk-format.ts';
 import {
   type FileSystem,
@@ -77,7 +77,7 @@ export class ChunkFiles {
     if (res.kind === 'missing') return res;
     let reason: ChunkDecodeFailure = 'length';
     if (res.kind === 'ok') {
-      const decoded = decodeChunkObject(ns, hash, res.bytes);
+      const decoded = await decodeChunkObjectAsync(ns, hash, res.bytes);
       if (decoded.ok) return { kind: 'ok', chunk: decoded.chunk, mtimeMs: res.mtimeMs };
       reason = decoded.reason;
     }
@@ -102,7 +102,7 @@ export class ChunkFiles {
     return writeChunkFileAtomic(
       this.#o.fs,
       path,
-      () => encodeChunkHeader(ns, hash, chunk),
+      () => encodeChunkHeaderAsync(ns, hash, chunk),
       CHUNK_HEADER_BYTES,
       chunk.data,
       { fsync: this.#o.fsync, makeDir },

@@ -5,16 +5,32 @@
  * worked example against this encoder).
  */
 import { crc32 } from 'node:zlib';
-import xxhash from 'xxhash-wasm';
 import { KvtierError } from '../errors.ts';
 import { describe } from '../util/validate.ts';
+import {
+  CHECKSUM_CRC32C,
+  CHECKSUM_XXH64,
+  type ChecksumAlgorithm,
+  copyPayloadAsync,
+  payloadChecksum,
+  payloadChecksumAsync,
+} from './checksum.ts';
 import type { Chunk, ChunkHash } from './types.ts';
 
 /** 4-byte magic at offset 0 of every stored chunk object: ASCII `KVTC`. */
 export const CHUNK_MAGIC: Buffer = Buffer.from('KVTC', 'latin1');
 
-/** Format version written at offset 4; readers treat any other version as a miss. */
-export const CHUNK_FORMAT_VERSION = 1;
+/**
+ * Format version written at offset 4: 2 (payload checksum CRC-32C). Readers also accept
+ * version 1 (XXH64); any other version is a miss.
+ */
+export const CHUNK_FORMAT_VERSION = 2;
+
+/** The checksum algorithm each readable format version requires. */
+const ALGORITHM_OF_VERSION: ReadonlyMap<number, ChecksumAlgorithm> = new Map([
+  [1, CHECKSUM_XXH64],
+  [2, CHECKSUM_CRC32C],
+]);
 
 /** Fixed size of the header in bytes; the payload follows immediately. */
 export const CHUNK_HEADER_BYTES = 128;
@@ -22,8 +38,11 @@ export const CHUNK_HEADER_BYTES = 128;
 /** Largest payload the format accepts, in bytes (2 GiB; the length field itself is a u64). */
 export const CHUNK_MAX_PAYLOAD_BYTES = 2 ** 31;
 
-/** Payload checksum algorithm id 1: XXH64 with seed 0 over the payload bytes. */
-export const CHUNK_CHECKSUM_XXH64 = 1;
+/** Payload checksum algorithm id 1: XXH64 with seed 0 over the payload bytes (version 1). */
+export const CHUNK_CHECKSUM_XXH64 = CHECKSUM_XXH64;
+
+/** Payload checksum algorithm id 2: CRC-32C of the payload bytes (version 2, written). */
+export const CHUNK_CHECKSUM_CRC32C = CHECKSUM_CRC32C;
 
 /** Layout of the payload bytes (how KV is arranged); 0 = opaque bytes as given by the client. */
 export type ChunkLayout = number;
@@ -41,7 +60,9 @@ export interface ChunkHeader {
   tokens: number;
   layout: number;
   payloadBytes: number;
-  /** XXH64 (seed 0) of the payload, as an unsigned 64-bit value. */
+  /** The payload checksum algorithm: XXH64 in version 1, CRC-32C in version 2. */
+  checksumAlgorithm: ChecksumAlgorithm;
+  /** The payload checksum as stored (u64; a CRC-32C is zero-extended). */
   checksum: bigint;
 }
 
@@ -72,7 +93,7 @@ export const CHUNK_DECODE_FAILURES: readonly ChunkDecodeFailure[] = [
 const OFF_MAGIC = 0;
 const OFF_VERSION = 4; // u16
 const OFF_HEADER_BYTES = 6; // u16
-const OFF_FLAGS = 8; // u32, 0 in version 1
+const OFF_FLAGS = 8; // u32, 0 in versions 1 and 2
 const OFF_LAYOUT = 12; // u32
 const OFF_NAMESPACE = 16; // 16 raw bytes
 const OFF_HASH = 32; // 32 raw bytes
@@ -86,23 +107,16 @@ const OFF_HEADER_CRC = 124; // u32, CRC-32 (IEEE) of bytes [0, 124)
 const U32_MAX = 0xffff_ffff;
 const NS_RE = /^[0-9a-f]{32}$/;
 
-// Hashing in slices keeps the WebAssembly memory (which never shrinks) at one slice instead of
-// the largest payload ever seen, and beats one-shot hashing on large payloads (bench/checksum.ts).
-const CHECKSUM_SLICE_BYTES = 128 * 1024;
-const xx = await xxhash();
-
 /**
- * XXH64 (seed 0) of `data` as an unsigned 64-bit bigint: the payload checksum of algorithm 1.
- * Synchronous on the calling thread: about 1 ms per 5-10 MB measured (bench/checksum.ts), so a
- * 32 MiB payload holds the event loop for roughly 3-7 ms.
+ * The payload checksum of `data` with `algorithm` (default CRC-32C, the one written) as stored
+ * in the header, on the calling thread. The async encoders and decoders below run large
+ * CRC-32C payloads on the libuv pool instead (src/backends/checksum.ts).
  */
-export function chunkPayloadChecksum(data: Uint8Array): bigint {
-  if (data.byteLength <= CHECKSUM_SLICE_BYTES) return xx.h64Raw(data);
-  const h = xx.create64();
-  for (let off = 0; off < data.byteLength; off += CHECKSUM_SLICE_BYTES) {
-    h.update(data.subarray(off, Math.min(data.byteLength, off + CHECKSUM_SLICE_BYTES)));
-  }
-  return h.digest();
+export function chunkPayloadChecksum(
+  data: Uint8Array,
+  algorithm: ChecksumAlgorithm = CHECKSUM_CRC32C,
+): bigint {
+  return payloadChecksum(algorithm, data);
 }
 
 /** Total stored size in bytes of an object whose payload is `payloadBytes` long. */
@@ -151,7 +165,7 @@ function writeHeader(
   out.write(ns, OFF_NAMESPACE, 16, 'hex');
   out.write(hash, OFF_HASH, 32, 'hex');
   out.writeUInt32LE(chunk.tokens, OFF_TOKENS);
-  out.writeUInt32LE(CHUNK_CHECKSUM_XXH64, OFF_CHECKSUM_ALG);
+  out.writeUInt32LE(CHECKSUM_CRC32C, OFF_CHECKSUM_ALG);
   out.writeBigUInt64LE(BigInt(chunk.data.byteLength), OFF_PAYLOAD_BYTES);
   out.writeBigUInt64LE(checksum, OFF_CHECKSUM);
   out.writeUInt32LE(crc32(out.subarray(0, OFF_HEADER_CRC)), OFF_HEADER_CRC);
@@ -173,6 +187,24 @@ export function encodeChunkHeader(
   checkChunkArgs(ns, chunk, layout);
   const out = Buffer.allocUnsafe(CHUNK_HEADER_BYTES);
   writeHeader(out, ns, hash, chunk, layout, chunkPayloadChecksum(chunk.data));
+  return out;
+}
+
+/**
+ * {@link encodeChunkHeader} with the checksum of a large payload computed on the libuv pool
+ * (when the addon is loaded), so the event loop is not held. `chunk.data` must not change until
+ * it settles. Rejects as `encodeChunkHeader` throws.
+ */
+export async function encodeChunkHeaderAsync(
+  ns: string,
+  hash: ChunkHash,
+  chunk: Chunk,
+  layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
+): Promise<Buffer> {
+  checkChunkArgs(ns, chunk, layout);
+  const checksum = await payloadChecksumAsync(CHECKSUM_CRC32C, chunk.data);
+  const out = Buffer.allocUnsafe(CHUNK_HEADER_BYTES);
+  writeHeader(out, ns, hash, chunk, layout, checksum);
   return out;
 }
 
@@ -207,6 +239,54 @@ export function encodeChunkObjectInto(
   layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
   offset = 0,
 ): number {
+  const out = objectTarget(target, ns, chunk, layout, offset);
+  writeHeader(out, ns, hash, chunk, layout, chunkPayloadChecksum(chunk.data));
+  out.set(chunk.data, CHUNK_HEADER_BYTES);
+  return out.length;
+}
+
+/**
+ * {@link encodeChunkObjectInto} with the payload copied and then its checksum computed on the
+ * libuv pool (when the addon is loaded and the payload is large). Neither `chunk.data` nor
+ * `target` may change until it settles. Rejects as `encodeChunkObjectInto` throws.
+ */
+export async function encodeChunkObjectIntoAsync(
+  target: Uint8Array,
+  ns: string,
+  hash: ChunkHash,
+  chunk: Chunk,
+  layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
+  offset = 0,
+): Promise<number> {
+  const out = objectTarget(target, ns, chunk, layout, offset);
+  // One after the other: on a 2-core machine two pool threads at once leave the event loop no core.
+  await copyPayloadAsync(chunk.data, out, CHUNK_HEADER_BYTES);
+  const checksum = await payloadChecksumAsync(CHECKSUM_CRC32C, chunk.data);
+  writeHeader(out, ns, hash, chunk, layout, checksum);
+  return out.length;
+}
+
+/** {@link encodeChunkObject} as {@link encodeChunkObjectIntoAsync} does it. */
+export async function encodeChunkObjectAsync(
+  ns: string,
+  hash: ChunkHash,
+  chunk: Chunk,
+  layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
+): Promise<Buffer> {
+  checkChunkArgs(ns, chunk, layout);
+  const out = Buffer.allocUnsafe(CHUNK_HEADER_BYTES + chunk.data.byteLength);
+  await encodeChunkObjectIntoAsync(out, ns, hash, chunk, layout);
+  return out;
+}
+
+/** Checks the arguments and returns the view of `target` the object goes to. */
+function objectTarget(
+  target: Uint8Array,
+  ns: string,
+  chunk: Chunk,
+  layout: number,
+  offset: number,
+): Buffer {
   checkChunkArgs(ns, chunk, layout);
   const total = chunkObjectBytes(chunk.data.byteLength);
   if (!Number.isInteger(offset) || offset < 0 || offset + total > target.byteLength) {
@@ -214,10 +294,7 @@ export function encodeChunkObjectInto(
       `target must hold ${total} bytes from offset ${describe(offset)}, has ${target.byteLength}`,
     );
   }
-  const out = Buffer.from(target.buffer, target.byteOffset + offset, total);
-  writeHeader(out, ns, hash, chunk, layout, chunkPayloadChecksum(chunk.data));
-  out.set(chunk.data, CHUNK_HEADER_BYTES);
-  return total;
+  return Buffer.from(target.buffer, target.byteOffset + offset, total);
 }
 
 type HeaderResult = { ok: true; header: ChunkHeader } | { ok: false; reason: ChunkDecodeFailure };
@@ -232,7 +309,8 @@ function parseHeader(expectedNs: string, expectedHash: ChunkHash, buf: Buffer): 
     return { ok: false, reason: 'magic' };
   }
   const version = buf.readUInt16LE(OFF_VERSION);
-  if (version !== CHUNK_FORMAT_VERSION) return { ok: false, reason: 'version' };
+  const algorithm = ALGORITHM_OF_VERSION.get(version);
+  if (algorithm === undefined) return { ok: false, reason: 'version' };
   if (buf.readUInt32LE(OFF_HEADER_CRC) !== crc32(buf.subarray(0, OFF_HEADER_CRC))) {
     return { ok: false, reason: 'header' };
   }
@@ -244,7 +322,8 @@ function parseHeader(expectedNs: string, expectedHash: ChunkHash, buf: Buffer): 
   if (
     buf.readUInt16LE(OFF_HEADER_BYTES) !== CHUNK_HEADER_BYTES ||
     buf.readUInt32LE(OFF_FLAGS) !== 0 ||
-    buf.readUInt32LE(OFF_CHECKSUM_ALG) !== CHUNK_CHECKSUM_XXH64 ||
+    buf.readUInt32LE(OFF_CHECKSUM_ALG) !== algorithm ||
+    (algorithm === CHECKSUM_CRC32C && buf.readUInt32LE(OFF_CHECKSUM + 4) !== 0) ||
     tokens === 0 ||
     payloadBytes === 0 ||
     payloadBytes > CHUNK_MAX_PAYLOAD_BYTES ||
@@ -265,6 +344,7 @@ function parseHeader(expectedNs: string, expectedHash: ChunkHash, buf: Buffer): 
       tokens,
       layout: buf.readUInt32LE(OFF_LAYOUT),
       payloadBytes,
+      checksumAlgorithm: algorithm,
       checksum: buf.readBigUInt64LE(OFF_CHECKSUM),
     },
   };
@@ -292,34 +372,83 @@ export function decodeChunkHeader(
   return parseHeader(expectedNs, expectedHash, asBuffer(buf));
 }
 
-/**
- * Parses a whole stored object and verifies everything (magic, version, header check, namespace,
- * hash, payload length == stored length, payload checksum). On success `chunk.data` is a view
- * into `obj` (no copy), valid as long as the caller keeps `obj`. Never throws for bad bytes:
- * corrupt data is a reported failure. A short object is 'truncated'; trailing bytes are 'length'.
- */
-export function decodeChunkObject(
+type DecodeResult =
+  | { ok: true; chunk: Chunk; header: ChunkHeader }
+  | { ok: false; reason: ChunkDecodeFailure };
+
+/** Checks 1-8 of a whole object; the payload view to checksum, or the failure. */
+function decodeUnverified(
   expectedNs: string,
   expectedHash: ChunkHash,
   obj: Uint8Array,
-): { ok: true; chunk: Chunk; header: ChunkHeader } | { ok: false; reason: ChunkDecodeFailure } {
+): { ok: true; header: ChunkHeader; data: Uint8Array } | { ok: false; reason: ChunkDecodeFailure } {
   const parsed = parseHeader(expectedNs, expectedHash, asBuffer(obj));
   if (!parsed.ok) return parsed;
   const { header } = parsed;
   const stored = obj.byteLength - CHUNK_HEADER_BYTES;
   if (stored < header.payloadBytes) return { ok: false, reason: 'truncated' };
   if (stored > header.payloadBytes) return { ok: false, reason: 'length' };
-  const data = obj.subarray(CHUNK_HEADER_BYTES);
-  if (chunkPayloadChecksum(data) !== header.checksum) return { ok: false, reason: 'checksum' };
-  return { ok: true, chunk: { tokens: header.tokens, data }, header };
+  return { ok: true, header, data: obj.subarray(CHUNK_HEADER_BYTES) };
+}
+
+/**
+ * Parses a whole stored object and verifies everything (magic, version, header check, namespace,
+ * hash, payload length == stored length, payload checksum with the version's algorithm). On
+ * success `chunk.data` is a view into `obj` (no copy), valid as long as the caller keeps `obj`.
+ * Never throws for bad bytes: corrupt data is a reported failure. A short object is
+ * 'truncated'; trailing bytes are 'length'. Checksums on the calling thread: a server prefers
+ * {@link decodeChunkObjectAsync}.
+ */
+export function decodeChunkObject(
+  expectedNs: string,
+  expectedHash: ChunkHash,
+  obj: Uint8Array,
+): DecodeResult {
+  const d = decodeUnverified(expectedNs, expectedHash, obj);
+  if (!d.ok) return d;
+  if (payloadChecksum(d.header.checksumAlgorithm, d.data) !== d.header.checksum) {
+    return { ok: false, reason: 'checksum' };
+  }
+  return { ok: true, chunk: { tokens: d.header.tokens, data: d.data }, header: d.header };
+}
+
+/**
+ * {@link decodeChunkObject} with the checksum of a large version-2 payload computed on the
+ * libuv pool (when the addon is loaded). `obj` must not change until it settles. Never rejects
+ * for bad bytes.
+ */
+export async function decodeChunkObjectAsync(
+  expectedNs: string,
+  expectedHash: ChunkHash,
+  obj: Uint8Array,
+): Promise<DecodeResult> {
+  const d = decodeUnverified(expectedNs, expectedHash, obj);
+  if (!d.ok) return d;
+  if ((await payloadChecksumAsync(d.header.checksumAlgorithm, d.data)) !== d.header.checksum) {
+    return { ok: false, reason: 'checksum' };
+  }
+  return { ok: true, chunk: { tokens: d.header.tokens, data: d.data }, header: d.header };
 }
 
 /**
  * Verifies a payload read separately (e.g. a file read in two parts) against its header: the
- * length must equal `header.payloadBytes` and the XXH64 must match. Never throws.
+ * length must equal `header.payloadBytes` and the checksum (the header's algorithm) must match.
+ * Never throws.
  */
 export function verifyChunkPayload(header: ChunkHeader, payload: Uint8Array): boolean {
   return (
-    payload.byteLength === header.payloadBytes && chunkPayloadChecksum(payload) === header.checksum
+    payload.byteLength === header.payloadBytes &&
+    payloadChecksum(header.checksumAlgorithm, payload) === header.checksum
+  );
+}
+
+/** {@link verifyChunkPayload} off the event loop where it can (see decodeChunkObjectAsync). */
+export async function verifyChunkPayloadAsync(
+  header: ChunkHeader,
+  payload: Uint8Array,
+): Promise<boolean> {
+  return (
+    payload.byteLength === header.payloadBytes &&
+    (await payloadChecksumAsync(header.checksumAlgorithm, payload)) === header.checksum
   );
 }

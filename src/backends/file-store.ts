@@ -110,13 +110,14 @@ export interface AtomicWriteOptions {
  * Writes one chunk object to a temp file next to `finalPath` and renames it into place, so
  * readers see the whole object or nothing; the temp file is removed on failure. The checksum
  * overlaps the I/O: the payload is written at `headerBytes` on the I/O pool while `makeHeader`
- * computes the header (and its payload checksum) on this thread; the header is written last.
+ * computes the header (its payload checksum on the libuv pool or this thread); the header is
+ * written last.
  * Returns the bytes written. @throws the underlying system error.
  */
 export async function writeChunkFileAtomic(
   fs: FileSystem,
   finalPath: string,
-  makeHeader: () => Uint8Array,
+  makeHeader: () => Uint8Array | Promise<Uint8Array>,
   headerBytes: number,
   payload: Uint8Array,
   opts: AtomicWriteOptions,
@@ -135,7 +136,7 @@ export async function writeChunkFileAtomic(
       const payloadWrite = writeAllAt(fh, payload, headerBytes);
       let header: Uint8Array;
       try {
-        header = makeHeader();
+        header = await makeHeader();
       } catch (err) {
         await payloadWrite.catch(() => {});
         throw err;

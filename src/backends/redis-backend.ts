@@ -3,7 +3,11 @@ import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { Deadline } from '../util/deadline.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import { BufferPool } from './buffer-pool.ts';
-import { chunkObjectBytes, decodeChunkObject, encodeChunkObjectInto } from './chunk-format.ts';
+import {
+  chunkObjectBytes,
+  decodeChunkObjectAsync,
+  encodeChunkObjectIntoAsync,
+} from './chunk-format.ts';
 import { checkChunk } from './local-cpu.ts';
 import {
   type Client,
@@ -192,7 +196,7 @@ export class RedisBackend implements StorageBackend {
       const key = this.#key(ns, hash);
       const buf = await c.getBuffer(key);
       if (buf === null) return null;
-      const decoded = decodeChunkObject(ns, hash, buf);
+      const decoded = await decodeChunkObjectAsync(ns, hash, buf);
       if (decoded.ok) return decoded.chunk;
       this.#corruptObjects++;
       this.#log.warn('corrupt redis object deleted', {
@@ -239,7 +243,12 @@ export class RedisBackend implements StorageBackend {
       return 'dropped';
     }
     const obj = this.#pool.acquire(chunkObjectBytes(chunk.data.byteLength));
-    encodeChunkObjectInto(obj, ns, hash, chunk);
+    try {
+      await encodeChunkObjectIntoAsync(obj, ns, hash, chunk);
+    } catch (err) {
+      this.#pool.release(obj);
+      throw err;
+    }
     const key = this.#key(ns, hash);
     const ttl = this.options.ttlMs;
     const c = this.#client;

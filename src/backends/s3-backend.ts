@@ -13,7 +13,7 @@ import {
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe } from '../util/validate.ts';
-import { decodeChunkObject, encodeChunkObject } from './chunk-format.ts';
+import { decodeChunkObjectAsync, encodeChunkObjectAsync } from './chunk-format.ts';
 import { checkChunk } from './local-cpu.ts';
 import {
   type ResolvedS3BackendOptions,
@@ -211,7 +211,7 @@ export class S3Backend implements StorageBackend {
           return;
         }
         reached++;
-        const decoded = decodeChunkObject(ns, hash, r.value);
+        const decoded = await decodeChunkObjectAsync(ns, hash, r.value);
         if (decoded.ok) out.set(hash, decoded.chunk);
         else await this.#corrupt(ns, hash, decoded.reason, r.value.byteLength);
       }),
@@ -263,7 +263,7 @@ export class S3Backend implements StorageBackend {
     const head = await this.#head('put', ns, hash, signal, undefined, deadline);
     if (head.ok) return 'exists';
     if (!head.notFound) throw head.error;
-    const Body = encodeChunkObject(ns, hash, chunk);
+    const Body = await encodeChunkObjectAsync(ns, hash, chunk);
     const Bucket = this.#o.bucket;
     const Key = this.#key(ns, hash);
     const put = await this.#s3.request(

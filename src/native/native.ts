@@ -88,6 +88,8 @@ export interface NativeProbe {
   /** System page size in bytes; `mapFile` offsets must be multiples of it. */
   readonly pageBytes: number;
   readonly cuda: CudaProbe;
+  /** CRC-32C runs on the CPU's crc32 instruction (SSE4.2); false: a table, about 8x slower. */
+  readonly crc32cHardware: boolean;
 }
 
 /** Memory a copy op may name: a whole ArrayBuffer, or the bytes a view covers. */
@@ -135,6 +137,8 @@ interface RawAddon {
   mapFile(path: string, offset: number, length: number, writable: boolean): ArrayBuffer;
   addressOf(buffer: CopyBuffer): bigint;
   copyBatch(buffers: readonly CopyBuffer[], ops: Float64Array, maxThreads: number): Promise<number>;
+  crc32c(buffer: CopyBuffer, crc: number): number;
+  crc32cAsync(buffer: CopyBuffer, crc: number): Promise<number>;
   cudaDeviceUuids(): string[];
   cudaIpcOpen(handle: Uint8Array, device: number): bigint;
   cudaIpcClose(ptr: bigint, device: number): void;
@@ -189,6 +193,17 @@ export interface NativeAddon {
     ops: Float64Array,
     options?: CopyBatchOptions,
   ): Promise<number>;
+  /**
+   * CRC-32C (Castagnoli) of the bytes `buffer` covers, on the calling thread, continuing from
+   * `crc` (default 0 = start): the same value as `crc32c` in src/util/crc32c.ts. Blocks the
+   * event loop about 1 ms per 30 MB with the CPU instruction: use it for small buffers.
+   */
+  crc32c(buffer: CopyBuffer, crc?: number): number;
+  /**
+   * {@link NativeAddon.crc32c} on the libuv pool: the event loop is not blocked. The buffer must
+   * not change until the promise settles (the addon keeps it alive, not unchanged).
+   */
+  crc32cAsync(buffer: CopyBuffer, crc?: number): Promise<number>;
   /**
    * The UUID of every CUDA device this process sees, by device index (so index `i` is the
    * `device` option that names it), as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase
@@ -319,6 +334,14 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
         throw toNativeError(err);
       });
     },
+    crc32c: (buffer, crc = 0) =>
+      guard(() => raw.crc32c(buffer, requireInt('crc', crc, 0, 0xffff_ffff))),
+    crc32cAsync: async (buffer, crc = 0) =>
+      guard(() => raw.crc32cAsync(buffer, requireInt('crc', crc, 0, 0xffff_ffff))).catch(
+        (err: unknown) => {
+          throw toNativeError(err);
+        },
+      ),
     cudaDeviceUuids: () => guard(() => raw.cudaDeviceUuids()),
     cudaIpcOpenMemHandle: (handle, options) =>
       guard(() => raw.cudaIpcOpen(handle, deviceOf(options))),

@@ -4,6 +4,8 @@ import { describe, it } from 'node:test';
 import { crc32 } from 'node:zlib';
 import xxhash from 'xxhash-wasm';
 import {
+  CHUNK_CHECKSUM_CRC32C,
+  CHUNK_CHECKSUM_XXH64,
   CHUNK_DECODE_FAILURES,
   CHUNK_FORMAT_VERSION,
   CHUNK_HEADER_BYTES,
@@ -70,22 +72,33 @@ function expectInvalid(fn: () => unknown, pattern: RegExp): void {
 describe('chunk format constants and checksum', () => {
   it('has the documented magic, version and header size', () => {
     assert.equal(CHUNK_MAGIC.toString('latin1'), 'KVTC');
-    assert.equal(CHUNK_FORMAT_VERSION, 1);
+    assert.equal(CHUNK_FORMAT_VERSION, 2);
     assert.equal(CHUNK_HEADER_BYTES, 128);
     assert.equal(CHUNK_HEADER_BYTES % 8, 0);
     assert.equal(chunkObjectBytes(10), 138);
   });
 
-  it('is standard XXH64 with seed 0 (published test vectors)', () => {
-    assert.equal(chunkPayloadChecksum(Buffer.alloc(0)), 0xef46db3751d8e999n);
-    assert.equal(chunkPayloadChecksum(Buffer.from('abc')), 0x44bc2cf5ad770999n);
+  it('algorithm 1 is standard XXH64 with seed 0 (published test vectors)', () => {
+    assert.equal(chunkPayloadChecksum(Buffer.alloc(0), CHUNK_CHECKSUM_XXH64), 0xef46db3751d8e999n);
+    assert.equal(
+      chunkPayloadChecksum(Buffer.from('abc'), CHUNK_CHECKSUM_XXH64),
+      0x44bc2cf5ad770999n,
+    );
+  });
+
+  it('algorithm 2, the default, is standard CRC-32C (published test vector)', () => {
+    assert.equal(chunkPayloadChecksum(Buffer.from('123456789')), 0xe3069283n);
+    assert.equal(
+      chunkPayloadChecksum(Buffer.from('123456789'), CHUNK_CHECKSUM_CRC32C),
+      0xe3069283n,
+    );
   });
 
   it('hashing in slices equals one-shot XXH64 across slice boundaries', async () => {
     const xx = await xxhash();
     for (const size of [128 * KiB - 1, 128 * KiB, 128 * KiB + 1, MiB + 7, 3 * MiB]) {
       const b = payload(size, size);
-      assert.equal(chunkPayloadChecksum(b), xx.h64Raw(b), `size ${size}`);
+      assert.equal(chunkPayloadChecksum(b, CHUNK_CHECKSUM_XXH64), xx.h64Raw(b), `size ${size}`);
     }
   });
 });
@@ -104,12 +117,13 @@ describe('encode/decode round trip', () => {
       assert.equal(r.chunk.data.buffer, obj.buffer);
       assert.equal(r.chunk.data.byteOffset, obj.byteOffset + CHUNK_HEADER_BYTES);
       assert.deepEqual(r.header, {
-        version: 1,
+        version: 2,
         namespace: NS,
         hash: HASH,
         tokens: 256,
         layout: 0,
         payloadBytes: size,
+        checksumAlgorithm: CHUNK_CHECKSUM_CRC32C,
         checksum: chunkPayloadChecksum(data),
       });
     });
@@ -200,7 +214,7 @@ describe('every failure reason from a targeted mutation', () => {
 
   it('version: another version, with or without a resealed header', () => {
     expectReason(
-      mutate((b) => b.writeUInt16LE(2, 4)),
+      mutate((b) => b.writeUInt16LE(3, 4)),
       'version',
     );
     expectReason(
@@ -215,12 +229,15 @@ describe('every failure reason from a targeted mutation', () => {
     }
   });
 
-  it('header: fields invalid in v1 are rejected even with a valid header CRC', () => {
+  it('header: fields invalid in v2 are rejected even with a valid header CRC', () => {
     const cases: [string, (b: Buffer) => void][] = [
       ['headerBytes', (b) => b.writeUInt16LE(64, 6)],
       ['flags', (b) => b.writeUInt32LE(1, 8)],
       ['tokens 0', (b) => b.writeUInt32LE(0, 64)],
-      ['checksumAlg', (b) => b.writeUInt32LE(2, 68)],
+      ['checksumAlg 1 (v1 only)', (b) => b.writeUInt32LE(1, 68)],
+      ['checksumAlg 3', (b) => b.writeUInt32LE(3, 68)],
+      ['CRC-32C above 32 bits', (b) => b.writeUInt32LE(1, 84)],
+      ['version 1 with CRC-32C', (b) => b.writeUInt16LE(1, 4)],
       ['payloadBytes 0', (b) => b.writeBigUInt64LE(0n, 72)],
       ['payloadBytes > max', (b) => b.writeBigUInt64LE(BigInt(CHUNK_MAX_PAYLOAD_BYTES + 1), 72)],
       ['payloadBytes 2^64-1', (b) => b.writeBigUInt64LE(2n ** 64n - 1n, 72)],
@@ -338,5 +355,21 @@ describe('docs/storage-format.md', () => {
     assert.equal(reasonOf(r), 'ok');
     assert.equal(r.ok && Buffer.from(r.chunk.data).toString('latin1'), 'KV bytes');
     assert.equal(r.ok && r.chunk.tokens, 3);
+  });
+
+  it('the version-1 example (XXH64) still decodes, byte for byte the v2 payload', () => {
+    const doc = readFileSync(new URL('../../docs/storage-format.md', import.meta.url), 'utf8');
+    const m =
+      /<!-- chunk-example-v1:begin -->\s*```\n([\s\S]*?)```\s*<!-- chunk-example-v1:end -->/.exec(
+        doc,
+      );
+    assert.ok(m?.[1] !== undefined, 'the doc has a chunk-example-v1 block');
+    const fromDoc = Buffer.from(m[1].replace(/\s+/g, ''), 'hex');
+    const r = decodeChunkObject(NS, HASH, fromDoc);
+    assert.equal(reasonOf(r), 'ok');
+    assert.equal(r.ok && r.header.version, 1);
+    assert.equal(r.ok && r.header.checksumAlgorithm, CHUNK_CHECKSUM_XXH64);
+    assert.equal(r.ok && r.header.checksum, 0x35152189fc0dde25n);
+    assert.equal(r.ok && Buffer.from(r.chunk.data).toString('latin1'), 'KV bytes');
   });
 });

@@ -1,0 +1,376 @@
+/**
+ * Every benchmark, each figure the median of >= 5 rounds with min and max, against issue 10's
+ * targets:
+ *   npm run bench                 (about 10-15 minutes on the 2-core development machine)
+ *   npm run bench -- --quick      (each benchmark's short settings; `npm run bench --quick` works too)
+ *   npm run bench -- --rounds 7 --only lookup,tiers
+ * Rounds are interleaved (round 1 of every benchmark, then round 2, ...) so that a noisy minute on
+ * a shared machine spreads over all figures. bench:checksum runs its rounds itself and once.
+ * Each benchmark writes its own bench/results/<name>.json (the last round); this writes
+ * bench/results/summary.json (every round), summary.md (one table), summary.svg and summary.png.
+ * The event-loop stall of the process hosting kvtier is set against the stall an idle process
+ * (this one, waiting for the benchmark) sees in the same run: on a shared 2-core machine
+ * preemption alone can stall a loop for tens of ms.
+ */
+import { spawn } from 'node:child_process';
+import { existsSync, readFileSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
+import { cpus, totalmem } from 'node:os';
+import { join } from 'node:path';
+import { renderPng } from '../src/sim/png.ts';
+import { writeResults } from './support/child.ts';
+import {
+  checksumFigures,
+  dataplaneFigures,
+  type FigureSample,
+  lookupFigures,
+  meets,
+  stallFigure,
+  tierFigures,
+  tierStalls,
+} from './support/figures.ts';
+import { stallMeter } from './support/loop-stall.ts';
+import { type ChartBar, renderSummaryChart } from './support/summary-chart.ts';
+
+const argv = process.argv.slice(2);
+const flag = (name: string): string | undefined => {
+  const i = argv.indexOf(name);
+  return i >= 0 ? argv[i + 1] : undefined;
+};
+const QUICK = argv.includes('--quick') || process.env.npm_config_quick === 'true';
+const ROUNDS = Number(flag('--rounds') ?? 5);
+const ONLY = flag('--only')?.split(',');
+/** Bytes each data-plane run loads (the issue asks for 4 GiB; see LOAD_NOTE). */
+const LOAD_MIB = QUICK ? 256 : 2048;
+const LOAD_NOTE =
+  `The "lookup p99 while a load runs" figure uses a ${LOAD_MIB / 1024} GiB load, not the issue's ` +
+  '4 GiB: the benchmark holds the KV file (twice the load, in /dev/shm), the CPU tier (the load) ' +
+  'and two memcpy buffers (twice the load), about 5x the load in RAM, and this machine has ' +
+  `${Math.round(totalmem() / 1024 ** 3)} GiB shared with other work.`;
+
+const here = new URL('.', import.meta.url).pathname;
+const ext = import.meta.url.endsWith('.ts') ? '.ts' : '.js';
+const root = join(here, ext === '.ts' ? '..' : '../..');
+const results = join(root, 'bench', 'results');
+const python = existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
+
+interface Bench {
+  name: string;
+  cmd: string[];
+  json: string;
+  env?: Record<string, string>;
+  /** Runs its rounds itself: run once. */
+  once?: boolean;
+}
+
+const node = (script: string) => [
+  process.execPath,
+  ...(ext === '.ts' ? ['--import', 'tsx'] : []),
+  join(here, `${script}${ext}`),
+];
+const BENCHES: Bench[] = (
+  [
+    { name: 'lookup', cmd: node('lookup'), json: 'lookup.json' },
+    {
+      name: 'tiers',
+      cmd: node('tiers'),
+      json: 'tiers.json',
+      env: { KVTIER_BENCH_TIERS_REPEAT: '1', ...(QUICK ? {} : { KVTIER_BENCH_TIERS_MIB: '256' }) },
+    },
+    {
+      name: 'dataplane',
+      cmd: node('dataplane'),
+      json: 'dataplane.json',
+      env: {
+        KVTIER_BENCH_DATAPLANE_MIB: String(LOAD_MIB),
+        KVTIER_BENCH_DATAPLANE_REPEAT: '2',
+        KVTIER_BENCH_DATAPLANE_PATHS: 'production',
+      },
+    },
+    {
+      name: 'python',
+      cmd: [python, join(root, 'python', 'bench', 'lookup_bench.py')],
+      json: 'python-lookup.json',
+    },
+    {
+      name: 'checksum',
+      cmd: node('checksum'),
+      json: 'checksum.json',
+      once: true,
+      env: { KVTIER_BENCH_ROUNDS: String(Math.max(5, ROUNDS)) },
+    },
+  ] satisfies Bench[] as Bench[]
+).filter((b) => ONLY === undefined || ONLY.includes(b.name));
+
+type Json = Record<string, unknown>;
+
+/** Runs one benchmark; resolves its JSON, the seconds it took and the idle stall seen meanwhile. */
+async function runOnce(b: Bench): Promise<{ json: Json; seconds: number; idleStallMs: number }> {
+  const idle = stallMeter();
+  idle.resume();
+  const t0 = performance.now();
+  const out: string[] = [];
+  const code = await new Promise<number | null>((resolve) => {
+    const child = spawn(b.cmd[0]!, b.cmd.slice(1), {
+      cwd: root,
+      env: { ...process.env, ...b.env, KVTIER_BENCH_QUICK: QUICK ? '1' : '0' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    child.stdout.on('data', (d: Buffer) => out.push(d.toString()));
+    child.stderr.on('data', (d: Buffer) => out.push(d.toString()));
+    child.once('exit', resolve);
+  });
+  idle.pause();
+  if (code !== 0) {
+    throw new Error(`${b.name} exited with ${code}:\n${out.join('').slice(-4000)}`);
+  }
+  const json = JSON.parse(readFileSync(join(results, b.json), 'utf8')) as Json;
+  return { json, seconds: (performance.now() - t0) / 1000, idleStallMs: idle.maxMs() };
+}
+
+function figuresOf(name: string, j: Json, idleMs: number): FigureSample[] {
+  switch (name) {
+    case 'lookup':
+      return [
+        ...lookupFigures(j),
+        stallFigure(
+          'stall.lookup',
+          'event-loop stall, sidecar under bench:lookup',
+          num(j.sidecarLoopStallMs),
+          idleMs,
+        ),
+      ];
+    case 'python':
+      return lookupFigures(j, 'python', 'Python client').filter((f) => f.id.includes('.p50.'));
+    case 'tiers':
+      return [
+        ...tierFigures(j),
+        ...[...tierStalls(j)].map(([tier, ms]) =>
+          stallFigure(
+            `stall.tiers.${tier}`,
+            `event-loop stall, ${tier} tier puts and gets`,
+            ms,
+            idleMs,
+          ),
+        ),
+      ];
+    case 'dataplane': {
+      const prod = ((j.lookupDuringLoad as Json[] | undefined) ?? []).find((l) =>
+        String(l.path).startsWith('production'),
+      );
+      return [
+        ...dataplaneFigures(j),
+        ...(prod === undefined
+          ? []
+          : [
+              stallFigure(
+                'stall.dataplane',
+                'event-loop stall, sidecar saving and loading',
+                num(prod.loopStallMs),
+                idleMs,
+              ),
+            ]),
+      ];
+    }
+    default:
+      return [];
+  }
+}
+
+const num = (x: unknown): number => (typeof x === 'number' ? x : Number.NaN);
+
+interface Agg {
+  first: FigureSample;
+  values: number[];
+  raws: number[];
+  compared: number[];
+  /** Set by benchmarks that report their own median/min/max. */
+  own?: { min: number; max: number; rawMin: number; rawMax: number };
+}
+
+function median(xs: number[]): number {
+  const s = [...xs].sort((a, b) => a - b);
+  const m = Math.floor(s.length / 2);
+  return s.length % 2 === 1 ? s[m]! : (s[m - 1]! + s[m]!) / 2;
+}
+
+function fmt(x: number, unit: string): string {
+  if (!Number.isFinite(x)) return '—';
+  if (unit === '/s') return Math.round(x).toLocaleString('en-US');
+  if (unit === 'µs') return x.toFixed(0);
+  return Math.abs(x) >= 100 ? x.toFixed(0) : x.toFixed(2);
+}
+
+async function main(): Promise<void> {
+  if (!Number.isInteger(ROUNDS) || ROUNDS < 1)
+    throw new Error('--rounds must be a positive integer');
+  const started = Date.now();
+  const aggs = new Map<string, Agg>();
+  const rounds: Json[] = [];
+  const seconds = new Map<string, number>();
+  const add = (s: FigureSample) => {
+    let a = aggs.get(s.id);
+    if (a === undefined) {
+      a = { first: s, values: [], raws: [], compared: [] };
+      aggs.set(s.id, a);
+    }
+    a.values.push(s.value);
+    if (s.raw !== null) a.raws.push(s.raw);
+    a.compared.push(s.compared);
+  };
+  const stamp = (b: Bench, r: number, s: number) => {
+    seconds.set(b.name, (seconds.get(b.name) ?? 0) + s);
+    console.log(
+      `bench: ${b.name}${b.once ? '' : ` round ${r + 1}/${ROUNDS}`} done in ${s.toFixed(1)} s`,
+    );
+  };
+  for (const b of BENCHES.filter((x) => x.once === true)) {
+    const res = await runOnce(b);
+    stamp(b, 0, res.seconds);
+    rounds.push({ bench: b.name, round: 0, idleStallMs: res.idleStallMs, json: res.json });
+    for (const c of checksumFigures(res.json)) {
+      add(c.sample);
+      aggs.get(c.sample.id)!.own = { min: c.min, max: c.max, rawMin: c.rawMin, rawMax: c.rawMax };
+    }
+    type S = { median: number; min: number; max: number };
+    for (const r of (res.json.results as Json[] | undefined) ?? []) {
+      const m = String(r.method);
+      if (num(r.sizeBytes) !== 32 * 1024 * 1024 || !m.endsWith('Async')) continue;
+      const st = r.stallMs as S;
+      const f = stallFigure(
+        `stall.checksum.${m}`,
+        `event-loop stall, ${m}, 32 MiB`,
+        st.median,
+        res.idleStallMs,
+      );
+      add(f);
+      aggs.get(f.id)!.own = {
+        min: st.min,
+        max: st.max,
+        rawMin: res.idleStallMs,
+        rawMax: res.idleStallMs,
+      };
+    }
+  }
+  for (let r = 0; r < ROUNDS; r++) {
+    for (const b of BENCHES.filter((x) => x.once !== true)) {
+      const res = await runOnce(b);
+      stamp(b, r, res.seconds);
+      rounds.push({ bench: b.name, round: r + 1, idleStallMs: res.idleStallMs, json: res.json });
+      for (const f of figuresOf(b.name, res.json, res.idleStallMs)) add(f);
+    }
+  }
+
+  const order = ['lookup.', 'python.', 'tiers.', 'dataplane.', 'stall.', 'checksum.'];
+  const rank = (id: string) => order.findIndex((p) => id.startsWith(p));
+  const sorted = [...aggs.values()].sort((a, b) => rank(a.first.id) - rank(b.first.id));
+  const lines: string[] = [];
+  const bars: ChartBar[] = [];
+  const table: Json[] = [];
+  for (const a of sorted) {
+    const f = a.first;
+    const v = {
+      median: median(a.values),
+      min: a.own?.min ?? Math.min(...a.values),
+      max: a.own?.max ?? Math.max(...a.values),
+    };
+    const c = {
+      median: median(a.compared),
+      min: Math.min(...a.compared),
+      max: Math.max(...a.compared),
+    };
+    if (a.own !== undefined && f.comparedWhat === 'ratio' && f.raw !== null) {
+      c.min = a.own.min / a.own.rawMax;
+      c.max = a.own.max / a.own.rawMin;
+    } else if (a.own !== undefined && f.comparedWhat === f.unit) {
+      c.min = a.own.min;
+      c.max = a.own.max;
+    }
+    const raw = a.raws.length > 0 ? median(a.raws) : Number.NaN;
+    const met = f.target === null ? null : meets(c.median, f.target);
+    const cmp =
+      f.comparedWhat === 'ratio'
+        ? `${c.median.toFixed(2)} [${c.min.toFixed(2)}–${c.max.toFixed(2)}]`
+        : f.comparedWhat === f.unit
+          ? '—'
+          : `${fmt(c.median, f.comparedWhat)}`;
+    lines.push(
+      `| ${f.what} | ${fmt(v.median, f.unit)} ${f.unit} [${fmt(v.min, f.unit)}–${fmt(v.max, f.unit)}] | ` +
+        `${f.raw === null ? '—' : `${fmt(raw, f.unit)} ${f.unit} (${f.rawWhat})`} | ${cmp} | ` +
+        `${f.target === null ? '—' : `${f.target.op} ${f.target.value.toLocaleString('en-US')}${f.comparedWhat === 'ratio' ? '' : ` ${f.comparedWhat}`}`} | ` +
+        `${met === null ? 'info' : met ? 'met' : '**not met**'} |`,
+    );
+    table.push({ ...f, value: v, rawMedian: raw, comparedStats: c, met, rounds: a.values.length });
+    if (f.target !== null) {
+      bars.push({
+        label: f.what,
+        op: f.target.op,
+        target: f.target.value,
+        median: c.median,
+        min: c.min,
+        max: c.max,
+        met: met === true,
+      });
+    }
+  }
+  const withTarget = table.filter((t) => t.met !== null);
+  const metCount = withTarget.filter((t) => t.met === true).length;
+  const minutes = (Date.now() - started) / 60_000;
+  const md = [
+    '# kvtier benchmark summary',
+    '',
+    `\`npm run bench${QUICK ? ' -- --quick' : ''}\` on ${new Date().toISOString().slice(0, 10)}: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ` +
+      `Node ${process.version}, ${Math.round(totalmem() / 1024 ** 3)} GiB; ${ROUNDS} rounds${QUICK ? ' of the short (--quick) settings' : ''}, ` +
+      `${minutes.toFixed(1)} minutes. **${metCount} of ${withTarget.length} targets met.**`,
+    '',
+    'Each figure: median [min–max] over the rounds; the raw limit is measured in the same run ' +
+      '(median shown); the ratio column is the figure over its raw limit (times: the ' +
+      'figure is in the numerator, so lower is better) or, for absolute targets, the value itself. ' +
+      'Targets are those of issue 10. "info" rows have no target.',
+    '',
+    '| figure | value | raw limit | ratio | target | |',
+    '| --- | --- | --- | --- | --- | --- |',
+    ...lines,
+    '',
+    '![ratios against targets](summary.svg)',
+    '',
+    '## Notes',
+    '',
+    `- ${LOAD_NOTE}`,
+    '- Event-loop stall: `perf_hooks.monitorEventLoopDelay` (1 ms resolution) max minus the ' +
+      'resolution, in the process hosting kvtier: the lookup sidecar child (its whole run, setup ' +
+      "included), the bench process while kvtier's tier puts and gets run (raw baselines excluded), " +
+      'the in-process production sidecar while it saves and loads (the data-plane client shares ' +
+      'that process). The raw column is what the idle runner process saw meanwhile: preemption on ' +
+      'a machine shared with other work. A loop that never yields records nothing, so a run of ' +
+      "back-to-back synchronous CPU-tier puts shows 0. The Python benchmark's sidecar (`kvtier " +
+      'serve`) is not watched.',
+    `- Tiers run once per round (\`KVTIER_BENCH_TIERS_REPEAT=1\`, after the warm-up pass the ` +
+      `benchmark always makes), moving ${QUICK ? 128 : 256} MiB per measurement; the data plane ` +
+      'runs the production path only (`bench:dataplane` also runs the bare in-process path) and ' +
+      "keeps the better of two runs per round (the first touches the CPU tier's pages for the " +
+      'first time).',
+    `- Seconds per benchmark (all rounds): ${[...seconds].map(([k, s]) => `${k} ${s.toFixed(0)}`).join(', ')}.`,
+    '',
+  ].join('\n');
+  await writeFile(join(results, 'summary.md'), md);
+  const svg = renderSummaryChart(
+    `kvtier against issue 10's targets (${ROUNDS} rounds${QUICK ? ', --quick' : ''}; ${metCount}/${withTarget.length} met)`,
+    bars,
+  );
+  await writeFile(join(results, 'summary.svg'), svg);
+  await writeFile(join(results, 'summary.png'), await renderPng(svg));
+  await writeResults('summary.json', {
+    bench: 'summary',
+    date: new Date().toISOString(),
+    quick: QUICK,
+    rounds: ROUNDS,
+    loadMiB: LOAD_MIB,
+    figures: table,
+    runs: rounds.map((r) => ({ ...r, json: undefined })),
+  });
+  console.log(`\n${md}`);
+  console.log('wrote bench/results/summary.md, summary.svg, summary.png, summary.json');
+}
+
+await main();

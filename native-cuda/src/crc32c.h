@@ -1,0 +1,26 @@
+// CRC-32C (Castagnoli): the payload checksum of stored chunk format version 2
+// (docs/storage-format.md). SSE4.2's crc32 instruction where the CPU has it, a table otherwise;
+// both give the same value (src/util/crc32c.ts computes it in JavaScript when the addon is absent).
+#pragma once
+
+#include <napi.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace kvtier {
+
+// Standard CRC-32C of `bytes` bytes continuing from `crc` (0 to start; pass the previous result
+// to continue over a split buffer). CRC-32C("123456789") = 0xE3069283.
+uint32_t Crc32c(uint32_t crc, const uint8_t* data, size_t bytes);
+
+// True when Crc32c uses the CPU instruction (reported by probe()).
+bool Crc32cHardware();
+
+// crc32c(buffer, crc) -> number: on the calling thread (small buffers).
+Napi::Value Crc32cSync(const Napi::CallbackInfo& info);
+
+// crc32cAsync(buffer, crc) -> Promise<number>: on the libuv pool; the buffer is kept alive.
+Napi::Value Crc32cAsync(const Napi::CallbackInfo& info);
+
+}  // namespace kvtier

@@ -1,0 +1,239 @@
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import * as fsp from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { after, describe, it } from 'node:test';
+import { crc32 } from 'node:zlib';
+import xxhash from 'xxhash-wasm';
+import {
+  CHECKSUM_CRC32C,
+  CHECKSUM_SYNC_MAX_BYTES,
+  CHECKSUM_XXH64,
+  crc32cEngine,
+  payloadChecksum,
+  payloadChecksumAsync,
+} from '../../src/backends/checksum.ts';
+import {
+  CHUNK_HEADER_BYTES,
+  type ChunkDecodeFailure,
+  decodeChunkHeader,
+  decodeChunkObject,
+  decodeChunkObjectAsync,
+  encodeChunkHeaderAsync,
+  encodeChunkObject,
+  encodeChunkObjectAsync,
+  encodeChunkObjectIntoAsync,
+  verifyChunkPayloadAsync,
+} from '../../src/backends/chunk-format.ts';
+import { objectPath } from '../../src/backends/file-store.ts';
+import { FsBackend } from '../../src/backends/fs-backend.ts';
+import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
+import { loadNative } from '../../src/native/native.ts';
+import { crc32c } from '../../src/util/crc32c.ts';
+
+const native = loadNative().addon;
+const NS = 'a1'.repeat(16);
+const HASH = chunkHash('b2'.repeat(32));
+/** Odd sizes around the JS slice-by-8 step and the native three-way split (3 KiB). */
+const ODD_SIZES = [1, 3, 7, 9, 15, 17, 255, 1021, 3071, 3072, 3073, 3079, 65_537, 1_000_003];
+
+function reasonOf(r: { ok: true } | { ok: false; reason: ChunkDecodeFailure }): string {
+  return r.ok ? 'ok' : r.reason;
+}
+
+/**
+ * The same chunk in stored format version 1 (XXH64), as an older kvtier wrote it: the writer of
+ * v1 filled exactly these fields, so rewriting a v2 object's version, algorithm and checksum
+ * and resealing the header gives the old bytes.
+ */
+async function v1Object(
+  ns: string,
+  hash: ChunkHash,
+  tokens: number,
+  data: Buffer,
+): Promise<Buffer> {
+  const xx = await xxhash();
+  const obj = encodeChunkObject(ns, hash, { tokens, data });
+  obj.writeUInt16LE(1, 4);
+  obj.writeUInt32LE(1, 68);
+  obj.writeBigUInt64LE(xx.h64Raw(data), 80);
+  obj.writeUInt32LE(crc32(obj.subarray(0, 124)), 124);
+  return obj;
+}
+
+describe('CRC-32C', () => {
+  // RFC 3720 (iSCSI) appendix B.4 and the common check value.
+  const vectors: [string, Buffer, number][] = [
+    ['"123456789"', Buffer.from('123456789'), 0xe3069283],
+    ['empty', Buffer.alloc(0), 0],
+    ['32 zero bytes', Buffer.alloc(32, 0), 0x8a9136aa],
+    ['32 0xff bytes', Buffer.alloc(32, 0xff), 0x62a8ab43],
+    ['0..31', Buffer.from(Array.from({ length: 32 }, (_, i) => i)), 0x46dd794e],
+    ['31..0', Buffer.from(Array.from({ length: 32 }, (_, i) => 31 - i)), 0x113fdb5c],
+  ];
+
+  it('JavaScript: the published vectors', () => {
+    for (const [name, data, want] of vectors) assert.equal(crc32c(data), want, name);
+  });
+
+  it('native, sync and on the pool: the published vectors', { skip: native === null }, async () => {
+    const a = native!;
+    for (const [name, data, want] of vectors) {
+      assert.equal(a.crc32c(data), want, name);
+      assert.equal(await a.crc32cAsync(data), want, name);
+    }
+    // A large buffer takes the three-way hardware path.
+    const big = Buffer.alloc(1 << 20, 0x5a);
+    assert.equal(a.crc32c(big), crc32c(big));
+  });
+
+  it('native equals JavaScript on random buffers of odd sizes, whole and continued', {
+    skip: native === null,
+  }, async () => {
+    const a = native!;
+    for (const size of ODD_SIZES) {
+      const data = randomBytes(size);
+      const want = crc32c(data);
+      assert.equal(a.crc32c(data), want, `sync ${size}`);
+      assert.equal(await a.crc32cAsync(data), want, `async ${size}`);
+      // A view at an odd offset into a larger buffer.
+      const backing = randomBytes(size + 13);
+      data.copy(backing, 5);
+      assert.equal(a.crc32c(backing.subarray(5, 5 + size)), want, `view ${size}`);
+      // Continuing from a previous result over a split buffer gives the whole buffer's CRC.
+      const cut = Math.floor(size / 3);
+      assert.equal(crc32c(data.subarray(cut), a.crc32c(data.subarray(0, cut))), want);
+      assert.equal(a.crc32c(data.subarray(cut), crc32c(data.subarray(0, cut))), want);
+    }
+  });
+
+  it('native table path (KVTIER_CRC32C_SOFTWARE=1) equals JavaScript', {
+    skip: native === null,
+  }, () => {
+    // The CPU instruction is detected once per process, so the table path runs in a child.
+    const script = [
+      `const a = require(${JSON.stringify(native!.path)});`,
+      "const { randomBytes } = require('node:crypto');",
+      'const out = [];',
+      `for (const n of ${JSON.stringify(ODD_SIZES)}) { const b = randomBytes(n); out.push([b.toString('base64'), a.crc32c(b, 0)]); }`,
+      'console.log(JSON.stringify({ hw: a.probe().crc32cHardware, out }));',
+    ].join('\n');
+    const res = spawnSync(process.execPath, ['-e', script], {
+      env: { ...process.env, KVTIER_CRC32C_SOFTWARE: '1' },
+      encoding: 'utf8',
+      maxBuffer: 64 * 1024 * 1024,
+    });
+    assert.equal(res.status, 0, res.stderr);
+    const { hw, out } = JSON.parse(res.stdout) as { hw: boolean; out: [string, number][] };
+    assert.equal(hw, false);
+    for (const [b64, crc] of out) assert.equal(crc, crc32c(Buffer.from(b64, 'base64')));
+  });
+
+  it('native rejects what is not a buffer, and a crc outside u32', {
+    skip: native === null,
+  }, () => {
+    const a = native!;
+    assert.throws(() => a.crc32c('abc' as unknown as Uint8Array), { code: 'KVT_INVALID_ARGUMENT' });
+    assert.throws(() => a.crc32c(Buffer.from('a'), 2 ** 32), { code: 'KVT_INVALID_ARGUMENT' });
+  });
+
+  it('the checksum module reports its engine and agrees sync and async', async () => {
+    const e = crc32cEngine();
+    assert.equal(e.engine, native === null ? 'js' : 'native');
+    for (const size of [CHECKSUM_SYNC_MAX_BYTES - 1, CHECKSUM_SYNC_MAX_BYTES + 1, 4_000_037]) {
+      const data = randomBytes(size);
+      const want = BigInt(crc32c(data));
+      assert.equal(payloadChecksum(CHECKSUM_CRC32C, data), want);
+      assert.equal(await payloadChecksumAsync(CHECKSUM_CRC32C, data), want);
+      const xx = payloadChecksum(CHECKSUM_XXH64, data);
+      assert.equal(await payloadChecksumAsync(CHECKSUM_XXH64, data), xx);
+    }
+  });
+});
+
+describe('stored format version 2 (CRC-32C) beside version 1 (XXH64)', () => {
+  const dirs: string[] = [];
+  after(async () => {
+    await Promise.all(dirs.map((d) => fsp.rm(d, { recursive: true, force: true })));
+  });
+
+  it('writes version 2 with algorithm 2; the async encoders give the same bytes', async () => {
+    const data = randomBytes(CHECKSUM_SYNC_MAX_BYTES * 3 + 5);
+    const chunk = { tokens: 256, data };
+    const obj = encodeChunkObject(NS, HASH, chunk);
+    assert.equal(obj.readUInt16LE(4), 2);
+    assert.equal(obj.readUInt32LE(68), 2);
+    assert.equal(obj.readBigUInt64LE(80), BigInt(crc32c(data)));
+    assert.deepEqual(await encodeChunkObjectAsync(NS, HASH, chunk), obj);
+    const header = await encodeChunkHeaderAsync(NS, HASH, chunk);
+    assert.deepEqual(header, obj.subarray(0, CHUNK_HEADER_BYTES));
+    const target = Buffer.alloc(obj.length + 3);
+    assert.equal(await encodeChunkObjectIntoAsync(target, NS, HASH, chunk, 0, 3), obj.length);
+    assert.deepEqual(target.subarray(3), obj);
+  });
+
+  it('reads version-1 objects and verifies them with XXH64', async () => {
+    for (const size of [1, 1000, CHECKSUM_SYNC_MAX_BYTES * 2 + 1]) {
+      const data = randomBytes(size);
+      const old = await v1Object(NS, HASH, 7, data);
+      for (const r of [
+        decodeChunkObject(NS, HASH, old),
+        await decodeChunkObjectAsync(NS, HASH, old),
+      ]) {
+        assert.equal(reasonOf(r), 'ok');
+        assert.equal(r.ok && r.header.version, 1);
+        assert.equal(r.ok && r.header.checksumAlgorithm, CHECKSUM_XXH64);
+        assert.equal(r.ok && Buffer.compare(r.chunk.data, data), 0);
+      }
+      const h = decodeChunkHeader(NS, HASH, old);
+      assert.ok(h.ok);
+      assert.equal(await verifyChunkPayloadAsync(h.header, data), true);
+      const bad = Buffer.from(old);
+      bad[CHUNK_HEADER_BYTES + Math.floor(size / 2)]! ^= 0x04;
+      assert.equal(reasonOf(await decodeChunkObjectAsync(NS, HASH, bad)), 'checksum');
+    }
+  });
+
+  it('a corrupted version-2 chunk is a checksum failure, sync and on the pool', async () => {
+    const data = randomBytes(4 * 1024 * 1024 + 3);
+    const obj = encodeChunkObject(NS, HASH, { tokens: 256, data });
+    for (const at of [CHUNK_HEADER_BYTES, CHUNK_HEADER_BYTES + 2_000_001, obj.length - 1]) {
+      const bad = Buffer.from(obj);
+      bad[at]! ^= 0x80;
+      assert.equal(reasonOf(decodeChunkObject(NS, HASH, bad)), 'checksum');
+      assert.equal(reasonOf(await decodeChunkObjectAsync(NS, HASH, bad)), 'checksum');
+    }
+    assert.equal(reasonOf(await decodeChunkObjectAsync(NS, HASH, obj)), 'ok');
+  });
+
+  it('a file backend serves an old-format file and treats a corrupted new one as a miss', async () => {
+    const dir = await fsp.mkdtemp(join(tmpdir(), 'kvtier-checksum-'));
+    dirs.push(dir);
+    const backend = await FsBackend.open({ path: dir, timeoutMs: 5000 }, { name: 'fs' });
+    try {
+      const oldHash = chunkHash('c3'.repeat(32));
+      const oldData = randomBytes(600_000);
+      const oldPath = objectPath(dir, NS, oldHash, backend.options.shardChars);
+      await fsp.mkdir(join(oldPath, '..'), { recursive: true });
+      await fsp.writeFile(oldPath, await v1Object(NS, oldHash, 9, oldData));
+      const got = (await backend.batchedGet(NS, [oldHash])).get(oldHash);
+      assert.equal(got?.tokens, 9);
+      assert.equal(got && Buffer.compare(got.data, oldData), 0);
+
+      const data = randomBytes(600_000);
+      assert.equal(await backend.put(NS, HASH, { tokens: 256, data }), 'stored');
+      const path = objectPath(dir, NS, HASH, backend.options.shardChars);
+      const stored = await fsp.readFile(path);
+      assert.equal(stored.readUInt16LE(4), 2);
+      stored[CHUNK_HEADER_BYTES + 300_000]! ^= 0x01;
+      await fsp.writeFile(path, stored);
+      assert.equal((await backend.batchedGet(NS, [HASH])).get(HASH) ?? null, null);
+      // The corrupt file was removed: a later read is a plain miss.
+      await assert.rejects(fsp.stat(path), { code: 'ENOENT' });
+    } finally {
+      await backend.close();
+    }
+  });
+});
