@@ -270,11 +270,36 @@ function tryLoad(): LoadNativeResult {
   }
   try {
     const raw = createRequire(import.meta.url)(path) as RawAddon;
+    const missing = RAW_FUNCTIONS.filter((f) => typeof raw[f] !== 'function');
+    if (missing.length > 0) {
+      return {
+        addon: null,
+        reason: `native addon at ${path} is older than this kvtier (no ${missing.join(', ')}): run the build:native script`,
+      };
+    }
     return { addon: wrap(raw, path) };
   } catch (err) {
     return { addon: null, reason: `native addon at ${path} failed to load: ${String(err)}` };
   }
 }
+
+/** Every function this version calls: an addon built from older sources lacks some. */
+const RAW_FUNCTIONS: readonly (keyof RawAddon)[] = [
+  'probe',
+  'allocSlab',
+  'mapFile',
+  'addressOf',
+  'copyBatch',
+  'crc32c',
+  'crc32cAsync',
+  'cudaDeviceUuids',
+  'cudaIpcOpen',
+  'cudaIpcClose',
+  'cudaIpcGetHandle',
+  'cudaMalloc',
+  'cudaFree',
+  'copyBatchDevice',
+];
 
 function here(): string {
   return dirname(fileURLToPath(import.meta.url));

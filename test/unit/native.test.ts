@@ -1,4 +1,8 @@
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { KvtierError } from '../../src/errors.ts';
 import {
@@ -10,6 +14,7 @@ import {
 } from '../../src/native/native.ts';
 import { jsCopyBatch } from '../support/js-copy-batch.ts';
 
+const NATIVE_MODULE = new URL('../../src/native/native.ts', import.meta.url).href;
 const loadedNative = loadNative();
 const addon: NativeAddon | null = loadedNative.addon;
 const noAddon = loadedNative.addon === null ? loadedNative.reason : false;
@@ -120,6 +125,36 @@ describe('native addon: load and probe', () => {
       return;
     }
     assert.match(addon.path, /kvtier_native\.node$/);
+  });
+
+  it('refuses an addon built from older sources, naming what it lacks', () => {
+    // A module with only part of the functions stands in for a stale build: loading it must
+    // leave kvtier on its fallbacks with a reason, not fail later inside a checksum or copy.
+    const dir = mkdtempSync(join(tmpdir(), 'kvtier-stale-addon-'));
+    try {
+      const path = join(dir, 'stale.cjs');
+      writeFileSync(path, 'module.exports = { probe() { return {}; }, copyBatch() {} };');
+      const script = `import { loadNative } from ${JSON.stringify(NATIVE_MODULE)};
+        const r = loadNative(); console.log(JSON.stringify({ loaded: r.addon !== null, reason: r.reason }));`;
+      const res = spawnSync(
+        process.execPath,
+        ['--import', 'tsx', '--input-type=module', '-e', script],
+        {
+          env: { ...process.env, KVTIER_NATIVE_PATH: path },
+          encoding: 'utf8',
+        },
+      );
+      assert.equal(res.status, 0, res.stderr);
+      const out = JSON.parse(res.stdout.trim()) as { loaded: boolean; reason: string };
+      assert.equal(out.loaded, false);
+      assert.match(
+        out.reason,
+        /older than this kvtier \(no allocSlab, mapFile, .*crc32c, crc32cAsync/,
+      );
+      assert.match(out.reason, /build:native/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('probes the host part and reports CUDA unavailable with a reason', { skip: noAddon }, (t) => {
