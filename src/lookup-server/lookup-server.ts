@@ -39,6 +39,8 @@ export interface LookupServerOptions {
   dataPlane?: DataPlane;
   /** Deadline of a LOAD that asks for the default (deadlineMs 0), ms; default 20 000. */
   loadDeadlineMs?: number;
+  /** Reply bytes the send queue holds at once; later replies are dropped. Default 512 MiB. */
+  maxSendQueueBytes?: number;
 }
 
 /** Longest timer Node can arm, ms; longer load deadlines are cut to it. */
@@ -92,6 +94,7 @@ export class LookupServer {
   readonly #requestedEndpoint: string;
   readonly #dataPlane: DataPlane | undefined;
   readonly #loadDeadlineMs: number;
+  readonly #maxSendQueueBytes: number | undefined;
   #router: zmq.Router | undefined;
   #sendQueue: SocketSendQueue | undefined;
   #endpoint = '';
@@ -111,6 +114,7 @@ export class LookupServer {
     this.#log = opts.log ?? silentLogger;
     this.#info = opts.info ?? (() => ({}));
     this.#dataPlane = opts.dataPlane;
+    this.#maxSendQueueBytes = opts.maxSendQueueBytes;
     this.#loadDeadlineMs = requireInt(
       'loadDeadlineMs',
       opts.loadDeadlineMs ?? 20_000,
@@ -153,7 +157,10 @@ export class LookupServer {
     }
     this.#router = router;
     this.#endpoint = router.lastEndpoint ?? this.#requestedEndpoint;
-    this.#sendQueue = new SocketSendQueue(router, { log: this.#log });
+    this.#sendQueue = new SocketSendQueue(router, {
+      log: this.#log,
+      ...(this.#maxSendQueueBytes !== undefined ? { maxBytes: this.#maxSendQueueBytes } : {}),
+    });
     this.#loop = this.#receiveLoop(router);
     this.#log.info('lookup server listening', { endpoint: this.#endpoint });
   }
@@ -231,6 +238,7 @@ export class LookupServer {
               // This STATS request itself is not counted.
               inflight: this.#inflight - 1,
               sendQueueDepth: this.#sendQueue?.depth ?? 0,
+              sendQueueBytes: this.#sendQueue?.bytes ?? 0,
               sendDropped: this.#sendQueue?.dropped ?? 0,
             },
           },

@@ -16,6 +16,7 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
 import { LazyAbort } from './lazy-abort.ts';
+import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
 import { PinLedger } from './pin-ledger.ts';
 import { type Segment, type TierTokens, TierWalk } from './tier-walk.ts';
 
@@ -35,6 +36,11 @@ export interface StorageManagerOptions {
   pinTtlMs?: number;
   /** Most lookups tracked at once (ongoing plus answered and pinned); default 4096. */
   maxLookups?: number;
+  /**
+   * Bound on the estimated bytes of lookups in flight and answered lookups holding pins
+   * (lookup-budget.ts); a lookup past it is refused with KVT_CAPACITY. Default 64 MiB.
+   */
+  maxLookupBytes?: number;
   writeThrough?: WriteThroughOptions;
   metrics?: KvtierMetrics;
   log?: Logger;
@@ -82,6 +88,8 @@ export interface PinnedLookup extends LookupOutcome {
   hashes: readonly ChunkHash[];
   /** Internal record of the pins; released through `releaseLookup`. */
   readonly ledger: PinLedger;
+  /** This lookup's share of the lookup memory budget; given back by `releaseLookup`. */
+  readonly memory: LookupBytesHold;
 }
 
 /** What a save's chunk came to: stored (indexed and queued), already there, or not kept. */
@@ -146,6 +154,7 @@ export class StorageManager {
   readonly #walk: TierWalk;
   /** Answered lookups that hold pins (in the event manager or taken), for CLEAR to release. */
   readonly #answered = new Set<PinnedLookup>();
+  readonly #lookupBytes: LookupByteBudget;
   #writeDropped = 0;
   readonly #metrics: KvtierMetrics | undefined;
   readonly #log: Logger;
@@ -175,6 +184,7 @@ export class StorageManager {
       0,
       2 ** 32 - 2,
     );
+    this.#lookupBytes = new LookupByteBudget(opts.maxLookupBytes);
     this.#serializer = new AsyncSerializer({
       capacityChunks: requireInt(
         'prefetchBudgetChunks',
@@ -247,14 +257,23 @@ export class StorageManager {
     const work = new Promise<PinnedLookup>((resolve, reject) => {
       settle = { resolve, reject };
     });
-    // Registered before any pin is taken, so a full event manager refuses the lookup cleanly.
-    this.#events.add(input.lookupId, work, {
-      abort: () => ac.abort(),
-      dispose: (p) => this.releaseLookup(p),
-    });
+    // Admitted and registered before any pin is taken, so a full budget or event manager
+    // refuses the lookup cleanly.
+    const memory = this.#lookupBytes.hold(
+      estimateLookupBytes(input.hashes.length, input.lookupId.length),
+    );
+    try {
+      this.#events.add(input.lookupId, work, {
+        abort: () => ac.abort(),
+        dispose: (p) => this.releaseLookup(p),
+      });
+    } catch (err) {
+      memory.release();
+      throw err;
+    }
     work.catch(() => {});
     try {
-      const pinned = await this.#run(input, ac);
+      const pinned = await this.#run(input, ac, memory);
       if (ac.aborted) {
         pinned.ledger.releaseAll();
         throw abortedError(ac.signal, 'lookup');
@@ -271,9 +290,14 @@ export class StorageManager {
         this.#events.take(input.lookupId);
         pinned.ledger.releaseAll();
       } else if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
+      // What stays is the answer and its hits' pins (a no-op once released above).
+      memory.resize(estimateLookupBytes(pinned.hitChunks, input.lookupId.length));
+      if (!this.#answered.has(pinned) && this.#events.result(input.lookupId) !== pinned)
+        memory.release();
       this.#record(input, pinned, started);
       return outcomeOf(pinned);
     } catch (err) {
+      memory.release();
       settle.reject(err);
       if (ac.aborted) {
         this.#metrics?.lookups.inc({ result: 'canceled' });
@@ -303,6 +327,7 @@ export class StorageManager {
   releaseLookup(p: PinnedLookup): void {
     this.#answered.delete(p);
     p.ledger.releaseAll();
+    p.memory.release();
   }
 
   /** Marks an answered lookup stale (a CLEAR overtook it) and releases its pins. */
@@ -323,7 +348,11 @@ export class StorageManager {
     return n;
   }
 
-  async #run(input: LookupInput, signal: LazyAbort): Promise<PinnedLookup> {
+  async #run(
+    input: LookupInput,
+    signal: LazyAbort,
+    memory: LookupBytesHold,
+  ): Promise<PinnedLookup> {
     const epoch = this.#epoch;
     const stamp = this.#fence.stamp();
     const ledger = new PinLedger();
@@ -358,6 +387,7 @@ export class StorageManager {
         namespaces: input.namespaces,
         hashes: input.hashes.slice(0, ready),
         ledger,
+        memory,
       };
     } catch (err) {
       ledger.releaseAll();
@@ -589,7 +619,13 @@ export class StorageManager {
         health: t.health(),
         ...t.stats(),
       })),
-      lookups: { ...this.#events.sizes(), expiredTotal: this.#events.expiredTotal },
+      lookups: {
+        ...this.#events.sizes(),
+        expiredTotal: this.#events.expiredTotal,
+        bytes: this.#lookupBytes.used,
+        maxBytes: this.#lookupBytes.capacity,
+        refusedTotal: this.#lookupBytes.refused,
+      },
       serializer: {
         capacityChunks: this.#serializer.capacity,
         inUseChunks: this.#serializer.inUse,
