@@ -58,6 +58,8 @@ export class DurableLedger {
   readonly #drainTimeoutMs: number;
   #window: WrittenChunk[] = [];
   #baseline: number | undefined;
+  /** Bumped by `crashed()`: a checkpoint that spans a crash decides nothing. */
+  #generation = 0;
 
   constructor(opts: DurableLedgerOptions) {
     this.#tier = opts.tier;
@@ -77,15 +79,17 @@ export class DurableLedger {
     this.unconfirmed += this.#window.length;
     this.#window = [];
     this.#baseline = undefined;
+    this.#generation++;
   }
 
   /**
    * Checkpoint: call with none of the caller's PUTs in flight. Waits (polling STATS) for an empty
    * write-through queue, then confirms the window when the tier lost nothing since the previous
-   * checkpoint. Returns false when the queue did not drain in time (the window stays open).
-   * Throws what the client throws (a dead sidecar).
+   * checkpoint. Returns false when the queue did not drain in time or the sidecar crashed
+   * meanwhile (the window stays open). Throws what the client throws (a dead sidecar).
    */
   async checkpoint(client: LookupClient, metricsUrl: string): Promise<boolean> {
+    const generation = this.#generation;
     const until = Date.now() + this.#drainTimeoutMs;
     let stats = await client.stats();
     while (depthOf(stats) > 0) {
@@ -101,6 +105,7 @@ export class DurableLedger {
     const losses =
       sumCounter(text, 'kvtier_writethrough_dropped_total', `tier="${this.#tier}"`) +
       (tier?.evictions ?? 0);
+    if (generation !== this.#generation) return false;
     if (this.#baseline !== undefined && losses === this.#baseline) {
       for (const c of this.#window) this.confirmed.set(`${c.ns}/${c.hash}`, c);
     } else this.unconfirmed += this.#window.length;
