@@ -283,6 +283,8 @@ async function sidecarFault(): Promise<void> {
   checkDurableOnDisk();
   await sleep(500);
   await startSidecar();
+  // Start-up (temp-file cleanup, indexing) must not lose them either.
+  checkDurableOnDisk();
   sidecarDown = false;
   try {
     // The first checkpoint after a start sets the baseline of the loss counters.
