@@ -84,7 +84,8 @@ const config = {
   metrics: { host: '127.0.0.1', port: 0 },
   logLevel: 'error',
   tiers: [
-    { name: 'cpu', type: 'local-cpu', capacityBytes: '32MiB' },
+    // Smaller than what the run stores, so lookups also prefetch from the disk and Redis.
+    { name: 'cpu', type: 'local-cpu', capacityBytes: '8MiB' },
     {
       name: 'disk',
       type: 'local-disk',
