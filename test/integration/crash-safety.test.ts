@@ -100,12 +100,19 @@ describe('crash safety under fsync: always', { timeout: 300_000 }, () => {
         }
         assert.equal(await ledger.checkpoint(client, metricsUrl), true);
 
+        // The kill comes at a random moment once this round has had a chunk acknowledged.
         let killed = false;
-        const killAt = randomInt(150, 900);
-        const killer = setTimeout(() => {
-          killed = true;
-          void sidecar!.kill('SIGKILL').then(() => client.close());
-        }, killAt);
+        let killer: NodeJS.Timeout | undefined;
+        const confirmedBefore = ledger.confirmed.size;
+        const armKiller = () => {
+          killer ??= setTimeout(
+            () => {
+              killed = true;
+              void sidecar!.kill('SIGKILL').then(() => client.close());
+            },
+            randomInt(0, 700),
+          );
+        };
         while (!killed) {
           const batch = Array.from({ length: randomInt(4, 24) }, () => ({
             ns,
@@ -122,6 +129,7 @@ describe('crash safety under fsync: always', { timeout: 300_000 }, () => {
           });
           if (killed) break;
           await ledger.checkpoint(client, metricsUrl).catch(() => false);
+          if (ledger.confirmed.size > confirmedBefore) armKiller();
         }
         clearTimeout(killer);
         await sidecar!.exited;
@@ -131,7 +139,7 @@ describe('crash safety under fsync: always', { timeout: 300_000 }, () => {
         await client.close();
       }
     }
-    assert.ok(ledger.confirmed.size > 0, 'some chunks were acknowledged before the kills');
+    assert.ok(ledger.confirmed.size >= ROUNDS, 'every round acknowledged chunks before its kill');
     console.log(
       `crash-safety: ${ROUNDS} SIGKILLs, ${sent.length} PUTs sent, ${ledger.confirmed.size} durably acknowledged, ${ledger.unconfirmed} unconfirmed, ${tempsSeenAfterKill} temp files left by the kills`,
     );
