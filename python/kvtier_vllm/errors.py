@@ -66,7 +66,9 @@ class InvalidArgumentError(KvtierError):
 
 
 class CapacityError(KvtierError):
-    """The server tracks its maximum number of running lookups."""
+    """The server tracks its maximum number of running lookups, or its lookup memory bound
+    (``storage.maxLookupBytes``) is taken by lookups in flight and pinned; the non-blocking
+    ``lookup()`` answers 0 for it (recompute)."""
 
     code = "KVT_CAPACITY"
 

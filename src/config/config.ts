@@ -23,7 +23,13 @@ export interface KvtierConfig {
     prefetchBudgetChunks: number;
     pinTtlMs: number;
     maxLookups: number;
+    /** Bound on the estimated bytes of lookups in flight and pinned (KVT_CAPACITY past it). */
+    maxLookupBytes: number;
     writeThrough: { maxChunks: number; maxBytes: number; concurrency: number };
+  };
+  server: {
+    /** Bound on reply bytes waiting in the lookup server's send queue. */
+    maxSendQueueBytes: number;
   };
   limits: ProtocolLimits;
   logLevel: LogLevel;
@@ -85,8 +91,10 @@ export const CONFIG_DEFAULTS = deepFreeze({
     prefetchBudgetChunks: 1024,
     pinTtlMs: 60_000,
     maxLookups: 4096,
+    maxLookupBytes: 64 * 1024 ** 2,
     writeThrough: { maxChunks: 1024, maxBytes: 1024 ** 3, concurrency: 4 },
   },
+  server: { maxSendQueueBytes: 512 * 1024 ** 2 },
   limits: {
     maxChunksPerLookup: 8192,
     maxPayloadBytes: 128 * 1024 ** 2,
@@ -115,6 +123,7 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfi
       },
     ],
     storage: d.storage,
+    server: d.server,
     limits: d.limits,
     logLevel: d.logLevel,
     security: {
@@ -172,6 +181,7 @@ export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()
   const { writeThrough, ...storage } = doc.storage ?? {};
   Object.assign(cfg.storage, storage);
   Object.assign(cfg.storage.writeThrough, writeThrough);
+  Object.assign(cfg.server, doc.server);
   Object.assign(cfg.limits, doc.limits);
   if (doc.logLevel !== undefined) cfg.logLevel = doc.logLevel;
   if (doc.security !== undefined) {

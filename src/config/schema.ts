@@ -72,12 +72,32 @@ export const rootSchema = strict({
         v.pipe(int(1), v.description('A pin not released by then expires (leak backstop), ms.')),
       ),
       maxLookups: v.optional(v.pipe(int(1), v.description('Lookups tracked at once.'))),
+      maxLookupBytes: v.optional(
+        v.pipe(
+          bytes(4096),
+          v.description(
+            'Estimated bytes of lookups in flight and answered lookups holding pins; past it a LOOKUP is refused with KVT_CAPACITY.',
+          ),
+        ),
+      ),
       writeThrough: v.optional(
         strict({
           maxChunks: v.optional(int(1)),
           maxBytes: v.optional(bytes(1)),
           concurrency: v.optional(int(1, 256)),
         }),
+      ),
+    }),
+  ),
+  server: v.optional(
+    strict({
+      maxSendQueueBytes: v.optional(
+        v.pipe(
+          bytes(4096),
+          v.description(
+            'Reply bytes queued for sending at once; a reply past it is dropped and counted (the client times out).',
+          ),
+        ),
       ),
     }),
   ),
@@ -103,8 +123,10 @@ export interface ConfigDocument {
     prefetchBudgetChunks?: number;
     pinTtlMs?: number;
     maxLookups?: number;
+    maxLookupBytes?: number;
     writeThrough?: { maxChunks?: number; maxBytes?: number; concurrency?: number };
   };
+  server?: { maxSendQueueBytes?: number };
   limits?: { maxChunksPerLookup?: number; maxPayloadBytes?: number; maxTokensPerChunk?: number };
   logLevel?: LogLevel;
   security?: SecurityDocument;

@@ -45,6 +45,8 @@ export interface LookupServerOptions {
    * anyone who can reach it. Owned: started by `start` and closed by `close`.
    */
   auth?: ServerAuth;
+  /** Reply bytes the send queue holds at once; later replies are dropped. Default 512 MiB. */
+  maxSendQueueBytes?: number;
 }
 
 /** Longest timer Node can arm, ms; longer load deadlines are cut to it. */
@@ -99,6 +101,7 @@ export class LookupServer {
   readonly #dataPlane: DataPlane | undefined;
   readonly #loadDeadlineMs: number;
   readonly #auth: ServerAuth | undefined;
+  readonly #maxSendQueueBytes: number | undefined;
   #router: zmq.Router | undefined;
   #sendQueue: SocketSendQueue | undefined;
   #endpoint = '';
@@ -119,6 +122,7 @@ export class LookupServer {
     this.#info = opts.info ?? (() => ({}));
     this.#dataPlane = opts.dataPlane;
     this.#auth = opts.auth;
+    this.#maxSendQueueBytes = opts.maxSendQueueBytes;
     this.#loadDeadlineMs = requireInt(
       'loadDeadlineMs',
       opts.loadDeadlineMs ?? 20_000,
@@ -164,7 +168,10 @@ export class LookupServer {
     }
     this.#router = router;
     this.#endpoint = router.lastEndpoint ?? this.#requestedEndpoint;
-    this.#sendQueue = new SocketSendQueue(router, { log: this.#log });
+    this.#sendQueue = new SocketSendQueue(router, {
+      log: this.#log,
+      ...(this.#maxSendQueueBytes !== undefined ? { maxBytes: this.#maxSendQueueBytes } : {}),
+    });
     this.#loop = this.#receiveLoop(router);
     this.#log.info('lookup server listening', { endpoint: this.#endpoint });
   }
@@ -248,6 +255,7 @@ export class LookupServer {
               // This STATS request itself is not counted.
               inflight: this.#inflight - 1,
               sendQueueDepth: this.#sendQueue?.depth ?? 0,
+              sendQueueBytes: this.#sendQueue?.bytes ?? 0,
               sendDropped: this.#sendQueue?.dropped ?? 0,
             },
           },

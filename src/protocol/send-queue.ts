@@ -6,29 +6,44 @@ export interface SendableSocket {
   readonly closed: boolean;
 }
 
+/** Default bound on the bytes of queued messages: 512 MiB. */
+export const DEFAULT_SEND_QUEUE_BYTES = 512 * 1024 * 1024;
+
 /**
  * The single owner of a socket's sends (design decision 7b): zeromq allows one pending send per
  * socket and answers EBUSY to a second, so every send goes through this FIFO. Bounded: when
- * `maxDepth` messages wait, new ones are dropped and counted.
+ * `maxDepth` messages or `maxBytes` bytes wait, new ones are dropped and counted (a message
+ * larger than `maxBytes` still goes when nothing else waits).
  */
 export class SocketSendQueue {
   readonly #socket: SendableSocket;
   readonly #maxDepth: number;
+  readonly #maxBytes: number;
+  #bytes = 0;
   readonly #log: Logger | undefined;
   #queue: (Buffer | Buffer[])[] = [];
   #head = 0;
   #draining = false;
   #dropped = 0;
 
-  constructor(socket: SendableSocket, opts: { maxDepth?: number; log?: Logger } = {}) {
+  constructor(
+    socket: SendableSocket,
+    opts: { maxDepth?: number; maxBytes?: number; log?: Logger } = {},
+  ) {
     this.#socket = socket;
     this.#maxDepth = opts.maxDepth ?? 100_000;
+    this.#maxBytes = opts.maxBytes ?? DEFAULT_SEND_QUEUE_BYTES;
     this.#log = opts.log;
   }
 
   /** Messages waiting to be sent. */
   get depth(): number {
     return this.#queue.length - this.#head;
+  }
+
+  /** Bytes of the messages waiting to be sent (the one being sent included). */
+  get bytes(): number {
+    return this.#bytes;
   }
 
   /** Messages dropped because the queue was full or the socket refused them. */
@@ -38,10 +53,16 @@ export class SocketSendQueue {
 
   /** Queues a message; never throws, never waits. Returns false when it was dropped. */
   send(message: Buffer | Buffer[]): boolean {
-    if (this.#socket.closed || this.depth >= this.#maxDepth) {
+    const size = messageBytes(message);
+    if (
+      this.#socket.closed ||
+      this.depth >= this.#maxDepth ||
+      (this.#bytes > 0 && this.#bytes + size > this.#maxBytes)
+    ) {
       this.#dropped++;
       return false;
     }
+    this.#bytes += size;
     this.#queue.push(message);
     if (!this.#draining) void this.#drain();
     return true;
@@ -61,6 +82,7 @@ export class SocketSendQueue {
           this.#dropped += this.depth + 1;
           this.#queue = [];
           this.#head = 0;
+          this.#bytes = 0;
           break;
         }
         try {
@@ -68,10 +90,19 @@ export class SocketSendQueue {
         } catch (err) {
           this.#dropped++;
           this.#log?.debug('send failed; message dropped', { err });
+        } finally {
+          this.#bytes = Math.max(0, this.#bytes - messageBytes(msg));
         }
       }
     } finally {
       this.#draining = false;
     }
   }
+}
+
+function messageBytes(message: Buffer | Buffer[]): number {
+  if (!Array.isArray(message)) return message.byteLength;
+  let n = 0;
+  for (const part of message) n += part.byteLength;
+  return n;
 }

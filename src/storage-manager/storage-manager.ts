@@ -14,6 +14,7 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
 import { LazyAbort } from './lazy-abort.ts';
+import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
 import { PinLedger } from './pin-ledger.ts';
 import { asHostMemoryTier, SavePath, type StampedJob } from './save-path.ts';
 import type {
@@ -72,6 +73,7 @@ export class StorageManager {
   /** Answered lookups that hold pins (in the event manager or taken), for CLEAR to release. */
   readonly #answered = new Set<PinnedLookup>();
   readonly #save: SavePath;
+  readonly #lookupBytes: LookupByteBudget;
   readonly #metrics: KvtierMetrics | undefined;
   readonly #log: Logger;
   #epoch: number;
@@ -100,6 +102,7 @@ export class StorageManager {
       0,
       2 ** 32 - 2,
     );
+    this.#lookupBytes = new LookupByteBudget(opts.maxLookupBytes);
     this.#serializer = new AsyncSerializer({
       capacityChunks: requireInt(
         'prefetchBudgetChunks',
@@ -180,14 +183,23 @@ export class StorageManager {
     const work = new Promise<PinnedLookup>((resolve, reject) => {
       settle = { resolve, reject };
     });
-    // Registered before any pin is taken, so a full event manager refuses the lookup cleanly.
-    this.#events.add(input.lookupId, work, {
-      abort: () => ac.abort(),
-      dispose: (p) => this.releaseLookup(p),
-    });
+    // Admitted and registered before any pin is taken, so a full budget or event manager
+    // refuses the lookup cleanly.
+    const memory = this.#lookupBytes.hold(
+      estimateLookupBytes(input.hashes.length, input.lookupId.length),
+    );
+    try {
+      this.#events.add(input.lookupId, work, {
+        abort: () => ac.abort(),
+        dispose: (p) => this.releaseLookup(p),
+      });
+    } catch (err) {
+      memory.release();
+      throw err;
+    }
     work.catch(() => {});
     try {
-      const pinned = await this.#run(input, ac);
+      const pinned = await this.#run(input, ac, memory);
       if (ac.aborted) {
         pinned.ledger.releaseAll();
         throw abortedError(ac.signal, 'lookup');
@@ -204,9 +216,14 @@ export class StorageManager {
         this.#events.take(input.lookupId);
         pinned.ledger.releaseAll();
       } else if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
+      // What stays is the answer and its hits' pins (a no-op once released above).
+      memory.resize(estimateLookupBytes(pinned.hitChunks, input.lookupId.length));
+      if (!this.#answered.has(pinned) && this.#events.result(input.lookupId) !== pinned)
+        memory.release();
       this.#record(input, pinned, started);
       return outcomeOf(pinned);
     } catch (err) {
+      memory.release();
       settle.reject(err);
       if (ac.aborted) {
         this.#metrics?.lookups.inc({ result: 'canceled' });
@@ -236,6 +253,7 @@ export class StorageManager {
   releaseLookup(p: PinnedLookup): void {
     this.#answered.delete(p);
     p.ledger.releaseAll();
+    p.memory.release();
   }
 
   /** Marks an answered lookup stale (a CLEAR overtook it) and releases its pins. */
@@ -256,7 +274,11 @@ export class StorageManager {
     return n;
   }
 
-  async #run(input: LookupInput, signal: LazyAbort): Promise<PinnedLookup> {
+  async #run(
+    input: LookupInput,
+    signal: LazyAbort,
+    memory: LookupBytesHold,
+  ): Promise<PinnedLookup> {
     const epoch = this.#epoch;
     const stamp = this.#fence.stamp();
     const ledger = new PinLedger();
@@ -291,6 +313,7 @@ export class StorageManager {
         namespaces: input.namespaces,
         hashes: input.hashes.slice(0, ready),
         ledger,
+        memory,
       };
     } catch (err) {
       ledger.releaseAll();
@@ -445,7 +468,13 @@ export class StorageManager {
         health: t.health(),
         ...t.stats(),
       })),
-      lookups: { ...this.#events.sizes(), expiredTotal: this.#events.expiredTotal },
+      lookups: {
+        ...this.#events.sizes(),
+        expiredTotal: this.#events.expiredTotal,
+        bytes: this.#lookupBytes.used,
+        maxBytes: this.#lookupBytes.capacity,
+        refusedTotal: this.#lookupBytes.refused,
+      },
       serializer: {
         capacityChunks: this.#serializer.capacity,
         inUseChunks: this.#serializer.inUse,

@@ -5,6 +5,7 @@
 import type { BackendHealth, ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { Logger } from '../util/log.ts';
+import type { LookupBytesHold } from './lookup-budget.ts';
 import type { PinLedger } from './pin-ledger.ts';
 import type { TierTokens } from './tier-walk.ts';
 import type { WriteThroughOptions } from './write-through.ts';
@@ -21,6 +22,11 @@ export interface StorageManagerOptions {
   pinTtlMs?: number;
   /** Most lookups tracked at once (ongoing plus answered and pinned); default 4096. */
   maxLookups?: number;
+  /**
+   * Bound on the estimated bytes of lookups in flight and answered lookups holding pins
+   * (lookup-budget.ts); a lookup past it is refused with KVT_CAPACITY. Default 64 MiB.
+   */
+  maxLookupBytes?: number;
   writeThrough?: WriteThroughOptions;
   metrics?: KvtierMetrics;
   log?: Logger;
@@ -68,6 +74,8 @@ export interface PinnedLookup extends LookupOutcome {
   hashes: readonly ChunkHash[];
   /** Internal record of the pins; released through `releaseLookup`. */
   readonly ledger: PinLedger;
+  /** This lookup's share of the lookup memory budget; given back by `releaseLookup`. */
+  readonly memory: LookupBytesHold;
 }
 
 /** What a save's chunk came to: stored (indexed and queued), already there, or not kept. */
