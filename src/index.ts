@@ -3,6 +3,12 @@
  * author needs is named here; modules not re-exported are internal.
  */
 
+export {
+  type LoadNativeResult,
+  loadNative,
+  type NativeAddon,
+  type NativeProbe,
+} from './addon/native-addon.ts';
 export { STORAGE_BACKEND_METHODS, storageBackendProblems } from './backends/backend-check.ts';
 export {
   CHUNK_FORMAT_VERSION,
@@ -169,12 +175,6 @@ export {
   requireNamespaceId,
 } from './namespace/namespace.ts';
 export { createNativeCopyEngine } from './native/copy-engine.ts';
-export {
-  type LoadNativeResult,
-  loadNative,
-  type NativeAddon,
-  type NativeProbe,
-} from './native/native.ts';
 // Protocol v1 (docs/protocol.md)
 export { decodeReply, decodeRequest, encodeReply, encodeRequest } from './protocol/codec.ts';
 export {

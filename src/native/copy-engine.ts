@@ -1,12 +1,12 @@
-import type { CopyEngine, CopySurface, DeviceSurface } from '../data-plane/copy-engine-types.ts';
-import { KvtierError } from '../errors.ts';
 import {
   COPY_OP_WIDTH,
   type CopyBuffer,
   type DeviceRegion,
   loadNative,
   type NativeAddon,
-} from './native.ts';
+} from '../addon/native-addon.ts';
+import type { CopyEngine, CopySurface, DeviceSurface } from '../data-plane/copy-engine-types.ts';
+import { KvtierError } from '../errors.ts';
 
 /** A host KV file mapped shared into this process. */
 class MappedFile implements DeviceSurface {

@@ -1,4 +1,5 @@
 import { closeSync, ftruncateSync, openSync, readSync, writeSync } from 'node:fs';
+import { loadNative } from '../addon/native-addon.ts';
 import {
   type DataPlaneCallOptions,
   DataPlaneClient,
@@ -13,7 +14,6 @@ import {
   LookupClient,
   type LookupClientOptions,
 } from '../lookup-client/lookup-client.ts';
-import { loadNative } from '../native/native.ts';
 import type { TierTokens } from '../protocol/messages.ts';
 
 /**

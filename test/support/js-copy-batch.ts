@@ -3,13 +3,14 @@
  * tests only: `test/unit/native.test.ts` runs one suite against both and compares them on random
  * batches. The sidecar never copies with it.
  */
-import { abortedError } from '../../src/errors.ts';
+
 import {
   COPY_OP_WIDTH,
   type CopyBatchOptions,
   type CopyBuffer,
   NativeError,
-} from '../../src/native/native.ts';
+} from '../../src/addon/native-addon.ts';
+import { abortedError } from '../../src/errors.ts';
 import { describe, requireInt } from '../../src/util/validate.ts';
 
 interface Bytes {

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { crc32 } from 'node:zlib';
 import xxhash from 'xxhash-wasm';
+import { loadNative } from '../../src/addon/native-addon.ts';
 import {
   CHECKSUM_CRC32C,
   CHECKSUM_SYNC_MAX_BYTES,
@@ -30,7 +31,6 @@ import {
 import { objectPath } from '../../src/backends/file-store.ts';
 import { FsBackend } from '../../src/backends/fs-backend.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
-import { loadNative } from '../../src/native/native.ts';
 import { crc32c } from '../../src/util/crc32c.ts';
 
 const native = loadNative().addon;

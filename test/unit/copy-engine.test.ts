@@ -4,6 +4,7 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
+import { loadNative } from '../../src/addon/native-addon.ts';
 import type { CopySurface } from '../../src/data-plane/data-plane.ts';
 import {
   CudaAllocation,
@@ -11,7 +12,6 @@ import {
   planDeviceOps,
   splitOpsByDevice,
 } from '../../src/native/copy-engine.ts';
-import { loadNative } from '../../src/native/native.ts';
 
 describe('planDeviceOps', () => {
   const dev = (bytes: number) => new CudaAllocation(0x1000n, bytes, () => {});
