@@ -22,7 +22,7 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import type { ServerAuth } from './auth.ts';
 
-export interface LookupServerOptions {
+export interface SidecarServerOptions {
   /** ZMQ endpoint to bind; default 'tcp://127.0.0.1:5555'. `tcp://127.0.0.1:*` picks a free port. */
   endpoint?: string;
   storage: StorageManager;
@@ -87,11 +87,12 @@ export function resolveLimits(l: Partial<ProtocolLimits> = {}): ProtocolLimits {
 }
 
 /**
- * The worker-side lookup server: one ROUTER socket speaking protocol v1 (docs/protocol.md).
+ * The sidecar's server: one ROUTER socket speaking protocol v1 (docs/protocol.md) for lookups,
+ * CANCEL, PUT/GET/CLEAR/STATS/PING and, with a data plane, its messages (REGISTER, SAVE, LOAD...).
  * Many requests are in flight at once, matched by request id. Malformed input gets an error
  * reply with a code and the server keeps serving. Sends go through one queue (one owner).
  */
-export class LookupServer {
+export class SidecarServer {
   readonly #storage: StorageManager;
   readonly #limits: ProtocolLimits;
   readonly #metrics: KvtierMetrics | undefined;
@@ -111,7 +112,7 @@ export class LookupServer {
   /** Requests decoded and not yet answered (STATS `server.inflight`). */
   #inflight = 0;
 
-  constructor(opts: LookupServerOptions) {
+  constructor(opts: SidecarServerOptions) {
     this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', {
       nonEmpty: true,
     });
