@@ -162,7 +162,23 @@ export {
 } from './lookup-client/lookup-client.ts';
 export { MultiLookupClient } from './lookup-client/multi-lookup-client.ts';
 // Worker side
-export { LookupServer, type LookupServerOptions } from './lookup-server/lookup-server.ts';
+export { SidecarServer, type SidecarServerOptions } from './server/sidecar-server.ts';
+
+import {
+  SidecarServer as SidecarServerClass,
+  type SidecarServerOptions as SidecarServerOptionsType,
+} from './server/sidecar-server.ts';
+
+/**
+ * The sidecar's server under its old name (it serves lookups, PUT/GET/CLEAR/STATS and the data
+ * plane, hence the new one).
+ * @deprecated Use {@link SidecarServer}; this alias will be removed in a later major version.
+ */
+export const LookupServer = SidecarServerClass;
+/** @deprecated Use {@link SidecarServer}. */
+export type LookupServer = SidecarServerClass;
+/** @deprecated Use {@link SidecarServerOptions}. */
+export type LookupServerOptions = SidecarServerOptionsType;
 export { OpsHttpServer, type OpsServerOptions } from './metrics/http-server.ts';
 export { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 export { KvtierMetrics, type KvtierMetricsOptions } from './metrics/metrics.ts';

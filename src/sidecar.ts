@@ -3,14 +3,14 @@ import type { StorageBackend } from './backends/types.ts';
 import type { KvtierConfig } from './config/config.ts';
 import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
-import { serverAuthFromConfig } from './lookup-server/auth-config.ts';
-import { LookupServer } from './lookup-server/lookup-server.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
 import { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 import { instrumentCopyEngine } from './metrics/instrumented-copy-engine.ts';
 import { KvtierMetrics } from './metrics/metrics.ts';
 import { createNativeCopyEngine } from './native/copy-engine.ts';
 import { nativeSlabAllocator } from './native/host-slabs.ts';
+import { serverAuthFromConfig } from './server/auth-config.ts';
+import { SidecarServer } from './server/sidecar-server.ts';
 import { asHostMemoryTier, StorageManager } from './storage-manager/storage-manager.ts';
 import { createLogger, type Logger } from './util/log.ts';
 
@@ -28,7 +28,7 @@ export const KVTIER_VERSION = '0.1.0';
 
 /**
  * A running kvtier sidecar: tiers built from config (instrumented), the storage manager, the
- * data plane (host files through the fs copy engine), the ZMQ lookup server that also serves the
+ * data plane (host files through the fs copy engine), the ZMQ sidecar server that also serves the
  * data-plane messages, and the ops HTTP endpoint. `start` builds and binds everything or fails
  * loudly (closing what it built); `close` shuts down in reverse order.
  */
@@ -38,7 +38,7 @@ export class Sidecar {
   readonly storage: StorageManager;
   /** Engines' KV registrations, saves and loads, served by `server` (owned: closed by `close`). */
   readonly dataPlane: DataPlane;
-  readonly server: LookupServer;
+  readonly server: SidecarServer;
   readonly ops: OpsHttpServer | undefined;
   readonly #log: Logger;
   #closing: Promise<void> | undefined;
@@ -48,7 +48,7 @@ export class Sidecar {
     metrics: KvtierMetrics,
     storage: StorageManager,
     dataPlane: DataPlane,
-    server: LookupServer,
+    server: SidecarServer,
     ops: OpsHttpServer | undefined,
     log: Logger,
   ) {
@@ -109,7 +109,7 @@ export class Sidecar {
       copyEngine: instrumentCopyEngine(native.engine ?? createFsCopyEngine(), metrics),
       log: log.child('data-plane'),
     });
-    const server = new LookupServer({
+    const server = new SidecarServer({
       endpoint: config.listen,
       storage,
       dataPlane,

@@ -7,6 +7,9 @@ import { watchLoop } from './loop-stall.ts';
 const config = defaultConfig();
 config.listen = 'tcp://127.0.0.1:*';
 config.metrics = null;
+// Every lookup here stays answered and pinned until the lookup registry (storage.maxLookups)
+// evicts it, as no LOAD follows: room for a full registry of 512-chunk lookups (~84 KB each).
+config.storage.maxLookupBytes = 1024 ** 3;
 config.tiers = [{ name: 'cpu', type: 'local-cpu', options: { capacityBytes: 256 * 1024 * 1024 } }];
 const sidecar = await Sidecar.start({
   config,

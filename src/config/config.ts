@@ -13,7 +13,7 @@ import type { ClientConfig } from './security-schema.ts';
 
 /** The sidecar's whole configuration after defaults, file, environment and flags. */
 export interface KvtierConfig {
-  /** ZMQ endpoint of the lookup server. */
+  /** ZMQ endpoint of the sidecar server. */
   listen: string;
   /** Ops HTTP endpoint (/metrics, /healthz, /readyz); port 0 picks a free one, null disables it. */
   metrics: { host: string; port: number } | null;
@@ -28,7 +28,7 @@ export interface KvtierConfig {
     writeThrough: { maxChunks: number; maxBytes: number; concurrency: number };
   };
   server: {
-    /** Bound on reply bytes waiting in the lookup server's send queue. */
+    /** Bound on reply bytes waiting in the sidecar server's send queue. */
     maxSendQueueBytes: number;
   };
   limits: ProtocolLimits;

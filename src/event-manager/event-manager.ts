@@ -97,7 +97,16 @@ interface Entry<T> {
   result: T | undefined;
   /** Set once the entry leaves the map; a later fulfilment is then disposed, not stored. */
   removed: boolean;
-  readonly waiters: Set<Waiter<T>>;
+  /** Pending `wait`s; created by the first one (most entries are never waited on). */
+  waiters: Set<Waiter<T>> | undefined;
+}
+
+/**
+ * An entry registered with {@link EventManager.addPending}, settled by its owner through
+ * {@link EventManager.fulfil} or {@link EventManager.fail}. Opaque.
+ */
+export interface PendingPrefetch {
+  readonly id: string;
 }
 
 /**
@@ -161,11 +170,39 @@ export class EventManager<T> {
    *   id or bad hooks, `KVT_CAPACITY` when full of ongoing entries.
    */
   add(id: string, work: Promise<T>, hooks: PrefetchHooks<T>): void {
-    if (this.closed) throw closedError('event manager');
-    requireString('id', id, { nonEmpty: true });
     if (typeof work?.then !== 'function') {
       throw new KvtierError('KVT_INVALID_ARGUMENT', 'work must be a promise');
     }
+    const entry = this.register(id, hooks);
+    work.then(
+      (result) => this.onFulfilled(entry, result),
+      (err: unknown) => this.onRejected(entry, err),
+    );
+  }
+
+  /**
+   * {@link add} for work whose owner settles it synchronously: no promise, and the entry is
+   * `done` as soon as {@link fulfil} returns. The same ownership rules hold (a result fulfilled
+   * after the entry was cancelled is disposed). Settle each entry once.
+   * @throws KvtierError as {@link add}.
+   */
+  addPending(id: string, hooks: PrefetchHooks<T>): PendingPrefetch {
+    return this.register(id, hooks);
+  }
+
+  /** Settles an entry from {@link addPending} with its result (as if its work fulfilled). */
+  fulfil(pending: PendingPrefetch, result: T): void {
+    this.onFulfilled(pending as Entry<T>, result);
+  }
+
+  /** Settles an entry from {@link addPending} as failed (as if its work rejected). */
+  fail(pending: PendingPrefetch, err: unknown): void {
+    this.onRejected(pending as Entry<T>, err);
+  }
+
+  private register(id: string, hooks: PrefetchHooks<T>): Entry<T> {
+    if (this.closed) throw closedError('event manager');
+    requireString('id', id, { nonEmpty: true });
     if (typeof hooks?.abort !== 'function' || typeof hooks.dispose !== 'function') {
       throw new KvtierError(
         'KVT_INVALID_ARGUMENT',
@@ -186,7 +223,7 @@ export class EventManager<T> {
       since: this.opts.now(),
       result: undefined,
       removed: false,
-      waiters: new Set(),
+      waiters: undefined,
     };
     this.entries.set(id, entry);
     this.addOrder.push(entry);
@@ -197,10 +234,7 @@ export class EventManager<T> {
       this.addHead = 0;
     }
     this.ongoing++;
-    work.then(
-      (result) => this.onFulfilled(entry, result),
-      (err: unknown) => this.onRejected(entry, err),
-    );
+    return entry;
   }
 
   /** State of `id`. */
@@ -232,12 +266,13 @@ export class EventManager<T> {
       const waiter: Waiter<T> = { resolve, reject, cleanup: noop };
       if (signal !== undefined) {
         const onAbort = (): void => {
-          if (!e.waiters.delete(waiter)) return;
+          if (e.waiters?.delete(waiter) !== true) return;
           reject(abortedError(signal, 'prefetch wait'));
         };
         signal.addEventListener('abort', onAbort, { once: true });
         waiter.cleanup = () => signal.removeEventListener('abort', onAbort);
       }
+      e.waiters ??= new Set();
       e.waiters.add(waiter);
     });
   }
@@ -348,7 +383,7 @@ export class EventManager<T> {
 
   private onFulfilled(entry: Entry<T>, result: T): void {
     if (entry.removed) {
-      this.callHook(entry, 'dispose', () => entry.hooks.dispose(result));
+      this.callHook(entry, 'dispose', result);
       return;
     }
     entry.state = 'done';
@@ -364,21 +399,25 @@ export class EventManager<T> {
     entry.since = this.opts.now();
     this.ongoing--;
     this.done++;
-    for (const w of entry.waiters) {
+    const waiters = entry.waiters;
+    if (waiters === undefined) return;
+    entry.waiters = undefined;
+    for (const w of waiters) {
       w.cleanup();
       w.resolve(result);
     }
-    entry.waiters.clear();
   }
 
   private onRejected(entry: Entry<T>, err: unknown): void {
     if (entry.removed) return;
     this.detach(entry);
-    for (const w of entry.waiters) {
+    const waiters = entry.waiters;
+    if (waiters === undefined) return;
+    entry.waiters = undefined;
+    for (const w of waiters) {
       w.cleanup();
       w.reject(err);
     }
-    entry.waiters.clear();
   }
 
   /** Removes `e` from the map and counters without touching its result or waiters. */
@@ -393,26 +432,28 @@ export class EventManager<T> {
   private discard(e: Entry<T>, reason: () => KvtierError): void {
     this.detach(e);
     if (e.state === 'ongoing') {
-      this.callHook(e, 'abort', () => e.hooks.abort());
+      this.callHook(e, 'abort', undefined);
     } else {
       const result = e.result as T;
       e.result = undefined;
-      this.callHook(e, 'dispose', () => e.hooks.dispose(result));
+      this.callHook(e, 'dispose', result);
     }
-    if (e.waiters.size === 0) return;
+    const waiters = e.waiters;
+    if (waiters === undefined || waiters.size === 0) return;
+    e.waiters = undefined;
     // Built only when someone waits: capturing a stack per discarded entry is costly.
     const err = reason();
-    for (const w of e.waiters) {
+    for (const w of waiters) {
       w.cleanup();
       w.reject(err);
     }
-    e.waiters.clear();
   }
 
   /** A failing hook must not stop a sweep or close halfway, so it is logged and contained. */
-  private callHook(e: Entry<T>, hook: 'abort' | 'dispose', fn: () => void): void {
+  private callHook(e: Entry<T>, hook: 'abort' | 'dispose', result: T | undefined): void {
     try {
-      fn();
+      if (hook === 'abort') e.hooks.abort();
+      else e.hooks.dispose(result as T);
     } catch (err) {
       this.opts.logger.error(`prefetch ${hook} hook threw`, { id: e.id, err });
     }

@@ -70,21 +70,37 @@ export class LookupByteBudget {
       );
     }
     this.#used += bytes;
-    let held = bytes;
-    const budget = this;
-    return {
-      get bytes() {
-        return held;
-      },
-      resize(n: number) {
-        if (held === 0) return;
-        budget.#used += n - held;
-        held = n;
-      },
-      release() {
-        budget.#used -= held;
-        held = 0;
-      },
-    };
+    return new Hold(this, bytes);
+  }
+
+  /** Adds `delta` (may be negative) to the bytes held; for {@link Hold} only. */
+  adjust(delta: number): void {
+    this.#used += delta;
+  }
+}
+
+/** One admitted lookup's share: a plain object (no closures) on the lookup hot path. */
+class Hold implements LookupBytesHold {
+  readonly #budget: LookupByteBudget;
+  #held: number;
+
+  constructor(budget: LookupByteBudget, bytes: number) {
+    this.#budget = budget;
+    this.#held = bytes;
+  }
+
+  get bytes(): number {
+    return this.#held;
+  }
+
+  resize(n: number): void {
+    if (this.#held === 0) return;
+    this.#budget.adjust(n - this.#held);
+    this.#held = n;
+  }
+
+  release(): void {
+    this.#budget.adjust(-this.#held);
+    this.#held = 0;
   }
 }

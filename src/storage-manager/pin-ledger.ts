@@ -3,60 +3,78 @@ import type { ChunkHash, NamespaceId, StorageBackend } from '../backends/types.t
 interface PinRun {
   tier: StorageBackend;
   ns: NamespaceId;
-  /** Chunk position of hashes[0] within the lookup. */
+  /** Chunk position of the run's first pinned hash within the lookup. */
   start: number;
-  hashes: ChunkHash[];
+  /** Pinned hashes are `hashes[from, from + count)`; the array is shared, never written. */
+  hashes: readonly ChunkHash[];
+  from: number;
+  count: number;
 }
 
 /**
  * Records every pin a lookup takes, by tier, namespace and chunk position, so that each is
  * released exactly once whatever path the lookup ends on (answered, trimmed, cancelled,
- * aborted, expired).
+ * aborted, expired). Runs refer to the caller's hash arrays (which must not change while
+ * recorded) instead of copying them: a lookup that hits everything records one array it
+ * already has.
  */
 export class PinLedger {
   #runs: PinRun[] = [];
 
-  /** Records pins already taken on `tier` for chunks `start .. start + hashes.length`. */
-  add(tier: StorageBackend, ns: NamespaceId, start: number, hashes: ChunkHash[]): void {
-    if (hashes.length > 0) this.#runs.push({ tier, ns, start, hashes });
+  /**
+   * Records pins already taken on `tier` for chunks `start .. start + count`, whose hashes are
+   * `hashes[from, from + count)` (default: all of `hashes`).
+   */
+  add(
+    tier: StorageBackend,
+    ns: NamespaceId,
+    start: number,
+    hashes: readonly ChunkHash[],
+    from = 0,
+    count = hashes.length - from,
+  ): void {
+    if (count > 0) this.#runs.push({ tier, ns, start, hashes, from, count });
   }
 
   /** Number of pinned chunks recorded. */
   get size(): number {
     let n = 0;
-    for (const r of this.#runs) n += r.hashes.length;
+    for (const r of this.#runs) n += r.count;
     return n;
   }
 
   /** Releases the pins of every chunk at position >= `end` (in every tier and namespace). */
   releaseFrom(end: number): void {
-    const kept: PinRun[] = [];
-    for (const r of this.#runs) {
-      const keep = Math.max(0, Math.min(r.hashes.length, end - r.start));
-      if (keep < r.hashes.length) safeUnpin(r.tier, r.ns, r.hashes.slice(keep));
-      if (keep > 0) {
-        r.hashes.length = keep;
-        kept.push(r);
-      }
+    const runs = this.#runs;
+    let kept = 0;
+    for (let i = 0; i < runs.length; i++) {
+      const r = runs[i]!;
+      const keep = Math.max(0, Math.min(r.count, end - r.start));
+      if (keep < r.count) safeUnpin(r.tier, r.ns, r.hashes, r.from + keep, r.count - keep);
+      r.count = keep;
+      if (keep > 0) runs[kept++] = r;
     }
-    this.#runs = kept;
+    runs.length = kept;
   }
 
   /** Releases every pin on tiers other than `keep`. */
   releaseAllBut(keep: StorageBackend): void {
-    const kept: PinRun[] = [];
-    for (const r of this.#runs) {
-      if (r.tier === keep) kept.push(r);
-      else safeUnpin(r.tier, r.ns, r.hashes);
+    const runs = this.#runs;
+    let kept = 0;
+    for (let i = 0; i < runs.length; i++) {
+      const r = runs[i]!;
+      if (r.tier === keep) runs[kept++] = r;
+      else safeUnpin(r.tier, r.ns, r.hashes, r.from, r.count);
     }
-    this.#runs = kept;
+    runs.length = kept;
   }
 
   /** Releases every pin. Idempotent. */
   releaseAll(): void {
     const runs = this.#runs;
+    if (runs.length === 0) return;
     this.#runs = [];
-    for (const r of runs) safeUnpin(r.tier, r.ns, r.hashes);
+    for (const r of runs) safeUnpin(r.tier, r.ns, r.hashes, r.from, r.count);
   }
 
   /** Hashes pinned on `tier` for `ns`, in position order. */
@@ -64,13 +82,22 @@ export class PinLedger {
     const runs = this.#runs
       .filter((r) => r.tier === tier && r.ns === ns)
       .sort((a, b) => a.start - b.start);
-    return runs.flatMap((r) => r.hashes);
+    return runs.flatMap((r) => r.hashes.slice(r.from, r.from + r.count));
   }
 }
 
-function safeUnpin(tier: StorageBackend, ns: NamespaceId, hashes: ChunkHash[]): void {
+function safeUnpin(
+  tier: StorageBackend,
+  ns: NamespaceId,
+  hashes: readonly ChunkHash[],
+  from: number,
+  count: number,
+): void {
   try {
-    tier.unpin(ns, hashes);
+    tier.unpin(
+      ns,
+      from === 0 && count === hashes.length ? hashes : hashes.slice(from, from + count),
+    );
   } catch {
     // A closed tier holds nothing that still needs unpinning.
   }

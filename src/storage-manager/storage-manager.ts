@@ -15,6 +15,7 @@ import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
+import { LookupHooks, LookupRecorder, outcomeOf } from './lookup-support.ts';
 import { PinLedger } from './pin-ledger.ts';
 import { asHostMemoryTier, SavePath, type StampedJob } from './save-path.ts';
 import type {
@@ -75,7 +76,10 @@ export class StorageManager {
   readonly #save: SavePath;
   readonly #lookupBytes: LookupByteBudget;
   readonly #metrics: KvtierMetrics | undefined;
+  readonly #recorder: LookupRecorder;
   readonly #log: Logger;
+  /** `releaseLookup`, bound once for every lookup's dispose hook. */
+  readonly #release = (p: PinnedLookup): void => this.releaseLookup(p);
   #epoch: number;
   #closing: Promise<void> | undefined;
 
@@ -95,6 +99,7 @@ export class StorageManager {
     this.#host = first;
     this.#lower = this.tiers.slice(1);
     this.#metrics = opts.metrics;
+    this.#recorder = new LookupRecorder(opts.metrics);
     this.#log = opts.log ?? silentLogger;
     this.#epoch = requireInt(
       'initialEpoch',
@@ -170,69 +175,71 @@ export class StorageManager {
     if (input.namespaces.length === 0)
       throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs at least one namespace');
     const started = performance.now();
-    if (this.#events.state(input.lookupId) !== 'not_found') this.#events.cancel(input.lookupId);
+    const events = this.#events;
+    events.cancel(input.lookupId);
 
     const ac = new LazyAbort();
     const outer = opts.signal;
-    const onAbort = () => ac.abort(outer?.reason);
+    let onAbort: (() => void) | undefined;
     if (outer !== undefined) {
+      onAbort = () => ac.abort(outer.reason);
       if (outer.aborted) onAbort();
       else outer.addEventListener('abort', onAbort, { once: true });
     }
-    let settle!: { resolve: (p: PinnedLookup) => void; reject: (e: unknown) => void };
-    const work = new Promise<PinnedLookup>((resolve, reject) => {
-      settle = { resolve, reject };
-    });
     // Admitted and registered before any pin is taken, so a full budget or event manager
     // refuses the lookup cleanly.
     const memory = this.#lookupBytes.hold(
       estimateLookupBytes(input.hashes.length, input.lookupId.length),
     );
+    let entry: ReturnType<typeof events.addPending>;
     try {
-      this.#events.add(input.lookupId, work, {
-        abort: () => ac.abort(),
-        dispose: (p) => this.releaseLookup(p),
-      });
+      entry = events.addPending(input.lookupId, new LookupHooks(ac, this.#release));
     } catch (err) {
       memory.release();
+      if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
       throw err;
     }
-    work.catch(() => {});
+    let recorded = false;
     try {
       const pinned = await this.#run(input, ac, memory);
       if (ac.aborted) {
         pinned.ledger.releaseAll();
         throw abortedError(ac.signal, 'lookup');
       }
-      settle.resolve(pinned);
-      // Lets the event manager record the result before it is taken back.
-      await work;
-      // A CLEAR that ran while the result was being recorded makes it stale too.
+      recorded = true;
+      events.fulfil(entry, pinned);
+      // A CLEAR that ran after the walk (while this resumed) makes the answer stale too.
       if (pinned.status === 'ok' && pinned.epoch !== this.#epoch) this.#invalidate(pinned);
       if (
         (pinned.status !== 'ok' || input.pin === false) &&
-        this.#events.result(input.lookupId) === pinned
+        events.result(input.lookupId) === pinned
       ) {
-        this.#events.take(input.lookupId);
+        events.take(input.lookupId);
         pinned.ledger.releaseAll();
       } else if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
       // What stays is the answer and its hits' pins (a no-op once released above).
       memory.resize(estimateLookupBytes(pinned.hitChunks, input.lookupId.length));
-      if (!this.#answered.has(pinned) && this.#events.result(input.lookupId) !== pinned)
-        memory.release();
-      this.#record(input, pinned, started);
+      if (!this.#answered.has(pinned) && events.result(input.lookupId) !== pinned) memory.release();
+      this.#recorder.answered(
+        pinned.status,
+        input.tokenCounts,
+        pinned.hitChunks,
+        pinned.tiers,
+        started,
+      );
       return outcomeOf(pinned);
     } catch (err) {
+      if (recorded) throw err;
       memory.release();
-      settle.reject(err);
+      events.fail(entry, err);
       if (ac.aborted) {
-        this.#metrics?.lookups.inc({ result: 'canceled' });
+        this.#recorder.ended('canceled');
         return { status: 'canceled', epoch: this.#epoch, hitTokens: 0, hitChunks: 0, tiers: [] };
       }
-      this.#metrics?.lookups.inc({ result: 'error' });
+      this.#recorder.ended('error');
       throw err;
     } finally {
-      outer?.removeEventListener('abort', onAbort);
+      if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
     }
   }
 
@@ -311,7 +318,8 @@ export class StorageManager {
         tiers,
         lookupId: input.lookupId,
         namespaces: input.namespaces,
-        hashes: input.hashes.slice(0, ready),
+        // The input's own array when everything is ready (the ledger refers to it too).
+        hashes: ready === n ? input.hashes : input.hashes.slice(0, ready),
         ledger,
         memory,
       };
@@ -319,25 +327,6 @@ export class StorageManager {
       ledger.releaseAll();
       throw err;
     }
-  }
-
-  #record(input: LookupInput, p: PinnedLookup, started: number): void {
-    const m = this.#metrics;
-    if (m === undefined) return;
-    let requested = 0;
-    for (let i = 0; i < input.tokenCounts.length; i++) requested += input.tokenCounts[i]!;
-    m.lookupRequestedTokens.inc(requested);
-    for (const t of p.tiers) m.lookupHitTokens.inc({ tier: t.tier }, t.tokens);
-    const result =
-      p.status === 'stale'
-        ? 'stale'
-        : p.hitChunks === 0
-          ? 'miss'
-          : p.hitChunks === input.hashes.length
-            ? 'hit'
-            : 'partial';
-    m.lookups.inc({ result });
-    m.lookupDuration.observe((performance.now() - started) / 1000);
   }
 
   /**
@@ -504,14 +493,4 @@ const EPOCH_BASE_MS = Date.UTC(2024, 0, 1);
 
 function defaultInitialEpoch(): number {
   return Math.max(0, Math.floor((Date.now() - EPOCH_BASE_MS) / 1000));
-}
-
-function outcomeOf(p: PinnedLookup): LookupOutcome {
-  return {
-    status: p.status,
-    epoch: p.epoch,
-    hitTokens: p.hitTokens,
-    hitChunks: p.hitChunks,
-    tiers: p.tiers,
-  };
 }

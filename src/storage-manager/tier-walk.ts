@@ -95,7 +95,7 @@ export class TierWalk {
       }
       k = Math.max(0, Math.min(k, rest.length));
       if (k === 0) continue;
-      ledger.add(tier, ns, pos, rest.slice(0, k) as ChunkHash[]);
+      ledger.add(tier, ns, pos, rest, 0, k);
       segments.push({ tierIndex: ti, start: pos, end: pos + k });
       pos += k;
     }

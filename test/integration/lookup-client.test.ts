@@ -9,7 +9,7 @@ import { isKvtierError } from '../../src/errors.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { LookupClient, type LookupClientOptions } from '../../src/lookup-client/lookup-client.ts';
 import { MultiLookupClient } from '../../src/lookup-client/multi-lookup-client.ts';
-import type { LookupServer } from '../../src/lookup-server/lookup-server.ts';
+import type { SidecarServer } from '../../src/server/sidecar-server.ts';
 import {
   createTestStack,
   nextTurn,
@@ -229,7 +229,7 @@ describe('lookup client: server restart', () => {
     const port = new URL(s.server.endpoint.replace('tcp://', 'http://')).port;
     await s.server.close();
 
-    const restarted: LookupServer = await startTestServer(s.storage, {
+    const restarted: SidecarServer = await startTestServer(s.storage, {
       endpoint: `tcp://127.0.0.1:${port}`,
     });
     cleanups.push(() => restarted.close());

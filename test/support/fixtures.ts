@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
 import type { ChunkHash } from '../../src/backends/types.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
-import { LookupServer, type LookupServerOptions } from '../../src/lookup-server/lookup-server.ts';
+import { SidecarServer, type SidecarServerOptions } from '../../src/server/sidecar-server.ts';
 import {
   StorageManager,
   type StorageManagerOptions,
@@ -89,26 +89,26 @@ export function createTestStorage(opts: TestStorageOptions = {}): TestStorage {
 /** Starts a lookup server on `tcp://127.0.0.1:*` (or `opts.endpoint`) over `storage`. */
 export async function startTestServer(
   storage: StorageManager,
-  opts: Omit<LookupServerOptions, 'storage'> = {},
-): Promise<LookupServer> {
-  const server = new LookupServer({ endpoint: 'tcp://127.0.0.1:*', ...opts, storage });
+  opts: Omit<SidecarServerOptions, 'storage'> = {},
+): Promise<SidecarServer> {
+  const server = new SidecarServer({ endpoint: 'tcp://127.0.0.1:*', ...opts, storage });
   await server.start();
   return server;
 }
 
 /** A storage manager plus a started lookup server over it. */
 export interface TestStack extends TestStorage {
-  server: LookupServer;
+  server: SidecarServer;
   /** Closes the server, then the storage (idempotent). */
   close(): Promise<void>;
 }
 
 /** {@link createTestStorage} and {@link startTestServer} in one. */
 export async function createTestStack(
-  opts: TestStorageOptions & { server?: Omit<LookupServerOptions, 'storage'> } = {},
+  opts: TestStorageOptions & { server?: Omit<SidecarServerOptions, 'storage'> } = {},
 ): Promise<TestStack> {
   const parts = createTestStorage(opts);
-  let server: LookupServer;
+  let server: SidecarServer;
   try {
     server = await startTestServer(parts.storage, opts.server);
   } catch (err) {

@@ -416,3 +416,38 @@ describe('EventManager', () => {
     );
   });
 });
+
+describe('EventManager.addPending (settled synchronously by its owner)', () => {
+  const hooks = (log: string[]) => ({
+    abort: () => log.push('abort'),
+    dispose: (r: Res) => log.push(`dispose ${r.id}`),
+  });
+
+  it('is done as soon as fulfil returns, and a take hands the result over', () => {
+    const em = new EventManager<Res>({ sweepIntervalMs: 0 });
+    const log: string[] = [];
+    const p = em.addPending('a', hooks(log));
+    assert.equal(em.state('a'), 'ongoing');
+    em.fulfil(p, { id: 'a' });
+    assert.equal(em.state('a'), 'done');
+    assert.deepEqual(em.take('a'), { id: 'a' });
+    assert.equal(em.state('a'), 'not_found');
+    assert.deepEqual(log, []);
+  });
+
+  it('a result fulfilled after cancel is disposed; fail removes the entry and rejects waiters', async () => {
+    const em = new EventManager<Res>({ sweepIntervalMs: 0 });
+    const log: string[] = [];
+    const p = em.addPending('a', hooks(log));
+    assert.equal(em.cancel('a'), true);
+    em.fulfil(p, { id: 'a' });
+    assert.deepEqual(log, ['abort', 'dispose a']);
+
+    const q = em.addPending('b', hooks(log));
+    const waiting = em.wait('b');
+    em.fail(q, new Error('boom'));
+    await assert.rejects(waiting, /boom/);
+    assert.equal(em.state('b'), 'not_found');
+    assert.deepEqual(em.sizes(), { ongoing: 0, done: 0 });
+  });
+});

@@ -16,13 +16,13 @@ import {
   WIRE_LIMITS,
 } from '../protocol/messages.ts';
 import { SocketSendQueue } from '../protocol/send-queue.ts';
-import type { StorageManager } from '../storage-manager/storage-manager.ts';
+import type { LookupInput, StorageManager } from '../storage-manager/storage-manager.ts';
 import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import type { ServerAuth } from './auth.ts';
 
-export interface LookupServerOptions {
+export interface SidecarServerOptions {
   /** ZMQ endpoint to bind; default 'tcp://127.0.0.1:5555'. `tcp://127.0.0.1:*` picks a free port. */
   endpoint?: string;
   storage: StorageManager;
@@ -87,11 +87,12 @@ export function resolveLimits(l: Partial<ProtocolLimits> = {}): ProtocolLimits {
 }
 
 /**
- * The worker-side lookup server: one ROUTER socket speaking protocol v1 (docs/protocol.md).
+ * The sidecar's server: one ROUTER socket speaking protocol v1 (docs/protocol.md) for lookups,
+ * CANCEL, PUT/GET/CLEAR/STATS/PING and, with a data plane, its messages (REGISTER, SAVE, LOAD...).
  * Many requests are in flight at once, matched by request id. Malformed input gets an error
  * reply with a code and the server keeps serving. Sends go through one queue (one owner).
  */
-export class LookupServer {
+export class SidecarServer {
   readonly #storage: StorageManager;
   readonly #limits: ProtocolLimits;
   readonly #metrics: KvtierMetrics | undefined;
@@ -111,7 +112,7 @@ export class LookupServer {
   /** Requests decoded and not yet answered (STATS `server.inflight`). */
   #inflight = 0;
 
-  constructor(opts: LookupServerOptions) {
+  constructor(opts: SidecarServerOptions) {
     this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', {
       nonEmpty: true,
     });
@@ -216,13 +217,20 @@ export class LookupServer {
       this.#replyError(envelope, req.requestId, err);
       return;
     }
-    this.#metrics?.requests.inc({ type: req.type });
+    this.#metrics?.requests.inc(requestLabels(req.type));
     this.#inflight++;
-    void this.#dispatch(envelope, req)
-      .catch((err: unknown) => this.#replyError(envelope, req.requestId, err))
-      .finally(() => {
-        this.#inflight--;
-      });
+    void this.#handle(envelope, req);
+  }
+
+  /** Runs one request to its reply (an error reply when it fails); never rejects. */
+  async #handle(envelope: Buffer[], req: Request): Promise<void> {
+    try {
+      await (req.type === 'lookup' ? this.#lookup(envelope, req) : this.#dispatch(envelope, req));
+    } catch (err) {
+      this.#replyError(envelope, req.requestId, err);
+    } finally {
+      this.#inflight--;
+    }
   }
 
   async #dispatch(envelope: Buffer[], req: Request): Promise<void> {
@@ -376,19 +384,24 @@ export class LookupServer {
 
   async #lookup(envelope: Buffer[], req: LookupRequest): Promise<void> {
     // CANCEL and close reach a running lookup through the storage manager's event manager.
-    const outcome = await this.#storage.lookup({
+    const input: LookupInput = {
       lookupId: req.lookupId,
       namespaces: req.namespaces,
       hashes: hashesToHex(req.hashes),
       tokenCounts: req.tokenCounts,
-      ...(req.config.pin !== undefined ? { pin: req.config.pin } : {}),
-      ...(req.config.prefetch !== undefined ? { prefetch: req.config.prefetch } : {}),
-    });
+    };
+    if (req.config.pin !== undefined) input.pin = req.config.pin;
+    if (req.config.prefetch !== undefined) input.prefetch = req.config.prefetch;
+    const outcome = await this.#storage.lookup(input);
     this.#reply(envelope, {
       type: 'lookup-result',
       requestId: req.requestId,
       lookupId: req.lookupId,
-      ...outcome,
+      status: outcome.status,
+      epoch: outcome.epoch,
+      hitTokens: outcome.hitTokens,
+      hitChunks: outcome.hitChunks,
+      tiers: outcome.tiers,
     });
   }
 
@@ -405,7 +418,9 @@ export class LookupServer {
   }
 
   #reply(envelope: Buffer[], rep: Reply): void {
-    this.#sendQueue?.send([...envelope, encodeReply(rep)]);
+    const msg = encodeReply(rep);
+    // DEALER peers (one envelope frame) are the common case: no spread.
+    this.#sendQueue?.send(envelope.length === 1 ? [envelope[0]!, msg] : [...envelope, msg]);
   }
 
   #replyError(envelope: Buffer[], requestId: number, err: unknown): void {
@@ -434,6 +449,18 @@ export class LookupServer {
     })();
     return this.#closing;
   }
+}
+
+const REQUEST_LABELS = new Map<string, { type: string }>();
+
+/** The `type` label object of `kvtier_requests_total`, made once per request type. */
+function requestLabels(type: string): { type: string } {
+  let l = REQUEST_LABELS.get(type);
+  if (l === undefined) {
+    l = { type };
+    REQUEST_LABELS.set(type, l);
+  }
+  return l;
 }
 
 /** Polls until a TCP listener can bind the endpoint's address (at most ~2 s); never throws. */

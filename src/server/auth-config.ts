@@ -1,5 +1,5 @@
 /**
- * From the config's `security` section to the lookup server's {@link ServerAuth}, and the rule
+ * From the config's `security` section to the sidecar server's {@link ServerAuth}, and the rule
  * for binds beyond this machine: a non-loopback TCP endpoint without keys is refused unless
  * `security.allowUnauthenticated` (or KVTIER_ALLOW_UNAUTHENTICATED=1) says so, and then served
  * with a warning. See docs/security.md for why.

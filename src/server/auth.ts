@@ -1,5 +1,5 @@
 /**
- * CurveZMQ authentication and authorisation for the lookup server (docs/security.md).
+ * CurveZMQ authentication and authorisation for the sidecar server (docs/security.md).
  *
  * libzmq authenticates each connection's Curve key through a ZAP handler (RFC 27) that this
  * class runs on `inproc://zeromq.zap.01` in a ZMQ context of its own (one handler per context,
@@ -64,7 +64,7 @@ export interface ServerAuthOptions {
   failFirstHandshakes?: number;
 }
 
-/** ZAP domain of the lookup server's ROUTER. */
+/** ZAP domain of the sidecar server's ROUTER. */
 export const ZAP_DOMAIN = 'kvtier';
 const ZAP_ENDPOINT = 'inproc://zeromq.zap.01';
 const ID_TAG = 0x4b;
