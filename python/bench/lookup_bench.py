@@ -106,6 +106,9 @@ def start_sidecar(tmp: Path) -> tuple[subprocess.Popen, str]:
         "metrics": None,
         "logLevel": "warn",
         "tiers": [{"name": "cpu", "type": "local-cpu", "capacityBytes": 256 * 1024 * 1024}],
+        # Answered lookups keep their pins until the registry evicts them: 4,096 pinned 512-chunk
+        # lookups need more than the default 64 MiB lookup budget, which would refuse them.
+        "storage": {"maxLookupBytes": 1024**3},
     }
     path = tmp / "kvtier.json"
     path.write_text(json.dumps(cfg))
