@@ -81,6 +81,8 @@ export interface BreakerCounters {
   opened: number;
   /** Times a probe found the backend healthy again and closed the breaker. */
   restored: number;
+  /** Puts that landed after their timeout (answered 'dropped') and were removed again. */
+  lateWritesRemoved: number;
 }
 
 /**
@@ -97,7 +99,13 @@ export interface BreakerCounters {
  * closes it.
  */
 export class CircuitBreakerBackend extends ForwardingBackend {
-  readonly counters: BreakerCounters = { failures: 0, bypassed: 0, opened: 0, restored: 0 };
+  readonly counters: BreakerCounters = {
+    failures: 0,
+    bypassed: 0,
+    opened: 0,
+    restored: 0,
+    lateWritesRemoved: 0,
+  };
   readonly #inner: StorageBackend;
   readonly #opts: ResolvedCircuitBreakerOptions;
   readonly #log: Logger;
@@ -179,6 +187,11 @@ export class CircuitBreakerBackend extends ForwardingBackend {
         'put',
         (signal) => this.#inner.put(ns, hash, chunk, { ...opts, signal }),
         opts.signal,
+        (late) => {
+          // The caller was told 'dropped': a write that lands after its timeout must not leave the
+          // chunk behind, where it could outlive a CLEAR that ran in between.
+          if (late === 'stored') this.#removeLate(ns, hash);
+        },
       )) ?? 'dropped'
     );
   }
@@ -212,6 +225,13 @@ export class CircuitBreakerBackend extends ForwardingBackend {
       await this.#inner.close();
     })();
     return this.#closing;
+  }
+
+  #removeLate(ns: NamespaceId, hash: ChunkHash): void {
+    this.counters.lateWritesRemoved++;
+    this.#inner.remove(ns, [hash]).catch((err: unknown) => {
+      this.#log.warn('late write not removed', { tier: this.name, error: String(err) });
+    });
   }
 
   #checkOpen(): void {

@@ -127,6 +127,48 @@ describe('CircuitBreakerBackend', () => {
     await b.close();
   });
 
+  test('a put that lands after its timeout is answered dropped and removed again', async () => {
+    const inner = new GatedBackend({ name: 'remote', open: true });
+    let release: () => void = () => {};
+    const held = new Promise<void>((r) => {
+      release = r;
+    });
+    // A write the store finishes although its caller gave up (the signal is not honoured):
+    // what a remote store does when the request was already on the wire.
+    const slow: StorageBackend = {
+      name: inner.name,
+      kind: inner.kind,
+      capabilities: inner.capabilities,
+      batchedContains: (ns, hs, o) => inner.batchedContains(ns, hs, o),
+      batchedGet: (ns, hs, o) => inner.batchedGet(ns, hs, o),
+      put: async (ns, h, c) => {
+        await held;
+        return inner.put(ns, h, c);
+      },
+      remove: (ns, hs) => inner.remove(ns, hs),
+      pin: (ns, hs) => inner.pin(ns, hs),
+      unpin: (ns, hs) => inner.unpin(ns, hs),
+      clear: (ns) => inner.clear(ns),
+      stats: () => inner.stats(),
+      health: () => inner.health(),
+      close: () => inner.close(),
+    };
+    const b = new CircuitBreakerBackend(slow, { timeoutMs: 100, failureThreshold: 5 });
+    const pending = b.put(NS, H(7), { tokens: 4, data: randomBytes(16) });
+    await flush();
+    mock.timers.tick(100);
+    assert.equal(await pending, 'dropped', 'a timed-out put is a drop');
+    // A CLEAR of the namespace runs while the write is still in flight...
+    await b.clear(NS);
+    // ...and the write lands afterwards: the breaker removes it.
+    release();
+    await flush();
+    await flush();
+    assert.equal(await inner.batchedContains(NS, [H(7)]), 0, 'the late chunk is gone');
+    assert.equal(b.counters.lateWritesRemoved, 1);
+    await b.close();
+  });
+
   test('the caller aborting is not a backend failure; close is idempotent and final', async () => {
     const inner = new GatedBackend({ name: 'remote' });
     const b = new CircuitBreakerBackend(inner, { timeoutMs: 100 });
