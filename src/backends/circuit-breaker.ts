@@ -229,6 +229,7 @@ export class CircuitBreakerBackend extends ForwardingBackend {
 
   #removeLate(ns: NamespaceId, hash: ChunkHash): void {
     this.counters.lateWritesRemoved++;
+    this.#log.info('write landed after its timeout; removing it', { tier: this.name, ns, hash });
     this.#inner.remove(ns, [hash]).catch((err: unknown) => {
       this.#log.warn('late write not removed', { tier: this.name, error: String(err) });
     });
