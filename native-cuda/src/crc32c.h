@@ -23,4 +23,9 @@ Napi::Value Crc32cSync(const Napi::CallbackInfo& info);
 // crc32cAsync(buffer, crc) -> Promise<number>: on the libuv pool; the buffer is kept alive.
 Napi::Value Crc32cAsync(const Napi::CallbackInfo& info);
 
+// copyCrc32cAsync(src, dst, dstOffset) -> Promise<number>: on the libuv pool, copies `src` into
+// `dst` at `dstOffset` and returns the CRC-32C of the copied bytes, in one pass. Both buffers are
+// kept alive; overlapping buffers are refused.
+Napi::Value CopyCrc32cAsync(const Napi::CallbackInfo& info);
+
 }  // namespace kvtier

@@ -87,28 +87,28 @@ export async function payloadChecksumAsync(
 }
 
 /**
- * Copies `src` into `dst` at `dstOffset` (an object buffer being encoded), on the libuv pool
- * with one thread when the addon is loaded and `src` is over {@link CHECKSUM_SYNC_MAX_BYTES}:
- * a 32 MiB copy on the event loop holds it for 2-4 ms. Neither buffer may change until it
- * settles. @throws RangeError when `src` does not fit in `dst` after `dstOffset`.
+ * Copies `src` into `dst` at `dstOffset` and returns the CRC-32C of the payload (as
+ * {@link payloadChecksum} gives it), in one pass on the libuv pool when the addon is loaded and
+ * `src` is over {@link CHECKSUM_SYNC_MAX_BYTES}; otherwise the copy, then the checksum. Neither
+ * buffer may change until it settles.
+ * @throws RangeError when `src` does not fit in `dst` after `dstOffset`.
  */
-export async function copyPayloadAsync(
+export async function copyPayloadCrc32cAsync(
   src: Uint8Array,
   dst: Uint8Array,
   dstOffset: number,
-): Promise<void> {
+): Promise<bigint> {
   if (dstOffset + src.byteLength > dst.byteLength) {
     throw new RangeError(`a ${src.byteLength}-byte payload does not fit at ${dstOffset}`);
   }
   const a = src.byteLength > CHECKSUM_SYNC_MAX_BYTES ? addon() : null;
   if (a !== null) {
-    const ops = Float64Array.of(0, 0, 1, dstOffset, src.byteLength);
     // Rejected only for buffers the addon will not copy between (e.g. overlapping views).
-    const copied = await a.copyBatch([src, dst], ops, { maxThreads: 1 }).then(
-      () => true,
-      () => false,
-    );
-    if (copied) return;
+    const crc = await a.copyCrc32cAsync(src, dst, dstOffset).catch(() => null);
+    if (crc !== null) return BigInt(crc);
   }
+  // The checksum first: when the views overlap, the copy changes `src`.
+  const crc = payloadChecksum(CHECKSUM_CRC32C, src);
   dst.set(src, dstOffset);
+  return crc;
 }

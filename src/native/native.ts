@@ -139,6 +139,7 @@ interface RawAddon {
   copyBatch(buffers: readonly CopyBuffer[], ops: Float64Array, maxThreads: number): Promise<number>;
   crc32c(buffer: CopyBuffer, crc: number): number;
   crc32cAsync(buffer: CopyBuffer, crc: number): Promise<number>;
+  copyCrc32cAsync(src: CopyBuffer, dst: CopyBuffer, dstOffset: number): Promise<number>;
   cudaDeviceUuids(): string[];
   cudaIpcOpen(handle: Uint8Array, device: number): bigint;
   cudaIpcClose(ptr: bigint, device: number): void;
@@ -204,6 +205,14 @@ export interface NativeAddon {
    * not change until the promise settles (the addon keeps it alive, not unchanged).
    */
   crc32cAsync(buffer: CopyBuffer, crc?: number): Promise<number>;
+  /**
+   * Copies `src` into `dst` at byte `dstOffset` and returns the CRC-32C of the copied bytes, in
+   * one pass on the libuv pool (each cache-sized block is checksummed right after it is copied,
+   * from the destination). Neither buffer may change until the promise settles.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` when `src` does not fit at `dstOffset` or the
+   *   two overlap.
+   */
+  copyCrc32cAsync(src: CopyBuffer, dst: CopyBuffer, dstOffset: number): Promise<number>;
   /**
    * The UUID of every CUDA device this process sees, by device index (so index `i` is the
    * `device` option that names it), as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase
@@ -292,6 +301,7 @@ const RAW_FUNCTIONS: readonly (keyof RawAddon)[] = [
   'copyBatch',
   'crc32c',
   'crc32cAsync',
+  'copyCrc32cAsync',
   'cudaDeviceUuids',
   'cudaIpcOpen',
   'cudaIpcClose',
@@ -367,6 +377,16 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
           throw toNativeError(err);
         },
       ),
+    copyCrc32cAsync: async (src, dst, dstOffset) =>
+      guard(() =>
+        raw.copyCrc32cAsync(
+          src,
+          dst,
+          requireInt('dstOffset', dstOffset, 0, Number.MAX_SAFE_INTEGER),
+        ),
+      ).catch((err: unknown) => {
+        throw toNativeError(err);
+      }),
     cudaDeviceUuids: () => guard(() => raw.cudaDeviceUuids()),
     cudaIpcOpenMemHandle: (handle, options) =>
       guard(() => raw.cudaIpcOpen(handle, deviceOf(options))),

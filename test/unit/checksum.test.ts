@@ -11,6 +11,7 @@ import {
   CHECKSUM_CRC32C,
   CHECKSUM_SYNC_MAX_BYTES,
   CHECKSUM_XXH64,
+  copyPayloadCrc32cAsync,
   crc32cEngine,
   payloadChecksum,
   payloadChecksumAsync,
@@ -107,6 +108,48 @@ describe('CRC-32C', () => {
       assert.equal(crc32c(data.subarray(cut), a.crc32c(data.subarray(0, cut))), want);
       assert.equal(a.crc32c(data.subarray(cut), crc32c(data.subarray(0, cut))), want);
     }
+  });
+
+  it('native copy + CRC-32C in one pass: the copy is exact and the CRC is the payload’s', {
+    skip: native === null,
+  }, async () => {
+    const a = native!;
+    for (const size of [...ODD_SIZES, 256 * 1024 + 1, (5 << 20) + 3]) {
+      const src = randomBytes(size);
+      const dst = Buffer.alloc(size + 40, 0xee);
+      assert.equal(await a.copyCrc32cAsync(src, dst, 17), crc32c(src), `crc ${size}`);
+      assert.equal(Buffer.compare(dst.subarray(17, 17 + size), src), 0, `copy ${size}`);
+      assert.ok(
+        dst.subarray(0, 17).every((b) => b === 0xee),
+        'nothing before the offset',
+      );
+      assert.ok(
+        dst.subarray(17 + size).every((b) => b === 0xee),
+        'nothing after the payload',
+      );
+    }
+    const buf = randomBytes(4096);
+    await assert.rejects(a.copyCrc32cAsync(buf, Buffer.alloc(4096), 1), /does not fit/);
+    await assert.rejects(a.copyCrc32cAsync(buf.subarray(0, 2048), buf, 1024), /overlap/);
+  });
+
+  it('copyPayloadCrc32cAsync gives the copy and the checksum on either side of the threshold', async () => {
+    for (const size of [CHECKSUM_SYNC_MAX_BYTES, CHECKSUM_SYNC_MAX_BYTES + 1, 3 << 20]) {
+      const src = randomBytes(size);
+      const dst = Buffer.alloc(size + CHUNK_HEADER_BYTES);
+      const got = await copyPayloadCrc32cAsync(src, dst, CHUNK_HEADER_BYTES);
+      assert.equal(got, payloadChecksum(CHECKSUM_CRC32C, src));
+      assert.equal(Buffer.compare(dst.subarray(CHUNK_HEADER_BYTES), src), 0);
+    }
+    // Overlapping views (refused by the addon) are still copied, through the fallback.
+    const buf = randomBytes(2 << 20);
+    const want = Buffer.from(buf.subarray(0, 1 << 20));
+    assert.equal(
+      await copyPayloadCrc32cAsync(buf.subarray(0, 1 << 20), buf, 4096),
+      payloadChecksum(CHECKSUM_CRC32C, want),
+    );
+    assert.equal(Buffer.compare(buf.subarray(4096, 4096 + (1 << 20)), want), 0);
+    await assert.rejects(copyPayloadCrc32cAsync(randomBytes(10), Buffer.alloc(10), 1), RangeError);
   });
 
   it('native table path (KVTIER_CRC32C_SOFTWARE=1) equals JavaScript', {
