@@ -109,9 +109,10 @@ export interface AtomicWriteOptions {
 /**
  * Writes one chunk object to a temp file next to `finalPath` and renames it into place, so
  * readers see the whole object or nothing; the temp file is removed on failure. The checksum
- * overlaps the I/O: the payload is written at `headerBytes` on the I/O pool while `makeHeader`
- * computes the header (its payload checksum on the libuv pool or this thread); the header is
- * written last.
+ * overlaps the I/O: `makeHeader` (its payload checksum on the libuv pool or this thread) starts
+ * before the file is opened, the payload is written at `headerBytes` on the I/O pool meanwhile,
+ * and the header is written as soon as it is ready, beside the payload write (the temp file is
+ * not visible to readers until the rename, so the order of the two writes does not matter).
  * Returns the bytes written. @throws the underlying system error.
  */
 export async function writeChunkFileAtomic(
@@ -122,34 +123,39 @@ export async function writeChunkFileAtomic(
   payload: Uint8Array,
   opts: AtomicWriteOptions,
 ): Promise<number> {
+  const header = (async () => {
+    const h = await makeHeader();
+    if (h.byteLength !== headerBytes) {
+      throw new KvtierError(
+        'KVT_INTERNAL',
+        `header is ${h.byteLength} bytes, expected ${headerBytes}`,
+      );
+    }
+    return h;
+  })();
+  // Awaited below on every path; this only keeps an early failure from counting as unhandled.
+  header.catch(() => {});
   const temp = tempPathFor(finalPath);
   let fh: nodeFs.FileHandle;
   try {
-    fh = await fs.open(temp, 'wx', 0o644);
+    try {
+      fh = await fs.open(temp, 'wx', 0o644);
+    } catch (err) {
+      if (!isNotFound(err)) throw err;
+      await opts.makeDir();
+      fh = await fs.open(temp, 'wx', 0o644);
+    }
   } catch (err) {
-    if (!isNotFound(err)) throw err;
-    await opts.makeDir();
-    fh = await fs.open(temp, 'wx', 0o644);
+    await header.catch(() => {});
+    throw err;
   }
   try {
     try {
-      const payloadWrite = writeAllAt(fh, payload, headerBytes);
-      let header: Uint8Array;
-      try {
-        header = await makeHeader();
-      } catch (err) {
-        await payloadWrite.catch(() => {});
-        throw err;
-      }
-      if (header.byteLength !== headerBytes) {
-        await payloadWrite.catch(() => {});
-        throw new KvtierError(
-          'KVT_INTERNAL',
-          `header is ${header.byteLength} bytes, expected ${headerBytes}`,
-        );
-      }
-      await payloadWrite;
-      await writeAllAt(fh, header, 0);
+      const writes = await Promise.allSettled([
+        writeAllAt(fh, payload, headerBytes),
+        header.then((h) => writeAllAt(fh, h, 0)),
+      ]);
+      for (const w of writes) if (w.status === 'rejected') throw w.reason;
       if (opts.fsync !== 'none') await fh.datasync();
     } finally {
       await fh.close();
