@@ -112,3 +112,20 @@ export async function copyPayloadCrc32cAsync(
   dst.set(src, dstOffset);
   return crc;
 }
+
+/**
+ * Fills `dst` from the open file `fd` at `position` and returns the CRC-32C of `dst` from byte
+ * `crcFrom` on, in one pass on the libuv pool. `null` when the addon is not loaded (or
+ * `KVTIER_NATIVE_CHECKSUM=0`) or the read did not fill `dst` (a file cut short, a read error):
+ * the caller then reads the plain way, which reports what is there.
+ */
+export async function readFileCrc32cAsync(
+  fd: number,
+  dst: Uint8Array,
+  position: number,
+  crcFrom: number,
+): Promise<number | null> {
+  const a = addon();
+  if (a === null) return null;
+  return a.preadCrc32cAsync(fd, dst, position, crcFrom).catch(() => null);
+}

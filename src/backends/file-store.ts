@@ -13,6 +13,7 @@ import { dirname, join } from 'node:path';
 import { KvtierError } from '../errors.ts';
 import { isChunkHash } from '../hashing/chunk-hash.ts';
 import { describe } from '../util/validate.ts';
+import { CHECKSUM_SYNC_MAX_BYTES, readFileCrc32cAsync } from './checksum.ts';
 import type { ChunkHash, NamespaceId } from './types.ts';
 
 /** Suffix of a published chunk object. */
@@ -191,20 +192,29 @@ async function syncDir(fs: FileSystem, dir: string): Promise<void> {
 
 /** A whole object read from a file, or why it could not be used. */
 export type ReadResult =
-  | { readonly kind: 'ok'; readonly bytes: Buffer; readonly mtimeMs: number }
+  | {
+      readonly kind: 'ok';
+      readonly bytes: Buffer;
+      readonly mtimeMs: number;
+      /** CRC-32C of `bytes` from `checksumFrom` on, when it was computed while reading. */
+      readonly crc32c?: number;
+    }
   | { readonly kind: 'missing' }
   | { readonly kind: 'too-large'; readonly size: number };
 
 /**
  * Reads a whole file into one Buffer with positional reads. A file that does not exist is
  * `missing`; one over `maxBytes` is `too-large` (never allocated). A file cut short while being
- * read yields the bytes that were there (the format check catches it).
+ * read yields the bytes that were there (the format check catches it). With `checksumFrom`, a
+ * file over {@link CHECKSUM_SYNC_MAX_BYTES} is read and checksummed (CRC-32C of the bytes from
+ * `checksumFrom` on, as `crc32c`) in one pass when the native addon is loaded.
  * @throws the underlying system error other than ENOENT.
  */
 export async function readObjectFile(
   fs: FileSystem,
   path: string,
   maxBytes: number,
+  checksumFrom?: number,
 ): Promise<ReadResult> {
   let fh: nodeFs.FileHandle;
   try {
@@ -217,6 +227,14 @@ export async function readObjectFile(
     const st = await fh.stat();
     if (st.size > maxBytes) return { kind: 'too-large', size: st.size };
     const bytes = Buffer.allocUnsafe(st.size);
+    if (
+      checksumFrom !== undefined &&
+      st.size > CHECKSUM_SYNC_MAX_BYTES &&
+      typeof fh.fd === 'number'
+    ) {
+      const crc32c = await readFileCrc32cAsync(fh.fd, bytes, 0, checksumFrom);
+      if (crc32c !== null) return { kind: 'ok', bytes, mtimeMs: st.mtimeMs, crc32c };
+    }
     let filled = 0;
     while (filled < bytes.byteLength) {
       const { bytesRead } = await fh.read(bytes, filled, bytes.byteLength - filled, filled);

@@ -140,6 +140,7 @@ interface RawAddon {
   crc32c(buffer: CopyBuffer, crc: number): number;
   crc32cAsync(buffer: CopyBuffer, crc: number): Promise<number>;
   copyCrc32cAsync(src: CopyBuffer, dst: CopyBuffer, dstOffset: number): Promise<number>;
+  preadCrc32cAsync(fd: number, dst: CopyBuffer, position: number, crcFrom: number): Promise<number>;
   cudaDeviceUuids(): string[];
   cudaIpcOpen(handle: Uint8Array, device: number): bigint;
   cudaIpcClose(ptr: bigint, device: number): void;
@@ -213,6 +214,15 @@ export interface NativeAddon {
    *   two overlap.
    */
   copyCrc32cAsync(src: CopyBuffer, dst: CopyBuffer, dstOffset: number): Promise<number>;
+  /**
+   * Fills `dst` from the open file `fd` at byte `position` (continued over short reads) and
+   * returns the CRC-32C of `dst` from byte `crcFrom` on, in one pass on the libuv pool (each
+   * 256 KiB block is checksummed right after it is read). `fd` must stay open and `dst`
+   * unchanged until the promise settles.
+   * @throws KvtierError `KVT_SHORT_READ` when the file ends before `dst` is full; the read's
+   *   errno code (e.g. `EIO`) when a read fails.
+   */
+  preadCrc32cAsync(fd: number, dst: CopyBuffer, position: number, crcFrom: number): Promise<number>;
   /**
    * The UUID of every CUDA device this process sees, by device index (so index `i` is the
    * `device` option that names it), as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase
@@ -302,6 +312,7 @@ const RAW_FUNCTIONS: readonly (keyof RawAddon)[] = [
   'crc32c',
   'crc32cAsync',
   'copyCrc32cAsync',
+  'preadCrc32cAsync',
   'cudaDeviceUuids',
   'cudaIpcOpen',
   'cudaIpcClose',
@@ -383,6 +394,17 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
           src,
           dst,
           requireInt('dstOffset', dstOffset, 0, Number.MAX_SAFE_INTEGER),
+        ),
+      ).catch((err: unknown) => {
+        throw toNativeError(err);
+      }),
+    preadCrc32cAsync: async (fd, dst, position, crcFrom) =>
+      guard(() =>
+        raw.preadCrc32cAsync(
+          requireInt('fd', fd, 0, 0x7fff_ffff),
+          dst,
+          requireInt('position', position, 0, Number.MAX_SAFE_INTEGER),
+          requireInt('crcFrom', crcFrom, 0, Number.MAX_SAFE_INTEGER),
         ),
       ).catch((err: unknown) => {
         throw toNativeError(err);
