@@ -214,7 +214,7 @@ class PreadCrc32cWorker : public PromiseWorker {
         return;
       }
       if (got == 0) {
-        failure_ = Failure{"KVT_SHORT_READ", "the file ended before the buffer was filled"};
+        failure_ = Failure{kErrShortRead, "the file ended before the buffer was filled"};
         return;
       }
       const size_t end = done + static_cast<size_t>(got);

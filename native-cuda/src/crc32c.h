@@ -30,7 +30,7 @@ Napi::Value CopyCrc32cAsync(const Napi::CallbackInfo& info);
 
 // preadCrc32cAsync(fd, dst, position, crcFrom) -> Promise<number>: on the libuv pool, fills
 // `dst` from file `fd` at byte `position` (pread, continued over short reads) and returns the
-// CRC-32C of dst[crcFrom..], in one pass. Rejects with KVT_SHORT_READ when the file ends first.
+// CRC-32C of dst[crcFrom..], in one pass. Rejects with ERR_SHORT_READ when the file ends first.
 Napi::Value PreadCrc32cAsync(const Napi::CallbackInfo& info);
 
 }  // namespace kvtier

@@ -46,6 +46,7 @@ const KVT_CODE_OF: Readonly<Record<string, KvtierErrorCode>> = {
   ERR_TOO_LARGE: 'KVT_TOO_LARGE',
   ERR_NO_CUDA: 'KVT_BACKEND',
   ERR_CUDA: 'KVT_BACKEND',
+  ERR_SHORT_READ: 'KVT_BACKEND',
   ENOENT: 'KVT_NOT_FOUND',
   ENOTDIR: 'KVT_NOT_FOUND',
   ENOMEM: 'KVT_CAPACITY',
@@ -219,8 +220,8 @@ export interface NativeAddon {
    * returns the CRC-32C of `dst` from byte `crcFrom` on, in one pass on the libuv pool (each
    * 256 KiB block is checksummed right after it is read). `fd` must stay open and `dst`
    * unchanged until the promise settles.
-   * @throws KvtierError `KVT_SHORT_READ` when the file ends before `dst` is full; the read's
-   *   errno code (e.g. `EIO`) when a read fails.
+   * @throws NativeError `KVT_BACKEND`: `nativeCode` `ERR_SHORT_READ` when the file ends before
+   *   `dst` is full, `EIO` when a read fails.
    */
   preadCrc32cAsync(fd: number, dst: CopyBuffer, position: number, crcFrom: number): Promise<number>;
   /**

@@ -156,7 +156,8 @@ describe('CRC-32C', () => {
           crc32c(data.subarray(Math.floor(size / 2))),
         );
         await assert.rejects(a.preadCrc32cAsync(fh.fd, Buffer.alloc(size + 1), 0, 0), {
-          code: 'KVT_SHORT_READ',
+          code: 'KVT_BACKEND',
+          nativeCode: 'ERR_SHORT_READ',
         });
       } finally {
         await fh.close();
