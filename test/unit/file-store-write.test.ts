@@ -5,7 +5,11 @@ import * as fsp from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { realFileSystem, writeChunkFileAtomic } from '../../src/backends/file-store.ts';
+import {
+  EARLY_HEADER_MAX_BYTES,
+  realFileSystem,
+  writeChunkFileAtomic,
+} from '../../src/backends/file-store.ts';
 import { KvtierError } from '../../src/errors.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'kvtier-file-store-'));
@@ -66,24 +70,32 @@ describe('writeChunkFileAtomic', () => {
     });
   }
 
-  it('a directory that cannot be made: the open error, after the header settled', async () => {
-    const path = join(root, `missing-${n++}`, 'z.kvc');
-    let headerDone = false;
-    await assert.rejects(
-      writeChunkFileAtomic(
-        realFileSystem,
-        path,
-        async () => {
-          await new Promise((r) => setTimeout(r, 20));
-          headerDone = true;
-          return Buffer.alloc(128);
-        },
-        128,
-        randomBytes(1024),
-        { fsync: 'none', makeDir: async () => {} },
-      ),
-      (e: unknown) => (e as { code?: string }).code === 'ENOENT',
-    );
-    assert.equal(headerDone, true, 'no checksum work is left running after the call settles');
-  });
+  for (const [what, size] of [
+    ['a small payload', 1024],
+    ['a large payload', EARLY_HEADER_MAX_BYTES + 1],
+  ] as const) {
+    it(`${what}, a directory that cannot be made: the open error, no header work left running`, async () => {
+      const path = join(root, `missing-${n++}`, 'z.kvc');
+      let started = 0;
+      let settled = 0;
+      await assert.rejects(
+        writeChunkFileAtomic(
+          realFileSystem,
+          path,
+          async () => {
+            started++;
+            await new Promise((r) => setTimeout(r, 20));
+            settled++;
+            return Buffer.alloc(128);
+          },
+          128,
+          Buffer.alloc(size),
+          { fsync: 'none', makeDir: async () => {} },
+        ),
+        (e: unknown) => (e as { code?: string }).code === 'ENOENT',
+      );
+      assert.equal(settled, started, 'every header started has settled');
+      assert.equal(started, size <= EARLY_HEADER_MAX_BYTES ? 1 : 0);
+    });
+  }
 });
