@@ -345,11 +345,16 @@ async function main(): Promise<void> {
       'a machine shared with other work. A loop that never yields records nothing, so a run of ' +
       "back-to-back synchronous CPU-tier puts shows 0. The Python benchmark's sidecar (`kvtier " +
       'serve`) is not watched.',
+    "- The disk and fs tiers run with `fsync: 'none'` (their default is `'data'`, an fdatasync " +
+      'per file before its rename), like the raw file writes they are set against, which do not ' +
+      'fsync either: the figures compare the same durability, not the default one.',
     `- Tiers run once per round (\`KVTIER_BENCH_TIERS_REPEAT=1\`, after the warm-up pass the ` +
       `benchmark always makes), moving ${QUICK ? 128 : 256} MiB per measurement; the data plane ` +
       'runs the production path only (`bench:dataplane` also runs the bare in-process path) and ' +
       "keeps the better of two runs per round (the first touches the CPU tier's pages for the " +
-      'first time).',
+      'first time); its timed load runs alone, like the memcpy it is set against, and the lookup ' +
+      'p99 during a load comes from a second, untimed load of the same chunks with the prober ' +
+      'beside it.',
     `- Seconds per benchmark (all rounds): ${[...seconds].map(([k, s]) => `${k} ${s.toFixed(0)}`).join(', ')}.`,
     '',
   ].join('\n');

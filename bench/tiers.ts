@@ -406,6 +406,10 @@ async function main(): Promise<void> {
             : 'file write/read',
     ]),
   );
+  console.log(
+    "disk and fs run with fsync: 'none' (the tiers' default is 'data', an fdatasync per file " +
+      'before its rename), like the raw file writes, which do not fsync either.',
+  );
   const file = await writeResults('tiers.json', {
     bench: 'tiers',
     date: new Date().toISOString(),

@@ -46,6 +46,8 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("copyBatchDevice", Napi::Function::New(env, CopyBatchDevice, "copyBatchDevice"));
   exports.Set("crc32c", Napi::Function::New(env, Crc32cSync, "crc32c"));
   exports.Set("crc32cAsync", Napi::Function::New(env, Crc32cAsync, "crc32cAsync"));
+  exports.Set("copyCrc32cAsync", Napi::Function::New(env, CopyCrc32cAsync, "copyCrc32cAsync"));
+  exports.Set("preadCrc32cAsync", Napi::Function::New(env, PreadCrc32cAsync, "preadCrc32cAsync"));
   return exports;
 }
 

@@ -1,6 +1,7 @@
 #include "copy_plan.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -13,6 +14,8 @@ namespace {
 
 // Below this many bytes per thread, starting a thread costs more than it saves.
 constexpr size_t kMinBytesPerThread = 8u << 20;
+// Unit of work the copy threads of one batch take in turn.
+constexpr size_t kSliceBytes = 1u << 20;
 
 bool ReadIndex(double v, size_t* out) {
   constexpr double kMaxSafe = 9007199254740991.0;
@@ -124,33 +127,46 @@ void ExecuteHostRuns(const std::vector<Run>& runs, size_t maxThreads) {
     for (const Run& r : runs) std::memcpy(r.b, r.a, r.bytes);
     return;
   }
-  // Thread t copies bytes [t*total/threads, (t+1)*total/threads) of the concatenated runs.
-  auto part = [&runs, total, threads](size_t t) {
-    size_t begin = total / threads * t;
-    const size_t end = t + 1 == threads ? total : total / threads * (t + 1);
-    size_t pos = 0;
-    for (const Run& r : runs) {
-      if (begin >= end) break;
-      const size_t runEnd = pos + r.bytes;
-      if (runEnd > begin) {
-        const size_t from = begin - pos;
-        const size_t to = std::min(runEnd, end) - pos;
+  // starts[i] is the offset of run i in the concatenated bytes of all runs.
+  std::vector<size_t> starts(runs.size());
+  size_t pos = 0;
+  for (size_t i = 0; i < runs.size(); i++) {
+    starts[i] = pos;
+    pos += runs[i].bytes;
+  }
+  // Threads take slices from a shared counter instead of fixed shares: on a machine shared with
+  // other work, a thread that is descheduled leaves its remaining slices to the others, so the
+  // batch is not held up by its slowest thread.
+  const size_t slices = (total + kSliceBytes - 1) / kSliceBytes;
+  std::atomic<size_t> next{0};
+  auto work = [&runs, &starts, &next, total, slices]() {
+    for (size_t s = next.fetch_add(1, std::memory_order_relaxed); s < slices;
+         s = next.fetch_add(1, std::memory_order_relaxed)) {
+      size_t begin = s * kSliceBytes;
+      const size_t end = std::min(total, begin + kSliceBytes);
+      size_t i = static_cast<size_t>(std::upper_bound(starts.begin(), starts.end(), begin) -
+                                     starts.begin()) -
+                 1;
+      while (begin < end) {
+        const Run& r = runs[i];
+        const size_t from = begin - starts[i];
+        const size_t to = std::min(r.bytes, end - starts[i]);
         std::memcpy(r.b + from, r.a + from, to - from);
-        begin = pos + to;
+        begin = starts[i] + to;
+        i++;
       }
-      pos = runEnd;
     }
   };
   std::vector<std::thread> helpers;
   helpers.reserve(threads - 1);
   for (size_t t = 1; t < threads; t++) {
     try {
-      helpers.emplace_back(part, t);
+      helpers.emplace_back(work);
     } catch (const std::system_error&) {
-      part(t);  // out of threads: this share runs here instead
+      break;  // out of threads: the slices left are taken by those that started
     }
   }
-  part(0);
+  work();
   for (std::thread& h : helpers) h.join();
 }
 

@@ -23,4 +23,14 @@ Napi::Value Crc32cSync(const Napi::CallbackInfo& info);
 // crc32cAsync(buffer, crc) -> Promise<number>: on the libuv pool; the buffer is kept alive.
 Napi::Value Crc32cAsync(const Napi::CallbackInfo& info);
 
+// copyCrc32cAsync(src, dst, dstOffset) -> Promise<number>: on the libuv pool, copies `src` into
+// `dst` at `dstOffset` and returns the CRC-32C of the copied bytes, in one pass. Both buffers are
+// kept alive; overlapping buffers are refused.
+Napi::Value CopyCrc32cAsync(const Napi::CallbackInfo& info);
+
+// preadCrc32cAsync(fd, dst, position, crcFrom) -> Promise<number>: on the libuv pool, fills
+// `dst` from file `fd` at byte `position` (pread, continued over short reads) and returns the
+// CRC-32C of dst[crcFrom..], in one pass. Rejects with ERR_SHORT_READ when the file ends first.
+Napi::Value PreadCrc32cAsync(const Napi::CallbackInfo& info);
+
 }  // namespace kvtier

@@ -18,6 +18,7 @@ inline constexpr const char* kErrTooLarge = "ERR_TOO_LARGE";
 inline constexpr const char* kErrNoCuda = "ERR_NO_CUDA";
 inline constexpr const char* kErrCuda = "ERR_CUDA";
 inline constexpr const char* kErrInternal = "ERR_INTERNAL";
+inline constexpr const char* kErrShortRead = "ERR_SHORT_READ";
 
 // A failure that happened off the JS thread, turned into a JS error later.
 struct Failure {

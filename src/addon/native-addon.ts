@@ -46,6 +46,7 @@ const KVT_CODE_OF: Readonly<Record<string, KvtierErrorCode>> = {
   ERR_TOO_LARGE: 'KVT_TOO_LARGE',
   ERR_NO_CUDA: 'KVT_BACKEND',
   ERR_CUDA: 'KVT_BACKEND',
+  ERR_SHORT_READ: 'KVT_BACKEND',
   ENOENT: 'KVT_NOT_FOUND',
   ENOTDIR: 'KVT_NOT_FOUND',
   ENOMEM: 'KVT_CAPACITY',
@@ -139,6 +140,8 @@ interface RawAddon {
   copyBatch(buffers: readonly CopyBuffer[], ops: Float64Array, maxThreads: number): Promise<number>;
   crc32c(buffer: CopyBuffer, crc: number): number;
   crc32cAsync(buffer: CopyBuffer, crc: number): Promise<number>;
+  copyCrc32cAsync(src: CopyBuffer, dst: CopyBuffer, dstOffset: number): Promise<number>;
+  preadCrc32cAsync(fd: number, dst: CopyBuffer, position: number, crcFrom: number): Promise<number>;
   cudaDeviceUuids(): string[];
   cudaIpcOpen(handle: Uint8Array, device: number): bigint;
   cudaIpcClose(ptr: bigint, device: number): void;
@@ -204,6 +207,23 @@ export interface NativeAddon {
    * not change until the promise settles (the addon keeps it alive, not unchanged).
    */
   crc32cAsync(buffer: CopyBuffer, crc?: number): Promise<number>;
+  /**
+   * Copies `src` into `dst` at byte `dstOffset` and returns the CRC-32C of the copied bytes, in
+   * one pass on the libuv pool (each cache-sized block is checksummed right after it is copied,
+   * from the destination). Neither buffer may change until the promise settles.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` when `src` does not fit at `dstOffset` or the
+   *   two overlap.
+   */
+  copyCrc32cAsync(src: CopyBuffer, dst: CopyBuffer, dstOffset: number): Promise<number>;
+  /**
+   * Fills `dst` from the open file `fd` at byte `position` (continued over short reads) and
+   * returns the CRC-32C of `dst` from byte `crcFrom` on, in one pass on the libuv pool (each
+   * 256 KiB block is checksummed right after it is read). `fd` must stay open and `dst`
+   * unchanged until the promise settles.
+   * @throws NativeError `KVT_BACKEND`: `nativeCode` `ERR_SHORT_READ` when the file ends before
+   *   `dst` is full, `EIO` when a read fails.
+   */
+  preadCrc32cAsync(fd: number, dst: CopyBuffer, position: number, crcFrom: number): Promise<number>;
   /**
    * The UUID of every CUDA device this process sees, by device index (so index `i` is the
    * `device` option that names it), as `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` in lowercase
@@ -292,6 +312,8 @@ const RAW_FUNCTIONS: readonly (keyof RawAddon)[] = [
   'copyBatch',
   'crc32c',
   'crc32cAsync',
+  'copyCrc32cAsync',
+  'preadCrc32cAsync',
   'cudaDeviceUuids',
   'cudaIpcOpen',
   'cudaIpcClose',
@@ -367,6 +389,27 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
           throw toNativeError(err);
         },
       ),
+    copyCrc32cAsync: async (src, dst, dstOffset) =>
+      guard(() =>
+        raw.copyCrc32cAsync(
+          src,
+          dst,
+          requireInt('dstOffset', dstOffset, 0, Number.MAX_SAFE_INTEGER),
+        ),
+      ).catch((err: unknown) => {
+        throw toNativeError(err);
+      }),
+    preadCrc32cAsync: async (fd, dst, position, crcFrom) =>
+      guard(() =>
+        raw.preadCrc32cAsync(
+          requireInt('fd', fd, 0, 0x7fff_ffff),
+          dst,
+          requireInt('position', position, 0, Number.MAX_SAFE_INTEGER),
+          requireInt('crcFrom', crcFrom, 0, Number.MAX_SAFE_INTEGER),
+        ),
+      ).catch((err: unknown) => {
+        throw toNativeError(err);
+      }),
     cudaDeviceUuids: () => guard(() => raw.cudaDeviceUuids()),
     cudaIpcOpenMemHandle: (handle, options) =>
       guard(() => raw.cudaIpcOpen(handle, deviceOf(options))),

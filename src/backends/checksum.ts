@@ -87,28 +87,45 @@ export async function payloadChecksumAsync(
 }
 
 /**
- * Copies `src` into `dst` at `dstOffset` (an object buffer being encoded), on the libuv pool
- * with one thread when the addon is loaded and `src` is over {@link CHECKSUM_SYNC_MAX_BYTES}:
- * a 32 MiB copy on the event loop holds it for 2-4 ms. Neither buffer may change until it
- * settles. @throws RangeError when `src` does not fit in `dst` after `dstOffset`.
+ * Copies `src` into `dst` at `dstOffset` and returns the CRC-32C of the payload (as
+ * {@link payloadChecksum} gives it), in one pass on the libuv pool when the addon is loaded and
+ * `src` is over {@link CHECKSUM_SYNC_MAX_BYTES}; otherwise the copy, then the checksum. Neither
+ * buffer may change until it settles.
+ * @throws RangeError when `src` does not fit in `dst` after `dstOffset`.
  */
-export async function copyPayloadAsync(
+export async function copyPayloadCrc32cAsync(
   src: Uint8Array,
   dst: Uint8Array,
   dstOffset: number,
-): Promise<void> {
+): Promise<bigint> {
   if (dstOffset + src.byteLength > dst.byteLength) {
     throw new RangeError(`a ${src.byteLength}-byte payload does not fit at ${dstOffset}`);
   }
   const a = src.byteLength > CHECKSUM_SYNC_MAX_BYTES ? addon() : null;
   if (a !== null) {
-    const ops = Float64Array.of(0, 0, 1, dstOffset, src.byteLength);
     // Rejected only for buffers the addon will not copy between (e.g. overlapping views).
-    const copied = await a.copyBatch([src, dst], ops, { maxThreads: 1 }).then(
-      () => true,
-      () => false,
-    );
-    if (copied) return;
+    const crc = await a.copyCrc32cAsync(src, dst, dstOffset).catch(() => null);
+    if (crc !== null) return BigInt(crc);
   }
+  // The checksum first: when the views overlap, the copy changes `src`.
+  const crc = payloadChecksum(CHECKSUM_CRC32C, src);
   dst.set(src, dstOffset);
+  return crc;
+}
+
+/**
+ * Fills `dst` from the open file `fd` at `position` and returns the CRC-32C of `dst` from byte
+ * `crcFrom` on, in one pass on the libuv pool. `null` when the addon is not loaded (or
+ * `KVTIER_NATIVE_CHECKSUM=0`) or the read did not fill `dst` (a file cut short, a read error):
+ * the caller then reads the plain way, which reports what is there.
+ */
+export async function readFileCrc32cAsync(
+  fd: number,
+  dst: Uint8Array,
+  position: number,
+  crcFrom: number,
+): Promise<number | null> {
+  const a = addon();
+  if (a === null) return null;
+  return a.preadCrc32cAsync(fd, dst, position, crcFrom).catch(() => null);
 }

@@ -73,11 +73,11 @@ export class ChunkFiles {
    */
   async read(ns: NamespaceId, hash: ChunkHash, path: string, run: FileOp): Promise<ChunkFileRead> {
     const max = CHUNK_HEADER_BYTES + this.#o.maxChunkBytes;
-    const res = await run(() => readObjectFile(this.#o.fs, path, max));
+    const res = await run(() => readObjectFile(this.#o.fs, path, max, CHUNK_HEADER_BYTES));
     if (res.kind === 'missing') return res;
     let reason: ChunkDecodeFailure = 'length';
     if (res.kind === 'ok') {
-      const decoded = await decodeChunkObjectAsync(ns, hash, res.bytes);
+      const decoded = await decodeChunkObjectAsync(ns, hash, res.bytes, res.crc32c);
       if (decoded.ok) return { kind: 'ok', chunk: decoded.chunk, mtimeMs: res.mtimeMs };
       reason = decoded.reason;
     }

@@ -11,7 +11,7 @@ import {
   CHECKSUM_CRC32C,
   CHECKSUM_XXH64,
   type ChecksumAlgorithm,
-  copyPayloadAsync,
+  copyPayloadCrc32cAsync,
   payloadChecksum,
   payloadChecksumAsync,
 } from './checksum.ts';
@@ -246,8 +246,8 @@ export function encodeChunkObjectInto(
 }
 
 /**
- * {@link encodeChunkObjectInto} with the payload copied and then its checksum computed on the
- * libuv pool (when the addon is loaded and the payload is large). Neither `chunk.data` nor
+ * {@link encodeChunkObjectInto} with the payload copied and checksummed in one pass on the libuv
+ * pool (when the addon is loaded and the payload is large). Neither `chunk.data` nor
  * `target` may change until it settles. Rejects as `encodeChunkObjectInto` throws.
  */
 export async function encodeChunkObjectIntoAsync(
@@ -259,9 +259,8 @@ export async function encodeChunkObjectIntoAsync(
   offset = 0,
 ): Promise<number> {
   const out = objectTarget(target, ns, chunk, layout, offset);
-  // One after the other: on a 2-core machine two pool threads at once leave the event loop no core.
-  await copyPayloadAsync(chunk.data, out, CHUNK_HEADER_BYTES);
-  const checksum = await payloadChecksumAsync(CHECKSUM_CRC32C, chunk.data);
+  // Copy and checksum in one pass (one pool thread): the payload is read from memory once.
+  const checksum = await copyPayloadCrc32cAsync(chunk.data, out, CHUNK_HEADER_BYTES);
   writeHeader(out, ns, hash, chunk, layout, checksum);
   return out.length;
 }
@@ -415,16 +414,26 @@ export function decodeChunkObject(
 /**
  * {@link decodeChunkObject} with the checksum of a large version-2 payload computed on the
  * libuv pool (when the addon is loaded). `obj` must not change until it settles. Never rejects
- * for bad bytes.
+ * for bad bytes. `objCrc32c`, when given, is the CRC-32C of `obj` from byte
+ * {@link CHUNK_HEADER_BYTES} to its end, computed while reading it: a version-2 object whose
+ * payload is exactly that range is checked against it instead of being read again.
  */
 export async function decodeChunkObjectAsync(
   expectedNs: string,
   expectedHash: ChunkHash,
   obj: Uint8Array,
+  objCrc32c?: number,
 ): Promise<DecodeResult> {
   const d = decodeUnverified(expectedNs, expectedHash, obj);
   if (!d.ok) return d;
-  if ((await payloadChecksumAsync(d.header.checksumAlgorithm, d.data)) !== d.header.checksum) {
+  const known =
+    objCrc32c !== undefined &&
+    d.header.checksumAlgorithm === CHECKSUM_CRC32C &&
+    d.data.byteOffset === obj.byteOffset + CHUNK_HEADER_BYTES &&
+    d.data.byteLength === obj.byteLength - CHUNK_HEADER_BYTES
+      ? BigInt(objCrc32c)
+      : await payloadChecksumAsync(d.header.checksumAlgorithm, d.data);
+  if (known !== d.header.checksum) {
     return { ok: false, reason: 'checksum' };
   }
   return { ok: true, chunk: { tokens: d.header.tokens, data: d.data }, header: d.header };

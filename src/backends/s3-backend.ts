@@ -13,7 +13,12 @@ import {
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe } from '../util/validate.ts';
-import { decodeChunkObjectAsync, encodeChunkObjectAsync } from './chunk-format.ts';
+import { BufferPool } from './buffer-pool.ts';
+import {
+  chunkObjectBytes,
+  decodeChunkObjectAsync,
+  encodeChunkObjectIntoAsync,
+} from './chunk-format.ts';
 import { checkChunk } from './local-cpu.ts';
 import {
   type ResolvedS3BackendOptions,
@@ -90,6 +95,8 @@ export class S3Backend implements StorageBackend {
   readonly #log: Logger;
   /** Latest put per key, so a second put of the key waits and then finds it. */
   readonly #putting = new Map<string, Promise<PutOutcome>>();
+  /** Object buffers for puts, reused only after a PutObject that succeeded. */
+  readonly #pool = new BufferPool();
   #corruptObjects = 0;
   #droppedPuts = 0;
   #chunks = 0;
@@ -260,10 +267,27 @@ export class S3Backend implements StorageBackend {
     signal: AbortSignal | undefined,
   ): Promise<PutOutcome> {
     const deadline = { at: 0 };
-    const head = await this.#head('put', ns, hash, signal, undefined, deadline);
-    if (head.ok) return 'exists';
-    if (!head.notFound) throw head.error;
-    const Body = await encodeChunkObjectAsync(ns, hash, chunk);
+    // The object is encoded while the HEAD is in flight; its buffer goes back to the pool when
+    // the SDK never saw it, or once a PutObject has succeeded (after a failed or aborted one the
+    // SDK may still hold it, so it is left to the garbage collector).
+    const Body = this.#pool.acquire(chunkObjectBytes(chunk.data.byteLength));
+    const encoded = encodeChunkObjectIntoAsync(Body, ns, hash, chunk);
+    encoded.catch(() => {});
+    const head = await this.#head('put', ns, hash, signal, undefined, deadline).finally(() =>
+      encoded.catch(() => {}),
+    );
+    if (!head.ok && head.notFound) {
+      try {
+        await encoded;
+      } catch (err) {
+        this.#pool.release(Body);
+        throw err;
+      }
+    } else {
+      this.#pool.release(Body);
+      if (head.ok) return 'exists';
+      throw head.error;
+    }
     const Bucket = this.#o.bucket;
     const Key = this.#key(ns, hash);
     const put = await this.#s3.request(
@@ -278,6 +302,7 @@ export class S3Backend implements StorageBackend {
       deadline,
     );
     if (!put.ok) throw failure(put, `${this.name} put`);
+    this.#pool.release(Body);
     this.#chunks++;
     this.#bytesUsed += Body.byteLength;
     return 'stored';

@@ -12,6 +12,7 @@ import {
   CHECKSUM_CRC32C,
   CHECKSUM_SYNC_MAX_BYTES,
   CHECKSUM_XXH64,
+  copyPayloadCrc32cAsync,
   crc32cEngine,
   payloadChecksum,
   payloadChecksumAsync,
@@ -107,6 +108,95 @@ describe('CRC-32C', () => {
       assert.equal(crc32c(data.subarray(cut), a.crc32c(data.subarray(0, cut))), want);
       assert.equal(a.crc32c(data.subarray(cut), crc32c(data.subarray(0, cut))), want);
     }
+  });
+
+  it('native copy + CRC-32C in one pass: the copy is exact and the CRC is the payload’s', {
+    skip: native === null,
+  }, async () => {
+    const a = native!;
+    for (const size of [...ODD_SIZES, 256 * 1024 + 1, (5 << 20) + 3]) {
+      const src = randomBytes(size);
+      const dst = Buffer.alloc(size + 40, 0xee);
+      assert.equal(await a.copyCrc32cAsync(src, dst, 17), crc32c(src), `crc ${size}`);
+      assert.equal(Buffer.compare(dst.subarray(17, 17 + size), src), 0, `copy ${size}`);
+      assert.ok(
+        dst.subarray(0, 17).every((b) => b === 0xee),
+        'nothing before the offset',
+      );
+      assert.ok(
+        dst.subarray(17 + size).every((b) => b === 0xee),
+        'nothing after the payload',
+      );
+    }
+    const buf = randomBytes(4096);
+    await assert.rejects(a.copyCrc32cAsync(buf, Buffer.alloc(4096), 1), /does not fit/);
+    await assert.rejects(a.copyCrc32cAsync(buf.subarray(0, 2048), buf, 1024), /overlap/);
+  });
+
+  it('native read + CRC-32C in one pass: the bytes are the file’s, the CRC covers crcFrom on', {
+    skip: native === null,
+  }, async (t) => {
+    const a = native!;
+    const dir = await fsp.mkdtemp(join(tmpdir(), 'kvtier-pread-'));
+    t.after(() => fsp.rm(dir, { recursive: true, force: true }));
+    for (const size of [1, 4097, 256 * 1024 + 7, (3 << 20) + 1]) {
+      const data = randomBytes(size);
+      const path = join(dir, `f${size}`);
+      await fsp.writeFile(path, data);
+      const fh = await fsp.open(path, 'r');
+      try {
+        const dst = Buffer.alloc(size);
+        const from = Math.min(size, 128);
+        assert.equal(await a.preadCrc32cAsync(fh.fd, dst, 0, from), crc32c(data.subarray(from)));
+        assert.equal(Buffer.compare(dst, data), 0, `bytes ${size}`);
+        // From a position, and past the end of the file: a short read is refused.
+        const tail = Buffer.alloc(size - Math.floor(size / 2));
+        assert.equal(
+          await a.preadCrc32cAsync(fh.fd, tail, Math.floor(size / 2), 0),
+          crc32c(data.subarray(Math.floor(size / 2))),
+        );
+        await assert.rejects(a.preadCrc32cAsync(fh.fd, Buffer.alloc(size + 1), 0, 0), {
+          code: 'KVT_BACKEND',
+          nativeCode: 'ERR_SHORT_READ',
+        });
+      } finally {
+        await fh.close();
+      }
+    }
+  });
+
+  it('decodeChunkObjectAsync checks a CRC computed while reading instead of reading again', async () => {
+    const data = randomBytes(1 << 20);
+    const obj = encodeChunkObject(NS, HASH, { tokens: 256, data });
+    const right = crc32c(obj.subarray(CHUNK_HEADER_BYTES));
+    assert.equal(reasonOf(await decodeChunkObjectAsync(NS, HASH, obj, right)), 'ok');
+    // A wrong value is believed (so it is what was checked): a checksum failure.
+    assert.equal(reasonOf(await decodeChunkObjectAsync(NS, HASH, obj, right ^ 1)), 'checksum');
+    // Bytes after the payload: the value does not cover the payload alone and is not used.
+    const longer = Buffer.concat([obj, Buffer.alloc(5)]);
+    assert.equal(
+      reasonOf(await decodeChunkObjectAsync(NS, HASH, longer, crc32c(longer.subarray(128)))),
+      reasonOf(await decodeChunkObjectAsync(NS, HASH, longer)),
+    );
+  });
+
+  it('copyPayloadCrc32cAsync gives the copy and the checksum on either side of the threshold', async () => {
+    for (const size of [CHECKSUM_SYNC_MAX_BYTES, CHECKSUM_SYNC_MAX_BYTES + 1, 3 << 20]) {
+      const src = randomBytes(size);
+      const dst = Buffer.alloc(size + CHUNK_HEADER_BYTES);
+      const got = await copyPayloadCrc32cAsync(src, dst, CHUNK_HEADER_BYTES);
+      assert.equal(got, payloadChecksum(CHECKSUM_CRC32C, src));
+      assert.equal(Buffer.compare(dst.subarray(CHUNK_HEADER_BYTES), src), 0);
+    }
+    // Overlapping views (refused by the addon) are still copied, through the fallback.
+    const buf = randomBytes(2 << 20);
+    const want = Buffer.from(buf.subarray(0, 1 << 20));
+    assert.equal(
+      await copyPayloadCrc32cAsync(buf.subarray(0, 1 << 20), buf, 4096),
+      payloadChecksum(CHECKSUM_CRC32C, want),
+    );
+    assert.equal(Buffer.compare(buf.subarray(4096, 4096 + (1 << 20)), want), 0);
+    await assert.rejects(copyPayloadCrc32cAsync(randomBytes(10), Buffer.alloc(10), 1), RangeError);
   });
 
   it('native table path (KVTIER_CRC32C_SOFTWARE=1) equals JavaScript', {
@@ -224,6 +314,8 @@ describe('stored format version 2 (CRC-32C) beside version 1 (XXH64)', () => {
 
       const data = randomBytes(600_000);
       assert.equal(await backend.put(NS, HASH, { tokens: 256, data }), 'stored');
+      const fresh = (await backend.batchedGet(NS, [HASH])).get(HASH);
+      assert.equal(fresh && Buffer.compare(fresh.data, data), 0, 'read back whole and verified');
       const path = objectPath(dir, NS, HASH, backend.options.shardChars);
       const stored = await fsp.readFile(path);
       assert.equal(stored.readUInt16LE(4), 2);

@@ -232,6 +232,63 @@ describe('S3Backend concurrency', () => {
     assert.equal(inFlight, 0);
   });
 
+  test('object buffers: never shared by two PutObjects in flight, never reused after a failed one', async () => {
+    const b = backend({ concurrency: 4 });
+    const inFlight = new Set<unknown>();
+    const seen = new Set<unknown>();
+    let failedBody: unknown;
+    let failNext = false;
+    const bodies: unknown[] = [];
+    b.client.middlewareStack.add(
+      (next) => async (args) => {
+        const input = args.input as { Body?: unknown };
+        if (!(args.input as { Key?: string }).Key || input.Body === undefined) return next(args);
+        const body = input.Body;
+        assert.ok(!inFlight.has(body), 'a buffer two PutObjects hold at once');
+        assert.notEqual(body, failedBody, 'the buffer of a failed PutObject was reused');
+        bodies.push(body);
+        seen.add(body);
+        inFlight.add(body);
+        try {
+          if (failNext) {
+            failNext = false;
+            failedBody = body;
+            throw new Error('injected PutObject failure');
+          }
+          return await next(args);
+        } finally {
+          inFlight.delete(body);
+        }
+      },
+      { step: 'initialize', name: 'watchBodies' },
+    );
+    const ns = randomNamespace();
+    const round = async (n: number) => {
+      const chunks = randomHashes(n).map((h) => ({ h, data: randomBytes(64 * 1024) }));
+      const outs = await Promise.all(
+        chunks.map((c) => b.put(ns, c.h, { tokens: 1, data: c.data })),
+      );
+      const got = await b.batchedGet(
+        ns,
+        chunks.map((c) => c.h),
+      );
+      chunks.forEach((c, i) => {
+        if (outs[i] === 'stored') {
+          const data = got.get(c.h)?.data;
+          assert.ok(data !== undefined && Buffer.compare(data, c.data) === 0, 'own bytes stored');
+        }
+      });
+      return outs;
+    };
+    await round(12);
+    failNext = true;
+    await assert.rejects(b.put(ns, randomHash(), { tokens: 1, data: randomBytes(64 * 1024) }));
+    assert.ok(failedBody !== undefined);
+    await round(12);
+    await round(12);
+    assert.ok(seen.size < bodies.length, 'buffers are reused across puts');
+  });
+
   test('a caller abort while queued rejects at once with KVT_ABORTED', async () => {
     const b = backend({ concurrency: 1 });
     const ns = randomNamespace();
