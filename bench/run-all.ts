@@ -342,8 +342,9 @@ async function main(): Promise<void> {
       "included), the bench process while kvtier's tier puts and gets run (raw baselines excluded), " +
       'the in-process production sidecar while it saves and loads (the data-plane client shares ' +
       'that process). The raw column is what the idle runner process saw meanwhile: preemption on ' +
-      'a machine shared with other work. A loop that never yields records nothing, so a run of ' +
-      "back-to-back synchronous CPU-tier puts shows 0. The Python benchmark's sidecar (`kvtier " +
+      'a machine shared with other work. A loop that never yields records nothing, so for the ' +
+      'tiers the longest synchronous part of one put or get (a host-memory copy) counts as a ' +
+      "stall too. The Python benchmark's sidecar (`kvtier " +
       'serve`) is not watched.',
     "- The disk and fs tiers run with `fsync: 'none'` (their default is `'data'`, an fdatasync " +
       'per file before its rename), like the raw file writes they are set against, which do not ' +
