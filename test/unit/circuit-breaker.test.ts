@@ -3,8 +3,9 @@ import { randomBytes } from 'node:crypto';
 import { getEventListeners } from 'node:events';
 import { afterEach, beforeEach, describe, mock, test } from 'node:test';
 import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
-import type { StorageBackend } from '../../src/backends/types.ts';
-import { chunkHash } from '../../src/hashing/chunk-hash.ts';
+import { ForwardingBackend } from '../../src/backends/forwarding-backend.ts';
+import type { Chunk, PutOutcome, StorageBackend } from '../../src/backends/types.ts';
+import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { GatedBackend } from '../support/gated-backend.ts';
 
 const NS = '0123456789abcdef0123456789abcdef';
@@ -135,24 +136,12 @@ describe('CircuitBreakerBackend', () => {
     });
     // A write the store finishes although its caller gave up (the signal is not honoured):
     // what a remote store does when the request was already on the wire.
-    const slow: StorageBackend = {
-      name: inner.name,
-      kind: inner.kind,
-      capabilities: inner.capabilities,
-      batchedContains: (ns, hs, o) => inner.batchedContains(ns, hs, o),
-      batchedGet: (ns, hs, o) => inner.batchedGet(ns, hs, o),
-      put: async (ns, h, c) => {
+    const slow = new (class extends ForwardingBackend {
+      override async put(ns: string, h: ChunkHash, c: Chunk): Promise<PutOutcome> {
         await held;
-        return inner.put(ns, h, c);
-      },
-      remove: (ns, hs) => inner.remove(ns, hs),
-      pin: (ns, hs) => inner.pin(ns, hs),
-      unpin: (ns, hs) => inner.unpin(ns, hs),
-      clear: (ns) => inner.clear(ns),
-      stats: () => inner.stats(),
-      health: () => inner.health(),
-      close: () => inner.close(),
-    };
+        return this.inner.put(ns, h, c);
+      }
+    })(inner);
     const b = new CircuitBreakerBackend(slow, { timeoutMs: 100, failureThreshold: 5 });
     const pending = b.put(NS, H(7), { tokens: 4, data: randomBytes(16) });
     await flush();
