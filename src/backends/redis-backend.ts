@@ -3,11 +3,7 @@ import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { Deadline } from '../util/deadline.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import { BufferPool } from './buffer-pool.ts';
-import {
-  chunkObjectBytes,
-  decodeChunkObjectAsync,
-  encodeChunkObjectIntoAsync,
-} from './chunk-format.ts';
+import { decodeChunkObjectAsync } from './chunk-format.ts';
 import { checkChunk } from './local-cpu.ts';
 import {
   type Client,
@@ -18,6 +14,7 @@ import {
   sizeSum,
   unlinkSized,
 } from './redis-client.ts';
+import { encodeFramedSet } from './redis-frame.ts';
 import {
   type RedisBackendOptions,
   type ResolvedRedisBackendOptions,
@@ -242,21 +239,16 @@ export class RedisBackend implements StorageBackend {
       this.#droppedPuts++;
       return 'dropped';
     }
-    const obj = this.#pool.acquire(chunkObjectBytes(chunk.data.byteLength));
-    try {
-      await encodeChunkObjectIntoAsync(obj, ns, hash, chunk);
-    } catch (err) {
-      this.#pool.release(obj);
-      throw err;
-    }
     const key = this.#key(ns, hash);
-    const ttl = this.options.ttlMs;
     const c = this.#client;
-    const command = ttl === null ? c.set(key, obj, 'NX') : c.set(key, obj, 'PX', ttl, 'NX');
-    // The buffer is reused only once ioredis is done with the command, even if we stop waiting.
+    const set = await encodeFramedSet(this.#pool, key, ns, hash, chunk, this.options.ttlMs);
+    c.sendCommand(set.command);
+    const command = set.command.promise as Promise<string | null>;
+    // The frame is reused only once Redis has replied (it has read every byte); after a failure
+    // the socket may still be writing it, so it is left to the garbage collector.
     command.then(
-      () => this.#pool.release(obj),
-      () => this.#pool.release(obj),
+      () => this.#pool.release(set.frame),
+      () => {},
     );
     let reply: string | null;
     try {
@@ -271,7 +263,7 @@ export class RedisBackend implements StorageBackend {
     }
     if (reply === null) return 'exists';
     this.#chunks++;
-    this.#bytes += obj.byteLength;
+    this.#bytes += set.objectBytes;
     return 'stored';
   }
 
