@@ -87,6 +87,17 @@ export async function payloadChecksumAsync(
 }
 
 /**
+ * CRC-32C of `data` continued from `crc` (0 to start), on this thread with the native addon;
+ * `null` when the addon is not loaded (or `KVTIER_NATIVE_CHECKSUM=0`), where checksumming as the
+ * bytes arrive would cost more than checksumming once they are all there. For small pieces only
+ * (a network read): it holds the event loop for the piece.
+ */
+export function crc32cUpdateNative(crc: number, data: Uint8Array): number | null {
+  const a = addon();
+  return a === null ? null : a.crc32c(data, crc);
+}
+
+/**
  * Copies `src` into `dst` at `dstOffset` and returns the CRC-32C of the payload (as
  * {@link payloadChecksum} gives it), in one pass on the libuv pool when the addon is loaded and
  * `src` is over {@link CHECKSUM_SYNC_MAX_BYTES}; otherwise the copy, then the checksum. Neither

@@ -15,6 +15,7 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { describe } from '../util/validate.ts';
 import { BufferPool } from './buffer-pool.ts';
 import {
+  CHUNK_HEADER_BYTES,
   chunkObjectBytes,
   decodeChunkObjectAsync,
   encodeChunkObjectIntoAsync,
@@ -26,7 +27,7 @@ import {
   type S3BackendOptions,
   s3OptionsFromConfig,
 } from './s3-options.ts';
-import { failure, type Outcome, S3Requests } from './s3-requests.ts';
+import { failure, type Outcome, readBody, S3Requests } from './s3-requests.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -198,6 +199,7 @@ export class S3Backend implements StorageBackend {
     const errors: KvtierError[] = [];
     let reached = 0;
     const Bucket = this.#o.bucket;
+    const maxObjectBytes = CHUNK_HEADER_BYTES + this.#o.maxChunkBytes;
     await Promise.all(
       [...out.keys()].map(async (hash) => {
         const Key = this.#key(ns, hash);
@@ -208,7 +210,7 @@ export class S3Backend implements StorageBackend {
               abortSignal: s,
             });
             if (res.Body === undefined) throw new Error('GetObject answered without a body');
-            return res.Body.transformToByteArray();
+            return readBody(res.Body, res.ContentLength, maxObjectBytes, CHUNK_HEADER_BYTES);
           },
           opts.signal,
         );
@@ -218,9 +220,10 @@ export class S3Backend implements StorageBackend {
           return;
         }
         reached++;
-        const decoded = await decodeChunkObjectAsync(ns, hash, r.value);
+        const { bytes, crc32c } = r.value;
+        const decoded = await decodeChunkObjectAsync(ns, hash, bytes, crc32c);
         if (decoded.ok) out.set(hash, decoded.chunk);
-        else await this.#corrupt(ns, hash, decoded.reason, r.value.byteLength);
+        else await this.#corrupt(ns, hash, decoded.reason, bytes.byteLength);
       }),
     );
     if (errors.length > 0 && reached === 0) throw errors[0]!;

@@ -11,6 +11,7 @@ import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, isKvtierError, KvtierError } from '../errors.ts';
 import { Deadline, withDeadline } from '../util/deadline.ts';
 import type { Logger } from '../util/log.ts';
+import { crc32cUpdateNative } from './checksum.ts';
 import type { ResolvedS3BackendOptions } from './s3-options.ts';
 
 /** How one request ended: its value, a 404, or a failure (already counted in health). */
@@ -173,4 +174,55 @@ function isNotFound(err: unknown): boolean {
   if (typeof err !== 'object' || err === null) return false;
   const e = err as { name?: unknown; $metadata?: { httpStatusCode?: unknown } };
   return e.$metadata?.httpStatusCode === 404 || e.name === 'NotFound' || e.name === 'NoSuchKey';
+}
+
+/** A GetObject body read whole, with the CRC-32C of its bytes from `crcFrom` on when known. */
+export interface ReadBody {
+  readonly bytes: Uint8Array;
+  readonly crc32c?: number;
+}
+
+/**
+ * Reads a GetObject body into one buffer allocated from its Content-Length (`length`), copying
+ * each piece as it arrives and checksumming it meanwhile with the native addon (the bytes from
+ * `crcFrom` on), instead of collecting the pieces and concatenating them and then checksumming
+ * the whole. A body of unknown length, or longer than `maxBytes`, is collected by the SDK.
+ * @throws when the body fails, or ends short of or runs past `length` (a transfer error, never a
+ *   corrupt object).
+ */
+export async function readBody(
+  body: { transformToByteArray(): Promise<Uint8Array> },
+  length: number | undefined,
+  maxBytes: number,
+  crcFrom: number,
+): Promise<ReadBody> {
+  const stream = body as unknown as Partial<AsyncIterable<Uint8Array>>;
+  if (
+    length === undefined ||
+    !Number.isSafeInteger(length) ||
+    length < 0 ||
+    length > maxBytes ||
+    typeof stream[Symbol.asyncIterator] !== 'function'
+  ) {
+    return { bytes: await body.transformToByteArray() };
+  }
+  const bytes = Buffer.allocUnsafe(length);
+  let filled = 0;
+  let crc: number | null = 0;
+  for await (const piece of stream as AsyncIterable<Uint8Array>) {
+    if (filled + piece.byteLength > length) {
+      throw new KvtierError('KVT_BACKEND', `GetObject body runs past its ${length} bytes`);
+    }
+    bytes.set(piece, filled);
+    const end = filled + piece.byteLength;
+    if (crc !== null && end > crcFrom) {
+      const from = Math.max(filled, crcFrom);
+      crc = crc32cUpdateNative(crc, bytes.subarray(from, end));
+    }
+    filled = end;
+  }
+  if (filled !== length) {
+    throw new KvtierError('KVT_BACKEND', `GetObject body ended at ${filled} of ${length} bytes`);
+  }
+  return crc === null || length < crcFrom ? { bytes } : { bytes, crc32c: crc };
 }

@@ -18,8 +18,10 @@ import {
   type S3BackendOptions,
   s3OptionsFromConfig,
 } from '../../src/backends/s3-backend.ts';
+import { readBody } from '../../src/backends/s3-requests.ts';
 import { isKvtierError, type KvtierError } from '../../src/errors.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
+import { crc32c } from '../../src/util/crc32c.ts';
 import { randomHash, randomHashes, randomNamespace } from '../support/fixtures.ts';
 import { type S3Harness, S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 
@@ -465,5 +467,41 @@ describe('S3Backend lifecycle and options', () => {
     assert.equal(await b.put(ns, hash, { tokens: 1, data: randomBytes(17) }), 'dropped');
     assert.equal(b.stats().droppedPuts, 1);
     assert.equal(await exists(`kvtier/${ns}/${hash}`), false);
+  });
+});
+
+describe('s3 readBody', () => {
+  const body = (pieces: Buffer[]) => ({
+    async *[Symbol.asyncIterator]() {
+      for (const p of pieces) yield p;
+    },
+    transformToByteArray: async () => new Uint8Array(Buffer.concat(pieces)),
+  });
+  const bytes = randomBytes(CHUNK_HEADER_BYTES + 5000);
+  const pieces = [bytes.subarray(0, 100), bytes.subarray(100, 3000), bytes.subarray(3000)];
+
+  test('fills one buffer of Content-Length and checksums from crcFrom as it reads', async () => {
+    const r = await readBody(body(pieces), bytes.length, bytes.length, CHUNK_HEADER_BYTES);
+    assert.deepEqual(Buffer.from(r.bytes), bytes);
+    if (r.crc32c !== undefined) {
+      assert.equal(r.crc32c, crc32c(bytes.subarray(CHUNK_HEADER_BYTES)));
+    }
+  });
+
+  test('a body short of or past its Content-Length is a transfer error, not an object', async () => {
+    for (const length of [bytes.length + 1, bytes.length - 1]) {
+      await assert.rejects(
+        readBody(body(pieces), length, 2 * bytes.length, CHUNK_HEADER_BYTES),
+        (err: unknown) => isKvtierError(err) && err.code === 'KVT_BACKEND',
+      );
+    }
+  });
+
+  test('an unknown or oversized length is collected by the SDK', async () => {
+    for (const length of [undefined, bytes.length]) {
+      const r = await readBody(body(pieces), length, bytes.length - 1, CHUNK_HEADER_BYTES);
+      assert.deepEqual(Buffer.from(r.bytes), bytes);
+      assert.equal(r.crc32c, undefined);
+    }
   });
 });
