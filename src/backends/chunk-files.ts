@@ -88,8 +88,22 @@ export class ChunkFiles {
   }
 
   /**
+   * Starts encoding the header of `chunk` as the object of (ns, hash) (its payload checksum, on
+   * the libuv pool for a large payload), for a {@link write} that may follow: a caller with a
+   * round trip to make first (an existence check) overlaps the two. `chunk.data` must not change
+   * until the write settles. Rejects as encoding throws.
+   */
+  header(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<Uint8Array> {
+    const header = encodeChunkHeaderAsync(ns, hash, chunk);
+    // Awaited by the write that uses it; a caller that drops it must not see an unhandled rejection.
+    header.catch(() => {});
+    return header;
+  }
+
+  /**
    * Writes `chunk` as the object of (ns, hash) at `path`, atomically (temp file + rename);
-   * `makeDir` creates its directory when missing. Returns the bytes written.
+   * `makeDir` creates its directory when missing. `header`, when given, is what {@link header}
+   * returned for the same (ns, hash, chunk). Returns the bytes written.
    * @throws the system error.
    */
   write(
@@ -98,11 +112,12 @@ export class ChunkFiles {
     chunk: Chunk,
     path: string,
     makeDir: () => Promise<void>,
+    header?: Promise<Uint8Array>,
   ): Promise<number> {
     return writeChunkFileAtomic(
       this.#o.fs,
       path,
-      () => encodeChunkHeaderAsync(ns, hash, chunk),
+      () => header ?? encodeChunkHeaderAsync(ns, hash, chunk),
       CHUNK_HEADER_BYTES,
       chunk.data,
       { fsync: this.#o.fsync, makeDir },

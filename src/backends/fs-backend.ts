@@ -5,6 +5,7 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { type ChunkFileRead, ChunkFiles, TaskSet } from './chunk-files.ts';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import {
+  EARLY_HEADER_MAX_BYTES,
   errnoOf,
   type FileSystem,
   isNotFound,
@@ -392,11 +393,20 @@ export class FsBackend implements StorageBackend {
     signal: AbortSignal | undefined,
   ): Promise<PutOutcome> {
     const path = this.#path(ns, hash);
+    if (chunk.data.byteLength > this.options.maxChunkBytes) {
+      return (await this.#exists(ns, hash, signal)) ? 'exists' : this.#drop();
+    }
+    // The header's checksum is computed while the existence check is in flight (for a payload
+    // the atomic write would checksum beside its open anyway; see EARLY_HEADER_MAX_BYTES).
+    const header =
+      chunk.data.byteLength <= EARLY_HEADER_MAX_BYTES
+        ? this.#files.header(ns, hash, chunk)
+        : undefined;
     if (await this.#exists(ns, hash, signal)) return 'exists';
-    if (chunk.data.byteLength > this.options.maxChunkBytes) return this.#drop();
     try {
       const bytes = await this.#op(
-        () => this.#files.write(ns, hash, chunk, path, () => this.#maint.makeDirs(ns, hash)),
+        () =>
+          this.#files.write(ns, hash, chunk, path, () => this.#maint.makeDirs(ns, hash), header),
         signal,
         'write',
       );
