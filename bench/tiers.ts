@@ -91,11 +91,18 @@ async function measure(
   let round = 0;
   const hashesOf = (r: number) => payloads.map((_, i) => hashOf(size, r * 1_000_000 + i));
   // Warm-up: one full pass each way, so first-touch page faults and connection set-up are not
-  // measured on either side; the kvtier pass is then removed so later passes write new keys.
+  // measured on either side. Every timed put pass then writes new keys (new files) and deletes
+  // the previous pass's, untimed, right before it starts: the raw side its warm-up or previous
+  // round, kvtier its warm-up or previous run. Both sides must do that alike: on this VM (a
+  // Firecracker guest with free page reporting) memory freed a moment ago is still backed by the
+  // host, while memory freed a few seconds earlier has been handed back and faults again when
+  // the page cache refills it (new files written right after a delete ran 2.0-2.8 GB/s, the same
+  // writes 3 s after it 0.75-1.0 GB/s). kvtier's warm-up keys used to be removed straight after
+  // the warm-up, before the raw pass, so kvtier's first timed pass wrote into memory freed
+  // earlier than the raw pass did.
   for (let i = 0; i < n; i++) await raw.put(i, payloads[i]!);
   const warm = hashesOf(round++);
   for (let i = 0; i < n; i++) await backend.put(NS, warm[i]!, { tokens: 256, data: payloads[i]! });
-  await backend.remove(NS, warm);
 
   // The loop is watched only while kvtier's side runs: the raw baselines are not kvtier's stalls.
   const stall = stallMeter();
@@ -108,10 +115,11 @@ async function measure(
       for (let i = 0; i < n; i++) await raw.put(i, payloads[i]!);
     });
   });
-  let hashes: ChunkHash[] = [];
+  let hashes: ChunkHash[] = warm;
   const putMs = await best(async () => {
-    // Each run writes new keys; removing the previous run's is not part of the measurement.
-    if (hashes.length > 0) await backend.remove(NS, hashes);
+    // Each run writes new keys; removing the previous run's (first: the warm-up's) is not part
+    // of the measurement.
+    await backend.remove(NS, hashes);
     hashes = hashesOf(round++);
     stall.resume();
     return timed(async () => {
