@@ -14,7 +14,7 @@
  * stall is watched while that path runs.
  * Prints a table and writes bench/results/dataplane.json.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import { spawn } from 'node:child_process';
 import { randomBytes, randomFillSync } from 'node:crypto';
 import { open, rm } from 'node:fs/promises';
 import { cpus } from 'node:os';
@@ -84,18 +84,23 @@ async function timed(fn: () => Promise<void>): Promise<number> {
   return performance.now() - t0;
 }
 
-/** A lookup client in another process that measures round trips until told to stop. */
-async function startProber(
-  endpoint: string,
-  ns: string,
-  hashes: string[],
-): Promise<{ child: ChildProcess; collect: () => Promise<number[]> }> {
+/** Lookup clients in another process: each `probe` measures round trips until collected. */
+interface Prober {
+  probe(endpoint: string, ns: string, hashes: string[]): Promise<{ collect(): Promise<number[]> }>;
+  close(): Promise<void>;
+}
+
+/**
+ * Starts the prober process once, before this process holds the benchmark's buffers: spawning
+ * forks this process, and a fork of a process holding gigabytes holds its event loop for tens
+ * of ms (the page tables are copied), which the stall meter would count against the sidecar.
+ */
+async function startProber(): Promise<Prober> {
   const loader = ext === '.ts' ? ['--import', 'tsx'] : [];
-  const child = spawn(
-    process.execPath,
-    [...loader, `${here}support/lookup-prober${ext}`, endpoint, ns, ...hashes],
-    { stdio: ['pipe', 'pipe', 'inherit'] },
-  );
+  const child = spawn(process.execPath, [...loader, `${here}support/lookup-prober${ext}`], {
+    stdio: ['pipe', 'pipe', 'inherit'],
+  });
+  const exited = new Promise<number | null>((r) => child.once('exit', r));
   const rl = createInterface({ input: child.stdout! });
   const lines: string[] = [];
   let wake: (() => void) | undefined;
@@ -107,19 +112,30 @@ async function startProber(
     for (;;) {
       const i = lines.findIndex((l) => l.startsWith(prefix));
       if (i >= 0) return lines.splice(i, 1)[0]!;
-      await new Promise<void>((r) => {
-        wake = r;
-      });
+      const died = await Promise.race([
+        exited.then((code) => code ?? -1),
+        new Promise<null>((r) => {
+          wake = () => r(null);
+        }),
+      ]);
+      if (died !== null) throw new Error(`lookup prober exited (${died}) before "${prefix}"`);
     }
   };
-  await next('ready');
   return {
-    child,
-    collect: async () => {
-      child.stdin!.write('stop\n');
-      const line = await next('latencies ');
+    probe: async (endpoint, ns, hashes) => {
+      child.stdin!.write(`probe ${endpoint} ${ns} ${hashes.join(' ')}\n`);
+      await next('ready');
+      return {
+        collect: async () => {
+          child.stdin!.write('stop\n');
+          const line = await next('latencies ');
+          return JSON.parse(line.slice('latencies '.length)) as number[];
+        },
+      };
+    },
+    close: async () => {
       child.stdin!.end();
-      return JSON.parse(line.slice('latencies '.length)) as number[];
+      await exited;
     },
   };
 }
@@ -231,7 +247,7 @@ interface Measured {
   lat: number[];
 }
 
-async function measure(p: Path, path: string): Promise<Measured> {
+async function measure(p: Path, path: string, prober: Prober): Promise<Measured> {
   const saveBlocks = Array.from({ length: REQUEST_BLOCKS }, (_, i) => i);
   const loadBlocks = Array.from(
     { length: REQUEST_BLOCKS },
@@ -265,7 +281,7 @@ async function measure(p: Path, path: string): Promise<Measured> {
     // Then the same load again (untimed) while lookups of a small prompt keep coming from
     // another process: their latency is the figure of this pass.
     if ((await p.lookup(`m${r}`, hashes)) !== CHUNKS) throw new Error(`${p.label}: lookup missed`);
-    const probe = await startProber(
+    const probe = await prober.probe(
       p.endpoint,
       p.ns,
       hashes.slice(0, 4).map((h) => h.toString('hex')),
@@ -282,6 +298,7 @@ async function measure(p: Path, path: string): Promise<Measured> {
 }
 
 async function main(): Promise<void> {
+  const prober = await startProber();
   const path = `/dev/shm/kvtier-bench-${process.pid}.kv`;
   const fileBytes = 2 * LAYERS * NUM_BLOCKS * BLOCK_BYTES;
   const fh = await open(path, 'w+');
@@ -326,7 +343,7 @@ async function main(): Promise<void> {
       const stall = stallMeter();
       stall.resume();
       try {
-        m = await measure(p, path);
+        m = await measure(p, path, prober);
       } finally {
         stall.pause();
         await p.close();
@@ -396,6 +413,7 @@ async function main(): Promise<void> {
     });
     console.log(`\nwrote ${file}`);
   } finally {
+    await prober.close();
     await rm(path, { force: true });
   }
 }
