@@ -7,6 +7,7 @@ import {
   type ResolvedHostArenaOptions,
   resolveHostArenaOptions,
 } from './host-arena.ts';
+import { copyHostBytes } from './host-copy.ts';
 import { pinPresent } from './index-ops.ts';
 import { RecencyList, type RecencyNode } from './recency-list.ts';
 import type {
@@ -79,7 +80,9 @@ interface OrphanGroup {
  * least-recently-used first. Pinned
  * chunks are never evicted or freed while pinned; stores never wait (they evict unpinned chunks
  * or are dropped and counted). Chunks returned by `batchedGet`
- * are views into the arena (valid while pinned, or until the caller yields).
+ * are views into the arena (valid while pinned, or until the caller yields). A `put` of a chunk
+ * over 4 MiB copies it off the event loop (src/backends/host-copy.ts): its data must not change
+ * until the put settles.
  */
 export class LocalCpuBackend implements HostMemoryTier {
   readonly name: string;
@@ -173,7 +176,23 @@ export class LocalCpuBackend implements HostMemoryTier {
     if (this.#existing(ns, hash, pin)) return 'exists';
     const block = this.#allocate(chunk.data.byteLength);
     if (block === null) return 'dropped';
-    block.view.set(chunk.data);
+    const copying = copyHostBytes(chunk.data, block.view);
+    if (copying !== undefined) {
+      // A large chunk is copied off the event loop; its pages stay allocated but unindexed
+      // meanwhile, so nothing can evict or read them half-written.
+      try {
+        await copying;
+      } catch (err) {
+        this.#arena?.free(block);
+        throw err;
+      }
+      const arena = this.#arena;
+      if (this.#closing !== null || arena === null) throw closedError(`backend ${this.name}`);
+      if (this.#existing(ns, hash, pin)) {
+        arena.free(block);
+        return 'exists';
+      }
+    }
     this.#store(ns, hash, block, chunk.tokens, pin);
     return 'stored';
   }
