@@ -380,7 +380,11 @@ export class StorageManager {
       const pinned = tier.capabilities.pinning && tier.pin(ns, [hash]) === 1;
       try {
         const chunk = (await tier.batchedGet(ns, [hash])).get(hash);
-        if (chunk != null) return { tokens: chunk.tokens, data: Buffer.from(chunk.data) };
+        if (chunk != null) {
+          const copy = { tokens: chunk.tokens, data: Buffer.from(chunk.data) };
+          chunk.release?.();
+          return copy;
+        }
       } catch (err) {
         this.#log.warn('tier get failed; trying the next tier', { tier: tier.name, err });
       } finally {

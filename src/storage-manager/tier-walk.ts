@@ -1,9 +1,10 @@
-import type {
-  Chunk,
-  ChunkHash,
-  HostMemoryTier,
-  NamespaceId,
-  StorageBackend,
+import {
+  type Chunk,
+  type ChunkHash,
+  type HostMemoryTier,
+  type NamespaceId,
+  releaseChunks,
+  type StorageBackend,
 } from '../backends/types.ts';
 import { abortedError } from '../errors.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
@@ -183,6 +184,8 @@ export class TierWalk {
             if (outcome === 'dropped') break;
             stored.push(hash);
           }
+          // The host tier copied what it stored: the read buffers can be reused.
+          releaseChunks(map.values());
           ledger.add(this.#host, ns, seg.start, stored);
           if (stored.length > 0)
             this.#metrics?.prefetchChunks.inc(
