@@ -14,6 +14,13 @@ import type { ClearFence } from './clear-fence.ts';
 import type { LazyAbort } from './lazy-abort.ts';
 import type { PinLedger } from './pin-ledger.ts';
 
+/** A copy of a chunk a tier's get returned, owned by the caller; the tier's is released. */
+export function ownedCopy(chunk: Chunk): Chunk {
+  const copy = { tokens: chunk.tokens, data: Buffer.from(chunk.data) };
+  chunk.release?.();
+  return copy;
+}
+
 /** Tokens a lookup found ready in one tier. */
 export interface TierTokens {
   tier: string;
