@@ -162,6 +162,8 @@ async function measure(
           // A host-memory tier hands out views; a load copies them out, so the copy is measured.
           if (copyOut) sink.set(c.data);
           bytes += c.data.length;
+          // Done with it: a tier that reads into pooled buffers may reuse this one.
+          c.release?.();
         }
       }
       if (bytes !== n * size) throw new Error(`${tier}: byte count mismatch`);

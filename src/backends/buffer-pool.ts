@@ -1,10 +1,13 @@
 /**
- * Reusable buffers for encoding whole chunk objects (header + payload) before a single-value
- * write (Redis SET, S3 PutObject). Filling freshly allocated multi-MiB memory costs more than the
- * checksum; chunks of one namespace all have the same size, so buffers are kept per exact size.
+ * Reusable buffers for whole chunk objects (header + payload): encoded before a single-value
+ * write (Redis SET, S3 PutObject), or read from a file (the local-disk and fs tiers). Filling
+ * freshly allocated multi-MiB memory costs more than the checksum, and every such allocation is
+ * external memory that drives the garbage collector; chunks of one namespace all have the same
+ * size, so buffers are kept per exact size.
  *
- * A buffer must be released only once nothing can still read it (the client call that sends it
- * has settled), never on a caller-side timeout while the client may still be writing it.
+ * A buffer must be released only once nothing can still read or write it (the client call that
+ * sends it, or the read that fills it, has settled, and whoever it was handed to gave it back),
+ * never on a caller-side timeout while the client may still be using it.
  */
 export class BufferPool {
   readonly #free = new Map<number, Buffer[]>();
@@ -31,13 +34,17 @@ export class BufferPool {
     const list = this.#free.get(bytes);
     const buf = list?.pop();
     if (buf !== undefined) {
+      if (list!.length === 0) this.#free.delete(bytes);
       this.#pooledBytes -= bytes;
       return buf;
     }
     return Buffer.allocUnsafeSlow(bytes);
   }
 
-  /** Returns a buffer for reuse (dropped when the pool is full). */
+  /**
+   * Returns a buffer for reuse (dropped when the pool is full). It must be one {@link acquire}
+   * returned (a whole allocation of its own, never a view into a shared one), released once.
+   */
   release(buf: Buffer): void {
     const list = this.#free.get(buf.byteLength) ?? [];
     if (list.length >= this.#maxPerSize || this.#pooledBytes + buf.byteLength > this.#maxBytes)

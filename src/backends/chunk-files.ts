@@ -5,6 +5,7 @@
  * index (or none), eviction and error policy; the raw file operations are in file-store.ts.
  */
 import type { Logger } from '../util/log.ts';
+import { BufferPool } from './buffer-pool.ts';
 import {
   CHUNK_HEADER_BYTES,
   type ChunkDecodeFailure,
@@ -45,12 +46,26 @@ export type ChunkFileRead =
   /** Counted and reported; the caller deletes the file (`size` bytes). */
   | { readonly kind: 'corrupt'; readonly reason: ChunkDecodeFailure; readonly size: number };
 
+/**
+ * Objects at least this large are read into pooled buffers, handed out with a release hook
+ * (`Chunk.release`); smaller ones into plain allocations.
+ */
+export const POOLED_READ_MIN_BYTES = 64 * 1024;
+/** Most idle read buffers a tier keeps per object size. */
+const READ_POOL_PER_SIZE = 16;
+/** Most idle read-buffer bytes a tier keeps in all. */
+const READ_POOL_MAX_BYTES = 128 * 1024 * 1024;
+
 /** Runs one file operation (the tier adds its concurrency limit and deadline). */
 export type FileOp = <T>(fn: () => Promise<T>) => Promise<T>;
 
 /** Reading, verifying and writing chunk files under one root. */
 export class ChunkFiles {
   readonly #o: ChunkFilesOptions;
+  /** Buffers of chunks read and released, reused by later reads. */
+  readonly #pool = new BufferPool(READ_POOL_PER_SIZE, READ_POOL_MAX_BYTES);
+  readonly #alloc = (bytes: number): Buffer =>
+    bytes >= POOLED_READ_MIN_BYTES ? this.#pool.acquire(bytes) : Buffer.allocUnsafe(bytes);
   #corrupt = 0;
 
   constructor(o: ChunkFilesOptions) {
@@ -67,24 +82,56 @@ export class ChunkFiles {
     return objectPath(this.#o.root, ns, hash, this.#o.shardChars);
   }
 
+  /** Idle read-buffer bytes held for reuse. */
+  get pooledBytes(): number {
+    return this.#pool.pooledBytes;
+  }
+
   /**
-   * Reads the object at `path` (through `run`) and verifies it against (ns, hash).
+   * Reads the object at `path` (through `run`) and verifies it against (ns, hash). A chunk read
+   * into a pooled buffer carries `release` (see `Chunk.release`): its buffer is reused only once
+   * released. A buffer whose read `run` stopped waiting for (a timeout, an abort) or whose bytes
+   * failed verification is never reused.
    * @throws the system error (other than ENOENT) or whatever `run` throws (a timeout, an abort).
    */
   async read(ns: NamespaceId, hash: ChunkHash, path: string, run: FileOp): Promise<ChunkFileRead> {
     const max = CHUNK_HEADER_BYTES + this.#o.maxChunkBytes;
-    const res = await run(() => readObjectFile(this.#o.fs, path, max, CHUNK_HEADER_BYTES));
+    const res = await run(() =>
+      readObjectFile(this.#o.fs, path, max, CHUNK_HEADER_BYTES, this.#alloc),
+    );
     if (res.kind === 'missing') return res;
     let reason: ChunkDecodeFailure = 'length';
     if (res.kind === 'ok') {
       const decoded = await decodeChunkObjectAsync(ns, hash, res.bytes, res.crc32c);
-      if (decoded.ok) return { kind: 'ok', chunk: decoded.chunk, mtimeMs: res.mtimeMs };
+      if (decoded.ok) {
+        const chunk = this.#leased(decoded.chunk, res.bytes);
+        return { kind: 'ok', chunk, mtimeMs: res.mtimeMs };
+      }
       reason = decoded.reason;
     }
     this.#corrupt++;
     this.#o.log.warn('corrupt object removed', { tier: this.#o.tier, path, reason });
     this.#o.onCorrupt(reason);
     return { kind: 'corrupt', reason, size: res.kind === 'ok' ? res.bytes.byteLength : res.size };
+  }
+
+  /** `chunk` (a view into `bytes`) with a hook that gives `bytes` back to the pool, once. */
+  #leased(chunk: Chunk, bytes: Buffer): Chunk {
+    // Only a whole buffer the pool handed out goes back (a small or short read is left alone).
+    if (
+      bytes.byteLength < POOLED_READ_MIN_BYTES ||
+      bytes.byteOffset !== 0 ||
+      bytes.byteLength !== bytes.buffer.byteLength
+    ) {
+      return chunk;
+    }
+    let held = true;
+    const release = () => {
+      if (!held) return;
+      held = false;
+      this.#pool.release(bytes);
+    };
+    return { tokens: chunk.tokens, data: chunk.data, release };
   }
 
   /**

@@ -217,7 +217,9 @@ export type ReadResult =
  * `missing`; one over `maxBytes` is `too-large` (never allocated). A file cut short while being
  * read yields the bytes that were there (the format check catches it). With `checksumFrom`, a
  * file over {@link CHECKSUM_SYNC_MAX_BYTES} is read and checksummed (CRC-32C of the bytes from
- * `checksumFrom` on, as `crc32c`) in one pass when the native addon is loaded.
+ * `checksumFrom` on, as `crc32c`) in one pass when the native addon is loaded. `alloc` gives the
+ * buffer to read into (default `Buffer.allocUnsafe`): exactly the file's size, whatever it held
+ * before is overwritten, or cleared where the file turned out shorter.
  * @throws the underlying system error other than ENOENT.
  */
 export async function readObjectFile(
@@ -225,6 +227,7 @@ export async function readObjectFile(
   path: string,
   maxBytes: number,
   checksumFrom?: number,
+  alloc: (bytes: number) => Buffer = Buffer.allocUnsafe,
 ): Promise<ReadResult> {
   let fh: nodeFs.FileHandle;
   try {
@@ -236,7 +239,7 @@ export async function readObjectFile(
   try {
     const st = await fh.stat();
     if (st.size > maxBytes) return { kind: 'too-large', size: st.size };
-    const bytes = Buffer.allocUnsafe(st.size);
+    const bytes = alloc(st.size);
     if (
       checksumFrom !== undefined &&
       st.size > CHECKSUM_SYNC_MAX_BYTES &&
@@ -251,6 +254,8 @@ export async function readObjectFile(
       if (bytesRead === 0) break;
       filled += bytesRead;
     }
+    // A reused buffer keeps nothing of what it held before, even past the end of the view.
+    if (filled < bytes.byteLength) bytes.fill(0, filled);
     return { kind: 'ok', bytes: bytes.subarray(0, filled), mtimeMs: st.mtimeMs };
   } finally {
     await fh.close();

@@ -380,7 +380,11 @@ export class FsBackend implements StorageBackend {
       throw this.#failed('read', err);
     }
     this.#ok();
-    if (res.kind === 'ok') return this.#maint.expired(res.mtimeMs) ? null : res.chunk;
+    if (res.kind === 'ok') {
+      if (!this.#maint.expired(res.mtimeMs)) return res.chunk;
+      res.chunk.release?.();
+      return null;
+    }
     if (res.kind === 'corrupt')
       await this.#maint.unlinkAll([{ path, size: res.size }], 'corrupt').catch(() => {});
     return null;

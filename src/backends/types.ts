@@ -22,6 +22,19 @@ export interface Chunk {
    * Callers that keep the bytes longer without a pin must copy them.
    */
   readonly data: Uint8Array;
+  /**
+   * Present on a chunk a get returned in a buffer its backend reuses (the local-disk and fs tiers
+   * read into pooled buffers): call it once done with `data`, which may then be overwritten by a
+   * later get at any time. Optional to call (a chunk never released is garbage-collected, its
+   * buffer is not reused); further calls do nothing. A caller that passes the chunk on must either
+   * leave releasing to the receiver or not release it at all.
+   */
+  readonly release?: () => void;
+}
+
+/** Releases every chunk of a `batchedGet` result that has a {@link Chunk.release} hook. */
+export function releaseChunks(chunks: Iterable<Chunk | null>): void {
+  for (const c of chunks) c?.release?.();
 }
 
 /** What a backend can do; generic code branches on these, never on the backend's type. */

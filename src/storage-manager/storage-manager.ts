@@ -26,7 +26,7 @@ import type {
   StorageReservation,
   TierHealth,
 } from './storage-types.ts';
-import { type Segment, TierWalk } from './tier-walk.ts';
+import { ownedCopy, type Segment, TierWalk } from './tier-walk.ts';
 import { WriteThroughQueue } from './write-through.ts';
 
 export { asHostMemoryTier } from './save-path.ts';
@@ -380,7 +380,7 @@ export class StorageManager {
       const pinned = tier.capabilities.pinning && tier.pin(ns, [hash]) === 1;
       try {
         const chunk = (await tier.batchedGet(ns, [hash])).get(hash);
-        if (chunk != null) return { tokens: chunk.tokens, data: Buffer.from(chunk.data) };
+        if (chunk != null) return ownedCopy(chunk);
       } catch (err) {
         this.#log.warn('tier get failed; trying the next tier', { tier: tier.name, err });
       } finally {

@@ -1,9 +1,10 @@
-import type {
-  Chunk,
-  ChunkHash,
-  HostMemoryTier,
-  NamespaceId,
-  StorageBackend,
+import {
+  type Chunk,
+  type ChunkHash,
+  type HostMemoryTier,
+  type NamespaceId,
+  releaseChunks,
+  type StorageBackend,
 } from '../backends/types.ts';
 import { abortedError } from '../errors.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
@@ -12,6 +13,13 @@ import type { Logger } from '../util/log.ts';
 import type { ClearFence } from './clear-fence.ts';
 import type { LazyAbort } from './lazy-abort.ts';
 import type { PinLedger } from './pin-ledger.ts';
+
+/** A copy of a chunk a tier's get returned, owned by the caller; the tier's is released. */
+export function ownedCopy(chunk: Chunk): Chunk {
+  const copy = { tokens: chunk.tokens, data: Buffer.from(chunk.data) };
+  chunk.release?.();
+  return copy;
+}
 
 /** Tokens a lookup found ready in one tier. */
 export interface TierTokens {
@@ -183,6 +191,8 @@ export class TierWalk {
             if (outcome === 'dropped') break;
             stored.push(hash);
           }
+          // The host tier copied what it stored: the read buffers can be reused.
+          releaseChunks(map.values());
           ledger.add(this.#host, ns, seg.start, stored);
           if (stored.length > 0)
             this.#metrics?.prefetchChunks.inc(

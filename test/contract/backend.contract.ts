@@ -42,6 +42,7 @@ import {
 } from './suite/basics.ts';
 import { type Case, type Ctx, OVERSIZE_TEST_MAX_BYTES } from './suite/context.ts';
 import { abortedBefore, abortedDuring, outage, stalledUnderBreaker } from './suite/faults.ts';
+import { corruptNeverServed, heldIsNeverReused, reuseAfterRelease } from './suite/release.ts';
 
 /** Ways a subject can damage a stored object below the backend's API. */
 export type CorruptionKind = 'payload' | 'truncate' | 'magic' | 'foreign-hash';
@@ -261,6 +262,14 @@ const SECTIONS: readonly (readonly [string, readonly Case[]])[] = [
         stalledUnderBreaker,
         stallable,
       ),
+    ],
+  ],
+  [
+    'release',
+    [
+      k('a released chunk gives way to later gets, which stay byte-exact', reuseAfterRelease),
+      k('a chunk not released is never overwritten by later gets', heldIsNeverReused),
+      k('a corrupt object read after a release is never served', corruptNeverServed, corruptible),
     ],
   ],
   [
