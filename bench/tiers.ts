@@ -211,6 +211,7 @@ async function fileRaw(): Promise<Raw> {
   const dir = await mkdtemp(join(tmpdir(), 'kvtier-bench-raw-'));
   let gen = 0;
   const path = (i: number) => join(dir, `${gen}-${i}.raw`);
+  const readSlots: Buffer[] = [];
   return {
     async nextRound() {
       // New files each round (the previous round's are deleted untimed), like new chunk keys.
@@ -232,7 +233,14 @@ async function fileRaw(): Promise<Raw> {
       const fh = await open(path(i), 'r');
       try {
         const { size } = await fh.stat();
-        const buf = Buffer.allocUnsafe(size);
+        // Reads land in reused buffers (one per read in flight), as kvtier's pooled reads do: a
+        // fresh buffer per read would make the raw side pay page faults kvtier does not.
+        const slot = i % GET_BATCH;
+        let buf = readSlots[slot];
+        if (buf === undefined || buf.length < size) {
+          buf = Buffer.allocUnsafe(size);
+          readSlots[slot] = buf;
+        }
         const { bytesRead } = await fh.read(buf, 0, size, 0);
         return bytesRead;
       } finally {
