@@ -47,6 +47,7 @@ from .protocol_types import (
 _HEADER = struct.Struct("<HBBI")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+_LOOKUP_RESULT = MsgType.LOOKUP_RESULT
 
 
 class _Reader:
@@ -129,6 +130,36 @@ def _d_lookup(r: _Reader) -> LookupResult:
     for _ in range(nt):
         tiers.append(TierTokens(r.str("tier name", 0xFFFF), r.u32("tier tokens")))
     r.end("lookup result")
+    return LookupResult(lookup_id, _LOOKUP_STATUS[code], epoch, hit_tokens, hit_chunks, tiers)
+
+
+_LOOKUP_FIXED = struct.Struct("<BIIIB")  # status, epoch, hit tokens, hit chunks, tier count
+
+
+def _lookup_fast(buf: bytes) -> LookupResult | None:
+    """A well-formed LOOKUP_RESULT in a few struct calls (the reply a scheduler waits on);
+    None for anything else, which :func:`_d_lookup` then decodes or refuses with its reason."""
+    try:
+        (n,) = _U16.unpack_from(buf, HEADER_BYTES)
+        if n > MAX_LOOKUP_ID_BYTES:
+            return None
+        off = HEADER_BYTES + 2 + n
+        code, epoch, hit_tokens, hit_chunks, nt = _LOOKUP_FIXED.unpack_from(buf, off)
+        if code >= len(_LOOKUP_STATUS):
+            return None
+        lookup_id = buf[HEADER_BYTES + 2 : off].decode("utf-8")
+        off += 14
+        tiers = []
+        for _ in range(nt):
+            (tn,) = _U16.unpack_from(buf, off)
+            end = off + 2 + tn
+            (tokens,) = _U32.unpack_from(buf, end)  # also proves the name is all there
+            tiers.append(TierTokens(buf[off + 2 : end].decode("utf-8"), tokens))
+            off = end + 4
+    except (struct.error, UnicodeDecodeError):
+        return None
+    if off != len(buf):
+        return None
     return LookupResult(lookup_id, _LOOKUP_STATUS[code], epoch, hit_tokens, hit_chunks, tiers)
 
 
@@ -273,6 +304,10 @@ def decode_reply(buf: Any) -> tuple[int, int, Reply]:
     if not isinstance(buf, bytes):
         buf = bytes(buf)
     msg_type, request_id = decode_header(buf)
+    if msg_type == _LOOKUP_RESULT:
+        rep = _lookup_fast(buf)
+        if rep is not None:
+            return msg_type, request_id, rep
     dec = _DECODERS.get(msg_type)
     if dec is None:
         raise ProtocolError(f"unknown reply type 0x{msg_type:02x}")

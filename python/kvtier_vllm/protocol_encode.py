@@ -39,6 +39,11 @@ _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
 _LITTLE = sys.byteorder == "little"
+#: array("I") holds little-endian u32s here: a list of counts or block ids packs through it
+_ARRAY_U32 = _LITTLE and array("I").itemsize == 4
+#: a LOOKUP's header and lookup id length, packed at once
+_LOOKUP_HEAD = struct.Struct("<HBBIH")
+_NO_CONFIG = _U32.pack(0)
 
 
 def encode_header(msg_type: int, request_id: int) -> bytes:
@@ -59,6 +64,12 @@ def _u32(name: str, v: Any) -> int:
 
 def _id(name: str, s: Any, limit: int = MAX_ID_BYTES) -> bytes:
     """A `str` field: u16le length + UTF-8. Empty -> invalid, over the limit -> too large."""
+    b = _id_bytes(name, s, limit)
+    return _U16.pack(len(b)) + b
+
+
+def _id_bytes(name: str, s: Any, limit: int) -> bytes:
+    """The UTF-8 of a `str` field, checked like :func:`_id`."""
     if not isinstance(s, str) or s == "":
         raise InvalidArgumentError(f"{name} must be a non-empty string, got {s!r}")
     try:
@@ -67,7 +78,10 @@ def _id(name: str, s: Any, limit: int = MAX_ID_BYTES) -> bytes:
         raise InvalidArgumentError(f"{name} is not valid Unicode (lone surrogate)") from None
     if len(b) > limit:
         raise TooLargeError(f"{name} is {len(b)} bytes, the limit is {limit}")
-    return _U16.pack(len(b)) + b
+    return b
+
+
+_NSN = [bytes((i,)) for i in range(MAX_NAMESPACES_PER_LOOKUP + 1)]
 
 
 def namespace_bytes(ns: Any) -> bytes:
@@ -115,7 +129,13 @@ def pack_hashes(hashes: Any) -> bytes:
 
 def _u32_array(name: str, values: Any) -> tuple[int, bytes]:
     """(count, little-endian u32 bytes) of a sequence of ints, an array('I') or an int ndarray."""
-    if isinstance(values, array) and values.typecode in ("I", "L") and values.itemsize == 4:
+    if isinstance(values, list) and _ARRAY_U32:
+        # array() converts a list of ints in C, about twice as fast as struct.pack(*values)
+        try:
+            return len(values), array("I", values).tobytes()
+        except (TypeError, OverflowError, ValueError):
+            pass  # refused below with the offending index, or packed by struct
+    elif isinstance(values, array) and values.typecode in ("I", "L") and values.itemsize == 4:
         if _LITTLE:
             return len(values), values.tobytes()
         values = values.tolist()
@@ -152,13 +172,18 @@ def encode_lookup(
     (none -> 0 bytes), unless ``config`` is given: then that object is sent as compact JSON
     and ``pin``/``prefetch`` are ignored.
     """
-    lid = _id("lookup id", lookup_id, MAX_LOOKUP_ID_BYTES)
+    lid = _id_bytes("lookup id", lookup_id, MAX_LOOKUP_ID_BYTES)
     nsn = len(namespaces)
-    if not 1 <= nsn <= MAX_NAMESPACES_PER_LOOKUP:
+    if nsn == 1:
+        (ns,) = namespaces
+        if type(ns) is not bytes or len(ns) != NAMESPACE_BYTES:
+            ns = namespace_bytes(ns)
+    elif not 1 <= nsn <= MAX_NAMESPACES_PER_LOOKUP:
         raise InvalidArgumentError(
             f"lookup needs 1..{MAX_NAMESPACES_PER_LOOKUP} namespaces, got {nsn}"
         )
-    ns = b"".join(namespace_bytes(x) for x in namespaces)
+    else:
+        ns = b"".join([namespace_bytes(x) for x in namespaces])
     packed = pack_hashes(hashes)
     n, counts = _u32_array("token_counts", token_counts)
     if len(packed) != n * HASH_BYTES:
@@ -174,7 +199,7 @@ def encode_lookup(
         if len(cfg) > MAX_CONFIG_BYTES:
             raise TooLargeError(f"lookup config is longer than {MAX_CONFIG_BYTES} bytes")
     elif pin is True and prefetch is True:
-        cfg = b""
+        cfg = None
     else:
         if not isinstance(pin, bool) or not isinstance(prefetch, bool):
             raise InvalidArgumentError("pin and prefetch must be booleans")
@@ -186,15 +211,14 @@ def encode_lookup(
         cfg = ("{" + ",".join(parts) + "}").encode()
     return b"".join(
         (
-            _HEADER.pack(MAGIC, VERSION, MsgType.LOOKUP, request_id),
+            _LOOKUP_HEAD.pack(MAGIC, VERSION, MsgType.LOOKUP, request_id, len(lid)),
             lid,
-            bytes((nsn,)),
+            _NSN[nsn],
             ns,
             _U32.pack(n),
             packed,
             counts,
-            _U32.pack(len(cfg)),
-            cfg,
+            _NO_CONFIG if cfg is None else _U32.pack(len(cfg)) + cfg,
         )
     )
 
