@@ -20,7 +20,10 @@ from typing import Any, Iterable, Sequence
 from . import protocol as P
 from .errors import CapacityError, InvalidArgumentError, RequestTimeoutError
 from .pending import _PENDING, Pending
-from .transport import MAX_AUTH_RECONNECTS, ClientTransport
+from .transport import _NOBLOCK, MAX_AUTH_RECONNECTS, ClientTransport, _Again
+
+_encode_lookup = P.encode_lookup
+_LOOKUP = P.MsgType.LOOKUP
 
 __all__ = ["KvtierClient", "MultiLookupClient", "Pending", "MAX_AUTH_RECONNECTS"]
 
@@ -69,13 +72,22 @@ class KvtierClient(ClientTransport):
                 self._drain()  # takes in a late answer and repeats the probe when due
                 if self._down:
                     return 0
-            rid = self._next_id()
-            frame = P.encode_lookup(rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch)
-            if not self._send(frame):
+            rid = self._rid + 1
+            if rid > 0xFFFF_FFFF or rid in self._pending:
+                rid = self._next_id()
+            else:
+                self._rid = rid
+            frame = _encode_lookup(rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch)
+            sock = self._sock
+            try:
+                sock.send(frame, _NOBLOCK)
+            except _Again:
                 self.last_lookup_error = CapacityError("send queue full: the sidecar is not taking messages")
                 return 0
-            p = Pending(self, rid, P.MsgType.LOOKUP, self._clock() + self.lookup_timeout_s, lookup_id)
-            self._track(p, frame)
+            p = Pending(self, rid, _LOOKUP, self._clock() + self.lookup_timeout_s, lookup_id)
+            p._sock = sock
+            if self._curve is not None:
+                p._frame = frame  # for a resend after a refusal as unauthenticated
             p._seen = self._gen
             self._pending[rid] = p
             self._lookups[lookup_id] = p

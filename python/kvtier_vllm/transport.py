@@ -56,10 +56,12 @@ _log = logging.getLogger("kvtier_vllm.client")
 MAX_AUTH_RECONNECTS = 3
 _UNAUTHENTICATED = "KVT_UNAUTHENTICATED"
 
-_POLLIN = zmq.POLLIN
-_NOBLOCK = zmq.NOBLOCK
-_EVENTS = zmq.EVENTS
-_RCVMORE = zmq.RCVMORE
+# plain ints: `int & zmq.POLLIN` would go through the IntFlag's Python-level __and__
+_POLLIN = int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_EVENTS = int(zmq.EVENTS)
+_RCVMORE = int(zmq.RCVMORE)
+_RCVTIMEO = int(zmq.RCVTIMEO)
 _Again = zmq.Again
 _LOOKUP_RESULT = P.MsgType.LOOKUP_RESULT
 _ERROR = P.MsgType.ERROR
@@ -159,6 +161,7 @@ class ClientTransport:
         if self._curve is not None:
             self._curve.apply(sock)
         sock.connect(self.endpoint)
+        self._rcvtimeo = -1  # the socket's RCVTIMEO, set when a poll first blocks on it
         return sock
 
     def _next_id(self) -> int:
@@ -299,10 +302,27 @@ class ClientTransport:
             sock.close(linger=0)
         self._retired.clear()
 
+    def _wait_reply(self, timeout_ms: float) -> Any:
+        """Waits up to ``timeout_ms`` for a reply: the first frame received when only the current
+        socket is open (a blocking recv, no poller), else True when one of the sockets is
+        readable; None on timeout."""
+        if self._retired:
+            return True if self._poll_sockets(timeout_ms) else None
+        sock = self._sock
+        t = int(timeout_ms)
+        if t != self._rcvtimeo:
+            sock.setsockopt(_RCVTIMEO, t)
+            self._rcvtimeo = t
+        try:
+            frame = sock.recv()
+        except _Again:
+            return None
+        while sock.get(_RCVMORE):  # the last frame is the message
+            frame = sock.recv(_NOBLOCK)
+        return frame
+
     def _poll_sockets(self, timeout_ms: float) -> bool:
-        """Waits up to ``timeout_ms`` for a reply on the socket (or a replaced one)."""
-        if not self._retired:
-            return bool(self._sock.poll(timeout_ms))
+        """Waits up to ``timeout_ms`` for a reply on the socket or a replaced one."""
         poller = zmq.Poller()
         for sock in (self._sock, *self._retired):
             poller.register(sock, _POLLIN)
@@ -315,13 +335,16 @@ class ClientTransport:
         else:
             p._fail(err)
 
-    def _drain(self, ready: bool = False) -> int:
-        """Takes in every reply waiting on the socket, without blocking (``ready``: a poll just
-        said one is there)."""
+    def _drain(self, first: Any = None) -> int:
+        """Takes in every reply waiting on the socket, without blocking (``first``: a frame just
+        received from it, taken in first)."""
         self._gen += 1
         sock = self._sock
         n = 0
-        if ready or sock.get(_EVENTS) & _POLLIN:
+        if first is not None:
+            self._take(first, sock)
+            n = 1
+        if sock.get(_EVENTS) & _POLLIN:
             while True:
                 try:
                     frame = sock.recv(_NOBLOCK)
@@ -407,8 +430,9 @@ class ClientTransport:
         if self._closed:
             return 0
         if timeout_ms > 0:
-            if self._poll_sockets(timeout_ms):
-                n = self._drain(ready=not self._retired)
+            got = self._wait_reply(timeout_ms)
+            if got is not None:
+                n = self._drain(None if got is True else got)
             else:
                 self._gen += 1  # the socket was checked: lookups need not check it again
                 n = 0
@@ -433,8 +457,9 @@ class ClientTransport:
                 if limit is not None and limit <= now:
                     raise RequestTimeoutError(f"request #{p.request_id} still pending after {timeout_ms} ms")
                 continue
-            if self._poll_sockets(max(1, int(left_ms) + 1)):
-                self._drain(ready=not self._retired)
+            got = self._wait_reply(max(1, int(left_ms) + 1))
+            if got is not None:
+                self._drain(None if got is True else got)
 
     # ---------------------------------------------------------------------------------------
 
