@@ -309,7 +309,7 @@ class ClientTransport:
         if self._retired:
             return True if self._poll_sockets(timeout_ms) else None
         sock = self._sock
-        t = int(timeout_ms)
+        t = min(int(timeout_ms), 0x7FFF_FFFF)  # RCVTIMEO is a C int of milliseconds
         if t != self._rcvtimeo:
             sock.setsockopt(_RCVTIMEO, t)
             self._rcvtimeo = t
