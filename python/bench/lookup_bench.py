@@ -5,7 +5,10 @@
    in another process, compared with a raw pyzmq DEALER sending the same bytes to a pyzmq ROUTER
    echo in another process, measured in the same run (target: lookup p50 <= 1.5x echo p50).
    A third column isolates the client: the same ``lookup()`` against a pyzmq ROUTER in another
-   process that answers each LOOKUP with a ready-made LOOKUP_RESULT (no sidecar work).
+   process that answers each LOOKUP with a ready-made LOOKUP_RESULT (no sidecar work); a fourth
+   isolates the sidecar: the raw DEALER sending ready-made LOOKUP frames to it (no client).
+   The four measures of one size take turns, ``BLOCK`` samples each, so that machine noise
+   (other processes on a small machine) falls on all of them alike instead of on one block.
 2. Scheduler step: the cost of asking about 1,000 pending lookups once each (one
    ``lookup()`` call per request, as a scheduler does every step; target < 1 ms), and the same
    with one explicit ``poll()`` first.
@@ -41,6 +44,7 @@ QUICK = os.environ.get("KVTIER_BENCH_QUICK") == "1"
 SIZES = [16, 128, 512]
 RTT_SAMPLES = 500 if QUICK else 5000
 WARMUP = 200
+BLOCK = 100  # samples per turn; the measures of one size take turns (see interleaved())
 STEP_LOOKUPS = 1000
 STEP_SAMPLES = 50 if QUICK else 300
 NS = bytes.fromhex("b0" * 16)
@@ -147,39 +151,86 @@ def percentile(sorted_us: list[float], p: float) -> float:
     return sorted_us[int(i)]
 
 
-def raw_rtt(endpoint: str, msg: bytes, n: int) -> list[float]:
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    out = []
-    try:
-        for i in range(WARMUP + n):
+class EchoRtt:
+    """Raw limit: a pyzmq DEALER sending ``msg`` to the echo ROUTER, blocking until it is back."""
+
+    def __init__(self, endpoint: str, msg: bytes) -> None:
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.msg = msg
+
+    def take(self, n: int, out: list[float]) -> None:
+        sock, msg = self.sock, self.msg
+        for _ in range(n):
             t0 = time.perf_counter_ns()
             sock.send(msg)
             sock.recv()
-            if i >= WARMUP:
-                out.append((time.perf_counter_ns() - t0) / 1000)
-    finally:
-        sock.close(0)
-    return sorted(out)
+            out.append((time.perf_counter_ns() - t0) / 1000)
+
+    def close(self) -> None:
+        self.sock.close(0)
 
 
-def lookup_rtt(client: KvtierClient, hashes: bytes, counts: list[int], n: int, tag: str) -> list[float]:
-    out = []
-    expected = sum(counts)
-    for i in range(WARMUP + n):
-        lid = f"{tag}-{i}"
-        t0 = time.perf_counter_ns()
-        a = client.lookup(lid, hashes, counts, [NS])
-        while a is None:
-            client.poll(1000)
+class RawLookupRtt(EchoRtt):
+    """Info: the same DEALER sending ready-made LOOKUP frames (a new lookup id each, encoded
+    before the clock starts) to the sidecar: its round trip without the Python client."""
+
+    def __init__(self, endpoint: str, hashes: bytes, counts: list[int], tag: str) -> None:
+        super().__init__(endpoint, b"")
+        self.hashes, self.counts, self.tag, self.i = hashes, counts, tag, 0
+        self.expected = sum(counts)
+
+    def take(self, n: int, out: list[float]) -> None:
+        sock = self.sock
+        for _ in range(n):
+            self.i += 1
+            msg = P.encode_lookup(self.i, f"{self.tag}-{self.i}", [NS], self.hashes, self.counts)
+            t0 = time.perf_counter_ns()
+            sock.send(msg)
+            rep = sock.recv()
+            out.append((time.perf_counter_ns() - t0) / 1000)
+        _, rid, res = P.decode_reply(rep)
+        if rid != self.i or getattr(res, "hit_tokens", None) != self.expected:
+            raise RuntimeError(f"raw lookup answered {res!r}, expected {self.expected} hit tokens")
+
+
+class LookupRtt:
+    """``KvtierClient.lookup()`` (send, then poll the socket until answered), a new id each."""
+
+    def __init__(self, client: KvtierClient, hashes: bytes, counts: list[int], tag: str) -> None:
+        self.client, self.hashes, self.counts, self.tag, self.i = client, hashes, counts, tag, 0
+        self.expected = sum(counts)
+
+    def take(self, n: int, out: list[float]) -> None:
+        client, hashes, counts = self.client, self.hashes, self.counts
+        for _ in range(n):
+            self.i += 1
+            lid = f"{self.tag}-{self.i}"
+            t0 = time.perf_counter_ns()
             a = client.lookup(lid, hashes, counts, [NS])
-        dt = (time.perf_counter_ns() - t0) / 1000
-        if a != expected:
-            raise RuntimeError(f"lookup answered {a}, expected {expected} ({client.last_lookup_error})")
-        if i >= WARMUP:
+            while a is None:
+                client.poll(1000)
+                a = client.lookup(lid, hashes, counts, [NS])
+            dt = (time.perf_counter_ns() - t0) / 1000
+            if a != self.expected:
+                raise RuntimeError(f"lookup answered {a}, expected {self.expected} ({client.last_lookup_error})")
             out.append(dt)
-    return sorted(out)
+
+    def close(self) -> None:
+        pass
+
+
+def interleaved(measures: list, n: int) -> list[list[float]]:
+    """``n`` sorted samples of each measure, taken in turns of ``BLOCK`` after a warm-up of each,
+    so that a burst of machine noise lands on all of them alike rather than on one."""
+    outs: list[list[float]] = [[] for _ in measures]
+    for m in measures:
+        m.take(WARMUP, [])
+    for start in range(0, n, BLOCK):
+        for m, out in zip(measures, outs):
+            m.take(min(BLOCK, n - start), out)
+    return [sorted(o) for o in outs]
 
 
 def step_cost(endpoint: str) -> dict:
@@ -251,9 +302,17 @@ def main() -> int:
         for n in SIZES:
             hashes, counts = prompts[n]
             msg = P.encode_lookup(1, "bench-000000", [NS], hashes, counts)
-            raw = raw_rtt(echo_endpoint, msg, RTT_SAMPLES)
-            kv = lookup_rtt(client, hashes, counts, RTT_SAMPLES, f"bench{n}")
-            own = lookup_rtt(shaped, hashes, counts, RTT_SAMPLES, f"shaped{n}")
+            measures = [
+                EchoRtt(echo_endpoint, msg),
+                LookupRtt(client, hashes, counts, f"bench{n}"),
+                LookupRtt(shaped, hashes, counts, f"shaped{n}"),
+                RawLookupRtt(kv_endpoint, hashes, counts, f"raw{n}"),
+            ]
+            try:
+                raw, kv, own, side = interleaved(measures, RTT_SAMPLES)
+            finally:
+                for m in measures:
+                    m.close()
             results.append(
                 {
                     "kind": "rtt",
@@ -267,6 +326,8 @@ def main() -> int:
                     "clientOnlyP50Us": percentile(own, 50),
                     "clientOnlyP99Us": percentile(own, 99),
                     "clientOnlyP50Ratio": percentile(own, 50) / percentile(raw, 50),
+                    "rawLookupP50Us": percentile(side, 50),
+                    "rawLookupP50Ratio": percentile(side, 50) / percentile(raw, 50),
                 }
             )
         client.close()
@@ -291,17 +352,20 @@ def main() -> int:
     rtt = [r for r in results if r["kind"] == "rtt"]
     print("\nPython lookup round trip, one request in flight (µs)")
     table(
-        ["chunks", "msg bytes", "lookup p50", "lookup p99", "echo p50", "echo p99", "p50 ratio", "target", "client-only p50", "ratio"],
+        ["chunks", "msg bytes", "lookup p50", "lookup p99", "echo p50", "echo p99", "p50 ratio", "target", "client-only p50", "ratio", "sidecar-only p50", "ratio"],
         [
             [
                 str(r["chunks"]), str(r["messageBytes"]), f"{r['lookupP50Us']:.0f}", f"{r['lookupP99Us']:.0f}",
                 f"{r['echoP50Us']:.0f}", f"{r['echoP99Us']:.0f}", f"{r['p50Ratio']:.2f}", "<= 1.50",
                 f"{r['clientOnlyP50Us']:.0f}", f"{r['clientOnlyP50Ratio']:.2f}",
+                f"{r['rawLookupP50Us']:.0f}", f"{r['rawLookupP50Ratio']:.2f}",
             ]
             for r in rtt
         ],
     )
-    print("  (client-only: the same lookup() against a ROUTER answering with a ready-made reply)")
+    print("  (client-only: the same lookup() against a ROUTER answering with a ready-made reply;")
+    print("   sidecar-only: ready-made LOOKUP frames sent to the sidecar by a bare DEALER, no client;")
+    print(f"   the four measures of a size take turns, {BLOCK} samples at a time)")
     print(f"\nScheduler step: {STEP_LOOKUPS} pending lookups asked about once each (µs)")
     table(
         ["step p50", "step p99", "with poll() p50", "with poll() p99", "per lookup (ns)", "target"],

@@ -546,6 +546,32 @@ def scripted():
     s.close()
 
 
+def test_poll_with_a_timeout_blocks_for_the_first_reply_and_takes_in_all_that_wait(client_factory):
+    """poll(timeout_ms) waits for a reply (a blocking receive) and then takes in every reply
+    already queued, not only the first; with none it returns 0 once the timeout is over. An
+    inproc ROUTER makes the replies queued the moment it has sent them."""
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"inproc://kvtier-poll-{os.getpid()}-{time.monotonic_ns()}"
+    router.bind(endpoint)
+    try:
+        c = client_factory(endpoint, context=ctx)
+        t0 = time.monotonic()
+        assert c.poll(30) == 0
+        assert time.monotonic() - t0 >= 0.025
+        pings = [c.send_ping() for _ in range(3)]
+        for _ in pings:
+            assert router.poll(int(WAIT_S * 1000)), "no request came"
+            ident, frame = router.recv_multipart()
+            router.send_multipart([ident, _pong(struct.unpack_from("<I", frame, 4)[0], b'{"n":1}')])
+        assert c.poll(int(WAIT_S * 1000)) == 3
+        assert [p.result() for p in pings] == [{"n": 1}] * 3
+        assert c.poll(5) == 0
+    finally:
+        router.close(0)
+
+
 def _lookup_result(rid: int, lookup_id: str, hit: int, epoch: int = 5, status: int = 0) -> bytes:
     lid = lookup_id.encode()
     return P.encode_header(0x81, rid) + struct.pack("<H", len(lid)) + lid + struct.pack("<BIIIB", status, epoch, hit, 1, 0)

@@ -246,6 +246,40 @@ def test_counts_that_run_past_the_frame_are_truncation():
         P.decode_reply(_frame(P.MsgType.LOOKUP_RESULT, _s(b"a") + b"\x00" + struct.pack("<IIIB", 1, 5, 1, 2) + _s(b"cpu") + struct.pack("<I", 5)))
 
 
+def test_lookup_result_fast_path_agrees_with_the_strict_reader():
+    """decode_reply reads a LOOKUP_RESULT in a few struct calls and leaves anything unusual to
+    the field-by-field reader: both give the same result or the same error on every
+    truncation, extension and bit flip of a few frames."""
+    from kvtier_vllm import protocol_decode as D
+
+    def strict(buf):
+        try:
+            return D._d_lookup(D._Reader(buf))
+        except KvtierError as err:
+            return type(err), str(err)
+
+    def fast(buf):
+        try:
+            return P.decode_reply(buf)[2]
+        except KvtierError as err:
+            return type(err), str(err)
+
+    frames = [
+        _frame(P.MsgType.LOOKUP_RESULT, _s(lid) + bytes([status]) + struct.pack("<IIIB", 3, 512, 2, len(tiers))
+               + b"".join(_s(t) + struct.pack("<I", 256) for t in tiers))
+        for lid, status, tiers in (
+            (b"req-1", 0, [b"cpu", b"disk"]),
+            ("é-lookup".encode(), 1, []),
+            (b"x" * 256, 2, [b"s3" * 40]),
+        )
+    ]
+    for buf in frames:
+        variants = [buf[:n] for n in range(8, len(buf) + 1)] + [buf + b"\x00", buf + b"\x00" * 4]
+        variants += [buf[:i] + bytes([buf[i] ^ m]) + buf[i + 1 :] for i in range(8, len(buf)) for m in (0x01, 0x80, 0xFF)]
+        for v in variants:
+            assert fast(v) == strict(v), v.hex()
+
+
 def test_json_replies():
     def pong(text: bytes) -> bytes:
         return _frame(P.MsgType.PONG, struct.pack("<I", len(text)) + text)
@@ -344,7 +378,12 @@ def test_encoders_accept_arrays_and_limits():
     from array import array
 
     c = P.encode_save(1, "e", "r", 0, array("I", range(8)), H32)
-    assert a == b == c
+    d = P.encode_save(1, "e", "r", 0, tuple(range(8)), H32)
+    assert a == b == c == d
+    # a list packs through array("I"); anything int-like packs as struct would pack it
+    assert P.encode_save(1, "e", "r", 0, [np.int64(3), True, 2**32 - 1], H32) == P.encode_save(
+        1, "e", "r", 0, (3, 1, 2**32 - 1), H32
+    )
     with pytest.raises(InvalidArgumentError):
         P.encode_save(1, "e", "r", 0, np.array([-1]), H32)
     with pytest.raises(InvalidArgumentError):
