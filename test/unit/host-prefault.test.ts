@@ -3,7 +3,7 @@ import { randomFillSync } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { loadNative } from '../../src/addon/native-addon.ts';
-import type { SlabPrefault } from '../../src/backends/host-prefault.ts';
+import { PREFAULT_STEP_BYTES, type SlabPrefault } from '../../src/backends/host-prefault.ts';
 import { LocalCpuBackend, localCpuOptionsFromConfig } from '../../src/backends/local-cpu.ts';
 import { BackendRegistry } from '../../src/backends/registry.ts';
 import { resolveConfig } from '../../src/config/config.ts';
@@ -109,10 +109,14 @@ describe('local-cpu prefault', () => {
       },
     });
     await until(() => cpu.stats().prefaultedBytes === 40 * MiB, 'prefault to finish');
-    // 32 MiB in 16 MiB steps, then the last 8 MiB slab.
+    // The 32 MiB slab, then the last 8 MiB one, each in steps.
+    const steps = (n: number) =>
+      Array.from({ length: Math.ceil(n / PREFAULT_STEP_BYTES) }, (_, i) =>
+        Math.min(PREFAULT_STEP_BYTES, n - i * PREFAULT_STEP_BYTES),
+      );
     assert.deepEqual(
       calls.map((v) => v.byteLength),
-      [16 * MiB, 16 * MiB, 8 * MiB],
+      [...steps(32 * MiB), ...steps(8 * MiB)],
     );
     // The reserved slabs are the ones chunks then go to: a 32 MiB chunk still fits.
     assert.equal(await cpu.put(NS, h(1), { tokens: 1, data: new Uint8Array(32 * MiB) }), 'stored');
