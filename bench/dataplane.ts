@@ -13,6 +13,12 @@
  * KVTIER_BENCH_DATAPLANE_REPEAT the runs per path (best kept), KVTIER_BENCH_DATAPLANE_PATHS
  * `production` to skip the bare path. The production sidecar runs in this process; its event-loop
  * stall is watched while that path runs.
+ * The CPU tier runs with `prefault: true`, the choice recommended for a host dedicated to serving
+ * (docs/configuration.md): its slabs are reserved at start and their pages committed in the
+ * background; the first run starts once the tier reports every byte pre-faulted (as an engine
+ * starts saving only after loading its model), and the time that took and the loop stall meanwhile
+ * are reported apart. KVTIER_BENCH_DATAPLANE_PREFAULT=0 runs the default (pages committed as the
+ * first chunks land in them: the first run then pays the page faults).
  * Prints a table and writes bench/results/dataplane.json.
  */
 import { spawn } from 'node:child_process';
@@ -21,6 +27,7 @@ import { open, rm } from 'node:fs/promises';
 import { cpus } from 'node:os';
 import { createInterface } from 'node:readline';
 import { LocalCpuBackend } from '../src/backends/local-cpu.ts';
+import type { BackendStats } from '../src/backends/types.ts';
 import { defaultConfig } from '../src/config/config.ts';
 import { type CopyEngine, DataPlane } from '../src/data-plane/data-plane.ts';
 import { DataPlaneClient } from '../src/data-plane/data-plane-client.ts';
@@ -55,6 +62,7 @@ const MEMCPY_BUFFER_BYTES = 512 * MiB;
 const REPEAT = Number(process.env.KVTIER_BENCH_DATAPLANE_REPEAT ?? (QUICK ? 2 : 3));
 const PATHS = process.env.KVTIER_BENCH_DATAPLANE_PATHS ?? 'bare,production';
 const ENGINE = 'bench-engine';
+const PREFAULT = process.env.KVTIER_BENCH_DATAPLANE_PREFAULT !== '0';
 const here = new URL('.', import.meta.url).pathname;
 const ext = import.meta.url.endsWith('.ts') ? '.ts' : '.js';
 
@@ -161,10 +169,16 @@ interface Path {
   clear(): Promise<void>;
   readonly endpoint: string;
   readonly ns: string;
+  /** The CPU tier's stats (its `prefaultedBytes` while it pre-faults). */
+  tierStats(): BackendStats;
   close(): Promise<void>;
 }
 
-const CPU_OPTIONS = { capacityBytes: (CHUNKS + 4) * CHUNK_BYTES + 64 * MiB, pageBytes: 2 * MiB };
+const CPU_OPTIONS = {
+  capacityBytes: (CHUNKS + 4) * CHUNK_BYTES + 64 * MiB,
+  pageBytes: 2 * MiB,
+  prefault: PREFAULT,
+};
 const counts = Array<number>(CHUNKS).fill(CHUNK_TOKENS);
 
 /** The bare path: a LocalCpuBackend, storage manager and data plane called in-process. */
@@ -185,6 +199,7 @@ async function barePath(path: string, engine: CopyEngine): Promise<Path> {
     label: 'bare (in-process, undecorated tier)',
     endpoint: server.endpoint,
     ns: layout.namespace.id,
+    tierStats: () => cpu.stats(),
     save: async (requestId, blockIds, hashes) =>
       (await dp.save({ engineId: ENGINE, requestId, blockIds, chunkHashes: hex(hashes) })).saved,
     lookup: async (lookupId, hashes) =>
@@ -233,6 +248,7 @@ async function productionPath(path: string): Promise<Path> {
     label: 'production (kvtier serve: Sidecar.start, ZMQ)',
     endpoint,
     ns: reg.namespace,
+    tierStats: () => sidecar.storage.tiers[0]!.stats(),
     save: async (requestId, blockIds, hashes) =>
       (await dpc.save({ requestId, blockIds, chunkHashes: hashes })).saved,
     lookup: async (lookupId, hashes) => {
@@ -325,6 +341,21 @@ async function measure(
   return { saveMs, loadMs, firstSaveMs, firstLoadMs, lat };
 }
 
+/**
+ * Waits until the CPU tier pre-faulted all of its capacity (at most 120 s); returns how long that
+ * took in ms, or null when the tier does not pre-fault (`prefault` off, no addon, old kernel).
+ */
+async function awaitPrefault(p: Path): Promise<number | null> {
+  const t0 = performance.now();
+  for (;;) {
+    const s = p.tierStats();
+    if (s.prefaultedBytes === undefined) return null;
+    if (s.prefaultedBytes >= (s.capacityBytes ?? 0)) return performance.now() - t0;
+    if (performance.now() - t0 > 120_000) return null;
+    await new Promise((r) => setTimeout(r, 5));
+  }
+}
+
 async function main(): Promise<void> {
   const prober = await startProber();
   const path = `/dev/shm/kvtier-bench-${process.pid}`;
@@ -379,7 +410,11 @@ async function main(): Promise<void> {
     ].filter((x) => PATHS.split(',').includes(x.name));
     for (const { make } of makers) {
       const memcpyMs = await memcpy();
+      const prefaultStall = stallMeter();
       const p = await make();
+      prefaultStall.resume();
+      const prefaultMs = await awaitPrefault(p);
+      prefaultStall.pause();
       let m: Measured;
       const stalls = [stallMeter(), stallMeter()] as const;
       try {
@@ -400,6 +435,7 @@ async function main(): Promise<void> {
           firstRunGbPerSec: gbs(firstMs),
           memcpyGbPerSec: gbs(memcpyMs),
           memcpyBufferBytes: bufBytes,
+          prefault: PREFAULT,
           ratio: memcpyMs / ms,
         });
       lookups.push({
@@ -410,10 +446,22 @@ async function main(): Promise<void> {
         loopStallMs: Math.max(stalls[0].maxMs(), stalls[1].maxMs()),
         loopStallFirstRoundMs: stalls[0].maxMs(),
         loopStallLaterRoundsMs: REPEAT > 1 ? stalls[1].maxMs() : null,
+        prefault: PREFAULT,
+        prefaultMs,
+        loopStallPrefaultMs: prefaultMs === null ? null : prefaultStall.maxMs(),
       });
     }
     console.log(
       `\nData plane on the host device, ${moved / MiB} MiB each way, copy engine: ${engineName}; target ratio >= 0.80`,
+    );
+    console.log(
+      `CPU tier prefault: ${PREFAULT ? 'on' : 'off'}${lookups
+        .map((l) =>
+          l.prefaultMs === null
+            ? ''
+            : `; ${String(l.path).split(' ')[0]}: ${((l.prefaultMs as number) / 1000).toFixed(2)} s to pre-fault, loop stall ${(l.loopStallPrefaultMs as number).toFixed(2)} ms meanwhile`,
+        )
+        .join('')}`,
     );
     printTable(
       ['path', 'op', 'GB/s', 'first run GB/s', 'memcpy GB/s', 'ratio'],

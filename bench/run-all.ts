@@ -372,10 +372,13 @@ async function main(): Promise<void> {
       "keeps the better of two runs per round (the first touches the CPU tier's pages for the " +
       'first time); its timed load runs alone, like the memcpy it is set against, and the lookup ' +
       'p99 during a load comes from a second, untimed load of the same chunks with the prober ' +
-      'beside it. The stall figure covers both runs; the first run also touches the CPU ' +
-      "tier's pages for the first time (page faults that on this VM make the first save several " +
-      'times slower than the second), so the stall of the later run alone is shown beside it ' +
-      'for information.',
+      "beside it. The stall figure covers both runs; the later run's alone is shown beside it " +
+      'for information. The CPU tier runs with `prefault: true` (the setting docs/configuration.md ' +
+      'recommends for a host dedicated to serving): its pages are committed in the background ' +
+      'after start, and the first run begins once the tier reports them all, as an engine saves ' +
+      'only after loading its model; the time that took and the loop stall meanwhile are ' +
+      '`prefaultMs` and `loopStallPrefaultMs` in dataplane.json. Without it (the default), the ' +
+      'first save faults every page in and on this VM runs several times slower than the second.',
     `- Seconds per benchmark (all rounds): ${[...seconds].map(([k, s]) => `${k} ${s.toFixed(0)}`).join(', ')}.`,
     '',
   ].join('\n');

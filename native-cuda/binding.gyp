@@ -14,6 +14,7 @@
         'src/cuda_device.cc',
         'src/errors.cc',
         'src/host_memory.cc',
+        'src/prefault.cc',
       ],
       'dependencies': ["<!(node -p \"require('node-addon-api').targets\"):node_addon_api_except"],
       'defines': ['NAPI_VERSION=8', 'NODE_ADDON_API_DISABLE_DEPRECATED', 'KVTIER_CUDA_SKIP=<(kvtier_cuda_skip)'],

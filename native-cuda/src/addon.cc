@@ -5,6 +5,7 @@
 #include "crc32c.h"
 #include "cuda_device.h"
 #include "host_memory.h"
+#include "prefault.h"
 
 namespace kvtier {
 namespace {
@@ -34,6 +35,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   using namespace kvtier;
   exports.Set("probe", Napi::Function::New(env, Probe, "probe"));
   exports.Set("allocSlab", Napi::Function::New(env, AllocSlab, "allocSlab"));
+  exports.Set("prefaultAsync", Napi::Function::New(env, PrefaultAsync, "prefaultAsync"));
   exports.Set("mapFile", Napi::Function::New(env, MapFile, "mapFile"));
   exports.Set("addressOf", Napi::Function::New(env, AddressOf, "addressOf"));
   exports.Set("copyBatch", Napi::Function::New(env, CopyBatch, "copyBatch"));

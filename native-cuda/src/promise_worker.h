@@ -37,8 +37,11 @@ class PromiseWorker : public Napi::AsyncWorker {
     if (failure_.failed()) SetError(failure_.message);
   }
 
-  void OnOK() final {
-    deferred_.Resolve(Napi::Number::New(Env(), static_cast<double>(result_)));
+  void OnOK() final { deferred_.Resolve(Resolution(Env())); }
+
+  // What the promise resolves with: `result_` as a number unless a worker says otherwise.
+  virtual Napi::Value Resolution(Napi::Env env) {
+    return Napi::Number::New(env, static_cast<double>(result_));
   }
 
   void OnError(const Napi::Error& /*error*/) final {

@@ -135,6 +135,7 @@ export type CopyDirection = 'h2d' | 'd2h';
 interface RawAddon {
   probe(): NativeProbe;
   allocSlab(bytes: number): ArrayBuffer;
+  prefaultAsync(buffer: CopyBuffer): Promise<number>;
   mapFile(path: string, offset: number, length: number, writable: boolean): ArrayBuffer;
   addressOf(buffer: CopyBuffer): bigint;
   copyBatch(buffers: readonly CopyBuffer[], ops: Float64Array, maxThreads: number): Promise<number>;
@@ -171,6 +172,16 @@ export interface NativeAddon {
    * available. Throws `KVT_TOO_LARGE` above 1 GiB, `KVT_CAPACITY` when the host is out of memory.
    */
   allocSlab(bytes: number): ArrayBuffer;
+  /**
+   * Commits the memory `buffer` covers (each whole system page inside it) writable, on the libuv
+   * pool, with `madvise(MADV_POPULATE_WRITE)`: the contents are not changed (present pages are
+   * left alone; missing ones come in zero filled, as a first write would bring them), so copies
+   * may run into the same bytes meanwhile. Resolves with the bytes covered, or `'unsupported'`
+   * when the kernel lacks it (Linux < 5.14). The buffer is kept alive until it settles.
+   * @throws NativeError `KVT_CAPACITY` (`ENOMEM`) when the host is out of memory, `KVT_BACKEND`
+   *   with the errno name otherwise.
+   */
+  prefault(buffer: CopyBuffer): Promise<number | 'unsupported'>;
   /**
    * Maps a file (e.g. an engine's KV cache in /dev/shm). Throws `KVT_INVALID_ARGUMENT`
    * (`ERR_MISALIGNED` offset, `ERR_OUT_OF_RANGE` beyond the end of the file), `KVT_NOT_FOUND`
@@ -321,6 +332,7 @@ const RAW_FUNCTIONS: readonly (keyof RawAddon)[] = [
   'cudaMalloc',
   'cudaFree',
   'copyBatchDevice',
+  'prefaultAsync',
 ];
 
 function here(): string {
@@ -364,6 +376,13 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
     probe: () => raw.probe(),
     allocSlab: (bytes) =>
       guard(() => raw.allocSlab(requireInt('bytes', bytes, 1, MAX_NATIVE_SLAB_BYTES))),
+    prefault: async (buffer) =>
+      guard(() => raw.prefaultAsync(buffer)).then(
+        (bytes) => (bytes < 0 ? 'unsupported' : bytes),
+        (err: unknown) => {
+          throw toNativeError(err);
+        },
+      ),
     mapFile: (file, options = {}) =>
       guard(() =>
         raw.mapFile(

@@ -176,6 +176,24 @@ export class HostArena {
     return this.#totalPages;
   }
 
+  /** Number of slabs allocated so far. */
+  get slabCount(): number {
+    return this.#slabs.length;
+  }
+
+  /** The memory of slab `i` (0 <= i < slabCount), e.g. to pre-fault it; never to write to. */
+  slab(i: number): Uint8Array {
+    return this.#slabs[i]!.memory;
+  }
+
+  /**
+   * Allocates the next slab ahead of need (all its pages free), up to `capacityBytes`.
+   * @returns its memory, or null when every slab is already allocated.
+   */
+  reserveSlab(): Uint8Array | null {
+    return this.#reservedPages < this.#totalPages ? this.#growSlab(1)!.memory : null;
+  }
+
   /** Pages a block of `bytes` occupies (at least one). */
   pagesFor(bytes: number): number {
     return Math.max(1, Math.ceil(bytes / this.pageBytes));

@@ -8,6 +8,7 @@ import {
   resolveHostArenaOptions,
 } from './host-arena.ts';
 import { copyHostBytes } from './host-copy.ts';
+import { checkPrefaultOptions, type PrefaultOptions, startPrefault } from './host-prefault.ts';
 import { pinPresent } from './index-ops.ts';
 import { RecencyList, type RecencyNode } from './recency-list.ts';
 import type {
@@ -29,7 +30,7 @@ import type {
 } from './types.ts';
 
 /** Options of the LocalCPU tier; see {@link HostArenaOptions} for the meaning of each. */
-export interface LocalCpuOptions {
+export interface LocalCpuOptions extends PrefaultOptions {
   /** Hard bound on host memory in bytes (rounded down to whole pages). */
   capacityBytes: number;
   /** Arena page size in bytes; power of two >= 4096. Default 65536. */
@@ -43,13 +44,14 @@ export interface LocalCpuOptions {
 /** LocalCPU options after defaults and validation. */
 export type ResolvedLocalCpuOptions = ResolvedHostArenaOptions;
 
-const OPTION_KEYS: readonly string[] = ['capacityBytes', 'pageBytes', 'slabBytes'];
+const OPTION_KEYS: readonly string[] = ['capacityBytes', 'pageBytes', 'slabBytes', 'prefault'];
 
 /**
  * Applies defaults and validates.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the bad option and what is allowed.
  */
 export function resolveLocalCpuOptions(options: LocalCpuOptions): ResolvedLocalCpuOptions {
+  checkPrefaultOptions(options);
   return resolveHostArenaOptions(options);
 }
 
@@ -105,6 +107,7 @@ export class LocalCpuBackend implements HostMemoryTier {
   #evictions = 0;
   #droppedPuts = 0;
   #closing: Promise<void> | null = null;
+  readonly #prefault: ReturnType<typeof startPrefault>;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
   constructor(options: LocalCpuOptions, ctx: BackendContext = { name: 'local-cpu' }) {
@@ -113,6 +116,7 @@ export class LocalCpuBackend implements HostMemoryTier {
       ...(options.allocateSlab !== undefined ? { allocateSlab: options.allocateSlab } : {}),
     });
     this.#arena = arena;
+    this.#prefault = startPrefault(arena, options, ctx.log);
     this.name = ctx.name;
     this.capabilities = Object.freeze({
       pinning: true,
@@ -301,6 +305,7 @@ export class LocalCpuBackend implements HostMemoryTier {
       pinnedChunks: this.#pinnedLive + this.#orphanChunks,
       evictions: this.#evictions,
       droppedPuts: this.#droppedPuts,
+      ...(this.#prefault && { prefaultedBytes: this.#prefault.state().bytes }),
     };
   }
 
@@ -311,7 +316,7 @@ export class LocalCpuBackend implements HostMemoryTier {
 
   /** Drops the index and the arena; views already handed out stay readable (never reused). */
   close(): Promise<void> {
-    this.#closing ??= Promise.resolve().then(() => {
+    this.#closing ??= Promise.resolve(this.#prefault?.stop()).then(() => {
       this.#arena = null;
       this.#index.clear();
       this.#orphans.clear();
@@ -462,8 +467,8 @@ export function checkChunk(chunk: Chunk): void {
 }
 
 /**
- * Reads LocalCPU options from a plain config object (`capacityBytes`, `pageBytes`, `slabBytes`;
- * nothing else).
+ * Reads LocalCPU options from a plain config object (`capacityBytes`, `pageBytes`, `slabBytes`,
+ * `prefault`; nothing else).
  * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
  */
 export function localCpuOptionsFromConfig(

@@ -65,6 +65,8 @@ export interface BackendStats {
   readonly droppedPuts: number;
   /** Stored objects that failed verification on read (corrupt or misplaced) and were removed. */
   readonly corruptObjects?: number;
+  /** Host memory committed ahead of need so far (a host-memory tier with `prefault` on). */
+  readonly prefaultedBytes?: number;
 }
 
 /** Health as seen by the backend itself; remote tiers report 'down' while bypassed. */
@@ -187,6 +189,8 @@ export interface HostMemoryTier extends StorageBackend {
 export interface BackendContext {
   /** Tier name from the config. */
   readonly name: string;
+  /** The tier's logger (see {@link PluginContext.log}); a built-in backend logs nothing without it. */
+  readonly log?: Logger;
 }
 
 /**

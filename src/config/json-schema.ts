@@ -8,6 +8,7 @@ import { toJsonSchema } from '@valibot/to-json-schema';
 import { CIRCUIT_BREAKER_DEFAULTS } from '../backends/circuit-breaker.ts';
 import { FS_BACKEND_DEFAULTS } from '../backends/fs-backend.ts';
 import { DEFAULT_PAGE_BYTES } from '../backends/host-arena.ts';
+import { DEFAULT_PREFAULT } from '../backends/host-prefault.ts';
 import { LOCAL_DISK_DEFAULTS } from '../backends/local-disk.ts';
 import { REDIS_BACKEND_DEFAULTS } from '../backends/redis-backend.ts';
 import { S3_BACKEND_DEFAULTS } from '../backends/s3-backend.ts';
@@ -22,7 +23,7 @@ type Json = Record<string, unknown>;
 export const CONFIG_SCHEMA_PATH = 'schema/kvtier.config.schema.json';
 
 const TIER_DEFAULTS: Record<string, Record<string, unknown>> = {
-  'local-cpu': { pageBytes: DEFAULT_PAGE_BYTES },
+  'local-cpu': { pageBytes: DEFAULT_PAGE_BYTES, prefault: DEFAULT_PREFAULT },
   'local-disk': LOCAL_DISK_DEFAULTS,
   fs: FS_BACKEND_DEFAULTS,
   redis: REDIS_BACKEND_DEFAULTS,

@@ -86,6 +86,7 @@ const localCpu = tier(
     capacityBytes: bytes(MIN_PAGE_BYTES),
     pageBytes: v.optional(bytes(MIN_PAGE_BYTES, MAX_SLAB_BYTES)),
     slabBytes: v.optional(bytes(MIN_PAGE_BYTES, MAX_SLAB_BYTES)),
+    prefault: v.optional(bool()),
   },
   [
     (o) => {
