@@ -356,6 +356,9 @@ async function main(): Promise<void> {
       'first time); its timed load runs alone, like the memcpy it is set against, and the lookup ' +
       'p99 during a load comes from a second, untimed load of the same chunks with the prober ' +
       'beside it.',
+    '- Lookup round trips: each timed series (echo and lookup alike) follows 5000 untimed round ' +
+      "trips, so it measures the steady state (the sidecar's lookup path optimised by V8, its " +
+      'lookup registry full), not start-up.',
     `- Seconds per benchmark (all rounds): ${[...seconds].map(([k, s]) => `${k} ${s.toFixed(0)}`).join(', ')}.`,
     '',
   ].join('\n');
