@@ -8,19 +8,24 @@ import {
 
 /**
  * A lookup's chunk hashes, packed (32 bytes each, as on the wire); hex strings are made only
- * where a tier needs them. An answered lookup that holds pins keeps just these bytes, not a
- * string per chunk: thousands of such lookups would otherwise fill the old generation.
- * The bytes are borrowed: they must not change while the lookup is held.
+ * where a tier needs them. The bytes are borrowed while the lookup runs: they must not change.
+ * An answered lookup that stays (holding pins until a LOAD, CANCEL or eviction) is
+ * {@link LookupHashes.compact}ed: its hashes then live in one byte string on the JS heap, with
+ * nothing for the collector to trace, instead of a string per chunk (which filled the old
+ * generation) or the request's buffer (memory outside the heap that, kept past a scavenge, is
+ * only given back by a full collection, and so forced one every few thousand lookups).
  */
 export class LookupHashes {
-  readonly packed: Uint8Array;
-  readonly length: number;
+  #packed: Uint8Array | undefined;
+  /** The hashes' bytes as a one-byte string once compacted. */
+  #latin1: string | undefined;
+  #length: number;
   /** The hex form when the caller gave it (never made here for the whole list). */
-  readonly #hex: readonly ChunkHash[] | undefined;
+  #hex: readonly ChunkHash[] | undefined;
 
   private constructor(packed: Uint8Array, hex: readonly ChunkHash[] | undefined) {
-    this.packed = packed;
-    this.length = packed.length / CHUNK_HASH_BYTES;
+    this.#packed = packed;
+    this.#length = packed.length / CHUNK_HASH_BYTES;
     this.#hex = hex;
   }
 
@@ -51,23 +56,44 @@ export class LookupHashes {
     return new LookupHashes(packed, hashes);
   }
 
+  get length(): number {
+    return this.#length;
+  }
+
+  /** The packed bytes (a fresh copy once compacted: read it, do not keep it). */
+  get packed(): Uint8Array {
+    return this.#packed ?? Buffer.from(this.#latin1!, 'latin1');
+  }
+
+  /**
+   * Keeps only the first `n` hashes, copied into a one-byte string: the borrowed bytes are no
+   * longer referenced. Later reads of `packed` copy them back out.
+   */
+  compact(n: number): void {
+    const keep = Math.max(0, Math.min(n, this.#length));
+    const p = this.#packed;
+    if (p !== undefined) {
+      const b = Buffer.isBuffer(p) ? p : Buffer.from(p.buffer, p.byteOffset, p.byteLength);
+      this.#latin1 = b.toString('latin1', 0, keep * CHUNK_HASH_BYTES);
+      this.#packed = undefined;
+    } else this.#latin1 = this.#latin1!.slice(0, keep * CHUNK_HASH_BYTES);
+    this.#length = keep;
+    this.#hex = this.#hex?.slice(0, keep);
+  }
+
   /** Hashes `[from, to)` as hex. */
-  hexSlice(from = 0, to = this.length): ChunkHash[] {
+  hexSlice(from = 0, to = this.#length): ChunkHash[] {
     if (this.#hex !== undefined) return this.#hex.slice(from, to);
     if (from >= to) return [];
-    return chunkHashesFromPacked(
-      this.packed.subarray(from * CHUNK_HASH_BYTES, to * CHUNK_HASH_BYTES),
-    );
+    const bytes =
+      this.#packed ??
+      Buffer.from(this.#latin1!.slice(from * CHUNK_HASH_BYTES, to * CHUNK_HASH_BYTES), 'latin1');
+    const base = this.#packed === undefined ? 0 : from * CHUNK_HASH_BYTES;
+    return chunkHashesFromPacked(bytes.subarray(base, base + (to - from) * CHUNK_HASH_BYTES));
   }
 
   /** Hash `i` as hex. */
   at(i: number): ChunkHash {
     return this.#hex?.[i] ?? chunkHashFromBytes(this.packed, i * CHUNK_HASH_BYTES);
-  }
-
-  /** The first `n` hashes (this list when it has no more). */
-  prefix(n: number): LookupHashes {
-    if (n >= this.length) return this;
-    return new LookupHashes(this.packed.subarray(0, n * CHUNK_HASH_BYTES), this.#hex?.slice(0, n));
   }
 }

@@ -1,5 +1,5 @@
 import type { ChunkHash, NamespaceId, PackedHostIndex, StorageBackend } from '../backends/types.ts';
-import { chunkHashesFromPacked } from '../hashing/chunk-hash.ts';
+import type { LookupHashes } from './lookup-hashes.ts';
 
 interface PinRun {
   tier: StorageBackend;
@@ -7,11 +7,11 @@ interface PinRun {
   /** Chunk position of the run's first pinned hash within the lookup. */
   start: number;
   /**
-   * Pinned hashes are `hashes[from, from + count)`, or with `packed`, the 32-byte hashes
-   * `from .. from + count` of `packed`, unpinned through `index`; never written.
+   * Pinned hashes are `hashes[from, from + count)`, or with `packed`, hashes `from .. from +
+   * count` of `packed`, unpinned through `index`; never written.
    */
   hashes: readonly ChunkHash[] | undefined;
-  packed: Uint8Array | undefined;
+  packed: LookupHashes | undefined;
   index: PackedHostIndex | undefined;
   from: number;
   count: number;
@@ -53,14 +53,14 @@ export class PinLedger {
 
   /**
    * Records pins taken through `index` (the packed index of `tier`) for chunks
-   * `start .. start + count`, whose hashes are the 32-byte hashes `from .. from + count` of `packed`.
+   * `start .. start + count`, whose hashes are hashes `from .. from + count` of `packed`.
    */
   addPacked(
     tier: StorageBackend,
     index: PackedHostIndex,
     ns: NamespaceId,
     start: number,
-    packed: Uint8Array,
+    packed: LookupHashes,
     from: number,
     count: number,
   ): void {
@@ -119,15 +119,14 @@ export class PinLedger {
 }
 
 function hexOf(r: PinRun, from: number, count: number): readonly ChunkHash[] {
-  if (r.packed !== undefined)
-    return chunkHashesFromPacked(r.packed.subarray(from * 32, (from + count) * 32));
+  if (r.packed !== undefined) return r.packed.hexSlice(from, from + count);
   const hashes = r.hashes!;
   return from === 0 && count === hashes.length ? hashes : hashes.slice(from, from + count);
 }
 
 function safeUnpin(r: PinRun, from: number, count: number): void {
   try {
-    if (r.index !== undefined) r.index.unpin(r.ns, r.packed!, from, count);
+    if (r.index !== undefined) r.index.unpin(r.ns, r.packed!.packed, from, count);
     else r.tier.unpin(r.ns, hexOf(r, from, count));
   } catch {
     // A closed tier holds nothing that still needs unpinning.

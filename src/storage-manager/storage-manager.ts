@@ -218,7 +218,11 @@ export class StorageManager {
       ) {
         events.take(input.lookupId);
         pinned.ledger.releaseAll();
-      } else if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
+      } else {
+        if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
+        // It stays (pins, or an answer to take): let go of the request's buffer.
+        hashes.compact(pinned.hitChunks);
+      }
       // What stays is the answer and its hits' pins (a no-op once released above).
       memory.resize(estimateLookupBytes(pinned.hitChunks, input.lookupId.length));
       if (!this.#answered.has(pinned) && events.result(input.lookupId) !== pinned) memory.release();
@@ -317,8 +321,8 @@ export class StorageManager {
         { status, epoch: this.#epoch, hitTokens, hitChunks: ready, tiers },
         input.lookupId,
         input.namespaces,
-        // The input's own bytes (the ledger refers to them too).
-        hashes.prefix(ready),
+        // The list the ledger refers to as well (compacted if the answer stays).
+        hashes,
         ledger,
         memory,
       );

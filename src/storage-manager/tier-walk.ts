@@ -103,7 +103,7 @@ export class TierWalk {
       }
       k = Math.max(0, Math.min(k, n - pos));
       if (k === 0) continue;
-      if (rest === undefined) ledger.addPacked(tier, packed!, ns, pos, hashes.packed, pos, k);
+      if (rest === undefined) ledger.addPacked(tier, packed!, ns, pos, hashes, pos, k);
       else ledger.add(tier, ns, pos, rest, 0, k);
       segments.push({ tierIndex: ti, start: pos, end: pos + k });
       pos += k;
