@@ -19,8 +19,8 @@ const RTT_SAMPLES = QUICK ? 500 : 5000;
 /**
  * Untimed round trips before each timed series, the echo's and the lookup's alike: enough for V8
  * to optimise the sidecar's lookup path (with 200, the first series' p99 was mostly the
- * sidecar's JIT tiering up) and for the lookup registry (4096 lookups) to fill, so the series measures the
- * steady state a long-running sidecar serves in.
+ * sidecar's JIT tiering up) and for the lookup registry (4096 lookups) to fill, so the series
+ * measures the steady state a long-running sidecar serves in.
  */
 const RTT_WARMUP = 5000;
 const THROUGHPUT_LOOKUPS = QUICK ? 5000 : 50_000;
