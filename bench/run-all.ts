@@ -379,6 +379,9 @@ async function main(): Promise<void> {
       'only after loading its model; the time that took and the loop stall meanwhile are ' +
       '`prefaultMs` and `loopStallPrefaultMs` in dataplane.json. Without it (the default), the ' +
       'first save faults every page in and on this VM runs several times slower than the second.',
+    '- Lookup round trips: each timed series (echo and lookup alike) follows 5000 untimed round ' +
+      "trips, so it measures the steady state (the sidecar's lookup path optimised by V8, its " +
+      'lookup registry full), not start-up.',
     `- Seconds per benchmark (all rounds): ${[...seconds].map(([k, s]) => `${k} ${s.toFixed(0)}`).join(', ')}.`,
     '',
   ].join('\n');

@@ -1,4 +1,5 @@
 import { abortedError, closedError, KvtierError } from '../errors.ts';
+import { chunkHashesFromPacked } from '../hashing/chunk-hash.ts';
 import { describe, requireInt } from '../util/validate.ts';
 import { optionsFromConfig } from './config-options.ts';
 import {
@@ -10,7 +11,8 @@ import {
 import { copyHostBytes } from './host-copy.ts';
 import { checkPrefaultOptions, type PrefaultOptions, startPrefault } from './host-prefault.ts';
 import { pinPresent } from './index-ops.ts';
-import { RecencyList, type RecencyNode } from './recency-list.ts';
+import { type CpuEntry, CpuIndex, deleteIn, newCpuEntry, packedView } from './local-cpu-index.ts';
+import { RecencyList } from './recency-list.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -24,6 +26,7 @@ import type {
   GetOptions,
   HostMemoryTier,
   NamespaceId,
+  PackedHostIndex,
   PutOptions,
   PutOutcome,
   ReserveOutcome,
@@ -58,14 +61,7 @@ export function resolveLocalCpuOptions(options: LocalCpuOptions): ResolvedLocalC
 /** Re-exported for code that imported it from here; the port's type lives in `types.ts`. */
 export type { ChunkReservation } from './types.ts';
 
-interface Entry extends RecencyNode<Entry> {
-  readonly ns: NamespaceId;
-  readonly hash: ChunkHash;
-  readonly block: ArenaBlock;
-  readonly tokens: number;
-  /** Pins recorded on this copy; pinned entries are kept out of the LRU. */
-  pins: number;
-}
+type Entry = CpuEntry;
 
 /**
  * Copies removed while pinned, per key, awaiting their free. Unpins are charged to orphans
@@ -92,7 +88,11 @@ export class LocalCpuBackend implements HostMemoryTier {
   readonly capabilities: BackendCapabilities;
 
   #arena: HostArena | null;
-  readonly #index = new Map<NamespaceId, Map<ChunkHash, Entry>>();
+  readonly #index = new CpuIndex();
+  readonly packedIndex: PackedHostIndex = {
+    contains: (ns, packed, from, count, pin) => this.#containsPacked(ns, packed, from, count, pin),
+    unpin: (ns, packed, from, count) => this.#unpinPacked(ns, packed, from, count),
+  };
   /**
    * Recency of unpinned live entries only, so eviction is a plain pop. Intrusive (links in the
    * entries): a lookup pins and later unpins every chunk it counts, and a general-purpose LRU
@@ -136,7 +136,7 @@ export class LocalCpuBackend implements HostMemoryTier {
     this.#open(opts.signal, 'contains');
     // The lookup hot path: one index lookup per chunk, no closures or arrays; with `pin`,
     // exactly the counted prefix is pinned (a pinned entry leaves the LRU, so no touch).
-    const space = this.#index.get(ns);
+    const space = this.#index.space(ns);
     if (space === undefined) return 0;
     const pin = opts.pin === true;
     let k = 0;
@@ -147,6 +147,45 @@ export class LocalCpuBackend implements HostMemoryTier {
       else this.#touch(e);
     }
     return k;
+  }
+
+  #containsPacked(
+    ns: NamespaceId,
+    packed: Uint8Array,
+    from: number,
+    count: number,
+    pin: boolean,
+  ): number {
+    this.#open(undefined, 'contains');
+    const dv = packedView(packed, from, count);
+    const index = this.#index;
+    let k = 0;
+    for (; k < count; k++) {
+      const e = index.find(ns, dv, k * 32);
+      if (e === undefined) break;
+      if (pin) this.#pinEntry(e);
+      else this.#touch(e);
+    }
+    return k;
+  }
+
+  #unpinPacked(ns: NamespaceId, packed: Uint8Array, from: number, count: number): void {
+    // Orphans are keyed by hex (rare: a chunk removed while pinned); let `unpin` sort them out.
+    if (this.#orphanChunks > 0) {
+      this.unpin(ns, chunkHashesFromPacked(packed.subarray(from * 32, (from + count) * 32)));
+      return;
+    }
+    this.#open(undefined, 'unpin');
+    const dv = packedView(packed, from, count);
+    for (let k = 0; k < count; k++) {
+      const live = this.#index.find(ns, dv, k * 32);
+      if (live === undefined || live.pins === 0) continue;
+      live.pins--;
+      if (live.pins === 0) {
+        this.#pinnedLive--;
+        this.#lruAdd(live);
+      }
+    }
   }
 
   async batchedGet(
@@ -264,7 +303,7 @@ export class LocalCpuBackend implements HostMemoryTier {
 
   unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
     const arena = this.#open(undefined, 'unpin');
-    const space = this.#index.get(ns);
+    const space = this.#index.space(ns);
     // Orphans are rare (a chunk removed while pinned): skip their map when there are none.
     const orphans = this.#orphanChunks === 0 ? undefined : this.#orphans.get(ns);
     for (const hash of hashes) {
@@ -288,7 +327,7 @@ export class LocalCpuBackend implements HostMemoryTier {
 
   async clear(ns?: NamespaceId): Promise<void> {
     this.#open(undefined, 'clear');
-    const spaces = ns === undefined ? [...this.#index.values()] : [this.#index.get(ns)];
+    const spaces = this.#index.spaces(ns);
     for (const space of spaces) {
       if (space === undefined) continue;
       for (const e of [...space.values()]) this.#drop(e);
@@ -332,7 +371,7 @@ export class LocalCpuBackend implements HostMemoryTier {
   }
 
   #lookup(ns: NamespaceId, hash: ChunkHash): Entry | undefined {
-    return this.#index.get(ns)?.get(hash);
+    return this.#index.get(ns, hash);
   }
 
   /** Handles a put or commit of a key already stored: pin or touch; true if it existed. */
@@ -345,13 +384,8 @@ export class LocalCpuBackend implements HostMemoryTier {
   }
 
   #store(ns: NamespaceId, hash: ChunkHash, block: ArenaBlock, tokens: number, pin: boolean): void {
-    const e: Entry = { ns, hash, block, tokens, pins: 0, prev: null, next: null, listed: false };
-    let space = this.#index.get(ns);
-    if (space === undefined) {
-      space = new Map();
-      this.#index.set(ns, space);
-    }
-    space.set(hash, e);
+    const e = newCpuEntry(ns, hash, block, tokens);
+    this.#index.add(e);
     this.#chunks++;
     if (pin) {
       e.pins = 1;
@@ -418,7 +452,7 @@ export class LocalCpuBackend implements HostMemoryTier {
   }
 
   #unindex(e: Entry): void {
-    deleteIn(this.#index, e.ns, e.hash);
+    this.#index.delete(e);
     this.#chunks--;
   }
 
@@ -442,17 +476,6 @@ export class LocalCpuBackend implements HostMemoryTier {
   #lruRemove(e: Entry): void {
     if (this.#lru.remove(e)) this.#evictableBytes -= e.block.pages * this.#arena!.pageBytes;
   }
-}
-
-function deleteIn<V>(
-  outer: Map<NamespaceId, Map<ChunkHash, V>>,
-  ns: NamespaceId,
-  hash: ChunkHash,
-): void {
-  const inner = outer.get(ns);
-  if (inner === undefined) return;
-  inner.delete(hash);
-  if (inner.size === 0) outer.delete(ns);
 }
 
 /** @throws KvtierError `KVT_INVALID_ARGUMENT` if the chunk is malformed. */

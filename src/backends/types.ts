@@ -183,6 +183,28 @@ export interface HostMemoryTier extends StorageBackend {
    * @throws KvtierError `KVT_CLOSED` after close; `KVT_INVALID_ARGUMENT` on bad sizes.
    */
   reserve(ns: NamespaceId, hash: ChunkHash, bytes: number, tokens: number): ReserveOutcome;
+  /**
+   * Optional lookup fast path keyed by packed hashes (32 bytes each, as on the wire), so that no
+   * hex string is made per chunk. When absent the storage manager uses `batchedContains` and
+   * `unpin`. A decorator offers it only when it observes it as it observes those two.
+   */
+  readonly packedIndex?: PackedHostIndex | undefined;
+}
+
+/**
+ * {@link HostMemoryTier.packedIndex}: `batchedContains` with `pin` and `unpin` over hashes given
+ * as packed bytes; `packed[from * 32, (from + count) * 32)` are the hashes. Same semantics as
+ * the string forms; synchronous (host memory answers at once). The bytes are only read during
+ * the call.
+ */
+export interface PackedHostIndex {
+  /**
+   * Counts hits from the first hash until the first miss; with `pin`, pins exactly those.
+   * @throws KvtierError `KVT_CLOSED` after close.
+   */
+  contains(ns: NamespaceId, packed: Uint8Array, from: number, count: number, pin: boolean): number;
+  /** Releases one pin on each hash, as `unpin`. @throws KvtierError `KVT_CLOSED` after close. */
+  unpin(ns: NamespaceId, packed: Uint8Array, from: number, count: number): void;
 }
 
 /** What a factory gets besides its own options (the part every backend constructor needs). */

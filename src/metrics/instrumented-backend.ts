@@ -8,6 +8,7 @@ import type {
   GetOptions,
   HostMemoryTier,
   NamespaceId,
+  PackedHostIndex,
   PutOptions,
   PutOutcome,
   ReserveOutcome,
@@ -107,10 +108,15 @@ class InstrumentedBackend<T extends StorageBackend = StorageBackend> extends For
       this.failed('contains', start, err);
       throw err;
     }
-    this.#observe('contains', start);
-    if (found > 0) this.#hits.inc(found);
-    if (found < hashes.length) this.#misses.inc(1);
+    this.containsDone(start, found, hashes.length);
     return found;
+  }
+
+  /** Records a contains that started at `startMs` and found `found` of `asked` chunks. */
+  protected containsDone(startMs: number, found: number, asked: number): void {
+    this.#observe('contains', startMs);
+    if (found > 0) this.#hits.inc(found);
+    if (found < asked) this.#misses.inc(1);
   }
 
   override async batchedGet(
@@ -204,6 +210,32 @@ class InstrumentedBackend<T extends StorageBackend = StorageBackend> extends For
 }
 
 class InstrumentedHostTier extends InstrumentedBackend<HostMemoryTier> implements HostMemoryTier {
+  /** The inner tier's packed lookups, measured as `batchedContains` (unpins are not). */
+  readonly packedIndex: PackedHostIndex | undefined;
+
+  constructor(inner: HostMemoryTier, metrics: KvtierMetrics, now: () => number) {
+    super(inner, metrics, now);
+    const p = inner.packedIndex;
+    this.packedIndex =
+      p === undefined
+        ? undefined
+        : {
+            contains: (ns, packed, from, count, pin) => {
+              const start = this.now();
+              let found: number;
+              try {
+                found = p.contains(ns, packed, from, count, pin);
+              } catch (err) {
+                this.failed('contains', start, err);
+                throw err;
+              }
+              this.containsDone(start, found, count);
+              return found;
+            },
+            unpin: (ns, packed, from, count) => p.unpin(ns, packed, from, count),
+          };
+  }
+
   reserve(ns: NamespaceId, hash: ChunkHash, bytes: number, tokens: number): ReserveOutcome {
     const start = this.now();
     let r: ReserveOutcome;

@@ -155,6 +155,9 @@ export class SidecarServer {
       ),
       sendHighWaterMark: 100_000,
       receiveHighWaterMark: 100_000,
+      // A ROUTER never blocks a send (a full or unknown peer's message is dropped), so there is
+      // nothing to wait for: 0 skips zeromq's writability query (a syscall) before every reply.
+      sendTimeout: 0,
     });
     try {
       await router.bind(this.#requestedEndpoint);
@@ -387,7 +390,8 @@ export class SidecarServer {
     const input: LookupInput = {
       lookupId: req.lookupId,
       namespaces: req.namespaces,
-      hashes: hashesToHex(req.hashes),
+      // Packed, as received: no string per chunk (the message buffer is not reused).
+      hashes: req.hashes,
       tokenCounts: req.tokenCounts,
     };
     if (req.config.pin !== undefined) input.pin = req.config.pin;

@@ -2,9 +2,13 @@
  * Small parts of the storage manager's lookup: its metrics (recorded once per lookup with label
  * objects made once), its event-manager hooks (one object, no closures) and its outcome.
  */
+import type { ChunkHash, NamespaceId } from '../backends/types.ts';
 import type { PrefetchHooks } from '../event-manager/event-manager.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { LazyAbort } from './lazy-abort.ts';
+import type { LookupBytesHold } from './lookup-budget.ts';
+import type { LookupHashes } from './lookup-hashes.ts';
+import type { PinLedger } from './pin-ledger.ts';
 import type { LookupOutcome, PinnedLookup } from './storage-types.ts';
 import type { TierTokens } from './tier-walk.ts';
 
@@ -86,6 +90,44 @@ export class LookupHooks implements PrefetchHooks<PinnedLookup> {
 
   dispose(p: PinnedLookup): void {
     this.#release(p);
+  }
+}
+
+/** An answered lookup: its outcome, pins and hashes, kept packed (hex made when read). */
+export class AnsweredLookup implements PinnedLookup {
+  status: 'ok' | 'canceled' | 'stale';
+  epoch: number;
+  hitTokens: number;
+  hitChunks: number;
+  tiers: TierTokens[];
+  readonly lookupId: string;
+  readonly namespaces: readonly NamespaceId[];
+  readonly ledger: PinLedger;
+  readonly memory: LookupBytesHold;
+  readonly #hashes: LookupHashes;
+
+  constructor(
+    outcome: LookupOutcome,
+    lookupId: string,
+    namespaces: readonly NamespaceId[],
+    hashes: LookupHashes,
+    ledger: PinLedger,
+    memory: LookupBytesHold,
+  ) {
+    this.status = outcome.status;
+    this.epoch = outcome.epoch;
+    this.hitTokens = outcome.hitTokens;
+    this.hitChunks = outcome.hitChunks;
+    this.tiers = outcome.tiers;
+    this.lookupId = lookupId;
+    this.namespaces = namespaces;
+    this.#hashes = hashes;
+    this.ledger = ledger;
+    this.memory = memory;
+  }
+
+  get hashes(): readonly ChunkHash[] {
+    return this.#hashes.hexSlice(0, Math.min(this.hitChunks, this.#hashes.length));
   }
 }
 

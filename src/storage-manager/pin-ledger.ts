@@ -1,12 +1,18 @@
-import type { ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
+import type { ChunkHash, NamespaceId, PackedHostIndex, StorageBackend } from '../backends/types.ts';
+import type { LookupHashes } from './lookup-hashes.ts';
 
 interface PinRun {
   tier: StorageBackend;
   ns: NamespaceId;
   /** Chunk position of the run's first pinned hash within the lookup. */
   start: number;
-  /** Pinned hashes are `hashes[from, from + count)`; the array is shared, never written. */
-  hashes: readonly ChunkHash[];
+  /**
+   * Pinned hashes are `hashes[from, from + count)`, or with `packed`, hashes `from .. from +
+   * count` of `packed`, unpinned through `index`; never written.
+   */
+  hashes: readonly ChunkHash[] | undefined;
+  packed: LookupHashes | undefined;
+  index: PackedHostIndex | undefined;
   from: number;
   count: number;
 }
@@ -14,9 +20,8 @@ interface PinRun {
 /**
  * Records every pin a lookup takes, by tier, namespace and chunk position, so that each is
  * released exactly once whatever path the lookup ends on (answered, trimmed, cancelled,
- * aborted, expired). Runs refer to the caller's hash arrays (which must not change while
- * recorded) instead of copying them: a lookup that hits everything records one array it
- * already has.
+ * aborted, expired). Runs refer to the caller's hashes (which must not change while recorded)
+ * instead of copying them: a lookup that hits everything records one list it already has.
  */
 export class PinLedger {
   #runs: PinRun[] = [];
@@ -33,7 +38,34 @@ export class PinLedger {
     from = 0,
     count = hashes.length - from,
   ): void {
-    if (count > 0) this.#runs.push({ tier, ns, start, hashes, from, count });
+    if (count > 0)
+      this.#runs.push({
+        tier,
+        ns,
+        start,
+        hashes,
+        packed: undefined,
+        index: undefined,
+        from,
+        count,
+      });
+  }
+
+  /**
+   * Records pins taken through `index` (the packed index of `tier`) for chunks
+   * `start .. start + count`, whose hashes are hashes `from .. from + count` of `packed`.
+   */
+  addPacked(
+    tier: StorageBackend,
+    index: PackedHostIndex,
+    ns: NamespaceId,
+    start: number,
+    packed: LookupHashes,
+    from: number,
+    count: number,
+  ): void {
+    if (count > 0)
+      this.#runs.push({ tier, ns, start, hashes: undefined, packed, index, from, count });
   }
 
   /** Number of pinned chunks recorded. */
@@ -50,7 +82,7 @@ export class PinLedger {
     for (let i = 0; i < runs.length; i++) {
       const r = runs[i]!;
       const keep = Math.max(0, Math.min(r.count, end - r.start));
-      if (keep < r.count) safeUnpin(r.tier, r.ns, r.hashes, r.from + keep, r.count - keep);
+      if (keep < r.count) safeUnpin(r, r.from + keep, r.count - keep);
       r.count = keep;
       if (keep > 0) runs[kept++] = r;
     }
@@ -64,7 +96,7 @@ export class PinLedger {
     for (let i = 0; i < runs.length; i++) {
       const r = runs[i]!;
       if (r.tier === keep) runs[kept++] = r;
-      else safeUnpin(r.tier, r.ns, r.hashes, r.from, r.count);
+      else safeUnpin(r, r.from, r.count);
     }
     runs.length = kept;
   }
@@ -74,7 +106,7 @@ export class PinLedger {
     const runs = this.#runs;
     if (runs.length === 0) return;
     this.#runs = [];
-    for (const r of runs) safeUnpin(r.tier, r.ns, r.hashes, r.from, r.count);
+    for (const r of runs) safeUnpin(r, r.from, r.count);
   }
 
   /** Hashes pinned on `tier` for `ns`, in position order. */
@@ -82,22 +114,20 @@ export class PinLedger {
     const runs = this.#runs
       .filter((r) => r.tier === tier && r.ns === ns)
       .sort((a, b) => a.start - b.start);
-    return runs.flatMap((r) => r.hashes.slice(r.from, r.from + r.count));
+    return runs.flatMap((r) => hexOf(r, r.from, r.count));
   }
 }
 
-function safeUnpin(
-  tier: StorageBackend,
-  ns: NamespaceId,
-  hashes: readonly ChunkHash[],
-  from: number,
-  count: number,
-): void {
+function hexOf(r: PinRun, from: number, count: number): readonly ChunkHash[] {
+  if (r.packed !== undefined) return r.packed.hexSlice(from, from + count);
+  const hashes = r.hashes!;
+  return from === 0 && count === hashes.length ? hashes : hashes.slice(from, from + count);
+}
+
+function safeUnpin(r: PinRun, from: number, count: number): void {
   try {
-    tier.unpin(
-      ns,
-      from === 0 && count === hashes.length ? hashes : hashes.slice(from, from + count),
-    );
+    if (r.index !== undefined) r.index.unpin(r.ns, r.packed!.packed, from, count);
+    else r.tier.unpin(r.ns, hexOf(r, from, count));
   } catch {
     // A closed tier holds nothing that still needs unpinning.
   }

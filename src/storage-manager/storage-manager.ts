@@ -15,7 +15,8 @@ import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
-import { LookupHooks, LookupRecorder, outcomeOf } from './lookup-support.ts';
+import { LookupHashes } from './lookup-hashes.ts';
+import { AnsweredLookup, LookupHooks, LookupRecorder, outcomeOf } from './lookup-support.ts';
 import { PinLedger } from './pin-ledger.ts';
 import { asHostMemoryTier, SavePath, type StampedJob } from './save-path.ts';
 import type {
@@ -166,10 +167,11 @@ export class StorageManager {
    */
   async lookup(input: LookupInput, opts: { signal?: AbortSignal } = {}): Promise<LookupOutcome> {
     if (this.#closing !== undefined) throw closedError('storage manager');
-    if (input.hashes.length !== input.tokenCounts.length) {
+    const hashes = LookupHashes.of(input.hashes);
+    if (hashes.length !== input.tokenCounts.length) {
       throw new KvtierError(
         'KVT_INVALID_ARGUMENT',
-        `lookup has ${input.hashes.length} hashes but ${input.tokenCounts.length} token counts`,
+        `lookup has ${hashes.length} hashes but ${input.tokenCounts.length} token counts`,
       );
     }
     if (input.namespaces.length === 0)
@@ -189,7 +191,7 @@ export class StorageManager {
     // Admitted and registered before any pin is taken, so a full budget or event manager
     // refuses the lookup cleanly.
     const memory = this.#lookupBytes.hold(
-      estimateLookupBytes(input.hashes.length, input.lookupId.length),
+      estimateLookupBytes(hashes.length, input.lookupId.length),
     );
     let entry: ReturnType<typeof events.addPending>;
     try {
@@ -201,7 +203,7 @@ export class StorageManager {
     }
     let recorded = false;
     try {
-      const pinned = await this.#run(input, ac, memory);
+      const pinned = await this.#run(input, hashes, ac, memory);
       if (ac.aborted) {
         pinned.ledger.releaseAll();
         throw abortedError(ac.signal, 'lookup');
@@ -216,7 +218,11 @@ export class StorageManager {
       ) {
         events.take(input.lookupId);
         pinned.ledger.releaseAll();
-      } else if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
+      } else {
+        if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
+        // It stays (pins, or an answer to take): let go of the request's buffer.
+        hashes.compact(pinned.hitChunks);
+      }
       // What stays is the answer and its hits' pins (a no-op once released above).
       memory.resize(estimateLookupBytes(pinned.hitChunks, input.lookupId.length));
       if (!this.#answered.has(pinned) && events.result(input.lookupId) !== pinned) memory.release();
@@ -270,7 +276,6 @@ export class StorageManager {
     p.hitTokens = 0;
     p.hitChunks = 0;
     p.tiers = [];
-    p.hashes = [];
     this.releaseLookup(p);
   }
 
@@ -283,6 +288,7 @@ export class StorageManager {
 
   async #run(
     input: LookupInput,
+    hashes: LookupHashes,
     signal: LazyAbort,
     memory: LookupBytesHold,
   ): Promise<PinnedLookup> {
@@ -290,19 +296,20 @@ export class StorageManager {
     const stamp = this.#fence.stamp();
     const ledger = new PinLedger();
     try {
-      const n = input.hashes.length;
+      const n = hashes.length;
       const tierCount = input.prefetch === false ? 1 : this.tiers.length;
       const segmentsByNs: Segment[][] = [];
       let ready = n;
       for (const ns of input.namespaces) {
-        const segments = await this.#walk.probe(ns, input.hashes, tierCount, ledger, signal);
+        const segments = await this.#walk.probe(ns, hashes, tierCount, ledger, signal);
         segmentsByNs.push(segments);
         ready = Math.min(ready, segments.length === 0 ? 0 : segments[segments.length - 1]!.end);
       }
       ready = this.#walk.fitBudget(segmentsByNs, ready);
       ledger.releaseFrom(ready);
       if (signal.aborted) throw abortedError(signal.signal, 'lookup');
-      ready = await this.#walk.prefetch(input, segmentsByNs, ready, ledger, signal, stamp);
+      const walk = { namespaces: input.namespaces, hashes, tokenCounts: input.tokenCounts };
+      ready = await this.#walk.prefetch(walk, segmentsByNs, ready, ledger, signal, stamp);
       ledger.releaseAllBut(this.#host);
       ledger.releaseFrom(ready);
       const status = this.#epoch !== epoch ? 'stale' : 'ok';
@@ -310,19 +317,15 @@ export class StorageManager {
       let hitTokens = 0;
       for (let i = 0; i < ready; i++) hitTokens += input.tokenCounts[i]!;
       const tiers = this.#walk.breakdown(segmentsByNs[0] ?? [], ready, input.tokenCounts);
-      return {
-        status,
-        epoch: this.#epoch,
-        hitTokens,
-        hitChunks: ready,
-        tiers,
-        lookupId: input.lookupId,
-        namespaces: input.namespaces,
-        // The input's own array when everything is ready (the ledger refers to it too).
-        hashes: ready === n ? input.hashes : input.hashes.slice(0, ready),
+      return new AnsweredLookup(
+        { status, epoch: this.#epoch, hitTokens, hitChunks: ready, tiers },
+        input.lookupId,
+        input.namespaces,
+        // The list the ledger refers to as well (compacted if the answer stays).
+        hashes,
         ledger,
         memory,
-      };
+      );
     } catch (err) {
       ledger.releaseAll();
       throw err;

@@ -46,7 +46,12 @@ export interface LookupInput {
   lookupId: string;
   /** A chunk counts only when every namespace has it (one per rank hosted here). */
   namespaces: readonly NamespaceId[];
-  hashes: readonly ChunkHash[];
+  /**
+   * The chunks' hashes: hex, or packed (32 bytes each, as on the wire: what the server passes,
+   * so that no string is made per chunk). Packed bytes are borrowed: they must not change
+   * until the lookup is released (its pins are released by hash).
+   */
+  hashes: readonly ChunkHash[] | Uint8Array;
   /** Tokens per chunk, one per hash. */
   tokenCounts: ArrayLike<number>;
   /** Keep the ready chunks pinned until cancel, `takeLookup` or the pin TTL; default true. */
@@ -70,8 +75,8 @@ export interface LookupOutcome {
 export interface PinnedLookup extends LookupOutcome {
   lookupId: string;
   namespaces: readonly NamespaceId[];
-  /** Hashes of the ready prefix (hitChunks of them). */
-  hashes: readonly ChunkHash[];
+  /** Hashes of the ready prefix (hitChunks of them), made as hex on each read. */
+  readonly hashes: readonly ChunkHash[];
   /** Internal record of the pins; released through `releaseLookup`. */
   readonly ledger: PinLedger;
   /** This lookup's share of the lookup memory budget; given back by `releaseLookup`. */

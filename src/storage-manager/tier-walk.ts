@@ -12,6 +12,7 @@ import type { AsyncSerializer } from '../serializer/async-serializer.ts';
 import type { Logger } from '../util/log.ts';
 import type { ClearFence } from './clear-fence.ts';
 import type { LazyAbort } from './lazy-abort.ts';
+import type { LookupHashes } from './lookup-hashes.ts';
 import type { PinLedger } from './pin-ledger.ts';
 
 /** A copy of a chunk a tier's get returned, owned by the caller; the tier's is released. */
@@ -30,7 +31,7 @@ export interface TierTokens {
 /** The parts of a lookup the walk reads (a `LookupInput` of the storage manager). */
 export interface WalkInput {
   readonly namespaces: readonly NamespaceId[];
-  readonly hashes: readonly ChunkHash[];
+  readonly hashes: LookupHashes;
   /** Tokens per chunk, one per hash. */
   readonly tokenCounts: ArrayLike<number>;
 }
@@ -77,33 +78,41 @@ export class TierWalk {
   /** Walks the tiers for one namespace: contiguous hits per tier, each tier continuing where the last stopped. */
   async probe(
     ns: NamespaceId,
-    hashes: readonly ChunkHash[],
+    hashes: LookupHashes,
     tierCount: number,
     ledger: PinLedger,
     signal: LazyAbort,
   ): Promise<Segment[]> {
     const segments: Segment[] = [];
     let pos = 0;
-    for (let ti = 0; ti < tierCount && pos < hashes.length; ti++) {
+    const n = hashes.length;
+    for (let ti = 0; ti < tierCount && pos < n; ti++) {
       const tier = this.tiers[ti]!;
       if (tier.health() === 'down') continue;
-      const rest = pos === 0 ? hashes : hashes.slice(pos);
+      // The host tier's packed index, when it has one, needs no hex strings.
+      const packed = ti === 0 ? this.#host.packedIndex : undefined;
+      let rest: ChunkHash[] | undefined;
       let k = 0;
       try {
-        // Host memory answers at once; only slower tiers get a signal to abort on.
-        k = await tier.batchedContains(
-          ns,
-          rest,
-          ti === 0 ? { pin: true } : { pin: true, signal: signal.signal },
-        );
+        if (packed !== undefined) k = packed.contains(ns, hashes.packed, pos, n - pos, true);
+        else {
+          rest = hashes.hexSlice(pos);
+          // Host memory answers at once; only slower tiers get a signal to abort on.
+          k = await tier.batchedContains(
+            ns,
+            rest,
+            ti === 0 ? { pin: true } : { pin: true, signal: signal.signal },
+          );
+        }
       } catch (err) {
         if (signal.aborted) throw abortedError(signal.signal, 'lookup');
         this.#log.warn('tier contains failed; treated as a miss', { tier: tier.name, err });
         continue;
       }
-      k = Math.max(0, Math.min(k, rest.length));
+      k = Math.max(0, Math.min(k, n - pos));
       if (k === 0) continue;
-      ledger.add(tier, ns, pos, rest, 0, k);
+      if (rest === undefined) ledger.addPacked(tier, packed!, ns, pos, hashes, pos, k);
+      else ledger.add(tier, ns, pos, rest, 0, k);
       segments.push({ tierIndex: ti, start: pos, end: pos + k });
       pos += k;
     }
@@ -161,7 +170,7 @@ export class TierWalk {
           jobs.map(async ({ ns, seg }) => {
             const tier = this.tiers[seg.tierIndex]!;
             try {
-              return await tier.batchedGet(ns, input.hashes.slice(seg.start, seg.end), {
+              return await tier.batchedGet(ns, input.hashes.hexSlice(seg.start, seg.end), {
                 signal: sig,
               });
             } catch (err) {
@@ -181,7 +190,7 @@ export class TierWalk {
           const stored: ChunkHash[] = [];
           let pos = seg.start;
           for (; pos < seg.end && pos < newReady; pos++) {
-            const hash = input.hashes[pos]!;
+            const hash = input.hashes.at(pos);
             const chunk = map.get(hash);
             // Results are keyed by hash; a missing or mismatched chunk ends the ready prefix.
             if (chunk == null || chunk.tokens !== input.tokenCounts[pos]) break;
