@@ -2,6 +2,7 @@ import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
+import { checkChunk } from './chunk-check.ts';
 import { type ChunkFileRead, ChunkFiles, TaskSet } from './chunk-files.ts';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import {
@@ -20,7 +21,6 @@ import {
   type ResolvedFsBackendOptions,
   resolveFsBackendOptions,
 } from './fs-options.ts';
-import { checkChunk } from './local-cpu.ts';
 import type {
   BackendCapabilities,
   BackendContext,

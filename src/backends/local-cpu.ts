@@ -1,17 +1,17 @@
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { chunkHashesFromPacked } from '../hashing/chunk-hash.ts';
-import { describe, requireInt } from '../util/validate.ts';
-import { optionsFromConfig } from './config-options.ts';
-import {
-  type ArenaBlock,
-  HostArena,
-  type ResolvedHostArenaOptions,
-  resolveHostArenaOptions,
-} from './host-arena.ts';
+import { requireInt } from '../util/validate.ts';
+import { checkChunk } from './chunk-check.ts';
+import { type ArenaBlock, HostArena } from './host-arena.ts';
 import { copyHostBytes } from './host-copy.ts';
-import { checkPrefaultOptions, type PrefaultOptions, startPrefault } from './host-prefault.ts';
+import { startPrefault } from './host-prefault.ts';
 import { pinPresent } from './index-ops.ts';
 import { type CpuEntry, CpuIndex, deleteIn, newCpuEntry, packedView } from './local-cpu-index.ts';
+import {
+  type LocalCpuOptions,
+  localCpuOptionsFromConfig,
+  resolveLocalCpuOptions,
+} from './local-cpu-options.ts';
 import { RecencyList } from './recency-list.ts';
 import type {
   BackendCapabilities,
@@ -32,32 +32,8 @@ import type {
   ReserveOutcome,
 } from './types.ts';
 
-/** Options of the LocalCPU tier; see {@link HostArenaOptions} for the meaning of each. */
-export interface LocalCpuOptions extends PrefaultOptions {
-  /** Hard bound on host memory in bytes (rounded down to whole pages). */
-  capacityBytes: number;
-  /** Arena page size in bytes; power of two >= 4096. Default 65536. */
-  pageBytes?: number;
-  /** Arena slab size in bytes; multiple of pageBytes, <= 1 GiB. Default min(1 GiB, capacity). */
-  slabBytes?: number;
-  /** Where the arena's slabs come from (not a config key); see {@link HostArenaOptions}. */
-  allocateSlab?: (bytes: number) => Uint8Array;
-}
-
-/** LocalCPU options after defaults and validation. */
-export type ResolvedLocalCpuOptions = ResolvedHostArenaOptions;
-
-const OPTION_KEYS: readonly string[] = ['capacityBytes', 'pageBytes', 'slabBytes', 'prefault'];
-
-/**
- * Applies defaults and validates.
- * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the bad option and what is allowed.
- */
-export function resolveLocalCpuOptions(options: LocalCpuOptions): ResolvedLocalCpuOptions {
-  checkPrefaultOptions(options);
-  return resolveHostArenaOptions(options);
-}
-
+export type { LocalCpuOptions, ResolvedLocalCpuOptions } from './local-cpu-options.ts';
+export { resolveLocalCpuOptions } from './local-cpu-options.ts';
 /** Re-exported for code that imported it from here; the port's type lives in `types.ts`. */
 export type { ChunkReservation } from './types.ts';
 
@@ -476,29 +452,6 @@ export class LocalCpuBackend implements HostMemoryTier {
   #lruRemove(e: Entry): void {
     if (this.#lru.remove(e)) this.#evictableBytes -= e.block.pages * this.#arena!.pageBytes;
   }
-}
-
-/** @throws KvtierError `KVT_INVALID_ARGUMENT` if the chunk is malformed. */
-export function checkChunk(chunk: Chunk): void {
-  if (typeof chunk !== 'object' || chunk === null || !(chunk.data instanceof Uint8Array)) {
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `chunk must be { tokens, data: Uint8Array }, got ${describe(chunk)}`,
-    );
-  }
-  requireInt('chunk.tokens', chunk.tokens, 0);
-}
-
-/**
- * Reads LocalCPU options from a plain config object (`capacityBytes`, `pageBytes`, `slabBytes`,
- * `prefault`; nothing else).
- * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
- */
-export function localCpuOptionsFromConfig(
-  raw: Record<string, unknown>,
-  tier = 'local-cpu',
-): LocalCpuOptions {
-  return optionsFromConfig(raw, tier, 'local-cpu', OPTION_KEYS, resolveLocalCpuOptions);
 }
 
 /**

@@ -2,6 +2,7 @@ import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
+import { checkChunk } from './chunk-check.ts';
 import { type ChunkFileRead, ChunkFiles, statEntries, TaskSet } from './chunk-files.ts';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import { type DiskEntry, DiskIndex, diskKey } from './disk-index.ts';
@@ -14,7 +15,6 @@ import {
   requireStorableNamespace,
 } from './file-store.ts';
 import { countPrefixHits, pinPresent } from './index-ops.ts';
-import { checkChunk } from './local-cpu.ts';
 import {
   type LocalDiskOptions,
   localDiskOptionsFromConfig,

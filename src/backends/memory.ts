@@ -1,9 +1,9 @@
 import { abortedError, closedError } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';
+import { checkChunk } from './chunk-check.ts';
 import { optionsFromConfig } from './config-options.ts';
 import { MAX_SLAB_BYTES } from './host-arena.ts';
 import { countPrefixHits, pinPresent } from './index-ops.ts';
-import { checkChunk } from './local-cpu.ts';
 import type {
   BackendCapabilities,
   BackendContext,

@@ -3,8 +3,8 @@ import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { Deadline } from '../util/deadline.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import { BufferPool } from './buffer-pool.ts';
+import { checkChunk } from './chunk-check.ts';
 import { decodeChunkObjectAsync } from './chunk-format.ts';
-import { checkChunk } from './local-cpu.ts';
 import {
   type Client,
   clearNode,

@@ -14,13 +14,13 @@ import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe } from '../util/validate.ts';
 import { BufferPool } from './buffer-pool.ts';
+import { checkChunk } from './chunk-check.ts';
 import {
   CHUNK_HEADER_BYTES,
   chunkObjectBytes,
   decodeChunkObjectAsync,
   encodeChunkObjectIntoAsync,
 } from './chunk-format.ts';
-import { checkChunk } from './local-cpu.ts';
 import {
   type ResolvedS3BackendOptions,
   resolveS3BackendOptions,
