@@ -2,6 +2,7 @@ import * as zmq from 'zeromq';
 import type { DataPlane } from '../data-plane/data-plane.ts';
 import type { KvRegistration } from '../data-plane/kv-layout.ts';
 import { closedError, KvtierError } from '../errors.ts';
+import { type Tally, tallyOf } from '../metrics/counter-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import { decodeRequest, encodeReply, hashesToHex, peekRequestId } from '../protocol/codec.ts';
 import { DATA_PLANE_LIMITS, type DataPlaneRequest } from '../protocol/data-plane-messages.ts';
@@ -81,6 +82,8 @@ export class SidecarServer {
   #loop: Promise<void> | undefined;
   #closing: Promise<void> | undefined;
   readonly #startedAt = Date.now();
+  /** `kvtier_requests_total` by request type, tallied (counter-tally.ts). */
+  readonly #requestTallies = new Map<string, Tally>();
   /** Requests decoded and not yet answered (STATS `server.inflight`). */
   #inflight = 0;
 
@@ -194,7 +197,7 @@ export class SidecarServer {
       this.#replyError(envelope, req.requestId, err);
       return;
     }
-    this.#metrics?.requests.inc(requestLabels(req.type));
+    if (this.#metrics !== undefined) this.#requestTally(req.type).n++;
     if (req.type === 'lookup') {
       this.#lookupNow(envelope, req);
       return;
@@ -222,6 +225,15 @@ export class SidecarServer {
     }
     this.#inflight++;
     void this.#handle(envelope, req, input);
+  }
+
+  #requestTally(type: string): Tally {
+    let t = this.#requestTallies.get(type);
+    if (t === undefined) {
+      t = tallyOf(this.#metrics!.requests).child({ type });
+      this.#requestTallies.set(type, t);
+    }
+    return t;
   }
 
   /** Runs one request to its reply (an error reply when it fails); never rejects. */
@@ -462,16 +474,4 @@ function lookupInput(req: LookupRequest): LookupInput {
   if (req.config.pin !== undefined) input.pin = req.config.pin;
   if (req.config.prefetch !== undefined) input.prefetch = req.config.prefetch;
   return input;
-}
-
-const REQUEST_LABELS = new Map<string, { type: string }>();
-
-/** The `type` label object of `kvtier_requests_total`, made once per request type. */
-function requestLabels(type: string): { type: string } {
-  let l = REQUEST_LABELS.get(type);
-  if (l === undefined) {
-    l = { type };
-    REQUEST_LABELS.set(type, l);
-  }
-  return l;
 }

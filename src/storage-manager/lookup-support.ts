@@ -12,6 +12,7 @@ import type {
 } from '../backends/types.ts';
 import { abortedError, KvtierError } from '../errors.ts';
 import type { PrefetchHooks } from '../event-manager/event-manager.ts';
+import { type CounterTally, type Tally, tallyOf } from '../metrics/counter-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { LazyAbort } from './lazy-abort.ts';
 import type { LookupBytesHold } from './lookup-budget.ts';
@@ -23,27 +24,37 @@ import type { Segment, TierTokens, TierWalk } from './tier-walk.ts';
 /** The `result` label of `kvtier_lookups_total`. */
 export type LookupResultLabel = 'hit' | 'miss' | 'partial' | 'stale' | 'canceled' | 'error';
 
-const RESULT_LABELS: Readonly<Record<LookupResultLabel, { result: LookupResultLabel }>> = {
-  hit: { result: 'hit' },
-  miss: { result: 'miss' },
-  partial: { result: 'partial' },
-  stale: { result: 'stale' },
-  canceled: { result: 'canceled' },
-  error: { result: 'error' },
-};
+const RESULTS: readonly LookupResultLabel[] = [
+  'hit',
+  'miss',
+  'partial',
+  'stale',
+  'canceled',
+  'error',
+];
 
-/** Records lookups into `metrics` (nothing when undefined). */
+/** Records lookups into `metrics` (nothing when undefined), counters through tallies. */
 export class LookupRecorder {
   readonly #m: KvtierMetrics | undefined;
-  readonly #tierLabels = new Map<string, { tier: string }>();
+  readonly #results: Record<LookupResultLabel, Tally> | undefined;
+  readonly #requested: Tally | undefined;
+  readonly #hitTokens: CounterTally<'tier'> | undefined;
+  readonly #tierTallies = new Map<string, Tally>();
 
   constructor(metrics: KvtierMetrics | undefined) {
     this.#m = metrics;
+    if (metrics === undefined) return;
+    const lookups = tallyOf(metrics.lookups);
+    this.#results = Object.fromEntries(
+      RESULTS.map((r) => [r, lookups.child({ result: r })]),
+    ) as Record<LookupResultLabel, Tally>;
+    this.#requested = tallyOf(metrics.lookupRequestedTokens).total;
+    this.#hitTokens = tallyOf(metrics.lookupHitTokens);
   }
 
   /** Counts a lookup that ended without an answer. */
   ended(result: 'canceled' | 'error'): void {
-    this.#m?.lookups.inc(RESULT_LABELS[result]);
+    if (this.#results !== undefined) this.#results[result].n++;
   }
 
   /** Records an answered lookup: tokens asked about and found per tier, result, duration. */
@@ -58,8 +69,8 @@ export class LookupRecorder {
     if (m === undefined) return;
     let requested = 0;
     for (let i = 0; i < tokenCounts.length; i++) requested += tokenCounts[i]!;
-    m.lookupRequestedTokens.inc(requested);
-    for (const t of tiers) m.lookupHitTokens.inc(this.#tierLabel(t.tier), t.tokens);
+    this.#requested!.n += requested;
+    for (const t of tiers) this.#tierTally(t.tier).n += t.tokens;
     const result: LookupResultLabel =
       status !== 'ok'
         ? 'stale'
@@ -68,17 +79,17 @@ export class LookupRecorder {
           : hitChunks === tokenCounts.length
             ? 'hit'
             : 'partial';
-    m.lookups.inc(RESULT_LABELS[result]);
+    this.#results![result].n++;
     m.lookupDuration.observe((performance.now() - startedMs) / 1000);
   }
 
-  #tierLabel(tier: string): { tier: string } {
-    let l = this.#tierLabels.get(tier);
-    if (l === undefined) {
-      l = { tier };
-      this.#tierLabels.set(tier, l);
+  #tierTally(tier: string): Tally {
+    let t = this.#tierTallies.get(tier);
+    if (t === undefined) {
+      t = this.#hitTokens!.child({ tier });
+      this.#tierTallies.set(tier, t);
     }
-    return l;
+    return t;
   }
 }
 
