@@ -14,6 +14,11 @@ export const DEFAULT_SEND_QUEUE_BYTES = 512 * 1024 * 1024;
  * socket and answers EBUSY to a second, so every send goes through this FIFO. Bounded: when
  * `maxDepth` messages or `maxBytes` bytes wait, new ones are dropped and counted (a message
  * larger than `maxBytes` still goes when nothing else waits).
+ *
+ * `immediate`: for a socket whose sends never wait (zeromq with `sendTimeout: 0`, where a send
+ * completes, or fails, before its call returns and a second one is never EBUSY): every message
+ * goes to the socket at once, in order, without a queue or a turn of the event loop; a message
+ * the socket refuses is dropped and counted.
  */
 export class SocketSendQueue {
   readonly #socket: SendableSocket;
@@ -21,6 +26,12 @@ export class SocketSendQueue {
   readonly #maxBytes: number;
   #bytes = 0;
   readonly #log: Logger | undefined;
+  readonly #immediate: boolean;
+  /** Counts a send the socket rejected after `send` returned (immediate mode). */
+  readonly #onRejected = (err: unknown): void => {
+    this.#dropped++;
+    this.#log?.debug('send failed; message dropped', { err });
+  };
   #queue: (Buffer | Buffer[])[] = [];
   #head = 0;
   #draining = false;
@@ -28,8 +39,9 @@ export class SocketSendQueue {
 
   constructor(
     socket: SendableSocket,
-    opts: { maxDepth?: number; maxBytes?: number; log?: Logger } = {},
+    opts: { maxDepth?: number; maxBytes?: number; log?: Logger; immediate?: boolean } = {},
   ) {
+    this.#immediate = opts.immediate ?? false;
     this.#socket = socket;
     this.#maxDepth = opts.maxDepth ?? 100_000;
     this.#maxBytes = opts.maxBytes ?? DEFAULT_SEND_QUEUE_BYTES;
@@ -53,6 +65,7 @@ export class SocketSendQueue {
 
   /** Queues a message; never throws, never waits. Returns false when it was dropped. */
   send(message: Buffer | Buffer[]): boolean {
+    if (this.#immediate) return this.#sendNow(message);
     const size = messageBytes(message);
     if (
       this.#socket.closed ||
@@ -66,6 +79,25 @@ export class SocketSendQueue {
     this.#queue.push(message);
     if (!this.#draining) void this.#drain();
     return true;
+  }
+
+  /**
+   * Immediate mode: hands the message to the socket now. Its send completes before it returns
+   * (a zeromq socket with `sendTimeout: 0` never waits), so nothing is ever queued and the next
+   * send may follow at once.
+   */
+  #sendNow(message: Buffer | Buffer[]): boolean {
+    if (this.#socket.closed) {
+      this.#dropped++;
+      return false;
+    }
+    try {
+      this.#socket.send(message).then(undefined, this.#onRejected);
+      return true;
+    } catch (err) {
+      this.#onRejected(err);
+      return false;
+    }
   }
 
   async #drain(): Promise<void> {

@@ -1,26 +1,31 @@
-import { createServer } from 'node:net';
 import * as zmq from 'zeromq';
 import type { DataPlane } from '../data-plane/data-plane.ts';
 import type { KvRegistration } from '../data-plane/kv-layout.ts';
 import { closedError, KvtierError } from '../errors.ts';
+import { type Tally, tallyOf } from '../metrics/counter-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import { decodeRequest, encodeReply, hashesToHex, peekRequestId } from '../protocol/codec.ts';
 import { DATA_PLANE_LIMITS, type DataPlaneRequest } from '../protocol/data-plane-messages.ts';
 import {
-  DEFAULT_LIMITS,
   type LookupRequest,
   PROTOCOL_VERSION,
   type ProtocolLimits,
   type Reply,
   type Request,
-  WIRE_LIMITS,
 } from '../protocol/messages.ts';
 import { SocketSendQueue } from '../protocol/send-queue.ts';
-import type { LookupInput, StorageManager } from '../storage-manager/storage-manager.ts';
+import type {
+  LookupInput,
+  LookupOutcome,
+  StorageManager,
+} from '../storage-manager/storage-manager.ts';
 import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import type { ServerAuth } from './auth.ts';
+import { resolveLimits, waitForPortFree } from './server-support.ts';
+
+export { resolveLimits } from './server-support.ts';
 
 export interface SidecarServerOptions {
   /** ZMQ endpoint to bind; default 'tcp://127.0.0.1:5555'. `tcp://127.0.0.1:*` picks a free port. */
@@ -54,38 +59,6 @@ const MAX_TIMER_MS = 2 ** 31 - 1;
 /** Largest data-plane frame the limits allow (3 MiB of ids and hashes), with room to spare. */
 const DATA_PLANE_FRAME_BYTES = 4 * 1024 * 1024;
 
-/** Resolves and validates protocol limits. */
-export function resolveLimits(l: Partial<ProtocolLimits> = {}): ProtocolLimits {
-  const limits = {
-    maxChunksPerLookup: requireInt(
-      'limits.maxChunksPerLookup',
-      l.maxChunksPerLookup ?? DEFAULT_LIMITS.maxChunksPerLookup,
-      1,
-      WIRE_LIMITS.maxChunksPerLookup,
-    ),
-    maxPayloadBytes: requireInt(
-      'limits.maxPayloadBytes',
-      l.maxPayloadBytes ?? DEFAULT_LIMITS.maxPayloadBytes,
-      1,
-      2 ** 32 - 1,
-    ),
-    maxTokensPerChunk: requireInt(
-      'limits.maxTokensPerChunk',
-      l.maxTokensPerChunk ?? DEFAULT_LIMITS.maxTokensPerChunk,
-      1,
-      2 ** 32 - 1,
-    ),
-  };
-  // Hit tokens travel as a u32: no lookup may be able to count more.
-  if (limits.maxChunksPerLookup * limits.maxTokensPerChunk > 2 ** 32 - 1) {
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `limits.maxChunksPerLookup × limits.maxTokensPerChunk must be < 2^32 (hit tokens are a u32), got ${limits.maxChunksPerLookup} × ${limits.maxTokensPerChunk}`,
-    );
-  }
-  return limits;
-}
-
 /**
  * The sidecar's server: one ROUTER socket speaking protocol v1 (docs/protocol.md) for lookups,
  * CANCEL, PUT/GET/CLEAR/STATS/PING and, with a data plane, its messages (REGISTER, SAVE, LOAD...).
@@ -109,6 +82,8 @@ export class SidecarServer {
   #loop: Promise<void> | undefined;
   #closing: Promise<void> | undefined;
   readonly #startedAt = Date.now();
+  /** `kvtier_requests_total` by request type, tallied (counter-tally.ts). */
+  readonly #requestTallies = new Map<string, Tally>();
   /** Requests decoded and not yet answered (STATS `server.inflight`). */
   #inflight = 0;
 
@@ -174,6 +149,8 @@ export class SidecarServer {
     this.#endpoint = router.lastEndpoint ?? this.#requestedEndpoint;
     this.#sendQueue = new SocketSendQueue(router, {
       log: this.#log,
+      // sendTimeout 0: each send completes within its call, so replies go out as they are made.
+      immediate: true,
       ...(this.#maxSendQueueBytes !== undefined ? { maxBytes: this.#maxSendQueueBytes } : {}),
     });
     this.#loop = this.#receiveLoop(router);
@@ -220,15 +197,51 @@ export class SidecarServer {
       this.#replyError(envelope, req.requestId, err);
       return;
     }
-    this.#metrics?.requests.inc(requestLabels(req.type));
+    if (this.#metrics !== undefined) this.#requestTally(req.type).n++;
+    if (req.type === 'lookup') {
+      this.#lookupNow(envelope, req);
+      return;
+    }
     this.#inflight++;
     void this.#handle(envelope, req);
   }
 
-  /** Runs one request to its reply (an error reply when it fails); never rejects. */
-  async #handle(envelope: Buffer[], req: Request): Promise<void> {
+  /**
+   * A lookup: answered before this returns when host memory alone answers it (no promise, no
+   * turn of the event loop), else run as any request.
+   */
+  #lookupNow(envelope: Buffer[], req: LookupRequest): void {
+    const input = lookupInput(req);
+    let outcome: LookupOutcome | undefined;
     try {
-      await (req.type === 'lookup' ? this.#lookup(envelope, req) : this.#dispatch(envelope, req));
+      outcome = this.#storage.lookupNow(input);
+    } catch (err) {
+      this.#replyError(envelope, req.requestId, err);
+      return;
+    }
+    if (outcome !== undefined) {
+      this.#replyLookup(envelope, req, outcome);
+      return;
+    }
+    this.#inflight++;
+    void this.#handle(envelope, req, input);
+  }
+
+  #requestTally(type: string): Tally {
+    let t = this.#requestTallies.get(type);
+    if (t === undefined) {
+      t = tallyOf(this.#metrics!.requests).child({ type });
+      this.#requestTallies.set(type, t);
+    }
+    return t;
+  }
+
+  /** Runs one request to its reply (an error reply when it fails); never rejects. */
+  async #handle(envelope: Buffer[], req: Request, input?: LookupInput): Promise<void> {
+    try {
+      await (req.type === 'lookup'
+        ? this.#lookup(envelope, req, input ?? lookupInput(req))
+        : this.#dispatch(envelope, req));
     } catch (err) {
       this.#replyError(envelope, req.requestId, err);
     } finally {
@@ -240,7 +253,7 @@ export class SidecarServer {
     const storage = this.#storage;
     switch (req.type) {
       case 'lookup':
-        return this.#lookup(envelope, req);
+        return this.#lookup(envelope, req, lookupInput(req));
       case 'cancel': {
         const found = storage.cancel(req.lookupId);
         return this.#reply(envelope, { type: 'cancel-result', requestId: req.requestId, found });
@@ -385,18 +398,12 @@ export class SidecarServer {
     }
   }
 
-  async #lookup(envelope: Buffer[], req: LookupRequest): Promise<void> {
+  async #lookup(envelope: Buffer[], req: LookupRequest, input: LookupInput): Promise<void> {
     // CANCEL and close reach a running lookup through the storage manager's event manager.
-    const input: LookupInput = {
-      lookupId: req.lookupId,
-      namespaces: req.namespaces,
-      // Packed, as received: no string per chunk (the message buffer is not reused).
-      hashes: req.hashes,
-      tokenCounts: req.tokenCounts,
-    };
-    if (req.config.pin !== undefined) input.pin = req.config.pin;
-    if (req.config.prefetch !== undefined) input.prefetch = req.config.prefetch;
-    const outcome = await this.#storage.lookup(input);
+    this.#replyLookup(envelope, req, await this.#storage.lookup(input));
+  }
+
+  #replyLookup(envelope: Buffer[], req: LookupRequest, outcome: LookupOutcome): void {
     this.#reply(envelope, {
       type: 'lookup-result',
       requestId: req.requestId,
@@ -455,31 +462,16 @@ export class SidecarServer {
   }
 }
 
-const REQUEST_LABELS = new Map<string, { type: string }>();
-
-/** The `type` label object of `kvtier_requests_total`, made once per request type. */
-function requestLabels(type: string): { type: string } {
-  let l = REQUEST_LABELS.get(type);
-  if (l === undefined) {
-    l = { type };
-    REQUEST_LABELS.set(type, l);
-  }
-  return l;
-}
-
-/** Polls until a TCP listener can bind the endpoint's address (at most ~2 s); never throws. */
-async function waitForPortFree(endpoint: string): Promise<void> {
-  const m = /^tcp:\/\/(.+):(\d+)$/.exec(endpoint);
-  if (m === null) return;
-  const host = m[1]!.replace(/^\[|\]$/g, '');
-  const port = Number(m[2]);
-  for (let attempt = 0; attempt < 200; attempt++) {
-    const free = await new Promise<boolean>((resolve) => {
-      const probe = createServer();
-      probe.once('error', () => resolve(false));
-      probe.listen({ port, host, exclusive: true }, () => probe.close(() => resolve(true)));
-    });
-    if (free) return;
-    await new Promise((r) => setTimeout(r, 10));
-  }
+/** What the storage manager is asked for a LOOKUP request. */
+function lookupInput(req: LookupRequest): LookupInput {
+  const input: LookupInput = {
+    lookupId: req.lookupId,
+    namespaces: req.namespaces,
+    // Packed, as received: no string per chunk (the message buffer is not reused).
+    hashes: req.hashes,
+    tokenCounts: req.tokenCounts,
+  };
+  if (req.config.pin !== undefined) input.pin = req.config.pin;
+  if (req.config.prefetch !== undefined) input.prefetch = req.config.prefetch;
+  return input;
 }

@@ -1,41 +1,60 @@
 /**
- * Small parts of the storage manager's lookup: its metrics (recorded once per lookup with label
- * objects made once), its event-manager hooks (one object, no closures) and its outcome.
+ * Parts of the storage manager's lookup: its metrics (recorded once per lookup with label
+ * objects made once), its event-manager hooks (one object, no closures), its outcome, and its
+ * walk over the tiers (the full one, and the one host memory answers alone).
  */
-import type { ChunkHash, NamespaceId } from '../backends/types.ts';
+import type {
+  ChunkHash,
+  HostMemoryTier,
+  NamespaceId,
+  PackedHostIndex,
+  StorageBackend,
+} from '../backends/types.ts';
+import { abortedError, KvtierError } from '../errors.ts';
 import type { PrefetchHooks } from '../event-manager/event-manager.ts';
+import { type CounterTally, type Tally, tallyOf } from '../metrics/counter-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { LazyAbort } from './lazy-abort.ts';
 import type { LookupBytesHold } from './lookup-budget.ts';
-import type { LookupHashes } from './lookup-hashes.ts';
-import type { PinLedger } from './pin-ledger.ts';
-import type { LookupOutcome, PinnedLookup } from './storage-types.ts';
-import type { TierTokens } from './tier-walk.ts';
+import { LookupHashes } from './lookup-hashes.ts';
+import { PinLedger } from './pin-ledger.ts';
+import type { LookupInput, LookupOutcome, PinnedLookup } from './storage-types.ts';
+import type { Segment, TierTokens, TierWalk } from './tier-walk.ts';
 
 /** The `result` label of `kvtier_lookups_total`. */
 export type LookupResultLabel = 'hit' | 'miss' | 'partial' | 'stale' | 'canceled' | 'error';
 
-const RESULT_LABELS: Readonly<Record<LookupResultLabel, { result: LookupResultLabel }>> = {
-  hit: { result: 'hit' },
-  miss: { result: 'miss' },
-  partial: { result: 'partial' },
-  stale: { result: 'stale' },
-  canceled: { result: 'canceled' },
-  error: { result: 'error' },
-};
+const RESULTS: readonly LookupResultLabel[] = [
+  'hit',
+  'miss',
+  'partial',
+  'stale',
+  'canceled',
+  'error',
+];
 
-/** Records lookups into `metrics` (nothing when undefined). */
+/** Records lookups into `metrics` (nothing when undefined), counters through tallies. */
 export class LookupRecorder {
   readonly #m: KvtierMetrics | undefined;
-  readonly #tierLabels = new Map<string, { tier: string }>();
+  readonly #results: Record<LookupResultLabel, Tally> | undefined;
+  readonly #requested: Tally | undefined;
+  readonly #hitTokens: CounterTally<'tier'> | undefined;
+  readonly #tierTallies = new Map<string, Tally>();
 
   constructor(metrics: KvtierMetrics | undefined) {
     this.#m = metrics;
+    if (metrics === undefined) return;
+    const lookups = tallyOf(metrics.lookups);
+    this.#results = Object.fromEntries(
+      RESULTS.map((r) => [r, lookups.child({ result: r })]),
+    ) as Record<LookupResultLabel, Tally>;
+    this.#requested = tallyOf(metrics.lookupRequestedTokens).total;
+    this.#hitTokens = tallyOf(metrics.lookupHitTokens);
   }
 
   /** Counts a lookup that ended without an answer. */
   ended(result: 'canceled' | 'error'): void {
-    this.#m?.lookups.inc(RESULT_LABELS[result]);
+    if (this.#results !== undefined) this.#results[result].n++;
   }
 
   /** Records an answered lookup: tokens asked about and found per tier, result, duration. */
@@ -50,8 +69,8 @@ export class LookupRecorder {
     if (m === undefined) return;
     let requested = 0;
     for (let i = 0; i < tokenCounts.length; i++) requested += tokenCounts[i]!;
-    m.lookupRequestedTokens.inc(requested);
-    for (const t of tiers) m.lookupHitTokens.inc(this.#tierLabel(t.tier), t.tokens);
+    this.#requested!.n += requested;
+    for (const t of tiers) this.#tierTally(t.tier).n += t.tokens;
     const result: LookupResultLabel =
       status !== 'ok'
         ? 'stale'
@@ -60,17 +79,17 @@ export class LookupRecorder {
           : hitChunks === tokenCounts.length
             ? 'hit'
             : 'partial';
-    m.lookups.inc(RESULT_LABELS[result]);
+    this.#results![result].n++;
     m.lookupDuration.observe((performance.now() - startedMs) / 1000);
   }
 
-  #tierLabel(tier: string): { tier: string } {
-    let l = this.#tierLabels.get(tier);
-    if (l === undefined) {
-      l = { tier };
-      this.#tierLabels.set(tier, l);
+  #tierTally(tier: string): Tally {
+    let t = this.#tierTallies.get(tier);
+    if (t === undefined) {
+      t = this.#hitTokens!.child({ tier });
+      this.#tierTallies.set(tier, t);
     }
-    return l;
+    return t;
   }
 }
 
@@ -140,4 +159,128 @@ export function outcomeOf(p: PinnedLookup): LookupOutcome {
     hitChunks: p.hitChunks,
     tiers: p.tiers,
   };
+}
+
+/**
+ * The tier walk of a lookup that host memory answers alone (the storage manager's `lookupNow`):
+ * finds and pins each namespace's hits through the host tier's packed index. Returns the pins
+ * and the ready prefix (pins past it released), or undefined, holding no pin, when the walk
+ * would go on below host memory (a chunk missing there while `hasLower` tiers may be asked)
+ * or the index failed: the full walk then decides.
+ */
+export function probeHost(
+  host: HostMemoryTier,
+  index: PackedHostIndex,
+  input: LookupInput,
+  hashes: LookupHashes,
+  hasLower: boolean,
+): { ledger: PinLedger; ready: number } | undefined {
+  const n = hashes.length;
+  const askLower = hasLower && input.prefetch !== false;
+  const ledger = new PinLedger();
+  let ready = n;
+  if (n === 0) return { ledger, ready };
+  const packed = hashes.packed;
+  for (const ns of input.namespaces) {
+    let k: number;
+    try {
+      k = index.contains(ns, packed, 0, n, true);
+    } catch {
+      ledger.releaseAll();
+      return undefined;
+    }
+    k = Math.max(0, Math.min(k, n));
+    if (k > 0) ledger.addPacked(host, index, ns, 0, hashes, 0, k);
+    if (k < n && askLower) {
+      ledger.releaseAll();
+      return undefined;
+    }
+    ready = Math.min(ready, k);
+  }
+  ledger.releaseFrom(ready);
+  return { ledger, ready };
+}
+
+/**
+ * The walk of a lookup over every tier, prefetch included (the storage manager's `lookup`):
+ * returns its answer with the pins of its ready prefix, stale when `clock`'s epoch moved
+ * meanwhile (a CLEAR ran). Takes no pin it does not hand over or release, whatever happens.
+ */
+export async function walkLookup(
+  walker: TierWalk,
+  clock: { readonly epoch: number; readonly cpu: StorageBackend },
+  input: LookupInput,
+  hashes: LookupHashes,
+  signal: LazyAbort,
+  memory: LookupBytesHold,
+  stamp: number,
+): Promise<PinnedLookup> {
+  const epoch = clock.epoch;
+  const ledger = new PinLedger();
+  try {
+    const n = hashes.length;
+    const tierCount = input.prefetch === false ? 1 : walker.tiers.length;
+    const segmentsByNs: Segment[][] = [];
+    let ready = n;
+    for (const ns of input.namespaces) {
+      const segments = await walker.probe(ns, hashes, tierCount, ledger, signal);
+      segmentsByNs.push(segments);
+      ready = Math.min(ready, segments.length === 0 ? 0 : segments[segments.length - 1]!.end);
+    }
+    ready = walker.fitBudget(segmentsByNs, ready);
+    ledger.releaseFrom(ready);
+    if (signal.aborted) throw abortedError(signal.signal, 'lookup');
+    const walk = { namespaces: input.namespaces, hashes, tokenCounts: input.tokenCounts };
+    ready = await walker.prefetch(walk, segmentsByNs, ready, ledger, signal, stamp);
+    ledger.releaseAllBut(clock.cpu);
+    ledger.releaseFrom(ready);
+    const status = clock.epoch !== epoch ? 'stale' : 'ok';
+    if (status === 'stale') ready = 0;
+    let hitTokens = 0;
+    for (let i = 0; i < ready; i++) hitTokens += input.tokenCounts[i]!;
+    const tiers = walker.breakdown(segmentsByNs[0] ?? [], ready, input.tokenCounts);
+    return new AnsweredLookup(
+      { status, epoch: clock.epoch, hitTokens, hitChunks: ready, tiers },
+      input.lookupId,
+      input.namespaces,
+      // The list the ledger refers to as well (compacted if the answer stays).
+      hashes,
+      ledger,
+      memory,
+    );
+  } catch (err) {
+    ledger.releaseAll();
+    throw err;
+  }
+}
+
+/** A lookup's hashes, checked against its token counts and namespaces. @throws KvtierError KVT_INVALID_ARGUMENT. */
+export function lookupHashesOf(input: LookupInput): LookupHashes {
+  const hashes = LookupHashes.of(input.hashes);
+  if (hashes.length !== input.tokenCounts.length) {
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `lookup has ${hashes.length} hashes but ${input.tokenCounts.length} token counts`,
+    );
+  }
+  if (input.namespaces.length === 0)
+    throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs at least one namespace');
+  return hashes;
+}
+
+/** The answer of a lookup {@link probeHost} found `ready` chunks of in host memory (tier `tier`). */
+export function hostAnswer(
+  input: LookupInput,
+  hashes: LookupHashes,
+  ledger: PinLedger,
+  ready: number,
+  epoch: number,
+  tier: string,
+  memory: LookupBytesHold,
+): AnsweredLookup {
+  let hitTokens = 0;
+  for (let i = 0; i < ready; i++) hitTokens += input.tokenCounts[i]!;
+  const tiers = ready > 0 ? [{ tier, tokens: hitTokens }] : [];
+  const outcome: LookupOutcome = { status: 'ok', epoch, hitTokens, hitChunks: ready, tiers };
+  return new AnsweredLookup(outcome, input.lookupId, input.namespaces, hashes, ledger, memory);
 }

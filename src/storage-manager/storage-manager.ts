@@ -7,7 +7,11 @@ import type {
   StorageBackend,
 } from '../backends/types.ts';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
-import { EventManager } from '../event-manager/event-manager.ts';
+import {
+  EventManager,
+  type PendingPrefetch,
+  type PrefetchHooks,
+} from '../event-manager/event-manager.ts';
 import type { KvtierMetrics, MetricSources } from '../metrics/metrics.ts';
 import { AsyncSerializer } from '../serializer/async-serializer.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
@@ -15,10 +19,23 @@ import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
-import { LookupHashes } from './lookup-hashes.ts';
-import { AnsweredLookup, LookupHooks, LookupRecorder, outcomeOf } from './lookup-support.ts';
-import { PinLedger } from './pin-ledger.ts';
+import type { LookupHashes } from './lookup-hashes.ts';
+import {
+  hostAnswer,
+  LookupHooks,
+  LookupRecorder,
+  lookupHashesOf,
+  outcomeOf,
+  probeHost,
+  walkLookup,
+} from './lookup-support.ts';
 import { asHostMemoryTier, SavePath, type StampedJob } from './save-path.ts';
+import {
+  readFirstTier,
+  type StorageParts,
+  storageMetricSources,
+  storageStats,
+} from './storage-report.ts';
 import type {
   LookupInput,
   LookupOutcome,
@@ -27,7 +44,7 @@ import type {
   StorageReservation,
   TierHealth,
 } from './storage-types.ts';
-import { ownedCopy, type Segment, TierWalk } from './tier-walk.ts';
+import { TierWalk } from './tier-walk.ts';
 import { WriteThroughQueue } from './write-through.ts';
 
 export { asHostMemoryTier } from './save-path.ts';
@@ -81,6 +98,14 @@ export class StorageManager {
   readonly #log: Logger;
   /** `releaseLookup`, bound once for every lookup's dispose hook. */
   readonly #release = (p: PinnedLookup): void => this.releaseLookup(p);
+  /**
+   * The hooks of every lookup {@link lookupNow} answers: its entry is done as soon as it is
+   * made, so there is no work to abort, only pins to release.
+   */
+  readonly #answeredHooks: PrefetchHooks<PinnedLookup> = {
+    abort: () => {},
+    dispose: this.#release,
+  };
   #epoch: number;
   #closing: Promise<void> | undefined;
 
@@ -166,16 +191,7 @@ export class StorageManager {
    * KVT_INVALID_ARGUMENT for inconsistent input.
    */
   async lookup(input: LookupInput, opts: { signal?: AbortSignal } = {}): Promise<LookupOutcome> {
-    if (this.#closing !== undefined) throw closedError('storage manager');
-    const hashes = LookupHashes.of(input.hashes);
-    if (hashes.length !== input.tokenCounts.length) {
-      throw new KvtierError(
-        'KVT_INVALID_ARGUMENT',
-        `lookup has ${hashes.length} hashes but ${input.tokenCounts.length} token counts`,
-      );
-    }
-    if (input.namespaces.length === 0)
-      throw new KvtierError('KVT_INVALID_ARGUMENT', 'lookup needs at least one namespace');
+    const hashes = this.#admit(input);
     const started = performance.now();
     const events = this.#events;
     events.cancel(input.lookupId);
@@ -193,7 +209,7 @@ export class StorageManager {
     const memory = this.#lookupBytes.hold(
       estimateLookupBytes(hashes.length, input.lookupId.length),
     );
-    let entry: ReturnType<typeof events.addPending>;
+    let entry: PendingPrefetch;
     try {
       entry = events.addPending(input.lookupId, new LookupHooks(ac, this.#release));
     } catch (err) {
@@ -203,37 +219,21 @@ export class StorageManager {
     }
     let recorded = false;
     try {
-      const pinned = await this.#run(input, hashes, ac, memory);
+      const pinned = await walkLookup(
+        this.#walk,
+        this,
+        input,
+        hashes,
+        ac,
+        memory,
+        this.#fence.stamp(),
+      );
       if (ac.aborted) {
         pinned.ledger.releaseAll();
         throw abortedError(ac.signal, 'lookup');
       }
       recorded = true;
-      events.fulfil(entry, pinned);
-      // A CLEAR that ran after the walk (while this resumed) makes the answer stale too.
-      if (pinned.status === 'ok' && pinned.epoch !== this.#epoch) this.#invalidate(pinned);
-      if (
-        (pinned.status !== 'ok' || input.pin === false) &&
-        events.result(input.lookupId) === pinned
-      ) {
-        events.take(input.lookupId);
-        pinned.ledger.releaseAll();
-      } else {
-        if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
-        // It stays (pins, or an answer to take): let go of the request's buffer.
-        hashes.compact(pinned.hitChunks);
-      }
-      // What stays is the answer and its hits' pins (a no-op once released above).
-      memory.resize(estimateLookupBytes(pinned.hitChunks, input.lookupId.length));
-      if (!this.#answered.has(pinned) && events.result(input.lookupId) !== pinned) memory.release();
-      this.#recorder.answered(
-        pinned.status,
-        input.tokenCounts,
-        pinned.hitChunks,
-        pinned.tiers,
-        started,
-      );
-      return outcomeOf(pinned);
+      return this.#settle(input, hashes, entry, pinned, started);
     } catch (err) {
       if (recorded) throw err;
       memory.release();
@@ -247,6 +247,85 @@ export class StorageManager {
     } finally {
       if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
     }
+  }
+
+  /**
+   * {@link lookup}, answered at once when the host-memory tier alone answers it: its packed
+   * index holds every chunk in every namespace, or there is nothing below it to ask (no lower
+   * tier, or `prefetch: false`). Same outcome, pins, tracking and accounting as `lookup`,
+   * without a promise. Returns undefined, holding nothing new, when the lookup needs the tiers
+   * below (or the host tier has no packed index): call `lookup` then.
+   * @throws KvtierError as {@link lookup}.
+   */
+  lookupNow(input: LookupInput): LookupOutcome | undefined {
+    const index = this.#host.packedIndex;
+    if (index === undefined || this.#host.health() === 'down') return undefined;
+    const hashes = this.#admit(input);
+    const started = performance.now();
+    const found = probeHost(this.#host, index, input, hashes, this.#lower.length > 0);
+    if (found === undefined) return undefined;
+    const { ledger, ready } = found;
+    const events = this.#events;
+    let memory: LookupBytesHold | undefined;
+    let entry: PendingPrefetch;
+    try {
+      events.cancel(input.lookupId);
+      memory = this.#lookupBytes.hold(estimateLookupBytes(hashes.length, input.lookupId.length));
+      entry = events.addPending(input.lookupId, this.#answeredHooks);
+    } catch (err) {
+      memory?.release();
+      ledger.releaseAll();
+      throw err;
+    }
+    const host = this.tiers[0]!.name;
+    const pinned = hostAnswer(input, hashes, ledger, ready, this.#epoch, host, memory);
+    return this.#settle(input, hashes, entry, pinned, started);
+  }
+
+  /** Checks a lookup's input; returns its hashes. @throws KvtierError as {@link lookup}. */
+  #admit(input: LookupInput): LookupHashes {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    return lookupHashesOf(input);
+  }
+
+  /**
+   * Hands an answered lookup to its event-manager entry, keeps what stays (pins, the answer to
+   * take) or releases it, records it, and returns its outcome.
+   */
+  #settle(
+    input: LookupInput,
+    hashes: LookupHashes,
+    entry: PendingPrefetch,
+    pinned: PinnedLookup,
+    started: number,
+  ): LookupOutcome {
+    const events = this.#events;
+    const memory = pinned.memory;
+    events.fulfil(entry, pinned);
+    // A CLEAR that ran after the walk (while this resumed) makes the answer stale too.
+    if (pinned.status === 'ok' && pinned.epoch !== this.#epoch) this.#invalidate(pinned);
+    if (
+      (pinned.status !== 'ok' || input.pin === false) &&
+      events.result(input.lookupId) === pinned
+    ) {
+      events.take(input.lookupId);
+      pinned.ledger.releaseAll();
+    } else {
+      if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
+      // It stays (pins, or an answer to take): let go of the request's buffer.
+      hashes.compact(pinned.hitChunks);
+    }
+    // What stays is the answer and its hits' pins (a no-op once released above).
+    memory.resize(estimateLookupBytes(pinned.hitChunks, input.lookupId.length));
+    if (!this.#answered.has(pinned) && events.result(input.lookupId) !== pinned) memory.release();
+    this.#recorder.answered(
+      pinned.status,
+      input.tokenCounts,
+      pinned.hitChunks,
+      pinned.tiers,
+      started,
+    );
+    return outcomeOf(pinned);
   }
 
   /** Cancels a lookup: aborts its prefetch or releases its pins. Returns whether it was known. */
@@ -284,52 +363,6 @@ export class StorageManager {
     const n = this.#events.sweep();
     if (n > 0) this.#metrics?.pinsExpired.inc(n);
     return n;
-  }
-
-  async #run(
-    input: LookupInput,
-    hashes: LookupHashes,
-    signal: LazyAbort,
-    memory: LookupBytesHold,
-  ): Promise<PinnedLookup> {
-    const epoch = this.#epoch;
-    const stamp = this.#fence.stamp();
-    const ledger = new PinLedger();
-    try {
-      const n = hashes.length;
-      const tierCount = input.prefetch === false ? 1 : this.tiers.length;
-      const segmentsByNs: Segment[][] = [];
-      let ready = n;
-      for (const ns of input.namespaces) {
-        const segments = await this.#walk.probe(ns, hashes, tierCount, ledger, signal);
-        segmentsByNs.push(segments);
-        ready = Math.min(ready, segments.length === 0 ? 0 : segments[segments.length - 1]!.end);
-      }
-      ready = this.#walk.fitBudget(segmentsByNs, ready);
-      ledger.releaseFrom(ready);
-      if (signal.aborted) throw abortedError(signal.signal, 'lookup');
-      const walk = { namespaces: input.namespaces, hashes, tokenCounts: input.tokenCounts };
-      ready = await this.#walk.prefetch(walk, segmentsByNs, ready, ledger, signal, stamp);
-      ledger.releaseAllBut(this.#host);
-      ledger.releaseFrom(ready);
-      const status = this.#epoch !== epoch ? 'stale' : 'ok';
-      if (status === 'stale') ready = 0;
-      let hitTokens = 0;
-      for (let i = 0; i < ready; i++) hitTokens += input.tokenCounts[i]!;
-      const tiers = this.#walk.breakdown(segmentsByNs[0] ?? [], ready, input.tokenCounts);
-      return new AnsweredLookup(
-        { status, epoch: this.#epoch, hitTokens, hitChunks: ready, tiers },
-        input.lookupId,
-        input.namespaces,
-        // The list the ledger refers to as well (compacted if the answer stays).
-        hashes,
-        ledger,
-        memory,
-      );
-    } catch (err) {
-      ledger.releaseAll();
-      throw err;
-    }
   }
 
   /**
@@ -378,19 +411,7 @@ export class StorageManager {
   /** Reads one chunk from the first tier that has it; returns a copy of its bytes, or null. */
   async get(ns: NamespaceId, hash: ChunkHash): Promise<Chunk | null> {
     if (this.#closing !== undefined) throw closedError('storage manager');
-    for (const tier of this.tiers) {
-      if (tier.health() === 'down') continue;
-      const pinned = tier.capabilities.pinning && tier.pin(ns, [hash]) === 1;
-      try {
-        const chunk = (await tier.batchedGet(ns, [hash])).get(hash);
-        if (chunk != null) return ownedCopy(chunk);
-      } catch (err) {
-        this.#log.warn('tier get failed; trying the next tier', { tier: tier.name, err });
-      } finally {
-        if (pinned) tier.unpin(ns, [hash]);
-      }
-    }
-    return null;
+    return readFirstTier(this.tiers, ns, hash, this.#log);
   }
 
   /**
@@ -436,47 +457,25 @@ export class StorageManager {
 
   /** The scrape-time sources the metrics module reads from this manager. */
   metricSources(): MetricSources {
-    return {
-      backends: () => this.tiers,
-      serializer: () => ({
-        capacity: this.#serializer.capacity,
-        inUse: this.#serializer.inUse,
-        waiters: this.#serializer.waiters,
-      }),
-      events: () => ({ ...this.#events.sizes(), expiredTotal: this.#events.expiredTotal }),
-      pinnedLookups: () => this.#events.sizes().done,
-      writeQueueDepth: () => this.#writeQueue.depth,
-      epoch: () => this.#epoch,
-    };
+    return storageMetricSources(this.#parts);
   }
 
   /** A JSON-friendly snapshot for the STATS request and `kvtier stats`. */
   stats(): Record<string, unknown> {
+    return storageStats(this.#parts);
+  }
+
+  /** What `stats` and `metricSources` read. */
+  get #parts(): StorageParts {
     return {
+      tiers: this.tiers,
       epoch: this.#epoch,
-      tiers: this.tiers.map((t) => ({
-        name: t.name,
-        kind: t.kind,
-        health: t.health(),
-        ...t.stats(),
-      })),
-      lookups: {
-        ...this.#events.sizes(),
-        expiredTotal: this.#events.expiredTotal,
-        bytes: this.#lookupBytes.used,
-        maxBytes: this.#lookupBytes.capacity,
-        refusedTotal: this.#lookupBytes.refused,
-      },
-      serializer: {
-        capacityChunks: this.#serializer.capacity,
-        inUseChunks: this.#serializer.inUse,
-        waiters: this.#serializer.waiters,
-      },
-      writeThrough: {
-        depth: this.#writeQueue.depth,
-        bytes: this.#writeQueue.bytes,
-        dropped: this.#save.writeThroughDropped,
-      },
+      events: this.#events,
+      lookupBytes: this.#lookupBytes,
+      serializer: this.#serializer,
+      writeQueue: this.#writeQueue,
+      writeThroughDropped: this.#save.writeThroughDropped,
+      manager: this,
     };
   }
 

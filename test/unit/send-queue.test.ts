@@ -211,4 +211,66 @@ describe('SocketSendQueue', () => {
       router.close();
     }
   });
+
+  it('immediate: sends at once, in order, without a queue; a refused send is dropped and counted', async () => {
+    const sent: (Buffer | Buffer[])[] = [];
+    let fail: 'sync' | 'async' | undefined;
+    const socket: SendableSocket = {
+      closed: false,
+      send(message) {
+        if (fail === 'sync') throw new Error('refused now');
+        if (fail === 'async') return Promise.reject(new Error('refused later'));
+        sent.push(message);
+        return Promise.resolve();
+      },
+    };
+    const q = new SocketSendQueue(socket, { immediate: true });
+    const a = Buffer.from('a');
+    const b = Buffer.from('b');
+    assert.equal(q.send(a), true);
+    assert.equal(q.send([a, b]), true);
+    assert.deepEqual(sent, [a, [a, b]], 'handed over before send returned');
+    assert.equal(q.depth, 0);
+    assert.equal(q.bytes, 0);
+    fail = 'sync';
+    assert.equal(q.send(a), false);
+    assert.equal(q.dropped, 1);
+    fail = 'async';
+    assert.equal(q.send(a), true);
+    await drainLoop();
+    assert.equal(q.dropped, 2);
+    fail = undefined;
+    (socket as { closed: boolean }).closed = true;
+    assert.equal(q.send(a), false);
+    assert.equal(q.dropped, 3);
+    assert.equal(sent.length, 2);
+  });
+
+  it('immediate: carries 10 000 replies from a ROUTER with sendTimeout 0, in order, without loss', async () => {
+    const N = 10_000;
+    const hwm = { sendHighWaterMark: 2 * N, receiveHighWaterMark: 2 * N };
+    const router = new zmq.Router({ linger: 0, sendTimeout: 0, receiveTimeout: 10_000, ...hwm });
+    const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: 10_000, ...hwm });
+    try {
+      await router.bind('tcp://127.0.0.1:*');
+      assert.ok(router.lastEndpoint !== null);
+      dealer.connect(router.lastEndpoint);
+      await dealer.send(Buffer.from('hello'));
+      const [identity] = await router.receive();
+      const q = new SocketSendQueue(router, { immediate: true });
+      for (let i = 0; i < N; i++) {
+        const b = Buffer.alloc(4);
+        b.writeUInt32LE(i);
+        assert.equal(q.send([identity!, b]), true);
+      }
+      for (let i = 0; i < N; i++) {
+        const [body] = await dealer.receive();
+        assert.equal(body!.readUInt32LE(0), i, 'dealer got replies in order');
+      }
+      assert.equal(q.dropped, 0, 'a second send never finds the socket busy');
+    } finally {
+      dealer.close();
+      router.close();
+    }
+  });
 });
