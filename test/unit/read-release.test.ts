@@ -187,8 +187,12 @@ describe('ChunkFiles read buffers', () => {
     const { cf, ns, store } = await files();
     const good = await store(chunkOf(2 * MiB));
     const bad = await store(chunkOf(2 * MiB));
+    // Flip every bit of one payload byte, so the object is corrupt whatever the byte was.
     const fh = await fsp.open(bad.path, 'r+');
-    await fh.write(Buffer.from([0xff]), 0, 1, CHUNK_HEADER_BYTES + 5);
+    const byte = Buffer.alloc(1);
+    await fh.read(byte, 0, 1, CHUNK_HEADER_BYTES + 5);
+    byte[0] = byte[0]! ^ 0xff;
+    await fh.write(byte, 0, 1, CHUNK_HEADER_BYTES + 5);
     await fh.close();
     const first = await cf.read(ns, good.h, good.path, direct);
     assert.ok(first.kind === 'ok');
