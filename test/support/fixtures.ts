@@ -29,6 +29,13 @@ export const REPO_ROOT = fileURLToPath(new URL('../../', import.meta.url));
  */
 export const DEFAULT_MAX_TURNS = 2_000_000;
 
+/** `n` distinct, readable chunk hashes: `<tag>-<i>` padded to 32 bytes. */
+export function taggedHashes(n: number, tag = 'h'): ChunkHash[] {
+  return Array.from({ length: n }, (_, i) =>
+    chunkHashFromBytes(Buffer.from(`${tag}-${i}`.padEnd(32, '.'))),
+  );
+}
+
 /** A random namespace id (32 lowercase hex digits). */
 export function randomNamespace(): string {
   return randomBytes(16).toString('hex');

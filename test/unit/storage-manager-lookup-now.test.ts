@@ -7,7 +7,7 @@ import { afterEach, describe, test } from 'node:test';
 import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
 import { MemoryBackend } from '../../src/backends/memory.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
-import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
+import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { instrumentHostTier } from '../../src/metrics/instrumented-backend.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
 import {
@@ -15,16 +15,13 @@ import {
   StorageManager,
   type StorageManagerOptions,
 } from '../../src/storage-manager/storage-manager.ts';
+import { taggedHashes } from '../support/fixtures.ts';
 
 const NS = '0123456789abcdef0123456789abcdef';
 const NS2 = 'fedcba9876543210fedcba9876543210';
 const CHUNK_BYTES = 4096;
 
-function hashes(n: number, tag = 'h'): ChunkHash[] {
-  return Array.from({ length: n }, (_, i) =>
-    chunkHashFromBytes(Buffer.from(`${tag}-${i}`.padEnd(32, '.'))),
-  );
-}
+const hashes = taggedHashes;
 
 function packed(hs: ChunkHash[]): Buffer {
   return Buffer.from(hs.join(''), 'hex');

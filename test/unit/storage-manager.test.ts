@@ -5,7 +5,7 @@ import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
 import { MemoryBackend } from '../../src/backends/memory.ts';
 import type { StorageBackend } from '../../src/backends/types.ts';
 import { KvtierError } from '../../src/errors.ts';
-import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
+import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { instrumentBackend, instrumentHostTier } from '../../src/metrics/instrumented-backend.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
 import {
@@ -13,16 +13,13 @@ import {
   type StorageManagerOptions,
 } from '../../src/storage-manager/storage-manager.ts';
 import { GatedBackend } from '../../test/support/gated-backend.ts';
+import { taggedHashes } from '../support/fixtures.ts';
 
 const NS = '0123456789abcdef0123456789abcdef';
 const NS2 = 'fedcba9876543210fedcba9876543210';
 const CHUNK_BYTES = 4096;
 
-function hashes(n: number, tag = 'h'): ChunkHash[] {
-  return Array.from({ length: n }, (_, i) =>
-    chunkHashFromBytes(Buffer.from(`${tag}-${i}`.padEnd(32, '.'))),
-  );
-}
+const hashes = taggedHashes;
 
 function chunk(tokens = 16, bytes = CHUNK_BYTES) {
   return { tokens, data: randomBytes(bytes) };
