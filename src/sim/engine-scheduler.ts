@@ -1,7 +1,17 @@
 import type { LoadIntent, ScheduledRequest } from '../connector/types.ts';
 import { KvtierError } from '../errors.ts';
-import { attribute, discardAdmission, prefillCompleted } from './engine-accounting.ts';
-import { KvChecker } from './engine-kv.ts';
+import {
+  attribute,
+  computedChunks,
+  crossNodeTokens,
+  discardAdmission,
+  emptyAdmission,
+  finishedTiming,
+  prefillCompleted,
+} from './engine-accounting.ts';
+import { type FastForwardLimits, fastForwardDecode } from './engine-fast-forward.ts';
+import { KvChecker, verifyLoad } from './engine-kv.ts';
+import { newReq } from './engine-request.ts';
 import type {
   Req,
   SchedulerCounters,
@@ -9,13 +19,14 @@ import type {
   SimRequestStatus,
   SimSchedulerDeps,
 } from './engine-scheduler-types.ts';
-import { blockKey, prefixHashes } from './kv-model.ts';
 import type { SimRequest } from './types.ts';
 
 export type {
   AdmissionSources,
   CompletedPrefill,
   LoadAllocInfo,
+  RequestTiming,
+  SchedulerConnectorLike,
   SchedulerCounters,
   SimEvent,
   SimRequestStatus,
@@ -30,8 +41,6 @@ export type {
  * worker connector and the worker's output back.
  */
 
-const MAX_MISMATCHES = 20;
-
 /** The scheduler state machine; see the module comment. */
 export class SimScheduler {
   readonly #d: SimSchedulerDeps;
@@ -40,17 +49,23 @@ export class SimScheduler {
   #running: Req[] = [];
   readonly #awaitingFree = new Map<string, Req>();
   readonly #pendingInvalid = new Set<number>();
-  readonly #kv: KvChecker;
+  readonly #kv: KvChecker | undefined;
   step = 0;
+  /** Modeled start and end of the step being run (ms), set by the engine before `schedule`. */
+  readonly clock = { startMs: 0, endMs: 0 };
   readonly counters: SchedulerCounters;
 
   constructor(deps: SimSchedulerDeps, tierNames: readonly string[]) {
     this.#d = deps;
-    this.#kv = new KvChecker(deps.kv, deps.blockSize);
+    this.#kv = deps.kv === undefined ? undefined : new KvChecker(deps.kv, deps.blockSize);
     this.counters = {
       gpuPrefixCache: 0,
       byTier: Object.fromEntries(tierNames.map((n) => [n, 0])),
       recomputed: 0,
+      selfReuseGpu: 0,
+      selfReuseKvtier: 0,
+      crossNode: 0,
+      timings: [],
       unserved: 0,
       preemptions: 0,
       preemptionRecomputed: 0,
@@ -82,9 +97,7 @@ export class SimScheduler {
 
   /** Requests waiting for a kvtier load. */
   get loading(): number {
-    let n = 0;
-    for (const r of this.#waiting) if (r.status === 'waiting_for_remote_kvs') n++;
-    return n;
+    return this.#waiting.filter((r) => r.status === 'waiting_for_remote_kvs').length;
   }
 
   /** The status of a request, or undefined when it never arrived. */
@@ -102,30 +115,7 @@ export class SimScheduler {
     if (sim.promptTokens.length === 0)
       throw new KvtierError('KVT_INVALID_ARGUMENT', `request ${sim.id} has an empty prompt`);
     const bs = this.#d.blockSize;
-    const hashes = prefixHashes(sim.promptTokens);
-    const keys: string[] = [];
-    for (let j = 0; (j + 1) * bs <= sim.promptTokens.length; j++)
-      keys.push(blockKey(hashes, (j + 1) * bs - 1));
-    const r: Req = {
-      sim,
-      id: sim.id,
-      conn: { requestId: sim.id, promptTokenIds: sim.promptTokens },
-      hashes,
-      keys,
-      promptLen: sim.promptTokens.length,
-      outputTarget: Math.max(1, sim.outputTokens),
-      status: 'waiting',
-      blocks: [],
-      numComputed: 0,
-      numOutput: 0,
-      numPreemptions: 0,
-      cachedBlocks: 0,
-      pendingLookup: false,
-      load: null,
-      delayedFree: false,
-      adm: { gpu: 0, tiers: {}, recomputed: 0 },
-      prefillDone: false,
-    };
+    const r = newReq(sim);
     this.#reqs.set(r.id, r);
     this.#emit({ type: 'status', step: this.step, requestId: r.id, from: 'new', to: 'waiting' });
     if (Math.ceil((r.promptLen + r.outputTarget) / bs) > this.#d.allocator.numBlocks) {
@@ -240,14 +230,16 @@ export class SimScheduler {
       const end = start + numNew;
       const promptEnd = Math.min(end, r.promptLen);
       if (start < promptEnd) {
-        this.#kv.write(r.hashes, r.blocks, start, promptEnd);
+        this.#kv?.write(r.hashes, r.blocks, start, promptEnd);
         r.adm.recomputed += promptEnd - start;
+        computedChunks(r, this.#d, start, promptEnd);
         if (promptEnd === r.promptLen) prefillCompleted(this.counters, r);
       }
       tokens += numNew;
       r.numComputed = end;
       this.#publish(r);
       if (r.numComputed >= r.promptLen + r.numOutput) {
+        if (r.numOutput === 0) r.firstTokenMs ??= this.clock.endMs;
         r.numOutput++;
         if (r.numOutput >= r.outputTarget) this.#end(r, 'finished');
       }
@@ -274,9 +266,30 @@ export class SimScheduler {
     return this.#d.connector.resetPrefixCache();
   }
 
-  /** Whether any waiting request is waiting on its lookup. */
-  get waitingOnLookups(): boolean {
-    return this.#waiting.some((r) => r.pendingLookup);
+  /** The waiting queue and the running list, in order (read-only views for the engine). */
+  get waitingRequests(): readonly Req[] {
+    return this.#waiting;
+  }
+  get runningRequests(): readonly Req[] {
+    return this.#running;
+  }
+
+  /** A request's state, or undefined when it never arrived. */
+  request(requestId: string): Readonly<Req> | undefined {
+    return this.#reqs.get(requestId);
+  }
+
+  /**
+   * Decode-only steps from `clock.startMs` in a tight loop (see `engine-fast-forward.ts`), when
+   * nothing waits and no free is delayed; the caller checks that nothing is in flight.
+   */
+  fastForwardDecode(o: Omit<FastForwardLimits, 'nowMs'>): { steps: number; endMs: number } {
+    if (this.#waiting.length > 0 || this.#awaitingFree.size > 0 || this.#running.length === 0)
+      return { steps: 0, endMs: this.clock.startMs };
+    const lim = { ...o, nowMs: this.clock.startMs };
+    const r = fastForwardDecode(this.#running, this.#d.allocator, this.#d.blockSize, lim);
+    this.step += r.steps;
+    return r;
   }
 
   #scheduleWaiting(budgetIn: number, scheduled: { r: Req; numNew: number }[]): void {
@@ -300,9 +313,10 @@ export class SimScheduler {
       }
       let computed = r.numComputed;
       let hits: number[] = [];
+      r.firstScheduledMs ??= this.clock.startMs;
       // A request that holds blocks came back from a load: it asks nothing again.
       if (r.blocks.length === 0) {
-        hits = d.allocator.findCached(r.keys.slice(0, Math.floor((r.promptLen - 1) / bs)));
+        hits = d.allocator.findCached(r.hashes, Math.floor((r.promptLen - 1) / bs), bs);
         const local = hits.length * bs;
         const [ext, loadAsync] = d.connector.getNumNewMatchedTokens(r.conn, local);
         if (ext === null) {
@@ -325,6 +339,7 @@ export class SimScheduler {
           this.#takeHits(r, hits);
           this.#ensureBlocks(r, r.promptLen);
           const tokens = this.#allocIntent(r, ext);
+          r.firstHitTokens ??= local + tokens;
           if (tokens > 0) {
             r.load = {
               firstToken: local,
@@ -339,6 +354,7 @@ export class SimScheduler {
           hits = [];
         }
         computed = local;
+        r.firstHitTokens ??= local;
       }
       const numNew = Math.min(r.promptLen + r.numOutput - computed, budget);
       const need = Math.ceil((computed + numNew) / bs) - Math.max(r.blocks.length, hits.length);
@@ -388,6 +404,7 @@ export class SimScheduler {
   }
 
   #preempt(r: Req): void {
+    r.ownProgress = Math.max(r.ownProgress, r.ownComputedEnd);
     this.#running = this.#running.filter((x) => x !== r);
     this.#waiting = this.#waiting.filter((x) => x !== r);
     this.#d.allocator.free(r.blocks);
@@ -405,25 +422,11 @@ export class SimScheduler {
   #settleLoad(r: Req, load: NonNullable<Req['load']>): void {
     const d = this.#d;
     const bs = d.blockSize;
-    let valid = load.blocks.length;
-    for (let i = 0; i < load.blocks.length; i++) {
-      if (this.#pendingInvalid.has(load.blocks[i]!)) {
-        valid = Math.min(valid, i);
-        this.#pendingInvalid.delete(load.blocks[i]!);
-      }
-    }
-    const firstBlock = load.firstToken / bs;
-    for (let i = 0; i < valid; i++) {
-      const layer = this.#kv.verify(r.hashes, firstBlock + i, load.blocks[i]!);
-      if (layer < 0) this.counters.verifiedBlocks++;
-      else {
-        this.counters.mismatchedBlocks++;
-        if (this.counters.mismatches.length < MAX_MISMATCHES)
-          this.counters.mismatches.push({ requestId: r.id, block: firstBlock + i, layer });
-      }
-    }
+    const valid = verifyLoad(this.#kv, this.counters, r, load, this.#pendingInvalid);
     const validTokens = valid * bs;
     attribute(r, d.tiersOf(load.lookupId), load.firstToken, validTokens);
+    if (d.ownChunks !== undefined)
+      r.adm.crossNode += crossNodeTokens(r, d.ownChunks, load.firstToken, validTokens, d.chunkSize);
     r.load = null;
     this.#emit({
       type: 'load-done',
@@ -448,11 +451,10 @@ export class SimScheduler {
 
   /** Publishes the request's full, computed prompt blocks to the prefix cache. */
   #publish(r: Req): void {
-    const full = Math.min(
-      Math.floor(Math.min(r.numComputed, r.promptLen) / this.#d.blockSize),
-      r.blocks.length,
-    );
-    for (let j = r.cachedBlocks; j < full; j++) this.#d.allocator.cache(r.blocks[j]!, r.keys[j]!);
+    const bs = this.#d.blockSize;
+    const full = Math.min(Math.floor(Math.min(r.numComputed, r.promptLen) / bs), r.blocks.length);
+    for (let j = r.cachedBlocks; j < full; j++)
+      this.#d.allocator.cache(r.blocks[j]!, r.hashes, (j + 1) * bs - 1);
     r.cachedBlocks = Math.max(r.cachedBlocks, full);
   }
 
@@ -460,10 +462,10 @@ export class SimScheduler {
   #end(r: Req, to: 'finished' | 'failed' | 'aborted'): void {
     this.#running = this.#running.filter((x) => x !== r);
     this.#waiting = this.#waiting.filter((x) => x !== r);
-    if (to === 'finished') this.counters.finished++;
+    if (to === 'finished') finishedTiming(this.counters, r, this.clock.endMs);
     if (to === 'aborted') this.counters.aborted++;
     if (!r.prefillDone) this.counters.unserved += r.promptLen;
-    r.adm = { gpu: 0, tiers: {}, recomputed: 0 };
+    r.adm = emptyAdmission();
     r.conn = { ...r.conn, aborted: to !== 'finished' };
     const [delayFree] = this.#d.connector.requestFinished(r.conn, r.blocks);
     this.#setStatus(r, to);
