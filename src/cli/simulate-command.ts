@@ -51,12 +51,12 @@ export const EXIT_MISMATCH = 1;
 export const EXIT_USAGE = 2;
 
 /**
- * The verification model whose bytes move and are checked: 2 layers, 1 KV head of dim 2, bf16
- * (16 bytes per token: a 256-token chunk is 4 KiB), small enough that a 2,000-request trace
- * moves gigabytes, not terabytes, and still checks every layer, K and V, and position.
+ * The verification model whose bytes move and are checked: 1 layer, 1 KV head of dim 2, bf16
+ * (8 bytes per token: a 256-token chunk is 2 KiB), small enough that a 2,000-request trace moves
+ * a few gigabytes, not terabytes, and still checks K and V of every position of every block.
  */
-export const VERIFICATION_MODEL = Object.freeze({ numLayers: 2, numKvHeads: 1, headDim: 2 });
-const VERIFICATION_BYTES_PER_TOKEN = 2 * 2 * 1 * 2 * 2;
+export const VERIFICATION_MODEL = Object.freeze({ numLayers: 1, numKvHeads: 1, headDim: 2 });
+const VERIFICATION_BYTES_PER_TOKEN = 2 * 1 * 1 * 2 * 2;
 const BLOCK_TOKENS = 16;
 
 /**

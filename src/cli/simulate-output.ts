@@ -28,7 +28,7 @@ export function adviceLine(
   const extra = cheapest === undefined ? {} : { cheapest };
   if (p.overloaded !== undefined)
     return {
-      advice: `Advice: size the engines first — at this rate ${p.overloaded}, so the cache figures above mostly measure preemption; replay at the sustainable rate (drop --time-scale) or add engines (--engines).`,
+      advice: `Advice: size the engines first — at this rate ${p.overloaded}, so the cache figures above mostly measure queueing and preemption; replay at a rate the engine sustains (a trace: leave --time-scale out) or add engines (--engines).`,
       ...extra,
     };
   const int = (n: number) => Math.round(n).toLocaleString('en-US');

@@ -41,7 +41,7 @@ which tier of what size reaches a target for the least money. With no flags it r
 multi-round workload whose working set does not fit the GPU cache.
 
 Capacities are in the planned model's KV bytes. The bytes that move and are verified are a small
-verification model's (16 B per token), chunk for chunk: tokens and hit rates are the same, bytes
+verification model's (8 B per token), chunk for chunk: tokens and hit rates are the same, bytes
 and modeled times are the planned model's. See docs/simulate.md.
 
 Workloads:

@@ -223,9 +223,14 @@ function boundLines(rows: readonly PlanRow[]): string[] {
 }
 
 function tableLines(p: PlanResult): string[] {
+  const lower = (r: SimReport) =>
+    Object.entries(r.tokens.byTier).reduce((n, [t, v]) => n + (t === 'cpu' ? 0 : v), 0) /
+    Math.max(1, r.promptTokens);
+  const anyLower = p.rows.some((r) => Object.keys(r.capacities).some((t) => t !== 'cpu'));
   const headers = [
     'configuration',
     'kvtier',
+    ...(anyLower ? ['below CPU'] : []),
     '+GPU',
     'self-reuse',
     'bound: tier>GPU',
@@ -243,6 +248,7 @@ function tableLines(p: PlanResult): string[] {
     [
       'kvtier off',
       '—',
+      ...(anyLower ? ['—'] : []),
       pct(offS.withGpu),
       pct((off.tokens.selfReuse?.gpu ?? 0) / Math.max(1, off.promptTokens)),
       '',
@@ -262,6 +268,7 @@ function tableLines(p: PlanResult): string[] {
     body.push([
       row.label,
       `${pct(s.kvtier)}${flagged(/^kvtier alone/)}`,
+      ...(anyLower ? [pct(lower(row.report))] : []),
       `${pct(s.withGpu)}${flagged(/^kvtier \+ GPU/)}`,
       pct(selfShare(row.report)),
       b === undefined ? '' : pct(b.tierBehindGpu),
@@ -280,7 +287,7 @@ function tableLines(p: PlanResult): string[] {
   return [
     ...formatTable(body, headers),
     ...flags,
-    `Shares of prompt tokens; kvtier and +GPU count other requests' prefixes, self-reuse a preempted request's own prefix found again (each token once: kvtier + GPU + self-reuse + recomputed + unserved = 100%). Bounds: a tier of the configuration's largest capacity behind an LRU GPU cache, one LRU cache of tier + GPU, an infinite cache (! = above its bound). saved: prompt tokens/s the engine no longer computed over the run without kvtier. TTFT includes queueing. cost: rough 3-year cost of the tiers.`,
+    `Shares of prompt tokens; kvtier (${anyLower ? 'below CPU: from the tiers under host memory' : 'all tiers'}) and +GPU count other requests' prefixes, self-reuse a preempted request's own prefix found again (each token once: kvtier + GPU + self-reuse + recomputed + unserved = 100%). Bounds: a tier of the configuration's largest capacity behind an LRU GPU cache, one LRU cache of tier + GPU, an infinite cache (! = above its bound). saved: prompt tokens/s the engine no longer computed over the run without kvtier. TTFT includes queueing. cost: rough 3-year cost of the tiers.`,
     `Verified ${int(verified)} loaded blocks byte for byte: ${int(mism)} mismatched.`,
   ];
 }

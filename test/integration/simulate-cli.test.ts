@@ -53,7 +53,7 @@ function capture(report?: (opts: SimulationRunOptions) => SimReport): Captured {
 
 /**
  * A report whose kvtier hit rate grows with the sidecar's CPU tier (capped at 80%): 4 MiB of the
- * verification model (4 KiB chunks) is 1,024 chunks, 32 GiB of Llama-3.1-8B. A run without
+ * CPU tier (one 4 KiB page per chunk) is 1,024 chunks, 32 GiB of Llama-3.1-8B. A run without
  * kvtier serves nothing from kvtier.
  */
 function fakeReport(opts: SimulationRunOptions, mismatchedBlocks = 0): SimReport {
@@ -207,12 +207,12 @@ describe('kvtier simulate: flags', () => {
     assert.equal(run.workload.requests.length, 4);
     assert.equal(run.arrivalScale, 1, 'long-doc keeps its own timing');
     // 256 MB of Llama-3.1-8B is 15 chunks of 128 tokens (16 MiB each); a verification chunk of
-    // 2 KiB takes one 4 KiB arena page.
+    // 1 KiB takes one 4 KiB arena page.
     assert.equal(run.cpuBytes, 15 * 4096);
     assert.deepEqual(run.cpuTierOptions, { pageBytes: 4096 });
     assert.equal(run.planned.name, 'Llama-3.1-8B');
     assert.equal(run.speed.gpu.name, 'NVIDIA H100 SXM');
-    assert.deepEqual(run.model, { numLayers: 2, numKvHeads: 1, headDim: 2, chunkSize: 128 });
+    assert.deepEqual(run.model, { numLayers: 1, numKvHeads: 1, headDim: 2, chunkSize: 128 });
     assert.deepEqual(run.engine, {
       numGpuBlocks: 64,
       kvLoadFailurePolicy: 'fail',
@@ -224,8 +224,8 @@ describe('kvtier simulate: flags', () => {
     });
     const disk = run.engineTiers[0]?.[0];
     assert.equal(disk?.type, 'local-disk');
-    // 1 GiB of Llama-3.1-8B: 64 chunks, each one object of header + 2 KiB.
-    assert.equal(disk?.options.capacityBytes, 64 * (CHUNK_HEADER_BYTES + 2048));
+    // 1 GiB of Llama-3.1-8B: 64 chunks, each one object of header + 1 KiB.
+    assert.equal(disk?.options.capacityBytes, 64 * (CHUNK_HEADER_BYTES + 1024));
     assert.equal(typeof run.workDir, 'string');
     assert.equal(
       existsSync(run.workDir as string),
@@ -320,10 +320,10 @@ describe('kvtier simulate: flags', () => {
       r?.engineTiers.map((t) => [t[0]?.options.path, t[0]?.options.capacityBytes]);
     const [l0, l1] = paths(local) ?? [];
     assert.notEqual(l0?.[0], l1?.[0], 'node-local: a directory per engine');
-    assert.equal(l0?.[1], 16 * (CHUNK_HEADER_BYTES + 4096), 'node-local: half of 32 chunks each');
+    assert.equal(l0?.[1], 16 * (CHUNK_HEADER_BYTES + 2048), 'node-local: half of 32 chunks each');
     const [s0, s1] = paths(shared) ?? [];
     assert.deepEqual(s0, s1, 'shared: one directory');
-    assert.equal(s0?.[1], 32 * (CHUNK_HEADER_BYTES + 4096), '1 GiB: 32 chunks of 32 MiB');
+    assert.equal(s0?.[1], 32 * (CHUNK_HEADER_BYTES + 2048), '1 GiB: 32 chunks of 32 MiB');
     assert.deepEqual(shared?.sharedTiers, ['fs']);
     assert.equal(shared?.engines, 2);
     const json = JSON.parse(c.out.join('\n')) as {
