@@ -18,6 +18,9 @@ import { oneLine } from './simulate-plan.ts';
  * advice computed from the runs shown (so it is true for them), and the sweep's chart.
  */
 
+/** A share of prefill below which a configuration is not worth recommending. */
+const WORTH = 0.05;
+
 /** The advice line and the cheapest row reaching the target (when one was given). */
 export function adviceLine(
   p: PlanResult,
@@ -40,7 +43,7 @@ export function adviceLine(
     p.rows.length === 1
       ? (p.rows[0]?.label ?? '')
       : `the configurations shown (${p.rows[0]?.label} to ${p.rows.at(-1)?.label})`;
-  if (best === undefined || best.gain.savedShare < 0.01) {
+  if (best === undefined || best.gain.savedShare < WORTH) {
     const knee = lruKnee(trace);
     const chunk = kvBytesPerToken(s.planned) * s.chunkTokens;
     const most = best === undefined ? 0 : best.gain.savedShare;
@@ -51,7 +54,7 @@ export function adviceLine(
       };
     return {
       advice:
-        `Advice: ${what} saved at most ${formatPercent(Math.max(0, most))} of prefill: not worth buying at these sizes. ` +
+        `Advice: ${what} saved at most ${formatPercent(Math.max(0, most))} of prefill: little to buy at these sizes. ` +
         `This workload's reuse lies farther apart: an LRU cache needs ${formatSize(knee.chunks * chunk)} of ${s.planned.name} KV to serve ${formatPercent(knee.share)} ` +
         `(95% of the ${formatPercent(knee.infinite)} any cache could) — sweep a tier that large (disk, fs, s3).`,
       ...extra,

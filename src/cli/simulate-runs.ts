@@ -53,6 +53,7 @@ export interface RunRequest {
   /** The workload at scale 1, for runs in this thread. */
   workload: Workload;
   io: SimulateCommandIo;
+  /** Runs at once in worker threads, at most. */
   workers: number;
 }
 

@@ -97,7 +97,7 @@ Fleet:
 Output:
   --json                   print JSON instead of text
   --chart FILE.svg         with --sweep: the chart as SVG, and as PNG beside it
-  --workers N              runs at once in worker threads (default: the machine's cores)
+  --workers N              runs at once in worker threads (default: all of a batch, at most 8)
   --help                   print this text
 
 Exit status: 0 when every run had 0 mismatched blocks, 1 otherwise, 2 on bad flags.`;
