@@ -22,6 +22,7 @@ import {
   type SimEvent,
   SimScheduler,
 } from './engine-scheduler.ts';
+import { LoadClock } from './load-clock.ts';
 import { NullSchedulerConnector } from './null-connector.ts';
 import type { SimEngineOptions, SimModel, SimRequest, SimTierConfig } from './types.ts';
 
@@ -119,9 +120,7 @@ export class SimNode {
   #namespace = '';
   #skewMs = 0;
   /** Modeled ready time of each load in flight, and loads reported done but not yet due. */
-  readonly #readyAt = new Map<string, number>();
-  readonly #deferred = new Set<string>();
-  #linkFreeMs = 0;
+  readonly #loads = new LoadClock();
   #nextSweepMs: number;
   /** Modeled GPU busy time and steps run (fast-forwarded ones included). */
   busyMs = 0;
@@ -249,21 +248,27 @@ export class SimNode {
   get sidecar(): Sidecar | undefined {
     return this.#sidecar;
   }
+  /** The worker connector (undefined with kvtier off). */
   get worker(): KvtierWorkerConnector | undefined {
     return this.#worker;
   }
+  /** The scheduler connector's lookup client (undefined with kvtier off). */
   get lookup(): SimLookupClient | undefined {
     return this.#lookup;
   }
+  /** The worker's data-plane client (undefined with kvtier off). */
   get dataPlane(): SimDataPlaneClient | undefined {
     return this.#dp;
   }
+  /** A lookup client of the node's own, for faults (undefined with kvtier off). */
   get admin(): LookupClient | undefined {
     return this.#admin;
   }
+  /** The scheduler side: kvtier's connector, or one that finds nothing with kvtier off. */
   get connector(): SchedulerConnectorLike {
     return this.#connector as SchedulerConnectorLike;
   }
+  /** The namespace the KV cache registered under ('' with kvtier off). */
   get namespace(): string {
     return this.#namespace;
   }
@@ -331,9 +336,7 @@ export class SimNode {
 
   /** Modeled time the next load in flight is due, if any. */
   nextDueMs(): number | undefined {
-    let min: number | undefined;
-    for (const t of this.#readyAt.values()) if (min === undefined || t < min) min = t;
-    return min;
+    return this.#loads.nextDueMs();
   }
 
   /**
@@ -350,7 +353,8 @@ export class SimNode {
       finishedRecving: EMPTY,
     };
     const invalid = w?.getBlockIdsWithLoadErrors() ?? [];
-    const recving = o.timing === undefined ? finishedRecving : this.#gate(finishedRecving, nowMs);
+    const recving =
+      o.timing === undefined ? finishedRecving : this.#loads.gate(finishedRecving, nowMs);
     const connector = this.connector;
     connector.updateConnectorOutput({
       finishedSending,
@@ -400,8 +404,7 @@ export class SimNode {
    */
   fastForward(nowMs: number, untilMs: number): number {
     const t = this.#o.timing;
-    if (t === undefined || this.inFlight || this.#deferred.size > 0 || this.#readyAt.size > 0)
-      return nowMs;
+    if (t === undefined || this.inFlight || this.#loads.pending) return nowMs;
     this.sched.clock.startMs = nowMs;
     const ff = this.sched.fastForwardDecode({
       maxSteps: Number.POSITIVE_INFINITY,
@@ -439,7 +442,7 @@ export class SimNode {
     return Math.max(1, (tokens * 1000) / this.#o.engine.prefillTokensPerSec);
   }
 
-  /** Records a load's modeled ready time: loads of one engine share its host link, one at a time. */
+  /** Records a load's modeled duration: the tokens it moves from each tier. */
   #loadIssued(l: LoadIntent, nowMs: number, t: NodeTiming): void {
     const range = this.sched.request(l.requestId)?.load ?? undefined;
     const tiers = this.#lookup?.tiersByLookup.get(l.lookupId);
@@ -453,23 +456,7 @@ export class SimNode {
         pos += x.tokens;
       }
     }
-    const ready = Math.max(nowMs, this.#linkFreeMs) + t.loadMs(byTier);
-    this.#linkFreeMs = ready;
-    this.#readyAt.set(l.requestId, ready);
-  }
-
-  /** The loads reported done whose modeled transfer is over by `nowMs`; the others wait. */
-  #gate(recving: ReadonlySet<string>, nowMs: number): Set<string> {
-    for (const id of recving) this.#deferred.add(id);
-    const out = new Set<string>();
-    for (const id of this.#deferred) {
-      const t = this.#readyAt.get(id);
-      if (t !== undefined && t > nowMs) continue;
-      out.add(id);
-      this.#deferred.delete(id);
-      this.#readyAt.delete(id);
-    }
-    return out;
+    this.#loads.issued(l.requestId, nowMs, t.loadMs(byTier));
   }
 
   /** Awaits what the next step depends on: due loads, saves a lookup could see, lookups. */
@@ -477,8 +464,7 @@ export class SimNode {
     const w = this.#worker;
     const lookup = this.#lookup;
     if (w === undefined || lookup === undefined) return;
-    let due = false;
-    for (const [id, t] of this.#readyAt) if (t <= nowMs && !this.#deferred.has(id)) due = true;
+    const due = this.#loads.dueUnreported(nowMs);
     // A waiting request that holds no blocks asks kvtier when it is scheduled.
     const looks = this.sched.waitingRequests.some(
       (r) => r.blocks.length === 0 && r.status !== 'waiting_for_remote_kvs',
