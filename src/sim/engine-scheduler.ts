@@ -313,7 +313,6 @@ export class SimScheduler {
       }
       let computed = r.numComputed;
       let hits: number[] = [];
-      r.firstScheduledMs ??= this.clock.startMs;
       // A request that holds blocks came back from a load: it asks nothing again.
       if (r.blocks.length === 0) {
         hits = d.allocator.findCached(r.hashes, Math.floor((r.promptLen - 1) / bs), bs);
@@ -348,6 +347,7 @@ export class SimScheduler {
               lookupId: '',
             };
             this.#setStatus(r, 'waiting_for_remote_kvs');
+            r.firstScheduledMs ??= this.clock.startMs;
             stillWaiting.push(r);
             continue;
           }
@@ -368,6 +368,7 @@ export class SimScheduler {
       r.numComputed = computed;
       this.#running.push(r);
       this.#setStatus(r, 'running');
+      r.firstScheduledMs ??= this.clock.startMs;
       scheduled.push({ r, numNew });
       budget -= numNew;
     }
