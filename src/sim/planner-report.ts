@@ -287,7 +287,7 @@ function tableLines(p: PlanResult): string[] {
   return [
     ...formatTable(body, headers),
     ...flags,
-    `Shares of prompt tokens; kvtier (${anyLower ? 'below CPU: from the tiers under host memory' : 'all tiers'}) and +GPU count other requests' prefixes, self-reuse a preempted request's own prefix found again (each token once: kvtier + GPU + self-reuse + recomputed + unserved = 100%). Bounds: an LRU tier of the configuration's largest capacity behind the run's own GPU cache, one LRU cache of tier + GPU capacity, an infinite cache (! = above its bound). saved: prompt tokens/s the engine no longer computed over the run without kvtier. TTFT includes queueing. cost: rough 3-year cost of the tiers.`,
+    `Shares of prompt tokens; kvtier (${anyLower ? 'below CPU: from the tiers under host memory' : 'all tiers'}) and +GPU count other requests' prefixes, self-reuse a preempted request's own prefix found again (each token once: kvtier + GPU + self-reuse + recomputed + unserved = 100%). Bounds: an LRU tier of the configuration's largest capacity behind the run's own GPU cache, one LRU cache of tier + GPU capacity, an infinite cache (! = above its bound). saved: prompt tokens/s the engine no longer computed over the run without kvtier. TTFT includes queueing; with kvtier on, a new request also waits one engine step for its lookup, which moves TTFT even when kvtier serves nothing. cost: rough 3-year cost of the tiers.`,
     `Verified ${int(verified)} loaded blocks byte for byte: ${int(mism)} mismatched.`,
   ];
 }
