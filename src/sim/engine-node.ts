@@ -465,9 +465,9 @@ export class SimNode {
     const lookup = this.#lookup;
     if (w === undefined || lookup === undefined) return;
     const due = this.#loads.dueUnreported(nowMs);
-    // A waiting request that holds no blocks asks kvtier when it is scheduled.
+    // A waiting request that holds no blocks and has no answer yet asks kvtier when it is scheduled.
     const looks = this.sched.waitingRequests.some(
-      (r) => r.blocks.length === 0 && r.status !== 'waiting_for_remote_kvs',
+      (r) => r.blocks.length === 0 && !r.answered && r.status !== 'waiting_for_remote_kvs',
     );
     if ((this.#dp?.inFlight ?? 0) > 0 && (due || looks || this.sched.delayedFrees > 0))
       await w.whenIdle();

@@ -23,6 +23,7 @@ export function newReq(sim: SimRequest): Req {
     numPreemptions: 0,
     cachedBlocks: 0,
     pendingLookup: false,
+    answered: false,
     load: null,
     delayedFree: false,
     adm: emptyAdmission(),

@@ -95,6 +95,8 @@ export interface Req {
   numPreemptions: number;
   cachedBlocks: number;
   pendingLookup: boolean;
+  /** A lookup of this admission was answered (the connector keeps the answer: no new lookup until a preemption). */
+  answered: boolean;
   /** The load in flight: tokens from `firstToken`, into `blocks`, under `lookupId`. */
   load: { firstToken: number; tokens: number; blocks: number[]; lookupId: string } | null;
   delayedFree: boolean;

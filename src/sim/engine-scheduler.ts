@@ -22,10 +22,7 @@ import type {
 import type { SimRequest } from './types.ts';
 
 export type {
-  AdmissionSources,
-  CompletedPrefill,
   LoadAllocInfo,
-  RequestTiming,
   SchedulerConnectorLike,
   SchedulerCounters,
   SimEvent,
@@ -325,6 +322,9 @@ export class SimScheduler {
           stillWaiting.push(r);
           continue;
         }
+        // An answer after a pending lookup is kept by the connector; an immediate 0 may have
+        // sent no lookup at all, and a later ask might.
+        r.answered ||= r.pendingLookup;
         r.pendingLookup = false;
         if (loadAsync && ext > 0) {
           // Blocks for the whole prompt, not just the loaded part: a loaded request that then
@@ -406,6 +406,7 @@ export class SimScheduler {
 
   #preempt(r: Req): void {
     r.ownProgress = Math.max(r.ownProgress, r.ownComputedEnd);
+    r.answered = false;
     this.#running = this.#running.filter((x) => x !== r);
     this.#waiting = this.#waiting.filter((x) => x !== r);
     this.#d.allocator.free(r.blocks);
