@@ -169,8 +169,13 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
       bottom,
     );
     for (const [j, l] of labels.entries()) {
+      const text = `${(l.v * 100).toFixed(1)}%`;
+      const x = px(i) + 8;
+      const y = ys[j] as number;
       out.push(
-        `<text class="value" x="${fmt(px(i) + 8)}" y="${fmt(ys[j] as number)}" fill="${COLORS[l.k % COLORS.length]}">${(l.v * 100).toFixed(1)}%</text>`,
+        // A white backing keeps a label readable where a line runs under it.
+        `<rect x="${fmt(x - 1)}" y="${fmt(y - 10)}" width="${text.length * LABEL_CHAR_PX + 2}" height="13" fill="#ffffff" fill-opacity="0.85"/>`,
+        `<text class="value" x="${fmt(x)}" y="${fmt(y)}" fill="${COLORS[l.k % COLORS.length]}">${text}</text>`,
       );
     }
   }
