@@ -34,7 +34,7 @@ export const TEACH = Object.freeze({
 export const SIMULATE_COMMAND_USAGE = `Usage: kvtier simulate [--workload multi-round|long-doc|trace] [options]
 
 A capacity planner: drives real kvtier sidecars with modeled vLLM-like engines, verifies every
-loaded KV block against recomputation, and reports, for a real model on a real GPU: the load the
+loaded KV block against recomputation, and reports, for a real model on a modeled GPU: the load the
 workload offers, what kvtier gains over the same engine without it (prefill tokens/s saved, TTFT
 with queueing), where prompt tokens came from, the bounds each figure is compared with, and
 which tier of what size reaches a target for the least money. With no flags it runs a small
