@@ -174,7 +174,7 @@ function singleLines(p: PlanResult, row: PlanRow): string[] {
 function gainRows(g: Gain): string[] {
   const change = (a: number, b: number) =>
     a > 0 ? ` (${b <= a ? '−' : '+'}${Math.round((100 * Math.abs(b - a)) / a)}%)` : '';
-  return formatTable([
+  return keyValues([
     [
       '  prefill saved',
       `${int(g.savedTokensPerSec)} prompt tokens/s (${pct(g.savedShare)} of prompt tokens no longer computed)`,
@@ -200,17 +200,16 @@ function boundLines(rows: readonly PlanRow[]): string[] {
     if (b === undefined) continue;
     const s = servedShares(row.report);
     out.push(
-      ...formatTable([
-        [`  kvtier alone`, pct(s.kvtier), 'tier behind the GPU cache', pct(b.tierBehindGpu)],
+      ...keyValues([
         [
-          `  kvtier + GPU cache`,
-          pct(s.withGpu),
-          'LRU of tier + GPU',
-          pct(b.lruWithGpu),
-          'infinite',
-          pct(b.infinite),
+          '  kvtier alone',
+          `${pct(s.kvtier)}   bound: an LRU tier behind the run's own GPU cache, ${pct(b.tierBehindGpu)}`,
         ],
-        ['  (an LRU cache of the tier alone', `${pct(b.lru)})`],
+        [
+          '  kvtier + GPU cache',
+          `${pct(s.withGpu)}   bounds: one LRU cache of tier + GPU, ${pct(b.lruWithGpu)}; an infinite cache, ${pct(b.infinite)}`,
+        ],
+        ['  (reference', `an LRU cache of the tier alone, ${pct(b.lru)})`],
       ]),
       ...row.flags.map((f) => `  ABOVE ITS BOUND: ${f}`),
     );
