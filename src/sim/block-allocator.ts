@@ -65,6 +65,11 @@ export class BlockAllocator {
     return this.#free;
   }
 
+  /** Cached blocks whose key was dropped because the block was reallocated, so far. */
+  get evictions(): number {
+    return this.#evictions;
+  }
+
   /** A snapshot of the counters. */
   stats(): BlockAllocatorStats {
     return {

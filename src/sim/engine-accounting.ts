@@ -133,3 +133,32 @@ export function finishedTiming(c: SchedulerCounters, r: Req, nowMs: number): voi
     ttftMs: (r.firstTokenMs ?? nowMs) - at,
   });
 }
+
+/** Counters of a scheduler whose kvtier has the tiers `tierNames` (each starting at 0). */
+export function newCounters(tierNames: readonly string[]): SchedulerCounters {
+  return {
+    gpuPrefixCache: 0,
+    byTier: Object.fromEntries(tierNames.map((n) => [n, 0])),
+    recomputed: 0,
+    selfReuseGpu: 0,
+    selfReuseKvtier: 0,
+    crossNode: 0,
+    timings: [],
+    unserved: 0,
+    preemptions: 0,
+    preemptionRecomputed: 0,
+    preemptionReloaded: 0,
+    prefills: [],
+    pendingLookups: 0,
+    stepsWaited: 0,
+    verifiedBlocks: 0,
+    mismatchedBlocks: 0,
+    mismatches: [],
+    invalidBlocks: 0,
+    recomputedAfterFailure: 0,
+    failedRequests: 0,
+    failedTooLarge: 0,
+    finished: 0,
+    aborted: 0,
+  };
+}

@@ -7,6 +7,15 @@ import type { Req } from './engine-scheduler-types.ts';
  * block: nothing else can change until a request finishes, a request arrives or blocks run out.
  * The loop does exactly that, so a long decode phase costs a few microseconds per step instead of
  * a turn of the engine loop; the scheduler's outcome is the same as stepping.
+ *
+ * Requests may also wait meanwhile when the caller can say, after a step has taken its blocks,
+ * whether the head of the waiting queue would be admitted in that step (`admits`; the scheduler
+ * answers only where no waiting request holds blocks or awaits kvtier, so a blocked head keeps
+ * every other one waiting). The head's answer changes only when a running request ends (never in
+ * the loop) or when a step's blocks evict a cached block (its prefix hits may shrink, which can
+ * free the blocks they pinned): the loop asks again after every step that evicted, and stops before
+ * a step in which the head would be admitted, with that step's blocks taken as the engine loop
+ * takes them first; the engine loop then runs the step (its running requests find their blocks).
  */
 
 /** What {@link fastForwardDecode} is allowed to run. */
@@ -20,6 +29,12 @@ export interface FastForwardLimits {
   stepMs: (batch: number, contextTokens: number) => number;
   /** Called after each step with its length and the blocks requests then hold. */
   onStep?: (ms: number, usedBlocks: number) => void;
+  /**
+   * With requests waiting: whether the head of the waiting queue would be admitted in a step
+   * whose running requests have taken their blocks (asked before the first step runs and after
+   * any step's blocks evicted a cached block).
+   */
+  admits?: () => boolean;
 }
 
 /**
@@ -43,6 +58,7 @@ export function fastForwardDecode(
   const maxSteps = Math.min(lim.maxSteps, left - 1);
   let now = lim.nowMs;
   let steps = 0;
+  let evictions = -1;
   while (steps < maxSteps && now < lim.untilMs) {
     let need = 0;
     let context = 0;
@@ -57,6 +73,12 @@ export function fastForwardDecode(
         if (got === null) throw new Error('fast-forward: a counted free block was not there');
         r.blocks.push(got[0] as number);
       }
+    }
+    if (lim.admits !== undefined && allocator.evictions !== evictions) {
+      evictions = allocator.evictions;
+      if (lim.admits()) break;
+    }
+    for (const r of running) {
       r.numComputed++;
       r.numOutput++;
     }

@@ -409,6 +409,9 @@ export class SimNode {
     const ff = this.sched.fastForwardDecode({
       maxSteps: Number.POSITIVE_INFINITY,
       untilMs,
+      // Past waiting requests only without kvtier: there every lookup finds nothing at once; with
+      // kvtier a waiting request's answer arrives on the real clock.
+      withWaiting: this.config === undefined,
       stepMs: (b, c) => t.decodeStepMs(b, c),
       onStep: (ms, used) => {
         this.busyMs += ms;

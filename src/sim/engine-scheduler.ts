@@ -7,6 +7,7 @@ import {
   discardAdmission,
   emptyAdmission,
   finishedTiming,
+  newCounters,
   prefillCompleted,
 } from './engine-accounting.ts';
 import { type FastForwardLimits, fastForwardDecode } from './engine-fast-forward.ts';
@@ -55,31 +56,7 @@ export class SimScheduler {
   constructor(deps: SimSchedulerDeps, tierNames: readonly string[]) {
     this.#d = deps;
     this.#kv = deps.kv === undefined ? undefined : new KvChecker(deps.kv, deps.blockSize);
-    this.counters = {
-      gpuPrefixCache: 0,
-      byTier: Object.fromEntries(tierNames.map((n) => [n, 0])),
-      recomputed: 0,
-      selfReuseGpu: 0,
-      selfReuseKvtier: 0,
-      crossNode: 0,
-      timings: [],
-      unserved: 0,
-      preemptions: 0,
-      preemptionRecomputed: 0,
-      preemptionReloaded: 0,
-      prefills: [],
-      pendingLookups: 0,
-      stepsWaited: 0,
-      verifiedBlocks: 0,
-      mismatchedBlocks: 0,
-      mismatches: [],
-      invalidBlocks: 0,
-      recomputedAfterFailure: 0,
-      failedRequests: 0,
-      failedTooLarge: 0,
-      finished: 0,
-      aborted: 0,
-    };
+    this.counters = newCounters(tierNames);
   }
 
   /** Requests neither terminal nor waiting for a delayed free. */
@@ -277,16 +254,51 @@ export class SimScheduler {
   }
 
   /**
-   * Decode-only steps from `clock.startMs` in a tight loop (see `engine-fast-forward.ts`), when
-   * nothing waits and no free is delayed; the caller checks that nothing is in flight.
+   * Decode-only steps from `clock.startMs` in a tight loop (see `engine-fast-forward.ts`), when no
+   * free is delayed and nothing waits, or (`withWaiting`: the connector answers every lookup at
+   * once, with nothing to load) when no waiting request holds blocks or awaits an answer; the
+   * caller checks that nothing is in flight.
    */
-  fastForwardDecode(o: Omit<FastForwardLimits, 'nowMs'>): { steps: number; endMs: number } {
-    if (this.#waiting.length > 0 || this.#awaitingFree.size > 0 || this.#running.length === 0)
-      return { steps: 0, endMs: this.clock.startMs };
-    const lim = { ...o, nowMs: this.clock.startMs };
+  fastForwardDecode(o: Omit<FastForwardLimits, 'nowMs' | 'admits'> & { withWaiting?: boolean }): {
+    steps: number;
+    endMs: number;
+  } {
+    const none = { steps: 0, endMs: this.clock.startMs };
+    if (
+      this.delayedFrees > 0 ||
+      this.#running.length === 0 ||
+      this.#running.length > this.#d.maxTokensPerStep
+    )
+      return none;
+    let admits: (() => boolean) | undefined;
+    if (this.#waiting.length > 0) {
+      const quiet = (r: Req) =>
+        r.blocks.length === 0 && !r.pendingLookup && r.status !== 'waiting_for_remote_kvs';
+      if (o.withWaiting !== true || !this.#waiting.every(quiet)) return none;
+      admits = () => this.#headAdmits();
+    }
+    const lim = { ...o, nowMs: this.clock.startMs, admits };
     const r = fastForwardDecode(this.#running, this.#d.allocator, this.#d.blockSize, lim);
     this.step += r.steps;
     return r;
+  }
+
+  /**
+   * Whether `#scheduleWaiting` would admit the head of the waiting queue now, every running
+   * request decoding one token this step: the same budget, running limit, local prefix hits and
+   * block check, with no external tokens (asked only where the connector finds none), and the
+   * same note of the first hits of a request asked for the first time.
+   */
+  #headAdmits(): boolean {
+    const d = this.#d;
+    const r = this.#waiting[0];
+    if (r === undefined) return false;
+    const budget = d.maxTokensPerStep - this.#running.length;
+    if (budget <= 0 || this.#running.length >= d.maxRunning) return false;
+    const bs = d.blockSize;
+    const hits = d.allocator.findCached(r.hashes, Math.floor((r.promptLen - 1) / bs), bs);
+    r.firstHitTokens ??= hits.length * bs;
+    return d.allocator.canAllocate(hits, newBlocks(r, hits.length * bs, hits.length, budget, bs));
   }
 
   #scheduleWaiting(budgetIn: number, scheduled: { r: Req; numNew: number }[]): void {
@@ -357,8 +369,8 @@ export class SimScheduler {
         r.firstHitTokens ??= local;
       }
       const numNew = Math.min(r.promptLen + r.numOutput - computed, budget);
-      const need = Math.ceil((computed + numNew) / bs) - Math.max(r.blocks.length, hits.length);
-      if (!d.allocator.canAllocate(hits, Math.max(0, need))) {
+      const need = newBlocks(r, computed, Math.max(r.blocks.length, hits.length), budget, bs);
+      if (!d.allocator.canAllocate(hits, need)) {
         stop = true;
         stillWaiting.push(r);
         continue;
@@ -494,4 +506,13 @@ export class SimScheduler {
   #emit(e: SimEvent): void {
     this.#d.onEvent?.(e);
   }
+}
+
+/**
+ * Blocks a waiting request takes beyond the `held` it holds or hits when admitted from `computed`
+ * with `budget` tokens left in the step (0 when it holds enough).
+ */
+function newBlocks(r: Req, computed: number, held: number, budget: number, bs: number): number {
+  const numNew = Math.min(r.promptLen + r.numOutput - computed, budget);
+  return Math.max(0, Math.ceil((computed + numNew) / bs) - held);
 }

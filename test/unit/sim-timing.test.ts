@@ -7,9 +7,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { runSimulation } from '../../src/sim/engine.ts';
-import { emptyAdmission, prefillCompleted } from '../../src/sim/engine-accounting.ts';
+import { emptyAdmission, newCounters, prefillCompleted } from '../../src/sim/engine-accounting.ts';
 import { newReq } from '../../src/sim/engine-request.ts';
-import type { SchedulerCounters } from '../../src/sim/engine-scheduler.ts';
 import { resolveEngineSpeed } from '../../src/sim/gpu.ts';
 import { modelPreset } from '../../src/sim/models.ts';
 import { plannerTiming } from '../../src/sim/planner-timing.ts';
@@ -126,6 +125,59 @@ describe('the planner engine', () => {
     );
   });
 
+  it('without kvtier, decode fast-forward also passes waiting requests blocked for blocks: same outcome', async () => {
+    // Twelve requests at once on a GPU cache that holds three: most wait while others decode,
+    // some are preempted, and the waiting ones start only as running ones finish.
+    const queue: SimRequest[] = Array.from({ length: 12 }, (_, i) => ({
+      id: `q${i}`,
+      arrivalMs: i * 5,
+      promptTokens: tokens(50 + i, 300 + 40 * i),
+      outputTokens: 60 + 10 * i,
+    }));
+    // Forty requests on three shared prefixes: a waiting head finds cached blocks that decode
+    // steps evict, under step budgets small enough that a long prompt's chunk is the budget.
+    const prefixes = [tokens(7, 320), tokens(8, 480), tokens(9, 160)];
+    const shared: SimRequest[] = Array.from({ length: 40 }, (_, i) => {
+      const p = prefixes[i % 3] as Uint32Array;
+      const t = new Uint32Array(p.length + 100 + ((i * 37) % 400));
+      t.set(p);
+      t.set(tokens(50 + i, t.length - p.length), p.length);
+      return { id: `s${i}`, arrivalMs: i * 7, promptTokens: t, outputTokens: 30 + ((i * 13) % 90) };
+    });
+    const cases: [SimRequest[], number, number][] = [
+      [queue, 80, 8192],
+      [shared, 120, 256],
+      [shared, 200, 200],
+      [shared, 150, 512],
+    ];
+    for (const [requests, numGpuBlocks, maxTokensPerStep] of cases) {
+      const what = `${requests.length} requests, ${numGpuBlocks} blocks, ${maxTokensPerStep} tokens a step`;
+      const base = {
+        workload: { name: 'queue', requests },
+        model: MODEL,
+        engine: { numGpuBlocks, maxTokensPerStep },
+        waitsAdvanceClock: false,
+        settle: true,
+        timing: timing(),
+        kvtier: false,
+      };
+      const fast = await runSimulation(base);
+      const slow = await runSimulation({ ...base, hooks: { onStep: () => {} } });
+      assertAddsUp(fast, what);
+      assert.ok((fast.preemption?.preemptions ?? 0) > 0, `${what}: the queue preempts`);
+      assert.ok(
+        (fast.fastForwardedSteps ?? 0) > 0.6 * fast.steps,
+        `${what}: fast-forwarded ${fast.fastForwardedSteps} of ${fast.steps}`,
+      );
+      assert.equal(slow.fastForwardedSteps, 0);
+      assert.equal(fast.steps, slow.steps, what);
+      assert.deepEqual(fast.tokens, slow.tokens, what);
+      assert.deepEqual(fast.preemption, slow.preemption, what);
+      assert.deepEqual(fast.modeledTtftMs, slow.modeledTtftMs, what);
+      assert.deepEqual(fast.timeline, slow.timeline, what);
+    }
+  });
+
   it('with kvtier off: the same engine, no sidecar, nothing loaded or saved', async () => {
     const requests = readers(5, 400);
     const off = await runSimulation({
@@ -179,31 +231,7 @@ describe('self-reuse after preemption', () => {
   });
 
   it('splits the completing admission by position: own earlier progress beyond the first hit', () => {
-    const c: SchedulerCounters = {
-      gpuPrefixCache: 0,
-      byTier: {},
-      recomputed: 0,
-      selfReuseGpu: 0,
-      selfReuseKvtier: 0,
-      crossNode: 0,
-      timings: [],
-      unserved: 0,
-      preemptions: 0,
-      preemptionRecomputed: 0,
-      preemptionReloaded: 0,
-      prefills: [],
-      pendingLookups: 0,
-      stepsWaited: 0,
-      verifiedBlocks: 0,
-      mismatchedBlocks: 0,
-      mismatches: [],
-      invalidBlocks: 0,
-      recomputedAfterFailure: 0,
-      failedRequests: 0,
-      failedTooLarge: 0,
-      finished: 0,
-      aborted: 0,
-    };
+    const c = newCounters([]);
     const r = newReq({ id: 'x', arrivalMs: 0, promptTokens: tokens(4, 1000), outputTokens: 1 });
     // First admission found 128 tokens of others' prefixes; it computed up to 700, was preempted;
     // the completing admission finds 256 in the GPU cache and 512 in kvtier (cpu then disk).
