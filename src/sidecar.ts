@@ -117,7 +117,7 @@ export class Sidecar {
       maxSendQueueBytes: config.server.maxSendQueueBytes,
       metrics,
       log: log.child('server'),
-      info: () => ({ version: KVTIER_VERSION }),
+      info: () => ({ version: KVTIER_VERSION, copyEngine: dataPlane.copyEngineInfo() }),
       ...(auth !== undefined ? { auth } : {}),
     });
     let ops: OpsHttpServer | undefined;

@@ -46,6 +46,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("cudaMalloc", Napi::Function::New(env, CudaMalloc, "cudaMalloc"));
   exports.Set("cudaFree", Napi::Function::New(env, CudaFree, "cudaFree"));
   exports.Set("copyBatchDevice", Napi::Function::New(env, CopyBatchDevice, "copyBatchDevice"));
+  exports.Set("deviceCopyCounts", Napi::Function::New(env, DeviceCopyCounts, "deviceCopyCounts"));
   exports.Set("crc32c", Napi::Function::New(env, Crc32cSync, "crc32c"));
   exports.Set("crc32cAsync", Napi::Function::New(env, Crc32cAsync, "crc32cAsync"));
   exports.Set("copyCrc32cAsync", Napi::Function::New(env, CopyCrc32cAsync, "copyCrc32cAsync"));

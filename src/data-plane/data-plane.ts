@@ -383,6 +383,11 @@ export class DataPlane {
   }
 
   /** A JSON-friendly snapshot. */
+  /** The copy engine's own description (kind, CUDA availability), for PING. */
+  copyEngineInfo(): Record<string, unknown> {
+    return this.#copy.describe?.() ?? { kind: 'custom' };
+  }
+
   stats(): { engines: number; requests: number; heldLookups: number; writeThroughDropped: number } {
     let requests = 0;
     let heldLookups = 0;

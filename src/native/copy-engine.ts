@@ -5,7 +5,12 @@ import {
   loadNative,
   type NativeAddon,
 } from '../addon/native-addon.ts';
-import type { CopyEngine, CopySurface, DeviceSurface } from '../data-plane/copy-engine-types.ts';
+import type {
+  CopyEngine,
+  CopyOptions,
+  CopySurface,
+  DeviceSurface,
+} from '../data-plane/copy-engine-types.ts';
 import { KvtierError } from '../errors.ts';
 
 /** A host KV file mapped shared into this process. */
@@ -163,6 +168,7 @@ export function createNativeCopyEngine():
     surfaces: readonly CopySurface[],
     ops: Float64Array,
     device: number,
+    options: CopyOptions,
   ): Promise<void> => {
     const plan = planDeviceOps(surfaces, ops, isDevice);
     await Promise.all([
@@ -184,7 +190,7 @@ export function createNativeCopyEngine():
             plan.d2h.buffers.map(hostBuffer),
             plan.d2h.devices.map(region),
             Float64Array.from(plan.d2h.ops),
-            { device },
+            options.waitEvent !== undefined ? { device, waitEvent: options.waitEvent } : { device },
           )
         : null,
     ]);
@@ -193,16 +199,35 @@ export function createNativeCopyEngine():
     async openFile(path: string): Promise<DeviceSurface> {
       return new MappedFile(addon.mapFile(path, { writable: true }));
     },
-    async copy(surfaces: readonly CopySurface[], ops: Float64Array): Promise<void> {
+    async copy(
+      surfaces: readonly CopySurface[],
+      ops: Float64Array,
+      options: CopyOptions = {},
+    ): Promise<void> {
       if (!surfaces.some(isDevice)) {
         await addon.copyBatch(surfaces.map(hostBuffer), ops);
         return;
       }
       const parts = splitOpsByDevice(surfaces, ops);
       await Promise.all(
-        [...parts].map(([device, part]) => copyOnDevice(surfaces, part, Math.max(device, 0))),
+        [...parts].map(([device, part]) =>
+          copyOnDevice(surfaces, part, Math.max(device, 0), options),
+        ),
       );
     },
+  };
+  engine.describe = () => {
+    const cuda = addon.probe().cuda;
+    return {
+      kind: 'native',
+      addon: addon.path,
+      cuda: {
+        ...cuda,
+        ...(cuda.available
+          ? { deviceUuids: engine.cudaDevices?.() ?? [], copies: addon.deviceCopyCounts() }
+          : {}),
+      },
+    };
   };
   // GPU KV caches are offered only where the run-time probe found a usable CUDA device.
   if (addon.probe().cuda.available) {

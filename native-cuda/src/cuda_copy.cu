@@ -1,0 +1,356 @@
+// Host <-> device copies of the data plane: see cuda_copy.h.
+#include "cuda_copy.h"
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <mutex>
+#include <utility>
+
+namespace kvtier {
+namespace cudacopy {
+namespace {
+
+// A run is cut into pieces of at most this many bytes, one thread block per piece at a time, so
+// a batch of large runs still spreads over every multiprocessor.
+constexpr size_t kPieceBytes = size_t{64} << 10;
+constexpr int kThreads = 256;
+constexpr int kBlocksPerSm = 8;
+
+struct Piece {
+  const uint8_t* src;
+  uint8_t* dst;
+  unsigned long long bytes;
+};
+
+// Each block copies whole pieces; its threads move 16-byte words, four loads in flight before
+// the first store, so reads of host memory over the link overlap.
+__global__ void CopyPiecesKernel(const Piece* __restrict__ pieces, unsigned n) {
+  for (unsigned p = blockIdx.x; p < n; p += gridDim.x) {
+    const Piece pc = pieces[p];
+    const uint8_t* s = pc.src;
+    uint8_t* d = pc.dst;
+    const size_t bytes = static_cast<size_t>(pc.bytes);
+    const size_t step = blockDim.x;
+    if (((reinterpret_cast<uintptr_t>(s) | reinterpret_cast<uintptr_t>(d)) & 15) == 0) {
+      const uint4* s4 = reinterpret_cast<const uint4*>(s);
+      uint4* d4 = reinterpret_cast<uint4*>(d);
+      const size_t n4 = bytes >> 4;
+      size_t i = threadIdx.x;
+      for (; i + 3 * step < n4; i += 4 * step) {
+        const uint4 a = s4[i];
+        const uint4 b = s4[i + step];
+        const uint4 c = s4[i + 2 * step];
+        const uint4 e = s4[i + 3 * step];
+        d4[i] = a;
+        d4[i + step] = b;
+        d4[i + 2 * step] = c;
+        d4[i + 3 * step] = e;
+      }
+      for (; i < n4; i += step) d4[i] = s4[i];
+      for (size_t t = (n4 << 4) + threadIdx.x; t < bytes; t += step) d[t] = s[t];
+    } else {
+      for (size_t t = threadIdx.x; t < bytes; t += step) d[t] = s[t];
+    }
+  }
+}
+
+// Pinned, mapped host buffers for the kernel's piece tables, reused across batches (allocating
+// pinned memory costs far more than a batch).
+class Staging {
+ public:
+  struct Buffer {
+    Piece* host = nullptr;
+    Piece* dev = nullptr;
+    size_t capacity = 0;  // pieces
+  };
+
+  cudaError_t Acquire(size_t pieces, Buffer* out) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->capacity >= pieces) {
+          *out = *it;
+          free_.erase(it);
+          return cudaSuccess;
+        }
+      }
+    }
+    size_t cap = 4096;
+    while (cap < pieces) cap *= 2;
+    void* host = nullptr;
+    cudaError_t err =
+        cudaHostAlloc(&host, cap * sizeof(Piece), cudaHostAllocMapped | cudaHostAllocPortable);
+    if (err != cudaSuccess) return err;
+    void* dev = nullptr;
+    err = cudaHostGetDevicePointer(&dev, host, 0);
+    if (err != cudaSuccess) {
+      cudaFreeHost(host);
+      return err;
+    }
+    *out = Buffer{static_cast<Piece*>(host), static_cast<Piece*>(dev), cap};
+    return cudaSuccess;
+  }
+
+  void Release(const Buffer& b) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(b);
+    // A few buffers serve the pool threads; more would only hold pinned memory.
+    while (free_.size() > 8) {
+      cudaFreeHost(free_.front().host);
+      free_.pop_front();
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<Buffer> free_;
+};
+
+Staging& TheStaging() {
+  static Staging* s = new Staging();  // never destroyed: the driver may be gone at exit
+  return *s;
+}
+
+// Interprocess events opened from their handles, per device; an engine records the same few
+// events step after step, so each is opened once.
+class EventCache {
+ public:
+  cudaError_t Get(int device, const cudaIpcEventHandle_t& handle, cudaEvent_t* out) {
+    std::string key(reinterpret_cast<const char*>(&handle), sizeof(handle));
+    key.push_back(static_cast<char>(device));
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->first == key) {
+        entries_.splice(entries_.begin(), entries_, it);
+        *out = it->second;
+        return cudaSuccess;
+      }
+    }
+    cudaEvent_t ev = nullptr;
+    const cudaError_t err = cudaIpcOpenEventHandle(&ev, handle);
+    if (err != cudaSuccess) return err;
+    entries_.emplace_front(std::move(key), ev);
+    if (entries_.size() > kMaxEvents) {
+      // A wait already issued on it holds; destroying only drops this process's reference.
+      cudaEventDestroy(entries_.back().second);
+      entries_.pop_back();
+    }
+    *out = ev;
+    return cudaSuccess;
+  }
+
+ private:
+  static constexpr size_t kMaxEvents = 256;
+  std::mutex mu_;
+  std::list<std::pair<std::string, cudaEvent_t>> entries_;
+};
+
+EventCache& TheEvents() {
+  static EventCache* c = new EventCache();
+  return *c;
+}
+
+int MultiprocessorCount(int device) {
+  static std::array<int, 64> counts{};
+  static std::mutex mu;
+  if (device < 0 || device >= 64) return 1;
+  std::lock_guard<std::mutex> lock(mu);
+  if (counts[device] == 0) {
+    int n = 0;
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || n <= 0)
+      n = 16;
+    counts[device] = n;
+  }
+  return counts[device];
+}
+
+cudaError_t IssueMemcpy(bool toDevice, const std::vector<DeviceRun>& runs, cudaStream_t stream,
+                        std::string* what) {
+  const cudaMemcpyKind kind = toDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
+  for (const DeviceRun& r : runs) {
+    void* dst = toDevice ? static_cast<void*>(r.dev) : static_cast<void*>(r.host);
+    const void* src = toDevice ? static_cast<const void*>(r.host) : static_cast<const void*>(r.dev);
+    const cudaError_t err = cudaMemcpyAsync(dst, src, r.bytes, kind, stream);
+    if (err != cudaSuccess) {
+      *what = "cudaMemcpyAsync";
+      return err;
+    }
+  }
+  return cudaSuccess;
+}
+
+cudaError_t IssueBatch(bool toDevice, const std::vector<DeviceRun>& runs, cudaStream_t stream,
+                       std::string* what) {
+  std::vector<void*> dsts(runs.size());
+  std::vector<const void*> srcs(runs.size());
+  std::vector<size_t> sizes(runs.size());
+  for (size_t i = 0; i < runs.size(); i++) {
+    dsts[i] = toDevice ? static_cast<void*>(runs[i].dev) : static_cast<void*>(runs[i].host);
+    srcs[i] = toDevice ? static_cast<const void*>(runs[i].host) : static_cast<const void*>(runs[i].dev);
+    sizes[i] = runs[i].bytes;
+  }
+  cudaMemcpyAttributes attr;
+  std::memset(&attr, 0, sizeof(attr));
+  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+  size_t attrIndex = 0;
+  const cudaError_t err = cudaMemcpyBatchAsync(dsts.data(), srcs.data(), sizes.data(), runs.size(),
+                                               &attr, &attrIndex, 1, stream);
+  if (err != cudaSuccess) *what = "cudaMemcpyBatchAsync";
+  return err;
+}
+
+cudaError_t IssueKernel(bool toDevice, int device, const std::vector<DeviceRun>& runs,
+                        cudaStream_t stream, Staging::Buffer* staged, std::string* what) {
+  size_t pieces = 0;
+  for (const DeviceRun& r : runs) pieces += (r.bytes + kPieceBytes - 1) / kPieceBytes;
+  cudaError_t err = TheStaging().Acquire(pieces, staged);
+  if (err != cudaSuccess) {
+    *what = "cudaHostAlloc (piece table)";
+    return err;
+  }
+  Piece* out = staged->host;
+  for (const DeviceRun& r : runs) {
+    for (size_t off = 0; off < r.bytes; off += kPieceBytes) {
+      const size_t n = std::min(kPieceBytes, r.bytes - off);
+      uint8_t* hostSide = r.hostDev + off;
+      uint8_t* devSide = r.dev + off;
+      *out++ = toDevice ? Piece{hostSide, devSide, n} : Piece{devSide, hostSide, n};
+    }
+  }
+  const unsigned n = static_cast<unsigned>(pieces);
+  const unsigned grid = static_cast<unsigned>(
+      std::min<size_t>(pieces, static_cast<size_t>(MultiprocessorCount(device)) * kBlocksPerSm));
+  CopyPiecesKernel<<<grid, kThreads, 0, stream>>>(staged->dev, n);
+  err = cudaGetLastError();
+  if (err != cudaSuccess) *what = "copy kernel launch";
+  return err;
+}
+
+}  // namespace
+
+const char* MethodName(Method m) {
+  switch (m) {
+    case Method::kMemcpy:
+      return "memcpy";
+    case Method::kBatch:
+      return "batch";
+    case Method::kKernel:
+      return "kernel";
+    default:
+      return "auto";
+  }
+}
+
+bool ParseMethod(const char* name, Method* out) {
+  if (name == nullptr) return false;
+  for (Method m : {Method::kAuto, Method::kMemcpy, Method::kBatch, Method::kKernel}) {
+    if (std::strcmp(name, MethodName(m)) == 0) {
+      *out = m;
+      return true;
+    }
+  }
+  return false;
+}
+
+Method MethodFromEnv() {
+  Method m = Method::kAuto;
+  const char* v = std::getenv("KVTIER_CUDA_COPY");
+  if (v != nullptr && v[0] != '\0') ParseMethod(v, &m);
+  return m;
+}
+
+Method Resolve(Method requested, const std::vector<DeviceRun>& runs) {
+  bool mapped = true;
+  size_t total = 0;
+  for (const DeviceRun& r : runs) {
+    mapped = mapped && r.hostDev != nullptr;
+    total += r.bytes;
+  }
+  if (requested == Method::kKernel) return mapped ? Method::kKernel : Method::kMemcpy;
+  if (requested != Method::kAuto) return requested;
+  if (mapped && !runs.empty() && total / runs.size() < kAutoKernelBelowBytes) return Method::kKernel;
+  return Method::kMemcpy;
+}
+
+uint8_t* DeviceAddressOf(const void* host) {
+  cudaPointerAttributes attr;
+  if (cudaPointerGetAttributes(&attr, host) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error state of the failed query
+    return nullptr;
+  }
+  if (attr.type != cudaMemoryTypeHost || attr.devicePointer == nullptr) return nullptr;
+  return static_cast<uint8_t*>(attr.devicePointer);
+}
+
+Outcome Execute(bool toDevice, int device, const std::vector<DeviceRun>& runs, Method requested,
+                const cudaIpcEventHandle_t* waitEvent) {
+  Outcome out;
+  out.used = Resolve(requested == Method::kAuto ? MethodFromEnv() : requested, runs);
+  if (runs.empty()) return out;
+  cudaError_t err = cudaSetDevice(device);
+  if (err != cudaSuccess) {
+    out.err = err;
+    out.what = "cudaSetDevice";
+    return out;
+  }
+  cudaStream_t stream = nullptr;
+  err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  if (err != cudaSuccess) {
+    out.err = err;
+    out.what = "cudaStreamCreate";
+    return out;
+  }
+  std::string what;
+  if (waitEvent != nullptr) {
+    cudaEvent_t ev = nullptr;
+    err = TheEvents().Get(device, *waitEvent, &ev);
+    if (err != cudaSuccess) what = "cudaIpcOpenEventHandle";
+    if (err == cudaSuccess) {
+      err = cudaStreamWaitEvent(stream, ev, 0);
+      if (err != cudaSuccess) what = "cudaStreamWaitEvent";
+    }
+  }
+  Staging::Buffer staged;
+  if (err == cudaSuccess) {
+    switch (out.used) {
+      case Method::kKernel:
+        err = IssueKernel(toDevice, device, runs, stream, &staged, &what);
+        break;
+      case Method::kBatch:
+        err = IssueBatch(toDevice, runs, stream, &what);
+        if (err == cudaErrorNotSupported) {  // a driver without batched copies
+          cudaGetLastError();
+          out.used = Method::kMemcpy;
+          err = IssueMemcpy(toDevice, runs, stream, &what);
+        }
+        break;
+      default:
+        err = IssueMemcpy(toDevice, runs, stream, &what);
+        break;
+    }
+  }
+  // Whatever was issued finishes before the buffers go back to their owners.
+  cudaEvent_t done = nullptr;
+  cudaError_t evErr =
+      cudaEventCreateWithFlags(&done, cudaEventBlockingSync | cudaEventDisableTiming);
+  if (evErr == cudaSuccess) evErr = cudaEventRecord(done, stream);
+  if (evErr == cudaSuccess) evErr = cudaEventSynchronize(done);
+  else cudaStreamSynchronize(stream);
+  if (done != nullptr) cudaEventDestroy(done);
+  cudaStreamDestroy(stream);
+  if (staged.host != nullptr) TheStaging().Release(staged);
+  if (err != cudaSuccess) {
+    out.err = err;
+    out.what = what;
+  } else if (evErr != cudaSuccess) {
+    out.err = evErr;
+    out.what = "cudaEventSynchronize";
+  }
+  return out;
+}
+
+}  // namespace cudacopy
+}  // namespace kvtier
