@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <list>
@@ -285,9 +286,16 @@ uint8_t* DeviceAddressOf(const void* host) {
   return static_cast<uint8_t*>(attr.devicePointer);
 }
 
+uint64_t NowNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
 Outcome Execute(bool toDevice, int device, const std::vector<DeviceRun>& runs, Method requested,
                 const cudaIpcEventHandle_t* waitEvent) {
   Outcome out;
+  const uint64_t t0 = NowNs();
   out.used = Resolve(requested == Method::kAuto ? MethodFromEnv() : requested, runs);
   if (runs.empty()) return out;
   cudaError_t err = cudaSetDevice(device);
@@ -333,6 +341,8 @@ Outcome Execute(bool toDevice, int device, const std::vector<DeviceRun>& runs, M
     }
   }
   // Whatever was issued finishes before the buffers go back to their owners.
+  const uint64_t t1 = NowNs();
+  out.issueNs = t1 - t0;
   cudaEvent_t done = nullptr;
   cudaError_t evErr =
       cudaEventCreateWithFlags(&done, cudaEventBlockingSync | cudaEventDisableTiming);
@@ -342,6 +352,7 @@ Outcome Execute(bool toDevice, int device, const std::vector<DeviceRun>& runs, M
   if (done != nullptr) cudaEventDestroy(done);
   cudaStreamDestroy(stream);
   if (staged.host != nullptr) TheStaging().Release(staged);
+  out.waitNs = NowNs() - t1;
   if (err != cudaSuccess) {
     out.err = err;
     out.what = what;

@@ -35,6 +35,8 @@ struct Outcome {
   cudaError_t err = cudaSuccess;
   std::string what;  // the call that failed, for the error message
   Method used = Method::kMemcpy;
+  uint64_t issueNs = 0;  // stream set-up and issuing the copies
+  uint64_t waitNs = 0;   // waiting for them to finish
   bool ok() const { return err == cudaSuccess; }
 };
 

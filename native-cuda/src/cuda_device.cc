@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -69,15 +70,34 @@ std::string FormatUuid(const unsigned char* bytes) {
   return out;
 }
 
-// Device copy batches by the method that ran them: memcpy, batch, kernel.
-std::atomic<uint64_t> gCopyBatches[3];
-std::atomic<uint64_t> gCopyRuns[3];
+// Device copy batches by the method that ran them (memcpy, batch, kernel): how many, their runs
+// and bytes, and where their time went (planning and mapping, issuing, waiting), in ns.
+struct CopyTally {
+  std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> runs{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> planNs{0};
+  std::atomic<uint64_t> issueNs{0};
+  std::atomic<uint64_t> waitNs{0};
+};
+CopyTally gTally[3];
 
 #ifdef KVTIER_WITH_CUDA
-void CountCopies(cudacopy::Method m, size_t runs) {
-  const int i = m == cudacopy::Method::kBatch ? 1 : m == cudacopy::Method::kKernel ? 2 : 0;
-  gCopyBatches[i].fetch_add(1, std::memory_order_relaxed);
-  gCopyRuns[i].fetch_add(runs, std::memory_order_relaxed);
+uint64_t SteadyNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void CountCopies(const cudacopy::Outcome& o, size_t runs, size_t bytes, uint64_t planNs) {
+  const int i = o.used == cudacopy::Method::kBatch ? 1 : o.used == cudacopy::Method::kKernel ? 2 : 0;
+  CopyTally& t = gTally[i];
+  t.batches.fetch_add(1, std::memory_order_relaxed);
+  t.runs.fetch_add(runs, std::memory_order_relaxed);
+  t.bytes.fetch_add(bytes, std::memory_order_relaxed);
+  t.planNs.fetch_add(planNs, std::memory_order_relaxed);
+  t.issueNs.fetch_add(o.issueNs, std::memory_order_relaxed);
+  t.waitNs.fetch_add(o.waitNs, std::memory_order_relaxed);
 }
 #endif
 
@@ -115,11 +135,19 @@ class DeviceCopyWorker : public PromiseWorker {
 
  protected:
   void Work() override {
+    const uint64_t t0 = SteadyNs();
     std::vector<Run> runs;
     failure_ = PlanCopies(host, dev, ops, false, &runs);
     if (failure_.failed()) return;
     result_ = runs.size();
     if (runs.empty()) return;
+    // The device's context must be current on this pool thread before host memory is queried:
+    // without one the query fails and the batch would lose the kernel.
+    const cudaError_t set = cudaSetDevice(device_);
+    if (set != cudaSuccess) {
+      failure_ = Failure{kErrCuda, CudaMessage(set, "cudaSetDevice")};
+      return;
+    }
     // Where the device sees each host buffer (pinned slabs are mapped; other memory is not).
     std::vector<HostSpan> spans;
     spans.reserve(host.size());
@@ -129,9 +157,12 @@ class DeviceCopyWorker : public PromiseWorker {
     std::vector<cudacopy::DeviceRun> devRuns;
     devRuns.reserve(runs.size());
     for (const Run& r : runs) devRuns.push_back(cudacopy::DeviceRun{r.a, MappedAddress(spans, r), r.b, r.bytes});
+    size_t bytes = 0;
+    for (const Run& r : runs) bytes += r.bytes;
+    const uint64_t planNs = SteadyNs() - t0;
     const cudacopy::Outcome o =
         cudacopy::Execute(toDevice_, device_, devRuns, method_, hasWaitEvent ? &waitEvent : nullptr);
-    CountCopies(o.used, runs.size());
+    CountCopies(o, runs.size(), bytes, planNs);
     if (!o.ok()) failure_ = Failure{kErrCuda, CudaMessage(o.err, o.what.c_str())};
   }
 
@@ -410,10 +441,17 @@ Napi::Value DeviceCopyCounts(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Object out = Napi::Object::New(env);
   const char* names[3] = {"memcpy", "batch", "kernel"};
+  const auto num = [&env](const std::atomic<uint64_t>& v) {
+    return Napi::Number::New(env, static_cast<double>(v.load(std::memory_order_relaxed)));
+  };
   for (int i = 0; i < 3; i++) {
     Napi::Object one = Napi::Object::New(env);
-    one.Set("batches", Napi::Number::New(env, static_cast<double>(gCopyBatches[i].load())));
-    one.Set("runs", Napi::Number::New(env, static_cast<double>(gCopyRuns[i].load())));
+    one.Set("batches", num(gTally[i].batches));
+    one.Set("runs", num(gTally[i].runs));
+    one.Set("bytes", num(gTally[i].bytes));
+    one.Set("planMs", Napi::Number::New(env, gTally[i].planNs.load() / 1e6));
+    one.Set("issueMs", Napi::Number::New(env, gTally[i].issueNs.load() / 1e6));
+    one.Set("waitMs", Napi::Number::New(env, gTally[i].waitNs.load() / 1e6));
     out.Set(names[i], one);
   }
   return out;

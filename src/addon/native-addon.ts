@@ -154,10 +154,14 @@ export interface DeviceCopyOptions extends DeviceOptions {
   signal?: AbortSignal;
 }
 
-/** Device copy batches so far in this process, by the method that ran them. */
+/**
+ * Device copy batches so far in this process, by the method that ran them: their coalesced runs
+ * and bytes, and the time spent planning them (validation, coalescing, host mappings), issuing
+ * them and waiting for them, summed over batches (ms).
+ */
 export type DeviceCopyCounts = Record<
   'memcpy' | 'batch' | 'kernel',
-  { batches: number; runs: number }
+  { batches: number; runs: number; bytes: number; planMs: number; issueMs: number; waitMs: number }
 >;
 
 /** The addon's exports as the C++ side registers them (native-cuda/src/addon.cc). */

@@ -19,6 +19,14 @@ export interface DataPlaneOptions {
   sweepIntervalMs?: number;
   /** Clock for heartbeats and load deadlines (ms); default Date.now. */
   now?: () => number;
+  /**
+   * Payload bytes of one copy batch: a save or load copies consecutive chunks in groups of up
+   * to this many bytes (a larger chunk alone); default 128 MiB. A load checks its request's end,
+   * its signal and its deadline before each group.
+   */
+  copyGroupBytes?: number;
+  /** Copy groups of one save or load in flight at once; 1..64, default 2. */
+  copyGroupsInFlight?: number;
   log?: Logger;
 }
 

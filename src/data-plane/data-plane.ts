@@ -1,4 +1,4 @@
-import type { ChunkHash } from '../backends/types.ts';
+import type { Chunk, ChunkHash } from '../backends/types.ts';
 import { closedError, KvtierError } from '../errors.ts';
 import type {
   PinnedLookup,
@@ -7,7 +7,8 @@ import type {
 } from '../storage-manager/storage-manager.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
-import type { CopyEngine, CopySurface } from './copy-engine-types.ts';
+import type { CopyEngine } from './copy-engine-types.ts';
+import { COPY_GROUP_BYTES, COPY_GROUPS_IN_FLIGHT, copyChunks } from './copy-groups.ts';
 import {
   type DataPlaneOptions,
   LOAD_STATE,
@@ -24,13 +25,11 @@ import {
 } from './engine-state.ts';
 import { createFsCopyEngine } from './fs-copy-engine.ts';
 import {
-  chunkOpSlots,
   chunkPayloadBytes,
   type KvLayout,
   type KvRegistration,
   resolveKvRegistration,
   splitBlocks,
-  writeChunkOps,
 } from './kv-layout.ts';
 
 export type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
@@ -54,6 +53,7 @@ const DEFAULTS = { heartbeatTimeoutMs: 30_000, sweepIntervalMs: 5000 };
 export class DataPlane {
   readonly #storage: StorageManager;
   readonly #copy: CopyEngine;
+  readonly #grouping: { groupBytes: number; inFlight: number };
   readonly #now: () => number;
   readonly #log: Logger;
   readonly #heartbeatTimeoutMs: number;
@@ -65,6 +65,15 @@ export class DataPlane {
   constructor(opts: DataPlaneOptions) {
     this.#storage = opts.storage;
     this.#copy = opts.copyEngine ?? createFsCopyEngine();
+    this.#grouping = {
+      groupBytes: requireInt('copyGroupBytes', opts.copyGroupBytes ?? COPY_GROUP_BYTES, 1),
+      inFlight: requireInt(
+        'copyGroupsInFlight',
+        opts.copyGroupsInFlight ?? COPY_GROUPS_IN_FLIGHT,
+        1,
+        64,
+      ),
+    };
     this.#now = opts.now ?? Date.now;
     this.#log = opts.log ?? silentLogger;
     this.#heartbeatTimeoutMs = requireInt(
@@ -153,7 +162,6 @@ export class DataPlane {
     const pending: StorageReservation[] = [];
     const pendingIds: Uint32Array[] = [];
     try {
-      let slots = 0;
       for (let i = skip; i < hashes.length; i++) {
         const ids = chunks[i]!;
         const bytes = chunkPayloadBytes(layout, ids.length);
@@ -163,18 +171,19 @@ export class DataPlane {
         else {
           pending.push(r);
           pendingIds.push(ids);
-          slots += chunkOpSlots(layout, ids.length);
         }
       }
-      // The op table is filled in place: block ids go from the decoded Uint32Array straight to it.
-      const surfaces: CopySurface[] = [...eng.surfaces];
-      const ops = new Float64Array(slots);
-      let at = 0;
-      for (let k = 0; k < pending.length; k++) {
-        const payload = surfaces.push(pending[k]!.view) - 1;
-        at = writeChunkOps(ops, at, layout, 'gather', pendingIds[k]!, eng.regionSurface, payload);
-      }
-      await this.#track(eng, this.#copy.copy(surfaces, ops));
+      const copied = await this.#track(
+        eng,
+        copyChunks(
+          this.#copy,
+          eng,
+          'gather',
+          pending.map((r, k) => ({ ids: pendingIds[k]!, payload: r.view })),
+          this.#grouping,
+        ),
+      );
+      if (copied.error !== undefined) throw copied.error;
     } catch (err) {
       for (const r of pending) r.abort();
       throw err;
@@ -272,18 +281,14 @@ export class DataPlane {
         : new Set<ChunkHash>();
     const wanted = hashes.filter((h) => ready.has(h));
     const found = wanted.length === 0 ? new Map() : await this.#storage.hostChunks(ns, wanted);
-    let loadedTokens = 0;
-    let i = 0;
-    for (; i < hashes.length; i++) {
-      if (state.finished || eng.gone || signal?.aborted === true) break;
-      if (deadlineMs !== undefined && this.#now() >= deadlineMs) break;
+    // The loadable prefix: every chunk up to the first that is not pinned, gone or malformed.
+    const loadable: Chunk[] = [];
+    for (let i = 0; i < hashes.length; i++) {
       const hash = hashes[i]!;
-      const ids = chunks[i]!;
       const chunk = ready.has(hash) ? found.get(hash) : undefined;
-      // Only the first chunk may start with blocks the engine already holds.
-      const skip = i === 0 ? skipBlocks : 0;
-      const blocks = skip + ids.length;
       if (chunk == null) break;
+      // Only the first chunk may start with blocks the engine already holds.
+      const blocks = (i === 0 ? skipBlocks : 0) + chunks[i]!.length;
       if (
         chunk.tokens !== blocks * layout.blockSize ||
         chunk.data.byteLength !== chunkPayloadBytes(layout, blocks)
@@ -295,27 +300,37 @@ export class DataPlane {
         });
         break;
       }
-      const ops = new Float64Array(chunkOpSlots(layout, ids.length));
-      writeChunkOps(
-        ops,
-        0,
-        layout,
-        'scatter',
-        ids,
-        eng.regionSurface,
-        eng.surfaces.length,
-        0,
-        skip,
-      );
-      try {
-        await this.#copy.copy([...eng.surfaces, chunk.data], ops);
-      } catch (err) {
-        this.#log.warn('scatter failed; chunk reported invalid', { hash, err });
-        break;
-      }
-      loadedTokens += ids.length * layout.blockSize;
+      loadable.push(chunk);
     }
-    return { loadedTokens, invalidBlockIds: chunks.slice(i).flatMap((c) => Array.from(c)) };
+    // Copied in groups of chunks, a few in flight; the request's end, its engine going away, the
+    // signal and the deadline are checked before each group (a group being copied completes).
+    const outcome = await copyChunks(
+      this.#copy,
+      eng,
+      'scatter',
+      loadable.map((c, i) => ({
+        ids: chunks[i]!,
+        payload: c.data,
+        skip: i === 0 ? skipBlocks : 0,
+      })),
+      {
+        ...this.#grouping,
+        stop: () =>
+          state.finished ||
+          eng.gone ||
+          signal?.aborted === true ||
+          (deadlineMs !== undefined && this.#now() >= deadlineMs),
+      },
+    );
+    if (outcome.error !== undefined)
+      this.#log.warn('scatter failed; its chunks reported invalid', {
+        err: outcome.error,
+        fromChunk: outcome.copied,
+      });
+    const n = outcome.copied;
+    let loadedTokens = 0;
+    for (let i = 0; i < n; i++) loadedTokens += chunks[i]!.length * layout.blockSize;
+    return { loadedTokens, invalidBlockIds: chunks.slice(n).flatMap((c) => Array.from(c)) };
   }
 
   async #setState(eng: EngineState | undefined, req: LoadRequest, ok: boolean): Promise<void> {
