@@ -230,6 +230,140 @@ cudaError_t IssueKernel(bool toDevice, int device, const std::vector<DeviceRun>&
   return err;
 }
 
+// Device staging buffers of kStageBytes, per device, reused (cudaMalloc synchronizes).
+class DeviceStages {
+ public:
+  cudaError_t Acquire(int device, uint8_t** out) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {
+        if (it->first == device) {
+          *out = it->second;
+          free_.erase(it);
+          return cudaSuccess;
+        }
+      }
+    }
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, kStageBytes);
+    if (err == cudaSuccess) *out = static_cast<uint8_t*>(p);
+    return err;
+  }
+  void Release(int device, uint8_t* p) {
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.emplace_back(device, p);
+  }
+
+ private:
+  std::mutex mu_;
+  std::list<std::pair<int, uint8_t*>> free_;
+};
+
+DeviceStages& TheStages() {
+  static DeviceStages* s = new DeviceStages();
+  return *s;
+}
+
+// Runs cut into parts of at most kStageBytes, ordered by host address.
+std::vector<DeviceRun> ByHostAddress(const std::vector<DeviceRun>& runs) {
+  std::vector<DeviceRun> out;
+  out.reserve(runs.size());
+  for (const DeviceRun& r : runs) {
+    for (size_t off = 0; off < r.bytes; off += kStageBytes) {
+      const size_t n = std::min(kStageBytes, r.bytes - off);
+      out.push_back(DeviceRun{r.host + off, r.hostDev == nullptr ? nullptr : r.hostDev + off,
+                              r.dev + off, n});
+    }
+  }
+  std::sort(out.begin(), out.end(),
+            [](const DeviceRun& a, const DeviceRun& b) { return a.host < b.host; });
+  return out;
+}
+
+// Average length of the host-contiguous spans of `runs` (each span at most kStageBytes).
+size_t AverageSpan(const std::vector<DeviceRun>& runs) {
+  if (runs.empty()) return 0;
+  const std::vector<DeviceRun> sorted = ByHostAddress(runs);
+  size_t spans = 0;
+  size_t total = 0;
+  size_t cur = 0;
+  const uint8_t* end = nullptr;
+  for (const DeviceRun& r : sorted) {
+    if (r.host != end || cur + r.bytes > kStageBytes) {
+      spans++;
+      cur = 0;
+    }
+    cur += r.bytes;
+    total += r.bytes;
+    end = r.host + r.bytes;
+  }
+  return total / spans;
+}
+
+// Each span of host-contiguous runs: one DMA between the host span and a staging buffer, and
+// the kernel between the staging buffer and the runs' device bytes, all in stream order.
+cudaError_t IssueStaged(bool toDevice, int device, const std::vector<DeviceRun>& runs,
+                        cudaStream_t stream, Staging::Buffer* table, uint8_t* stage,
+                        std::string* what) {
+  const std::vector<DeviceRun> sorted = ByHostAddress(runs);
+  size_t pieces = 0;
+  for (const DeviceRun& r : sorted) pieces += (r.bytes + kPieceBytes - 1) / kPieceBytes;
+  cudaError_t err = TheStaging().Acquire(pieces, table);
+  if (err != cudaSuccess) {
+    *what = "cudaHostAlloc (piece table)";
+    return err;
+  }
+  const unsigned maxGrid = static_cast<unsigned>(MultiprocessorCount(device) * kBlocksPerSm);
+  Piece* next = table->host;
+  size_t i = 0;
+  while (i < sorted.size()) {
+    // One span: runs contiguous on the host side, at most kStageBytes in all.
+    uint8_t* hostStart = sorted[i].host;
+    size_t spanBytes = 0;
+    Piece* first = next;
+    while (i < sorted.size() && sorted[i].host == hostStart + spanBytes &&
+           spanBytes + sorted[i].bytes <= kStageBytes) {
+      const DeviceRun& r = sorted[i];
+      for (size_t off = 0; off < r.bytes; off += kPieceBytes) {
+        const size_t n = std::min(kPieceBytes, r.bytes - off);
+        uint8_t* staged = stage + spanBytes + off;
+        *next++ = toDevice ? Piece{staged, r.dev + off, n} : Piece{r.dev + off, staged, n};
+      }
+      spanBytes += r.bytes;
+      i++;
+    }
+    const unsigned n = static_cast<unsigned>(next - first);
+    const unsigned grid = std::min(n, maxGrid);
+    Piece* devTable = table->dev + (first - table->host);
+    if (toDevice) {
+      err = cudaMemcpyAsync(stage, hostStart, spanBytes, cudaMemcpyHostToDevice, stream);
+      if (err != cudaSuccess) {
+        *what = "cudaMemcpyAsync (staged)";
+        return err;
+      }
+      CopyPiecesKernel<<<grid, kThreads, 0, stream>>>(devTable, n);
+    } else {
+      CopyPiecesKernel<<<grid, kThreads, 0, stream>>>(devTable, n);
+      err = cudaGetLastError();
+      if (err != cudaSuccess) {
+        *what = "copy kernel launch (staged)";
+        return err;
+      }
+      err = cudaMemcpyAsync(hostStart, stage, spanBytes, cudaMemcpyDeviceToHost, stream);
+      if (err != cudaSuccess) {
+        *what = "cudaMemcpyAsync (staged)";
+        return err;
+      }
+    }
+    err = cudaGetLastError();
+    if (err != cudaSuccess) {
+      *what = "copy kernel launch (staged)";
+      return err;
+    }
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
 
 const char* MethodName(Method m) {
@@ -240,6 +374,8 @@ const char* MethodName(Method m) {
       return "batch";
     case Method::kKernel:
       return "kernel";
+    case Method::kStaged:
+      return "staged";
     default:
       return "auto";
   }
@@ -247,7 +383,7 @@ const char* MethodName(Method m) {
 
 bool ParseMethod(const char* name, Method* out) {
   if (name == nullptr) return false;
-  for (Method m : {Method::kAuto, Method::kMemcpy, Method::kBatch, Method::kKernel}) {
+  for (Method m : {Method::kAuto, Method::kMemcpy, Method::kBatch, Method::kKernel, Method::kStaged}) {
     if (std::strcmp(name, MethodName(m)) == 0) {
       *out = m;
       return true;
@@ -272,7 +408,9 @@ Method Resolve(Method requested, const std::vector<DeviceRun>& runs) {
   }
   if (requested == Method::kKernel) return mapped ? Method::kKernel : Method::kMemcpy;
   if (requested != Method::kAuto) return requested;
-  if (mapped && !runs.empty() && total / runs.size() < kAutoKernelBelowBytes) return Method::kKernel;
+  if (runs.empty()) return Method::kMemcpy;
+  if (AverageSpan(runs) >= kAutoStagedFromBytes) return Method::kStaged;
+  if (mapped && total / runs.size() < kAutoKernelBelowBytes) return Method::kKernel;
   return Method::kMemcpy;
 }
 
@@ -322,8 +460,20 @@ Outcome Execute(bool toDevice, int device, const std::vector<DeviceRun>& runs, M
     }
   }
   Staging::Buffer staged;
+  uint8_t* stage = nullptr;
+  if (err == cudaSuccess && out.used == Method::kStaged) {
+    // Without device memory for a staging buffer, the kernel (or memcpy) takes the batch.
+    if (TheStages().Acquire(device, &stage) != cudaSuccess) {
+      cudaGetLastError();
+      stage = nullptr;
+      out.used = Resolve(Method::kKernel, runs);
+    }
+  }
   if (err == cudaSuccess) {
     switch (out.used) {
+      case Method::kStaged:
+        err = IssueStaged(toDevice, device, runs, stream, &staged, stage, &what);
+        break;
       case Method::kKernel:
         err = IssueKernel(toDevice, device, runs, stream, &staged, &what);
         break;
@@ -352,6 +502,7 @@ Outcome Execute(bool toDevice, int device, const std::vector<DeviceRun>& runs, M
   if (done != nullptr) cudaEventDestroy(done);
   cudaStreamDestroy(stream);
   if (staged.host != nullptr) TheStaging().Release(staged);
+  if (stage != nullptr) TheStages().Release(device, stage);
   out.waitNs = NowNs() - t1;
   if (err != cudaSuccess) {
     out.err = err;

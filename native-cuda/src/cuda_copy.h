@@ -19,8 +19,14 @@ namespace cudacopy {
 //   kernel: one gather/scatter kernel whose threads read and write the pinned host pages through
 //           their device mapping (SM time, but no per-run overhead: small blocks move at the
 //           link's rate). Needs every host byte mapped (cudaHostRegister'd or cudaHostAlloc'd).
-//   auto:   kernel for batches of small runs whose host memory is mapped, else memcpy.
-enum class Method : int { kAuto = 0, kMemcpy = 1, kBatch = 2, kKernel = 3 };
+//   staged: the host side moved as large contiguous spans by the copy engines (one
+//           cudaMemcpyAsync per span of up to kStageBytes) through a device staging buffer, and
+//           the blocks gathered from or scattered into it on the device by the kernel (HBM to
+//           HBM, a few percent of the time): DMA speed for small blocks, at the cost of two
+//           staging buffers of device memory per device in use.
+//   auto:   staged when the runs' host bytes form long contiguous spans (a chunk's payload),
+//           else the kernel for small runs whose host memory is mapped, else memcpy.
+enum class Method : int { kAuto = 0, kMemcpy = 1, kBatch = 2, kKernel = 3, kStaged = 4 };
 
 // One contiguous copy. `host` is the host address; `hostDev` the device-visible address of the
 // same bytes (nullptr when the host memory is not mapped); `dev` a device address.
@@ -40,7 +46,7 @@ struct Outcome {
   bool ok() const { return err == cudaSuccess; }
 };
 
-// "auto", "memcpy", "batch", "kernel".
+// "auto", "memcpy", "batch", "kernel", "staged".
 const char* MethodName(Method m);
 // Parses a method name; false for anything else.
 bool ParseMethod(const char* name, Method* out);
@@ -49,6 +55,10 @@ Method MethodFromEnv();
 
 // Average run size below which `auto` takes the kernel (when the host memory is mapped).
 inline constexpr size_t kAutoKernelBelowBytes = size_t{1} << 20;
+// Average host-contiguous span from which `auto` stages through device memory.
+inline constexpr size_t kAutoStagedFromBytes = size_t{512} << 10;
+// Bytes of one device staging buffer.
+inline constexpr size_t kStageBytes = size_t{16} << 20;
 
 // The method `requested` resolves to for `runs` (kAuto resolved; kKernel falls back to memcpy
 // when a run's host memory is not mapped).

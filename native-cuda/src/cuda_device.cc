@@ -70,7 +70,7 @@ std::string FormatUuid(const unsigned char* bytes) {
   return out;
 }
 
-// Device copy batches by the method that ran them (memcpy, batch, kernel): how many, their runs
+// Device copy batches by the method that ran them (memcpy, batch, kernel, staged): how many, their runs
 // and bytes, and where their time went (planning and mapping, issuing, waiting), in ns.
 struct CopyTally {
   std::atomic<uint64_t> batches{0};
@@ -80,7 +80,7 @@ struct CopyTally {
   std::atomic<uint64_t> issueNs{0};
   std::atomic<uint64_t> waitNs{0};
 };
-CopyTally gTally[3];
+CopyTally gTally[4];
 
 #ifdef KVTIER_WITH_CUDA
 uint64_t SteadyNs() {
@@ -90,7 +90,10 @@ uint64_t SteadyNs() {
 }
 
 void CountCopies(const cudacopy::Outcome& o, size_t runs, size_t bytes, uint64_t planNs) {
-  const int i = o.used == cudacopy::Method::kBatch ? 1 : o.used == cudacopy::Method::kKernel ? 2 : 0;
+  const int i = o.used == cudacopy::Method::kBatch    ? 1
+                : o.used == cudacopy::Method::kKernel ? 2
+                : o.used == cudacopy::Method::kStaged ? 3
+                                                      : 0;
   CopyTally& t = gTally[i];
   t.batches.fetch_add(1, std::memory_order_relaxed);
   t.runs.fetch_add(runs, std::memory_order_relaxed);
@@ -404,7 +407,8 @@ Napi::Value CopyBatchDevice(const Napi::CallbackInfo& info) {
     if (!m.IsUndefined()) {
       const std::string name = m.IsString() ? m.As<Napi::String>().Utf8Value() : "";
       if (!cudacopy::ParseMethod(name.c_str(), &method)) {
-        Throw(env, kErrInvalidArg, "method must be 'auto', 'memcpy', 'batch' or 'kernel'");
+        Throw(env, kErrInvalidArg,
+              "method must be 'auto', 'memcpy', 'batch', 'kernel' or 'staged'");
       }
     }
     Napi::Value ev = o.Get("waitEvent");
@@ -440,11 +444,11 @@ Napi::Value CopyBatchDevice(const Napi::CallbackInfo& info) {
 Napi::Value DeviceCopyCounts(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   Napi::Object out = Napi::Object::New(env);
-  const char* names[3] = {"memcpy", "batch", "kernel"};
+  const char* names[4] = {"memcpy", "batch", "kernel", "staged"};
   const auto num = [&env](const std::atomic<uint64_t>& v) {
     return Napi::Number::New(env, static_cast<double>(v.load(std::memory_order_relaxed)));
   };
-  for (int i = 0; i < 3; i++) {
+  for (int i = 0; i < 4; i++) {
     Napi::Object one = Napi::Object::New(env);
     one.Set("batches", num(gTally[i].batches));
     one.Set("runs", num(gTally[i].runs));

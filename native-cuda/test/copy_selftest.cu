@@ -147,7 +147,8 @@ int main(int argc, char** argv) {
   bool ok = true;
   std::vector<Row> rows;
   const size_t blocks[] = {size_t{4} << 10, size_t{32} << 10, size_t{256} << 10, size_t{2} << 20};
-  const Method methods[] = {Method::kMemcpy, Method::kBatch, Method::kKernel, Method::kAuto};
+  const Method methods[] = {Method::kMemcpy, Method::kBatch, Method::kKernel, Method::kStaged,
+                            Method::kAuto};
   for (size_t block : blocks) {
     const size_t count = total / block;
     for (Method m : methods) {

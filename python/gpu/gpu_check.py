@@ -474,7 +474,7 @@ def main() -> int:
     ap.add_argument("--layout-chunks", type=int)
     ap.add_argument("--layout-blocks", type=int)
     ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--methods", default="auto", help="copy methods to time, comma-separated (auto,memcpy,batch,kernel): each but auto on a fresh sidecar")
+    ap.add_argument("--methods", default="auto", help="copy methods to time, comma-separated (auto,memcpy,batch,kernel,staged): each but auto on a fresh sidecar")
     a = ap.parse_args()
     # CUDA: Llama-3-8B's KV (32 layers, 8 KV heads of 128: 32 MiB a chunk), 128 chunks = 4 GiB.
     # Host dry run: a small model, 64 MiB.

@@ -135,11 +135,13 @@ export type CopyDirection = 'h2d' | 'd2h';
  * How a device batch is issued (native-cuda/src/cuda_copy.h): `memcpy` one cudaMemcpyAsync per
  * coalesced run; `batch` one cudaMemcpyBatchAsync; `kernel` one gather/scatter kernel reading
  * and writing the pinned host pages through their device mapping (small blocks at the link's
- * rate; falls back to memcpy when a host buffer is not mapped pinned memory); `auto` (default;
- * `KVTIER_CUDA_COPY` overrides it) the kernel for batches of runs under 1 MiB on average whose
- * host memory is mapped, else memcpy.
+ * rate; falls back to memcpy when a host buffer is not mapped pinned memory); `staged` the host
+ * side as long contiguous spans by DMA through a 16 MiB device staging buffer, the blocks
+ * scattered or gathered there by the kernel; `auto` (default; `KVTIER_CUDA_COPY` overrides it)
+ * staged when the host side forms spans of 512 KiB or more on average (a chunk's payload), else
+ * the kernel for runs under 1 MiB on average whose host memory is mapped, else memcpy.
  */
-export type DeviceCopyMethod = 'auto' | 'memcpy' | 'batch' | 'kernel';
+export type DeviceCopyMethod = 'auto' | 'memcpy' | 'batch' | 'kernel' | 'staged';
 
 /** Options of {@link NativeAddon.copyBatchDevice}. */
 export interface DeviceCopyOptions extends DeviceOptions {
@@ -160,7 +162,7 @@ export interface DeviceCopyOptions extends DeviceOptions {
  * them and waiting for them, summed over batches (ms).
  */
 export type DeviceCopyCounts = Record<
-  'memcpy' | 'batch' | 'kernel',
+  'memcpy' | 'batch' | 'kernel' | 'staged',
   { batches: number; runs: number; bytes: number; planMs: number; issueMs: number; waitMs: number }
 >;
 
@@ -495,6 +497,7 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
                 'memcpy',
                 'batch',
                 'kernel',
+                'staged',
               ] as const),
             }
           : {}),
