@@ -300,11 +300,28 @@ size_t AverageSpan(const std::vector<DeviceRun>& runs) {
   return total / spans;
 }
 
-// Each span of host-contiguous runs: one DMA between the host span and a staging buffer, and
-// the kernel between the staging buffer and the runs' device bytes, all in stream order.
+// Streams and events a staged batch adds to the batch's own stream, destroyed after it is done.
+struct StagedResources {
+  cudaStream_t kernels = nullptr;
+  std::vector<cudaEvent_t> events;
+  ~StagedResources() {
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    if (kernels != nullptr) cudaStreamDestroy(kernels);
+  }
+  cudaError_t Event(cudaEvent_t* out) {
+    const cudaError_t err = cudaEventCreateWithFlags(out, cudaEventDisableTiming);
+    if (err == cudaSuccess) events.push_back(*out);
+    return err;
+  }
+};
+
+// Each span of host-contiguous runs: one DMA between the host span and a staging buffer on the
+// batch's stream, and the kernel between that buffer and the runs' device bytes on a second
+// stream. With two buffers the DMA of one span overlaps the kernel of the one before; events
+// keep each buffer's DMA and kernel in order. The batch's stream ends after everything.
 cudaError_t IssueStaged(bool toDevice, int device, const std::vector<DeviceRun>& runs,
-                        cudaStream_t stream, Staging::Buffer* table, uint8_t* stage,
-                        std::string* what) {
+                        cudaStream_t dma, Staging::Buffer* table, uint8_t* const* stages,
+                        int nStages, StagedResources* res, std::string* what) {
   const std::vector<DeviceRun> sorted = ByHostAddress(runs);
   size_t pieces = 0;
   for (const DeviceRun& r : sorted) pieces += (r.bytes + kPieceBytes - 1) / kPieceBytes;
@@ -313,10 +330,31 @@ cudaError_t IssueStaged(bool toDevice, int device, const std::vector<DeviceRun>&
     *what = "cudaHostAlloc (piece table)";
     return err;
   }
+  const auto fail = [what](cudaError_t e, const char* call) {
+    *what = call;
+    return e;
+  };
+  err = cudaStreamCreateWithFlags(&res->kernels, cudaStreamNonBlocking);
+  if (err != cudaSuccess) return fail(err, "cudaStreamCreate (staged)");
+  cudaEvent_t start = nullptr;
+  cudaEvent_t dmaDone[2] = {nullptr, nullptr};
+  cudaEvent_t kerDone[2] = {nullptr, nullptr};
+  if ((err = res->Event(&start)) != cudaSuccess) return fail(err, "cudaEventCreate");
+  for (int b = 0; b < nStages; b++) {
+    if ((err = res->Event(&dmaDone[b])) != cudaSuccess || (err = res->Event(&kerDone[b])) != cudaSuccess)
+      return fail(err, "cudaEventCreate");
+  }
+  // The kernel stream starts after whatever the batch's stream waits for (an engine's event).
+  if ((err = cudaEventRecord(start, dma)) != cudaSuccess) return fail(err, "cudaEventRecord");
+  if ((err = cudaStreamWaitEvent(res->kernels, start, 0)) != cudaSuccess)
+    return fail(err, "cudaStreamWaitEvent");
   const unsigned maxGrid = static_cast<unsigned>(MultiprocessorCount(device) * kBlocksPerSm);
   Piece* next = table->host;
+  bool used[2] = {false, false};
   size_t i = 0;
-  while (i < sorted.size()) {
+  for (int span = 0; i < sorted.size(); span++) {
+    const int b = span % nStages;
+    uint8_t* stage = stages[b];
     // One span: runs contiguous on the host side, at most kStageBytes in all.
     uint8_t* hostStart = sorted[i].host;
     size_t spanBytes = 0;
@@ -336,31 +374,39 @@ cudaError_t IssueStaged(bool toDevice, int device, const std::vector<DeviceRun>&
     const unsigned grid = std::min(n, maxGrid);
     Piece* devTable = table->dev + (first - table->host);
     if (toDevice) {
-      err = cudaMemcpyAsync(stage, hostStart, spanBytes, cudaMemcpyHostToDevice, stream);
-      if (err != cudaSuccess) {
-        *what = "cudaMemcpyAsync (staged)";
-        return err;
-      }
-      CopyPiecesKernel<<<grid, kThreads, 0, stream>>>(devTable, n);
+      // The buffer is free once the kernel of its previous span has read it.
+      if (used[b] && (err = cudaStreamWaitEvent(dma, kerDone[b], 0)) != cudaSuccess)
+        return fail(err, "cudaStreamWaitEvent");
+      if ((err = cudaMemcpyAsync(stage, hostStart, spanBytes, cudaMemcpyHostToDevice, dma)) != cudaSuccess)
+        return fail(err, "cudaMemcpyAsync (staged)");
+      if ((err = cudaEventRecord(dmaDone[b], dma)) != cudaSuccess) return fail(err, "cudaEventRecord");
+      if ((err = cudaStreamWaitEvent(res->kernels, dmaDone[b], 0)) != cudaSuccess)
+        return fail(err, "cudaStreamWaitEvent");
+      CopyPiecesKernel<<<grid, kThreads, 0, res->kernels>>>(devTable, n);
+      if ((err = cudaGetLastError()) != cudaSuccess) return fail(err, "copy kernel launch (staged)");
+      if ((err = cudaEventRecord(kerDone[b], res->kernels)) != cudaSuccess)
+        return fail(err, "cudaEventRecord");
     } else {
-      CopyPiecesKernel<<<grid, kThreads, 0, stream>>>(devTable, n);
-      err = cudaGetLastError();
-      if (err != cudaSuccess) {
-        *what = "copy kernel launch (staged)";
-        return err;
-      }
-      err = cudaMemcpyAsync(hostStart, stage, spanBytes, cudaMemcpyDeviceToHost, stream);
-      if (err != cudaSuccess) {
-        *what = "cudaMemcpyAsync (staged)";
-        return err;
-      }
+      // The buffer is free once the DMA of its previous span has drained it.
+      if (used[b] && (err = cudaStreamWaitEvent(res->kernels, dmaDone[b], 0)) != cudaSuccess)
+        return fail(err, "cudaStreamWaitEvent");
+      CopyPiecesKernel<<<grid, kThreads, 0, res->kernels>>>(devTable, n);
+      if ((err = cudaGetLastError()) != cudaSuccess) return fail(err, "copy kernel launch (staged)");
+      if ((err = cudaEventRecord(kerDone[b], res->kernels)) != cudaSuccess)
+        return fail(err, "cudaEventRecord");
+      if ((err = cudaStreamWaitEvent(dma, kerDone[b], 0)) != cudaSuccess)
+        return fail(err, "cudaStreamWaitEvent");
+      if ((err = cudaMemcpyAsync(hostStart, stage, spanBytes, cudaMemcpyDeviceToHost, dma)) != cudaSuccess)
+        return fail(err, "cudaMemcpyAsync (staged)");
+      if ((err = cudaEventRecord(dmaDone[b], dma)) != cudaSuccess) return fail(err, "cudaEventRecord");
     }
-    err = cudaGetLastError();
-    if (err != cudaSuccess) {
-      *what = "copy kernel launch (staged)";
-      return err;
-    }
+    used[b] = true;
   }
+  // The batch's stream finishes only after the last kernel too.
+  cudaEvent_t last = nullptr;
+  if ((err = res->Event(&last)) != cudaSuccess) return fail(err, "cudaEventCreate");
+  if ((err = cudaEventRecord(last, res->kernels)) != cudaSuccess) return fail(err, "cudaEventRecord");
+  if ((err = cudaStreamWaitEvent(dma, last, 0)) != cudaSuccess) return fail(err, "cudaStreamWaitEvent");
   return cudaSuccess;
 }
 
@@ -460,19 +506,21 @@ Outcome Execute(bool toDevice, int device, const std::vector<DeviceRun>& runs, M
     }
   }
   Staging::Buffer staged;
-  uint8_t* stage = nullptr;
+  uint8_t* stages[2] = {nullptr, nullptr};
+  int nStages = 0;
+  StagedResources* res = nullptr;
   if (err == cudaSuccess && out.used == Method::kStaged) {
-    // Without device memory for a staging buffer, the kernel (or memcpy) takes the batch.
-    if (TheStages().Acquire(device, &stage) != cudaSuccess) {
-      cudaGetLastError();
-      stage = nullptr;
-      out.used = Resolve(Method::kKernel, runs);
-    }
+    // Two staging buffers let DMA and kernel overlap; one still works; with none (no device
+    // memory) the kernel (or memcpy) takes the batch.
+    while (nStages < 2 && TheStages().Acquire(device, &stages[nStages]) == cudaSuccess) nStages++;
+    cudaGetLastError();
+    if (nStages == 0) out.used = Resolve(Method::kKernel, runs);
+    else res = new StagedResources();
   }
   if (err == cudaSuccess) {
     switch (out.used) {
       case Method::kStaged:
-        err = IssueStaged(toDevice, device, runs, stream, &staged, stage, &what);
+        err = IssueStaged(toDevice, device, runs, stream, &staged, stages, nStages, res, &what);
         break;
       case Method::kKernel:
         err = IssueKernel(toDevice, device, runs, stream, &staged, &what);
@@ -502,7 +550,13 @@ Outcome Execute(bool toDevice, int device, const std::vector<DeviceRun>& runs, M
   if (done != nullptr) cudaEventDestroy(done);
   cudaStreamDestroy(stream);
   if (staged.host != nullptr) TheStaging().Release(staged);
-  if (stage != nullptr) TheStages().Release(device, stage);
+  // The batch's stream waited for the kernel stream, so both are idle now (or an issue failed
+  // and the kernel stream is synchronized before its buffers go back).
+  if (res != nullptr) {
+    if (res->kernels != nullptr) cudaStreamSynchronize(res->kernels);
+    delete res;
+  }
+  for (int b = 0; b < nStages; b++) TheStages().Release(device, stages[b]);
   out.waitNs = NowNs() - t1;
   if (err != cudaSuccess) {
     out.err = err;
