@@ -230,7 +230,12 @@ cudaError_t IssueKernel(bool toDevice, int device, const std::vector<DeviceRun>&
   return err;
 }
 
-// Device staging buffers of kStageBytes, per device, reused (cudaMalloc synchronizes).
+// Room after a staging buffer for the kernel's piece table, so the kernel reads its pieces from
+// device memory: read over the link, they would queue behind the DMA filling the link.
+constexpr size_t kTableBytes = size_t{1} << 20;
+
+// Device staging buffers of kStageBytes (+ kTableBytes), per device, reused (cudaMalloc
+// synchronizes).
 class DeviceStages {
  public:
   cudaError_t Acquire(int device, uint8_t** out) {
@@ -245,7 +250,7 @@ class DeviceStages {
       }
     }
     void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, kStageBytes);
+    const cudaError_t err = cudaMalloc(&p, kStageBytes + kTableBytes);
     if (err == cudaSuccess) *out = static_cast<uint8_t*>(p);
     return err;
   }
@@ -344,35 +349,55 @@ cudaError_t IssueStaged(bool toDevice, int device, const std::vector<DeviceRun>&
     if ((err = res->Event(&dmaDone[b])) != cudaSuccess || (err = res->Event(&kerDone[b])) != cudaSuccess)
       return fail(err, "cudaEventCreate");
   }
-  // The kernel stream starts after whatever the batch's stream waits for (an engine's event).
+  // The spans and their pieces first: the piece table then goes to device memory in one copy.
+  struct Span {
+    uint8_t* host;
+    size_t bytes;
+    size_t firstPiece;
+    size_t pieces;
+  };
+  std::vector<Span> spans;
+  Piece* next = table->host;
+  for (size_t i = 0; i < sorted.size();) {
+    uint8_t* stage = stages[spans.size() % nStages];
+    Span sp{sorted[i].host, 0, static_cast<size_t>(next - table->host), 0};
+    while (i < sorted.size() && sorted[i].host == sp.host + sp.bytes &&
+           sp.bytes + sorted[i].bytes <= kStageBytes) {
+      const DeviceRun& r = sorted[i];
+      for (size_t off = 0; off < r.bytes; off += kPieceBytes) {
+        const size_t n = std::min(kPieceBytes, r.bytes - off);
+        uint8_t* staged = stage + sp.bytes + off;
+        *next++ = toDevice ? Piece{staged, r.dev + off, n} : Piece{r.dev + off, staged, n};
+      }
+      sp.bytes += r.bytes;
+      i++;
+    }
+    sp.pieces = static_cast<size_t>(next - table->host) - sp.firstPiece;
+    spans.push_back(sp);
+  }
+  Piece* devTable = table->dev;
+  if (pieces * sizeof(Piece) <= kTableBytes) {
+    devTable = reinterpret_cast<Piece*>(stages[0] + kStageBytes);
+    if ((err = cudaMemcpyAsync(devTable, table->host, pieces * sizeof(Piece), cudaMemcpyHostToDevice,
+                               dma)) != cudaSuccess)
+      return fail(err, "cudaMemcpyAsync (piece table)");
+  }
+  // The kernel stream starts after whatever the batch's stream waits for (an engine's event)
+  // and after the piece table is in place.
   if ((err = cudaEventRecord(start, dma)) != cudaSuccess) return fail(err, "cudaEventRecord");
   if ((err = cudaStreamWaitEvent(res->kernels, start, 0)) != cudaSuccess)
     return fail(err, "cudaStreamWaitEvent");
   const unsigned maxGrid = static_cast<unsigned>(MultiprocessorCount(device) * kBlocksPerSm);
-  Piece* next = table->host;
   bool used[2] = {false, false};
-  size_t i = 0;
-  for (int span = 0; i < sorted.size(); span++) {
-    const int b = span % nStages;
+  for (size_t k = 0; k < spans.size(); k++) {
+    const Span& sp = spans[k];
+    const int b = static_cast<int>(k % nStages);
     uint8_t* stage = stages[b];
-    // One span: runs contiguous on the host side, at most kStageBytes in all.
-    uint8_t* hostStart = sorted[i].host;
-    size_t spanBytes = 0;
-    Piece* first = next;
-    while (i < sorted.size() && sorted[i].host == hostStart + spanBytes &&
-           spanBytes + sorted[i].bytes <= kStageBytes) {
-      const DeviceRun& r = sorted[i];
-      for (size_t off = 0; off < r.bytes; off += kPieceBytes) {
-        const size_t n = std::min(kPieceBytes, r.bytes - off);
-        uint8_t* staged = stage + spanBytes + off;
-        *next++ = toDevice ? Piece{staged, r.dev + off, n} : Piece{r.dev + off, staged, n};
-      }
-      spanBytes += r.bytes;
-      i++;
-    }
-    const unsigned n = static_cast<unsigned>(next - first);
+    uint8_t* hostStart = sp.host;
+    const size_t spanBytes = sp.bytes;
+    const unsigned n = static_cast<unsigned>(sp.pieces);
     const unsigned grid = std::min(n, maxGrid);
-    Piece* devTable = table->dev + (first - table->host);
+    Piece* spanTable = devTable + sp.firstPiece;
     if (toDevice) {
       // The buffer is free once the kernel of its previous span has read it.
       if (used[b] && (err = cudaStreamWaitEvent(dma, kerDone[b], 0)) != cudaSuccess)
@@ -382,7 +407,7 @@ cudaError_t IssueStaged(bool toDevice, int device, const std::vector<DeviceRun>&
       if ((err = cudaEventRecord(dmaDone[b], dma)) != cudaSuccess) return fail(err, "cudaEventRecord");
       if ((err = cudaStreamWaitEvent(res->kernels, dmaDone[b], 0)) != cudaSuccess)
         return fail(err, "cudaStreamWaitEvent");
-      CopyPiecesKernel<<<grid, kThreads, 0, res->kernels>>>(devTable, n);
+      CopyPiecesKernel<<<grid, kThreads, 0, res->kernels>>>(spanTable, n);
       if ((err = cudaGetLastError()) != cudaSuccess) return fail(err, "copy kernel launch (staged)");
       if ((err = cudaEventRecord(kerDone[b], res->kernels)) != cudaSuccess)
         return fail(err, "cudaEventRecord");
@@ -390,7 +415,7 @@ cudaError_t IssueStaged(bool toDevice, int device, const std::vector<DeviceRun>&
       // The buffer is free once the DMA of its previous span has drained it.
       if (used[b] && (err = cudaStreamWaitEvent(res->kernels, dmaDone[b], 0)) != cudaSuccess)
         return fail(err, "cudaStreamWaitEvent");
-      CopyPiecesKernel<<<grid, kThreads, 0, res->kernels>>>(devTable, n);
+      CopyPiecesKernel<<<grid, kThreads, 0, res->kernels>>>(spanTable, n);
       if ((err = cudaGetLastError()) != cudaSuccess) return fail(err, "copy kernel launch (staged)");
       if ((err = cudaEventRecord(kerDone[b], res->kernels)) != cudaSuccess)
         return fail(err, "cudaEventRecord");
