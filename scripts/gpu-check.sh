@@ -66,7 +66,7 @@ echo "== kvtier check ($mode)"
 cpu_flag=()
 [ "$mode" = cpu ] && cpu_flag=(--cpu)
 PYTHONUNBUFFERED=1 timeout 420 "$python" python/gpu/gpu_check.py --node "$work/node" --kvtier "$work/kvtier" \
-  --out "$out" "${cpu_flag[@]}" "${extra[@]}"
+  --out "$out" --manifest "$bundle/manifest.json" "${cpu_flag[@]}" "${extra[@]}"
 rc=$?
 [ "$rc" = 0 ] || status=$rc
 echo "gpu-check: done in $(( $(date +%s) - started )) s, exit $status; report in $out/gpu-report.json"

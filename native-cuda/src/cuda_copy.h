@@ -24,8 +24,9 @@ namespace cudacopy {
 //           the blocks gathered from or scattered into it on the device by the kernel (HBM to
 //           HBM, a few percent of the time): DMA speed for small blocks, at the cost of two
 //           staging buffers of device memory per device in use.
-//   auto:   staged when the runs' host bytes form long contiguous spans (a chunk's payload),
-//           else the kernel for small runs whose host memory is mapped, else memcpy.
+//   auto:   staged when the runs' host bytes form long contiguous spans (a chunk's payload) of
+//           runs of 16 KiB or more, else the kernel for runs under 1 MiB whose host memory is
+//           mapped, else memcpy.
 enum class Method : int { kAuto = 0, kMemcpy = 1, kBatch = 2, kKernel = 3, kStaged = 4 };
 
 // One contiguous copy. `host` is the host address; `hostDev` the device-visible address of the
@@ -55,8 +56,10 @@ Method MethodFromEnv();
 
 // Average run size below which `auto` takes the kernel (when the host memory is mapped).
 inline constexpr size_t kAutoKernelBelowBytes = size_t{1} << 20;
-// Average host-contiguous span from which `auto` stages through device memory.
+// Average host-contiguous span from which `auto` stages through device memory, when the runs
+// average at least kAutoStagedMinRunBytes.
 inline constexpr size_t kAutoStagedFromBytes = size_t{512} << 10;
+inline constexpr size_t kAutoStagedMinRunBytes = size_t{16} << 10;
 // Bytes of one device staging buffer.
 inline constexpr size_t kStageBytes = size_t{16} << 20;
 

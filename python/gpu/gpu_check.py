@@ -369,6 +369,9 @@ class Check:
         a = self.args
         self.out.mkdir(parents=True, exist_ok=True)
         self.report.update(python=platform.python_version(), machine=platform.node())
+        if a.manifest:
+            with open(a.manifest) as f:
+                self.report["bundle"] = json.load(f)
         if self.cuda:
             torch = self.lib
             if not torch.cuda.is_available():
@@ -465,6 +468,7 @@ def main() -> int:
     ap.add_argument("--kvtier", required=True, help="the unpacked bundle's kvtier folder")
     ap.add_argument("--out", required=True, help="where gpu-report.json and the logs go")
     ap.add_argument("--cpu", action="store_true", help="the host device instead of CUDA (dry run)")
+    ap.add_argument("--manifest", help="the bundle's manifest.json, copied into the report")
     ap.add_argument("--seed", type=int, default=20261126)
     ap.add_argument("--layers", type=int)
     ap.add_argument("--heads", type=int)

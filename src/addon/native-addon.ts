@@ -138,8 +138,9 @@ export type CopyDirection = 'h2d' | 'd2h';
  * rate; falls back to memcpy when a host buffer is not mapped pinned memory); `staged` the host
  * side as long contiguous spans by DMA through a 16 MiB device staging buffer, the blocks
  * scattered or gathered there by the kernel; `auto` (default; `KVTIER_CUDA_COPY` overrides it)
- * staged when the host side forms spans of 512 KiB or more on average (a chunk's payload), else
- * the kernel for runs under 1 MiB on average whose host memory is mapped, else memcpy.
+ * staged when the host side forms spans of 512 KiB or more on average (a chunk's payload) and
+ * runs average 16 KiB or more, else the kernel for runs under 1 MiB on average whose host memory
+ * is mapped, else memcpy.
  */
 export type DeviceCopyMethod = 'auto' | 'memcpy' | 'batch' | 'kernel' | 'staged';
 
