@@ -191,6 +191,69 @@ int main(int argc, char** argv) {
       }
     }
   }
+  // The addon's slabs ask for transparent huge pages (MADV_HUGEPAGE); the same 32 KiB copies
+  // and the contiguous limit from such memory, to see whether the page size moves the link rate.
+  {
+    auto* huge = static_cast<uint8_t*>(
+        mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+    bool registered = false;
+    if (huge != MAP_FAILED) {
+#ifdef MADV_HUGEPAGE
+      madvise(huge, total, MADV_HUGEPAGE);
+#endif
+      registered = cudaHostRegister(huge, total, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
+                   cudaSuccess;
+    }
+    if (registered) {
+      uint8_t* hugeDev = kvtier::cudacopy::DeviceAddressOf(huge);
+      for (bool toDevice : {true, false}) {
+        std::vector<double> t;
+        for (int r = 0; r < opt.reps; r++) {
+          const double t0 = Now();
+          cudaMemcpyAsync(toDevice ? static_cast<void*>(dev) : huge,
+                          toDevice ? static_cast<void*>(huge) : dev, total,
+                          toDevice ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost, stream);
+          cudaStreamSynchronize(stream);
+          t.push_back(Now() - t0);
+        }
+        const double raw = total / Median(t) / 1e9;
+        rows.push_back(Row{"contig", toDevice ? "h2d-thp" : "d2h-thp", total, true, raw,
+                           toDevice ? rawH2d : rawD2h, "memcpy"});
+        for (Method m : {Method::kKernel, Method::kStaged}) {
+          std::vector<DeviceRun> runs = ScatteredRuns(huge, hugeDev, dev, size_t{32} << 10, total >> 15);
+          if (toDevice) {
+            Fill(huge, total);
+            cudaMemset(dev, 0xA5, total);
+            cudaDeviceSynchronize();
+          } else {
+            Fill(expect, total);
+            cudaMemcpy(dev, expect, total, cudaMemcpyHostToDevice);
+            std::memset(huge, 0x5A, total);
+          }
+          const auto o = kvtier::cudacopy::Execute(toDevice, 0, runs, m, nullptr);
+          bool exact = o.ok();
+          if (exact && toDevice) {
+            cudaMemcpy(back, dev, total, cudaMemcpyDeviceToHost);
+            for (const DeviceRun& r : runs) exact = exact && std::memcmp(back + (r.dev - dev), r.host, r.bytes) == 0;
+          } else if (exact) {
+            for (const DeviceRun& r : runs) exact = exact && std::memcmp(r.host, expect + (r.dev - dev), r.bytes) == 0;
+          }
+          ok = ok && exact;
+          std::vector<double> tm;
+          for (int r = 0; exact && r < opt.reps; r++) {
+            const double t0 = Now();
+            kvtier::cudacopy::Execute(toDevice, 0, runs, m, nullptr);
+            tm.push_back(Now() - t0);
+          }
+          rows.push_back(Row{kvtier::cudacopy::MethodName(m), toDevice ? "h2d-thp" : "d2h-thp",
+                             size_t{32} << 10, exact, exact ? total / Median(tm) / 1e9 : 0,
+                             raw, kvtier::cudacopy::MethodName(o.used)});
+        }
+      }
+      cudaHostUnregister(huge);
+    }
+    if (huge != MAP_FAILED) munmap(huge, total);
+  }
   // Unaligned runs: odd sizes and offsets take the kernel's byte path.
   if (hostDev != nullptr) {
     std::vector<DeviceRun> runs;

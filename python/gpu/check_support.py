@@ -38,13 +38,15 @@ def free_port() -> int:
 class Sidecar:
     """``kvtier serve`` from the bundle, with one CPU tier, its stderr in ``log_path``."""
 
-    def __init__(self, node: str, kvtier: Path, cpu_bytes: int, log_path: Path, *, prefault: bool, env: dict | None = None) -> None:
+    def __init__(
+        self, node: str, kvtier: Path, cpu_bytes: int, log_path: Path, *, prefault: bool, env: dict | None = None, log_level: str = "warn"
+    ) -> None:
         self.endpoint = f"tcp://127.0.0.1:{free_port()}"
         self.dir = tempfile.mkdtemp(prefix="kvtier-gpu-check-")
         cfg = {
             "listen": self.endpoint,
             "metrics": None,
-            "logLevel": "warn",
+            "logLevel": log_level,
             "tiers": [{"name": "cpu", "type": "local-cpu", "capacityBytes": cpu_bytes, "prefault": prefault}],
         }
         path = os.path.join(self.dir, "kvtier.json")

@@ -382,7 +382,7 @@ class Check:
             self.report.update(numpy=self.lib.__version__)
         big = Geometry("flash_attn", a.layers, 1, a.block_size, a.heads, a.head_dim).bytes_for(a.big_chunks * CHUNK // a.block_size)
         self.cpu_bytes = cpu_bytes = max((1 << 30) if self.cuda else (256 << 20), int(2.5 * big))
-        side = Sidecar(node, self.kvtier, cpu_bytes, self.out / "sidecar.log", prefault=True)
+        side = Sidecar(node, self.kvtier, cpu_bytes, self.out / "sidecar.log", prefault=True, log_level=a.sidecar_log_level)
         drv = Driver(node, self.kvtier, side, self.out / "driver.log")
         try:
             t0 = time.monotonic()
@@ -469,6 +469,7 @@ def main() -> int:
     ap.add_argument("--out", required=True, help="where gpu-report.json and the logs go")
     ap.add_argument("--cpu", action="store_true", help="the host device instead of CUDA (dry run)")
     ap.add_argument("--manifest", help="the bundle's manifest.json, copied into the report")
+    ap.add_argument("--sidecar-log-level", default="warn", help="the main sidecar's logLevel (debug: per SAVE and LOAD timings)")
     ap.add_argument("--seed", type=int, default=20261126)
     ap.add_argument("--layers", type=int)
     ap.add_argument("--heads", type=int)

@@ -106,7 +106,7 @@ export interface EngineSurfaces {
 /**
  * Gathers (`save`) or scatters (`load`) chunks in groups of up to `groupBytes` of payload, at most
  * `inFlight` groups at a time ({@link runWindowed}).
- * @returns how many leading chunks were copied, and the first failure.
+ * @returns how many leading chunks were copied, the first failure, and the time it all took (ms).
  */
 export async function copyChunks(
   copy: CopyEngine,
@@ -114,7 +114,8 @@ export async function copyChunks(
   direction: 'gather' | 'scatter',
   items: readonly ChunkCopy[],
   opts: { groupBytes?: number; inFlight?: number; stop?: () => boolean } = {},
-): Promise<{ copied: number; error?: unknown }> {
+): Promise<{ copied: number; error?: unknown; ms: number }> {
+  const t0 = performance.now();
   const groups = groupByBytes(
     items.map((c) => c.payload.byteLength),
     opts.groupBytes ?? COPY_GROUP_BYTES,
@@ -151,5 +152,6 @@ export async function copyChunks(
     },
   );
   const copied = outcome.completed === 0 ? 0 : groups[outcome.completed - 1]![1];
-  return outcome.error !== undefined ? { copied, error: outcome.error } : { copied };
+  const ms = performance.now() - t0;
+  return outcome.error !== undefined ? { copied, error: outcome.error, ms } : { copied, ms };
 }

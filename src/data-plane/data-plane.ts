@@ -152,6 +152,7 @@ export class DataPlane {
    *   engine's error (nothing is indexed then).
    */
   async save(req: SaveRequest): Promise<SaveResult> {
+    const t0 = performance.now();
     const eng = this.#engine(req.engineId);
     const { layout } = eng;
     const hashes = checkHashes(req.chunkHashes, 'save');
@@ -161,6 +162,7 @@ export class DataPlane {
     const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
     const pending: StorageReservation[] = [];
     const pendingIds: Uint32Array[] = [];
+    let copyMs = 0;
     try {
       for (let i = skip; i < hashes.length; i++) {
         const ids = chunks[i]!;
@@ -184,6 +186,7 @@ export class DataPlane {
         ),
       );
       if (copied.error !== undefined) throw copied.error;
+      copyMs = copied.ms;
     } catch (err) {
       for (const r of pending) r.abort();
       throw err;
@@ -192,6 +195,7 @@ export class DataPlane {
       const outcome = r.commit();
       result[outcome === 'stored' ? 'saved' : outcome === 'exists' ? 'skipped' : 'dropped']++;
     }
+    this.#log.debug('save', { ...result, copyMs, ms: performance.now() - t0 });
     return result;
   }
 
@@ -228,6 +232,7 @@ export class DataPlane {
    * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`.
    */
   async load(req: LoadRequest, opts: { signal?: AbortSignal } = {}): Promise<LoadResult> {
+    const t0 = performance.now();
     let eng: EngineState | undefined;
     let result: LoadResult | undefined;
     try {
@@ -257,6 +262,11 @@ export class DataPlane {
         state.active--;
         if (state.finished && state.active === 0) eng.requests.delete(req.requestId);
       }
+      this.#log.debug('load', {
+        loadedTokens: result.loadedTokens,
+        invalidBlocks: result.invalidBlockIds.length,
+        ms: performance.now() - t0,
+      });
       return result;
     } finally {
       await this.#setState(eng, req, result !== undefined && result.invalidBlockIds.length === 0);
@@ -328,6 +338,7 @@ export class DataPlane {
         fromChunk: outcome.copied,
       });
     const n = outcome.copied;
+    this.#log.debug('scatter', { chunks: hashes.length, copied: n, copyMs: outcome.ms });
     let loadedTokens = 0;
     for (let i = 0; i < n; i++) loadedTokens += chunks[i]!.length * layout.blockSize;
     return { loadedTokens, invalidBlockIds: chunks.slice(n).flatMap((c) => Array.from(c)) };
