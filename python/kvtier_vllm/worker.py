@@ -333,6 +333,11 @@ class WorkerConnector:
                 self._stats.loads_failed += 1
                 self._load_errors.update(t.intent.block_ids)
                 _log.warning("load of %s failed; its blocks are reported invalid: %s", t.request_id, err)
+                # Nobody took the lookup's pins: release them now rather than at their TTL.
+                try:
+                    self._client.cancel(t.intent.lookup_id + self._suffix)
+                except Exception as cerr:
+                    _log.debug("cancel of %s failed (the pin TTL releases it): %s", t.intent.lookup_id, cerr)
             else:
                 invalid = list(result.invalid_block_ids)
                 if invalid:

@@ -141,7 +141,7 @@ class TwinEngine:
             "env": dict(spec.env),
         }
         try:
-            self.worker_info = pool.call_all("init", [worker_spec] * spec.tp)
+            self.worker_info = pool.call_all("init", spec.engine_id, [worker_spec] * spec.tp)
         except BaseException:
             self.scheduler.connector.shutdown()
             raise
@@ -165,14 +165,18 @@ class TwinEngine:
     def provide(self, request_id: str, per_rank_values: list) -> None:
         """Hands each worker the KV its forward pass writes for this request."""
         for rank, values in zip(self.ranks, per_rank_values):
-            self.pool.call(rank, "provide", (request_id, values))
+            self.pool.call(rank, "provide", self.spec.engine_id, (request_id, values))
 
     # ------------------------------------------------------------------ stepping
 
-    def step(self) -> list[EngineCoreOutput]:
+    def step(self, before_execute=None) -> list[EngineCoreOutput]:
+        """One engine step; ``before_execute(scheduler_output)`` runs between scheduling and the
+        workers (a fault a scenario injects there)."""
         _twin.use(self.spec.version)
         so = self.scheduler.schedule()
-        results = self.pool.call_all("step", [so] * self.spec.tp)
+        if before_execute is not None:
+            before_execute(so)
+        results = self.pool.call_all("step", self.spec.engine_id, [so] * self.spec.tp)
         problems = []
         for _, report in results:
             problems += report.mismatches + report.contract
@@ -211,7 +215,7 @@ class TwinEngine:
             return []
         self.closed = True
         _twin.use(self.spec.version)
-        infos = self.pool.call_all("close", [None] * self.spec.tp)
+        infos = self.pool.call_all("close", self.spec.engine_id, [None] * self.spec.tp)
         self.scheduler.connector.shutdown()
         if check_leaks:
             sched = self.scheduler

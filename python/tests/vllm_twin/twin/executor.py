@@ -29,30 +29,30 @@ def _worker_main(conn, rank: int) -> None:
     logging.basicConfig(level=logging.WARNING, format=f"[worker {rank}] %(name)s %(levelname)s %(message)s")
     from tests.vllm_twin.twin.worker import TwinWorker
 
-    worker = None
+    # One worker per engine: a test may run several engines at once.
+    workers: dict[str, TwinWorker] = {}
     while True:
         try:
-            cmd, arg = conn.recv()
+            cmd, key, arg = conn.recv()
         except EOFError:
             break
         try:
             if cmd == "init":
-                worker = TwinWorker(rank, arg)
-                conn.send(("ok", {"in_block": worker.in_block, "path": worker.kv.path}))
+                w = workers[key] = TwinWorker(rank, arg)
+                conn.send(("ok", {"in_block": w.in_block, "path": w.kv.path}))
             elif cmd == "step":
-                conn.send(("ok", worker.execute(arg)))
+                conn.send(("ok", workers[key].execute(arg)))
             elif cmd == "provide":
-                worker.provide(*arg)
+                workers[key].provide(*arg)
                 conn.send(("ok", None))
             elif cmd == "gather":
-                conn.send(("ok", worker.gather(*arg)))
-            elif cmd == "call":
-                conn.send(("ok", getattr(worker.connector, arg[0])(*arg[1])))
+                conn.send(("ok", workers[key].gather(*arg)))
             elif cmd == "close":
-                info = worker.close() if worker is not None else {}
-                worker = None
-                conn.send(("ok", info))
+                w = workers.pop(key, None)
+                conn.send(("ok", w.close() if w is not None else {}))
             elif cmd == "exit":
+                for w in workers.values():
+                    w.close()
                 conn.send(("ok", None))
                 break
             else:
@@ -76,17 +76,18 @@ class WorkerPool:
             self.conns.append(parent)
             self.procs.append(p)
 
-    def call_all(self, cmd: str, args: list[Any], timeout_s: float = 120.0) -> list[Any]:
+    def call_all(self, cmd: str, key: str, args: list[Any], timeout_s: float = 120.0) -> list[Any]:
+        """Sends ``cmd`` for engine ``key`` to the first ``len(args)`` workers; their answers."""
         for conn, arg in zip(self.conns, args):
-            conn.send((cmd, arg))
+            conn.send((cmd, key, arg))
         replies = [self._raw_reply(conn, timeout_s) for conn in self.conns[: len(args)]]
         for status, value in replies:
             if status != "ok":
                 raise WorkerError(value)
         return [value for _, value in replies]
 
-    def call(self, rank: int, cmd: str, arg: Any, timeout_s: float = 120.0) -> Any:
-        self.conns[rank].send((cmd, arg))
+    def call(self, rank: int, cmd: str, key: str, arg: Any, timeout_s: float = 120.0) -> Any:
+        self.conns[rank].send((cmd, key, arg))
         return self._reply(self.conns[rank], timeout_s)
 
     def _raw_reply(self, conn, timeout_s: float) -> tuple[str, Any]:
@@ -103,7 +104,7 @@ class WorkerPool:
     def close(self) -> None:
         for conn in self.conns:
             try:
-                conn.send(("exit", None))
+                conn.send(("exit", "", None))
             except OSError:
                 pass
         for p in self.procs:

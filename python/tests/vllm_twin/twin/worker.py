@@ -56,49 +56,57 @@ class WorkerReport:
 class TwinWorker:
     def __init__(self, rank: int, spec: dict) -> None:
         _twin.use(spec["version"])
-        self._env_before = {k: os.environ.get(k) for k in spec.get("env", {})}
-        os.environ.update(spec.get("env", {}))
         self.rank = rank
         self.spec = spec
         cfg = spec["vllm_config"]
         tp = cfg.parallel_config.tensor_parallel_size
-        parallel_state.initialize_model_parallel(rank, tp)
         mc = cfg.model_config
         self.mla = mc.use_mla
-        self.heads_total = 1 if self.mla else mc.num_kv_heads
         self.heads = 1 if self.mla else mc.num_kv_heads // tp
         self.head_lo = 0 if self.mla else rank * self.heads
         self.layers = mc.num_hidden_layers
         self.block_size = cfg.cache_config.block_size
         self.salt = spec.get("kv_salt", 0)
-        # The backend picks its layout: an override it sets (e.g. FlashInfer on some GPUs), else
-        # vLLM's layout helper; None means the backend default.
+        # What vLLM's start-up establishes in the worker: the parallel groups, the environment,
+        # and the layout the attention backend picks (an override it sets, e.g. FlashInfer on
+        # some GPUs, else vLLM's layout helper; None: the backend default).
+        parallel_state.initialize_model_parallel(rank, tp)
+        env = spec.get("env", {})
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
         set_kv_cache_layout(spec.get("backend_layout_override"))
-        with set_current_vllm_config(cfg):
-            in_block = get_kv_cache_layout() or "NHD"
-            self.kv = PagedKv(
-                f"/dev/shm/kvtier-twin-{uuid.uuid4().hex[:10]}-r{rank}",
-                backend=spec["backend"],
-                in_block=in_block,
-                dtype=spec["dtype"],
-                num_layers=self.layers,
-                num_blocks=spec["kv_cache_config"].num_blocks,
-                block_size=self.block_size,
-                heads=self.heads,
-                head_dim=mc.head_size,
-                register=not spec.get("unregistered_memory", False),
-            )
-            self.in_block = in_block
-            self.connector = KVConnectorFactory.create_connector(
-                config=cfg, role=KVConnectorRole.WORKER, kv_cache_config=spec["kv_cache_config"]
-            )
-            if rank in spec.get("unopenable_ranks", ()):
-                # The sidecar cannot open what it is told: the file is gone for other processes.
-                os.unlink(self.kv.path)
-            self.connector.register_kv_caches(self.kv.layers)
+        try:
+            with set_current_vllm_config(cfg):
+                self.in_block = get_kv_cache_layout() or "NHD"
+                self.kv = PagedKv(
+                    f"/dev/shm/kvtier-twin-{uuid.uuid4().hex[:10]}-r{rank}",
+                    backend=spec["backend"],
+                    in_block=self.in_block,
+                    dtype=spec["dtype"],
+                    num_layers=self.layers,
+                    num_blocks=spec["kv_cache_config"].num_blocks,
+                    block_size=self.block_size,
+                    heads=self.heads,
+                    head_dim=mc.head_size,
+                )
+                self.connector = KVConnectorFactory.create_connector(
+                    config=cfg, role=KVConnectorRole.WORKER, kv_cache_config=spec["kv_cache_config"]
+                )
+                if rank in spec.get("unopenable_ranks", ()):
+                    # The sidecar cannot open what it is told: the file is gone for other processes.
+                    os.unlink(self.kv.path)
+                self.connector.register_kv_caches(self.kv.layers)
+        finally:
+            set_kv_cache_layout(None)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         self.reqs: dict[str, _Req] = {}
         self.finished_seen: set[str] = set()
         self.provided: dict[str, np.ndarray] = {}
+        self.loaded_blocks: set[int] = set()
 
     # ------------------------------------------------------------------ requests
 
@@ -168,8 +176,8 @@ class TwinWorker:
     def execute(self, so: Any) -> tuple[ModelRunnerOutput, WorkerReport]:
         report = WorkerReport()
         meta = so.kv_connector_metadata
+        _twin.use(self.spec["version"])
         self._update_states(so)
-        self.loaded_blocks = getattr(self, "loaded_blocks", set())
         for load in getattr(getattr(meta, "meta", None), "loads", ()):
             self.loaded_blocks.update(load.block_ids)
         c = self.connector
@@ -236,6 +244,7 @@ class TwinWorker:
         return self.kv.read(block_ids, 0, num_tokens).numpy()
 
     def close(self) -> dict:
+        _twin.use(self.spec["version"])
         info = {"in_block": self.in_block}
         w = getattr(self.connector, "_worker", None)
         if w is not None:
@@ -243,9 +252,4 @@ class TwinWorker:
             info["stats"] = vars(w.stats())
         self.connector.shutdown()
         self.kv.close()
-        for k, v in self._env_before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         return info
