@@ -21,7 +21,7 @@ import os
 
 import torch
 
-from kvtier_vllm.kv_caches import register_shared_file
+from kvtier_vllm.kv_caches import register_shared_file, unregister_shared_file
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -41,7 +41,6 @@ class PagedKv:
         block_size: int,
         heads: int,
         head_dim: int,
-        register: bool = True,
     ) -> None:
         self.path, self.backend, self.in_block = path, backend, in_block
         self.block_size, self.heads, self.head_dim = block_size, heads, head_dim
@@ -54,8 +53,7 @@ class PagedKv:
         finally:
             os.close(fd)
         self.raw = torch.from_file(path, shared=True, size=per_layer * el * num_layers, dtype=torch.uint8)
-        if register:
-            register_shared_file(path, self.raw)
+        register_shared_file(path, self.raw)
         flat = self.raw.view(DTYPES[dtype])
         self.layers: dict[str, torch.Tensor] = {}
         for i in range(num_layers):
@@ -111,6 +109,7 @@ class PagedKv:
         return torch.stack(out, 1)
 
     def close(self) -> None:
+        unregister_shared_file(self.path)
         self.layers = {}
         self._i16 = []
         self.raw = None
