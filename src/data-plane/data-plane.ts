@@ -59,6 +59,8 @@ export class DataPlane {
   readonly #heartbeatTimeoutMs: number;
   readonly #engines = new Map<string, EngineState>();
   readonly #timer: ReturnType<typeof setInterval> | undefined;
+  #saves = 0;
+  #loads = 0;
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
@@ -143,6 +145,14 @@ export class DataPlane {
    *   engine's error (nothing is indexed then).
    */
   async save(req: SaveRequest): Promise<SaveResult> {
+    try {
+      return await this.#save(req);
+    } finally {
+      this.#saves++;
+    }
+  }
+
+  async #save(req: SaveRequest): Promise<SaveResult> {
     const eng = this.#engine(req.engineId);
     const { layout } = eng;
     const hashes = checkHashes(req.chunkHashes, 'save');
@@ -219,6 +229,14 @@ export class DataPlane {
    * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`.
    */
   async load(req: LoadRequest, opts: { signal?: AbortSignal } = {}): Promise<LoadResult> {
+    try {
+      return await this.#load(req, opts);
+    } finally {
+      this.#loads++;
+    }
+  }
+
+  async #load(req: LoadRequest, opts: { signal?: AbortSignal }): Promise<LoadResult> {
     let eng: EngineState | undefined;
     let result: LoadResult | undefined;
     try {
@@ -382,8 +400,18 @@ export class DataPlane {
     return stale.length;
   }
 
-  /** A JSON-friendly snapshot. */
-  stats(): { engines: number; requests: number; heldLookups: number; writeThroughDropped: number } {
+  /**
+   * A JSON-friendly snapshot: engines, request states and held lookups now; SAVEs and LOADs
+   * handled (answered or failed) since start.
+   */
+  stats(): {
+    engines: number;
+    requests: number;
+    heldLookups: number;
+    writeThroughDropped: number;
+    saves: number;
+    loads: number;
+  } {
     let requests = 0;
     let heldLookups = 0;
     for (const e of this.#engines.values()) {
@@ -395,6 +423,8 @@ export class DataPlane {
       requests,
       heldLookups,
       writeThroughDropped: this.#storage.writeThroughDropped,
+      saves: this.#saves,
+      loads: this.#loads,
     };
   }
 

@@ -589,6 +589,8 @@ describe('DataPlane lifecycle', () => {
       requests: 0,
       heldLookups: 0,
       writeThroughDropped: 0,
+      saves: 1,
+      loads: 0,
     });
     const out = await e.dp.load({
       engineId: 'A',
@@ -1037,6 +1039,8 @@ describe('DataPlane engine release during a load (UNREGISTER)', () => {
       requests: 0,
       heldLookups: 0,
       writeThroughDropped: 0,
+      saves: 1,
+      loads: 1,
     });
   });
 });
