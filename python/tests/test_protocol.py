@@ -90,11 +90,16 @@ def _encode_fixture_request(f: dict) -> bytes:
     if t == "register":
         return P.encode_register(rid, f["registration"])
     if t == "save":
-        return P.encode_save(rid, f["engineId"], f["engineRequestId"], f["skipChunks"], f["blockIds"], bytes.fromhex(f["chunkHashes"]))
+        not_after = int(f["notAfterNs"]) if "notAfterNs" in f else None
+        return P.encode_save(
+            rid, f["engineId"], f["engineRequestId"], f["skipChunks"], f["blockIds"], bytes.fromhex(f["chunkHashes"]),
+            not_after_ns=not_after,
+        )
     if t == "load":
         return P.encode_load(
             rid, f["engineId"], f["engineRequestId"], f["lookupId"], f["blockIds"], bytes.fromhex(f["chunkHashes"]),
             deadline_ms=f["deadlineMs"], state_slot=f["stateSlot"], skip_blocks=f.get("skipBlocks", 0),
+            not_after_ns=int(f["notAfterNs"]) if "notAfterNs" in f else None,
         )
     if t == "hold":
         return P.encode_hold(rid, f["engineId"], f["engineRequestId"], f["lookupId"])

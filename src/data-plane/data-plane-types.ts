@@ -19,6 +19,11 @@ export interface DataPlaneOptions {
   sweepIntervalMs?: number;
   /** Clock for heartbeats and load deadlines (ms); default Date.now. */
   now?: () => number;
+  /**
+   * The host's monotonic clock in ns (`CLOCK_MONOTONIC`), which SAVE and LOAD not-after times
+   * are read on; default `process.hrtime.bigint`.
+   */
+  monotonicNs?: () => bigint;
   log?: Logger;
 }
 
@@ -31,6 +36,11 @@ export interface SaveRequest {
   chunkHashes: readonly ChunkHash[];
   /** Leading chunks the engine knows are stored; default 0. */
   skipChunks?: number;
+  /**
+   * On the `monotonicNs` clock: a copy that finishes later is discarded (its chunks count as
+   * dropped) and none starts past it. Default: none.
+   */
+  notAfterNs?: bigint;
 }
 
 /** Chunk counts of a save; they add up to the number of chunk hashes. */
@@ -61,6 +71,8 @@ export interface LoadRequest {
   skipBlocks?: number;
   /** Chunks not started by this time (on the `now` clock, ms) are reported invalid. */
   deadlineMs?: number;
+  /** Chunks not started by this time (on the `monotonicNs` clock) are reported invalid. */
+  notAfterNs?: bigint;
   /** Slot of the registered state file to set to DONE or FAILED. */
   stateSlot?: number;
   /** In-process completion word (element 0), set with `Atomics.store` and notified. */

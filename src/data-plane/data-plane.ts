@@ -8,13 +8,13 @@ import type {
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
 import type { CopyEngine, CopySurface } from './copy-engine-types.ts';
-import {
-  type DataPlaneOptions,
-  LOAD_STATE,
-  type LoadRequest,
-  type LoadResult,
-  type SaveRequest,
-  type SaveResult,
+import { checkHashes, hasRepeat, writeLoadState } from './data-plane-support.ts';
+import type {
+  DataPlaneOptions,
+  LoadRequest,
+  LoadResult,
+  SaveRequest,
+  SaveResult,
 } from './data-plane-types.ts';
 import {
   cudaDeviceFor,
@@ -55,12 +55,15 @@ export class DataPlane {
   readonly #storage: StorageManager;
   readonly #copy: CopyEngine;
   readonly #now: () => number;
+  readonly #monoNs: () => bigint;
   readonly #log: Logger;
   readonly #heartbeatTimeoutMs: number;
   readonly #engines = new Map<string, EngineState>();
   readonly #timer: ReturnType<typeof setInterval> | undefined;
   #saves = 0;
   #loads = 0;
+  #lateSaves = 0;
+  #lateLoads = 0;
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
@@ -68,6 +71,7 @@ export class DataPlane {
     this.#storage = opts.storage;
     this.#copy = opts.copyEngine ?? createFsCopyEngine();
     this.#now = opts.now ?? Date.now;
+    this.#monoNs = opts.monotonicNs ?? process.hrtime.bigint;
     this.#log = opts.log ?? silentLogger;
     this.#heartbeatTimeoutMs = requireInt(
       'heartbeatTimeoutMs',
@@ -140,7 +144,8 @@ export class DataPlane {
    * Gathers each chunk not skipped and not already in the CPU tier from every region straight
    * into host memory reserved by the storage manager, then commits it there (indexed, pinned
    * until written through to the lower tiers; no second copy). Resolves when the blocks may be
-   * reused.
+   * reused. Past `notAfterNs` nothing is copied, and a copy that finishes after it is discarded:
+   * the engine may have reused the blocks by then (its chunks count as dropped).
    * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`, or the copy
    *   engine's error (nothing is indexed then).
    */
@@ -160,6 +165,11 @@ export class DataPlane {
     const skip = requireInt('save.skipChunks', req.skipChunks ?? 0, 0, hashes.length);
     const ns = layout.namespace.id;
     const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
+    if (this.#late(req.notAfterNs)) {
+      this.#lateSaves++;
+      result.dropped = hashes.length - skip;
+      return result;
+    }
     const pending: StorageReservation[] = [];
     const pendingIds: Uint32Array[] = [];
     try {
@@ -188,6 +198,12 @@ export class DataPlane {
     } catch (err) {
       for (const r of pending) r.abort();
       throw err;
+    }
+    if (this.#late(req.notAfterNs)) {
+      for (const r of pending) r.abort();
+      this.#lateSaves++;
+      result.dropped += pending.length;
+      return result;
     }
     for (const r of pending) {
       const outcome = r.commit();
@@ -259,7 +275,7 @@ export class DataPlane {
       try {
         result = await this.#track(
           eng,
-          this.#scatter(eng, state, pinned, hashes, chunks, skip, req.deadlineMs, opts.signal),
+          this.#scatter(eng, state, pinned, hashes, chunks, skip, req, opts.signal),
         );
       } finally {
         if (pinned !== undefined) this.#storage.releaseLookup(pinned);
@@ -268,7 +284,7 @@ export class DataPlane {
       }
       return result;
     } finally {
-      await this.#setState(eng, req, result !== undefined && result.invalidBlockIds.length === 0);
+      await writeLoadState(this.#copy, this.#log, eng?.stateSurface, req, result);
     }
   }
 
@@ -279,9 +295,10 @@ export class DataPlane {
     hashes: readonly ChunkHash[],
     chunks: Uint32Array[],
     skipBlocks: number,
-    deadlineMs: number | undefined,
+    req: LoadRequest,
     signal: AbortSignal | undefined,
   ): Promise<LoadResult> {
+    const { deadlineMs, notAfterNs } = req;
     const { layout } = eng;
     const ns = layout.namespace.id;
     const ready =
@@ -295,6 +312,10 @@ export class DataPlane {
     for (; i < hashes.length; i++) {
       if (state.finished || eng.gone || signal?.aborted === true) break;
       if (deadlineMs !== undefined && this.#now() >= deadlineMs) break;
+      if (this.#late(notAfterNs)) {
+        this.#lateLoads++;
+        break;
+      }
       const hash = hashes[i]!;
       const ids = chunks[i]!;
       const chunk = ready.has(hash) ? found.get(hash) : undefined;
@@ -334,25 +355,6 @@ export class DataPlane {
       loadedTokens += ids.length * layout.blockSize;
     }
     return { loadedTokens, invalidBlockIds: chunks.slice(i).flatMap((c) => Array.from(c)) };
-  }
-
-  async #setState(eng: EngineState | undefined, req: LoadRequest, ok: boolean): Promise<void> {
-    const value = ok ? LOAD_STATE.DONE : LOAD_STATE.FAILED;
-    if (req.stateWord instanceof Int32Array && req.stateWord.length > 0) {
-      Atomics.store(req.stateWord, 0, value);
-      if (req.stateWord.buffer instanceof SharedArrayBuffer) Atomics.notify(req.stateWord, 0);
-    }
-    const slot = req.stateSlot;
-    const file = eng?.stateSurface;
-    if (file == null || !Number.isInteger(slot) || slot! < 0 || slot! * 4 + 4 > file.sizeBytes)
-      return;
-    const word = new Uint8Array(4);
-    new DataView(word.buffer).setInt32(0, value, true);
-    try {
-      await this.#copy.copy([word, file], Float64Array.of(0, 0, 1, slot! * 4, 4));
-    } catch (err) {
-      this.#log.warn('could not write the load state word', { engineId: req.engineId, slot, err });
-    }
   }
 
   /** Terminal end (finished or aborted): releases the request's held pins and state. In-flight loads stop at the next chunk. */
@@ -402,7 +404,8 @@ export class DataPlane {
 
   /**
    * A JSON-friendly snapshot: engines, request states and held lookups now; SAVEs and LOADs
-   * handled (answered or failed) since start.
+   * handled (answered or failed) since start, and those cut short by their not-after time
+   * (`lateSaves`: nothing stored; `lateLoads`: the chunks from there on invalid).
    */
   stats(): {
     engines: number;
@@ -411,6 +414,8 @@ export class DataPlane {
     writeThroughDropped: number;
     saves: number;
     loads: number;
+    lateSaves: number;
+    lateLoads: number;
   } {
     let requests = 0;
     let heldLookups = 0;
@@ -425,6 +430,8 @@ export class DataPlane {
       writeThroughDropped: this.#storage.writeThroughDropped,
       saves: this.#saves,
       loads: this.#loads,
+      lateSaves: this.#lateSaves,
+      lateLoads: this.#lateLoads,
     };
   }
 
@@ -439,6 +446,11 @@ export class DataPlane {
 
   #open(): void {
     if (this.#closing !== undefined) throw closedError('data plane');
+  }
+
+  /** True once the host's monotonic clock is past a not-after time (none: never). */
+  #late(notAfterNs: bigint | undefined): boolean {
+    return notAfterNs !== undefined && notAfterNs > 0n && this.#monoNs() > notAfterNs;
   }
 
   #engine(engineId: string): EngineState {
@@ -475,24 +487,4 @@ export class DataPlane {
       eng.inflight.delete(work);
     }
   }
-}
-
-/** The hashes themselves were validated where they entered (a `ChunkHash` is never re-checked). */
-function checkHashes(hashes: readonly ChunkHash[], what: string): readonly ChunkHash[] {
-  if (!Array.isArray(hashes))
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `${what}.chunkHashes must be an array, got ${describe(hashes)}`,
-    );
-  return hashes;
-}
-
-function hasRepeat(chunks: readonly Uint32Array[]): boolean {
-  const seen = new Set<number>();
-  for (const c of chunks)
-    for (const id of c) {
-      if (seen.has(id)) return true;
-      seen.add(id);
-    }
-  return false;
 }

@@ -591,6 +591,8 @@ describe('DataPlane lifecycle', () => {
       writeThroughDropped: 0,
       saves: 1,
       loads: 0,
+      lateSaves: 0,
+      lateLoads: 0,
     });
     const out = await e.dp.load({
       engineId: 'A',
@@ -1041,6 +1043,8 @@ describe('DataPlane engine release during a load (UNREGISTER)', () => {
       writeThroughDropped: 0,
       saves: 1,
       loads: 1,
+      lateSaves: 0,
+      lateLoads: 0,
     });
   });
 });

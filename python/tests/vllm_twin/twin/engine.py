@@ -167,6 +167,10 @@ class TwinEngine:
         for rank, values in zip(self.ranks, per_rank_values):
             self.pool.call(rank, "provide", self.spec.engine_id, (request_id, values))
 
+    def worker_stats(self) -> list[dict]:
+        """Each worker connector's counters."""
+        return self.pool.call_all("stats", self.spec.engine_id, [None] * self.spec.tp)
+
     # ------------------------------------------------------------------ stepping
 
     def step(self, before_execute=None) -> list[EngineCoreOutput]:

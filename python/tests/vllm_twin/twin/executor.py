@@ -45,6 +45,8 @@ def _worker_main(conn, rank: int) -> None:
             elif cmd == "provide":
                 workers[key].provide(*arg)
                 conn.send(("ok", None))
+            elif cmd == "stats":
+                conn.send(("ok", workers[key].connector_stats()))
             elif cmd == "gather":
                 conn.send(("ok", workers[key].gather(*arg)))
             elif cmd == "close":

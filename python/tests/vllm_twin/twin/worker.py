@@ -239,6 +239,11 @@ class TwinWorker:
             self.connector.save_kv_layer(name, self.kv.layers[name], None)
         return sampled
 
+    def connector_stats(self) -> dict:
+        """The worker connector's counters (loads and saves started, failed, ...)."""
+        w = getattr(self.connector, "_worker", None)
+        return {} if w is None else vars(w.stats())
+
     def gather(self, block_ids: list[int], num_tokens: int) -> np.ndarray:
         """The KV of a request's first ``num_tokens`` tokens in these blocks (int16)."""
         return self.kv.read(block_ids, 0, num_tokens).numpy()
