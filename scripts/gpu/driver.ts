@@ -162,6 +162,7 @@ async function handle(m: Msg): Promise<Record<string, unknown>> {
           requestId: String(m.requestId),
           blockIds: ids(m.blockIds),
           chunkHashes: hex(m.hashes, 'hashes'),
+          ...(typeof m.cudaEvent === 'string' ? { cudaEvent: hex(m.cudaEvent, 'cudaEvent') } : {}),
         }),
       );
       return { ...r, ms };

@@ -1,4 +1,4 @@
-import type { CopyEngine, CopySurface } from './copy-engine-types.ts';
+import type { CopyEngine, CopyOptions, CopySurface } from './copy-engine-types.ts';
 import { chunkOpSlots, type KvLayout, writeChunkOps } from './kv-layout.ts';
 
 /**
@@ -113,7 +113,13 @@ export async function copyChunks(
   eng: EngineSurfaces,
   direction: 'gather' | 'scatter',
   items: readonly ChunkCopy[],
-  opts: { groupBytes?: number; inFlight?: number; stop?: () => boolean } = {},
+  opts: {
+    groupBytes?: number;
+    inFlight?: number;
+    stop?: () => boolean;
+    /** Passed to every copy of the batch (an engine's CUDA event for a save). */
+    copy?: CopyOptions;
+  } = {},
 ): Promise<{ copied: number; error?: unknown; ms: number }> {
   const t0 = performance.now();
   const groups = groupByBytes(
@@ -144,7 +150,9 @@ export async function copyChunks(
           c.skip ?? 0,
         );
       }
-      return copy.copy(surfaces, ops);
+      return opts.copy === undefined
+        ? copy.copy(surfaces, ops)
+        : copy.copy(surfaces, ops, opts.copy);
     },
     {
       window: opts.inFlight ?? COPY_GROUPS_IN_FLIGHT,

@@ -162,6 +162,11 @@ export class DataPlaneClient {
       blockIds: readonly number[];
       chunkHashes: HashesInput;
       skipChunks?: number;
+      /**
+       * A CUDA interprocess event (64-byte handle) recorded after the blocks were written: the
+       * sidecar's copies wait for it on the GPU instead of the engine synchronizing first.
+       */
+      cudaEvent?: Uint8Array;
     },
     opts: DataPlaneCallOptions = {},
   ): Promise<{ saved: number; skipped: number; dropped: number }> {
@@ -174,6 +179,7 @@ export class DataPlaneClient {
         skipChunks: requireInt('skipChunks', a.skipChunks ?? 0, 0, U32_MAX),
         blockIds: blockIdArray('blockIds', a.blockIds),
         chunkHashes: asPackedHashes(a.chunkHashes),
+        ...(a.cudaEvent !== undefined ? { cudaEvent: a.cudaEvent } : {}),
       },
       opts,
     );

@@ -9,13 +9,13 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
 import type { CopyEngine } from './copy-engine-types.ts';
 import { COPY_GROUP_BYTES, COPY_GROUPS_IN_FLIGHT, copyChunks } from './copy-groups.ts';
-import {
-  type DataPlaneOptions,
-  LOAD_STATE,
-  type LoadRequest,
-  type LoadResult,
-  type SaveRequest,
-  type SaveResult,
+import { checkHashes, hasRepeat, writeLoadState } from './data-plane-support.ts';
+import type {
+  DataPlaneOptions,
+  LoadRequest,
+  LoadResult,
+  SaveRequest,
+  SaveResult,
 } from './data-plane-types.ts';
 import {
   cudaDeviceFor,
@@ -55,10 +55,15 @@ export class DataPlane {
   readonly #copy: CopyEngine;
   readonly #grouping: { groupBytes: number; inFlight: number };
   readonly #now: () => number;
+  readonly #monoNs: () => bigint;
   readonly #log: Logger;
   readonly #heartbeatTimeoutMs: number;
   readonly #engines = new Map<string, EngineState>();
   readonly #timer: ReturnType<typeof setInterval> | undefined;
+  #saves = 0;
+  #loads = 0;
+  #lateSaves = 0;
+  #lateLoads = 0;
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
@@ -75,6 +80,7 @@ export class DataPlane {
       ),
     };
     this.#now = opts.now ?? Date.now;
+    this.#monoNs = opts.monotonicNs ?? process.hrtime.bigint;
     this.#log = opts.log ?? silentLogger;
     this.#heartbeatTimeoutMs = requireInt(
       'heartbeatTimeoutMs',
@@ -147,11 +153,20 @@ export class DataPlane {
    * Gathers each chunk not skipped and not already in the CPU tier from every region straight
    * into host memory reserved by the storage manager, then commits it there (indexed, pinned
    * until written through to the lower tiers; no second copy). Resolves when the blocks may be
-   * reused.
+   * reused. Past `notAfterNs` nothing is copied, and a copy that finishes after it is discarded:
+   * the engine may have reused the blocks by then (its chunks count as dropped).
    * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`, or the copy
    *   engine's error (nothing is indexed then).
    */
   async save(req: SaveRequest): Promise<SaveResult> {
+    try {
+      return await this.#save(req);
+    } finally {
+      this.#saves++;
+    }
+  }
+
+  async #save(req: SaveRequest): Promise<SaveResult> {
     const t0 = performance.now();
     const eng = this.#engine(req.engineId);
     const { layout } = eng;
@@ -160,6 +175,11 @@ export class DataPlane {
     const skip = requireInt('save.skipChunks', req.skipChunks ?? 0, 0, hashes.length);
     const ns = layout.namespace.id;
     const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
+    if (this.#late(req.notAfterNs)) {
+      this.#lateSaves++;
+      result.dropped = hashes.length - skip;
+      return result;
+    }
     const pending: StorageReservation[] = [];
     const pendingIds: Uint32Array[] = [];
     let copyMs = 0;
@@ -182,7 +202,9 @@ export class DataPlane {
           eng,
           'gather',
           pending.map((r, k) => ({ ids: pendingIds[k]!, payload: r.view })),
-          this.#grouping,
+          req.cudaEvent === undefined
+            ? this.#grouping
+            : { ...this.#grouping, copy: { waitEvent: req.cudaEvent } },
         ),
       );
       if (copied.error !== undefined) throw copied.error;
@@ -190,6 +212,12 @@ export class DataPlane {
     } catch (err) {
       for (const r of pending) r.abort();
       throw err;
+    }
+    if (this.#late(req.notAfterNs)) {
+      for (const r of pending) r.abort();
+      this.#lateSaves++;
+      result.dropped += pending.length;
+      return result;
     }
     for (const r of pending) {
       const outcome = r.commit();
@@ -219,8 +247,9 @@ export class DataPlane {
    * Scatters the lookup's pinned chunks into the blocks and releases the pins. Chunks are matched
    * by hash against the pinned set; a chunk that is not pinned, gone, malformed, past the deadline
    * or cut short by the request's end, and every chunk after it, are reported in
-   * `invalidBlockIds`, never as loaded. `signal` and `deadlineMs` are checked between chunks (a
-   * chunk being copied completes). Chunk `i` goes to `blockIds[i * blocksPerChunk ...]`; with
+   * `invalidBlockIds`, never as loaded. The chunks are copied in groups (`copyGroupBytes`, a few in
+   * flight); `signal`, `deadlineMs` and `notAfterNs` are checked before each group is started
+   * (a group being copied completes). Chunk `i` goes to `blockIds[i * blocksPerChunk ...]`; with
    * `skipBlocks = s` only blocks `s..` of the first chunk are written (to `blockIds[0 ...]`), the
    * later chunks' ranges move down by `s`, and `loadedTokens` counts only written blocks.
    *
@@ -232,6 +261,14 @@ export class DataPlane {
    * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`.
    */
   async load(req: LoadRequest, opts: { signal?: AbortSignal } = {}): Promise<LoadResult> {
+    try {
+      return await this.#load(req, opts);
+    } finally {
+      this.#loads++;
+    }
+  }
+
+  async #load(req: LoadRequest, opts: { signal?: AbortSignal }): Promise<LoadResult> {
     const t0 = performance.now();
     let eng: EngineState | undefined;
     let result: LoadResult | undefined;
@@ -255,7 +292,7 @@ export class DataPlane {
       try {
         result = await this.#track(
           eng,
-          this.#scatter(eng, state, pinned, hashes, chunks, skip, req.deadlineMs, opts.signal),
+          this.#scatter(eng, state, pinned, hashes, chunks, skip, req, opts.signal),
         );
       } finally {
         if (pinned !== undefined) this.#storage.releaseLookup(pinned);
@@ -269,7 +306,7 @@ export class DataPlane {
       });
       return result;
     } finally {
-      await this.#setState(eng, req, result !== undefined && result.invalidBlockIds.length === 0);
+      await writeLoadState(this.#copy, this.#log, eng?.stateSurface, req, result);
     }
   }
 
@@ -280,9 +317,10 @@ export class DataPlane {
     hashes: readonly ChunkHash[],
     chunks: Uint32Array[],
     skipBlocks: number,
-    deadlineMs: number | undefined,
+    req: LoadRequest,
     signal: AbortSignal | undefined,
   ): Promise<LoadResult> {
+    const { deadlineMs, notAfterNs } = req;
     const { layout } = eng;
     const ns = layout.namespace.id;
     const ready =
@@ -313,7 +351,9 @@ export class DataPlane {
       loadable.push(chunk);
     }
     // Copied in groups of chunks, a few in flight; the request's end, its engine going away, the
-    // signal and the deadline are checked before each group (a group being copied completes).
+    // signal, the deadline and the not-after time are checked before each group (a group being
+    // copied completes).
+    let late = false;
     const outcome = await copyChunks(
       this.#copy,
       eng,
@@ -325,13 +365,15 @@ export class DataPlane {
       })),
       {
         ...this.#grouping,
-        stop: () =>
-          state.finished ||
-          eng.gone ||
-          signal?.aborted === true ||
-          (deadlineMs !== undefined && this.#now() >= deadlineMs),
+        stop: () => {
+          if (state.finished || eng.gone || signal?.aborted === true) return true;
+          if (deadlineMs !== undefined && this.#now() >= deadlineMs) return true;
+          late = this.#late(notAfterNs);
+          return late;
+        },
       },
     );
+    if (late) this.#lateLoads++;
     if (outcome.error !== undefined)
       this.#log.warn('scatter failed; its chunks reported invalid', {
         err: outcome.error,
@@ -342,25 +384,6 @@ export class DataPlane {
     let loadedTokens = 0;
     for (let i = 0; i < n; i++) loadedTokens += chunks[i]!.length * layout.blockSize;
     return { loadedTokens, invalidBlockIds: chunks.slice(n).flatMap((c) => Array.from(c)) };
-  }
-
-  async #setState(eng: EngineState | undefined, req: LoadRequest, ok: boolean): Promise<void> {
-    const value = ok ? LOAD_STATE.DONE : LOAD_STATE.FAILED;
-    if (req.stateWord instanceof Int32Array && req.stateWord.length > 0) {
-      Atomics.store(req.stateWord, 0, value);
-      if (req.stateWord.buffer instanceof SharedArrayBuffer) Atomics.notify(req.stateWord, 0);
-    }
-    const slot = req.stateSlot;
-    const file = eng?.stateSurface;
-    if (file == null || !Number.isInteger(slot) || slot! < 0 || slot! * 4 + 4 > file.sizeBytes)
-      return;
-    const word = new Uint8Array(4);
-    new DataView(word.buffer).setInt32(0, value, true);
-    try {
-      await this.#copy.copy([word, file], Float64Array.of(0, 0, 1, slot! * 4, 4));
-    } catch (err) {
-      this.#log.warn('could not write the load state word', { engineId: req.engineId, slot, err });
-    }
   }
 
   /** Terminal end (finished or aborted): releases the request's held pins and state. In-flight loads stop at the next chunk. */
@@ -408,13 +431,26 @@ export class DataPlane {
     return stale.length;
   }
 
-  /** A JSON-friendly snapshot. */
   /** The copy engine's own description (kind, CUDA availability), for PING. */
   copyEngineInfo(): Record<string, unknown> {
     return this.#copy.describe?.() ?? { kind: 'custom' };
   }
 
-  stats(): { engines: number; requests: number; heldLookups: number; writeThroughDropped: number } {
+  /**
+   * A JSON-friendly snapshot: engines, request states and held lookups now; SAVEs and LOADs
+   * handled (answered or failed) since start, and those cut short by their not-after time
+   * (`lateSaves`: nothing stored; `lateLoads`: the chunks from there on invalid).
+   */
+  stats(): {
+    engines: number;
+    requests: number;
+    heldLookups: number;
+    writeThroughDropped: number;
+    saves: number;
+    loads: number;
+    lateSaves: number;
+    lateLoads: number;
+  } {
     let requests = 0;
     let heldLookups = 0;
     for (const e of this.#engines.values()) {
@@ -426,6 +462,10 @@ export class DataPlane {
       requests,
       heldLookups,
       writeThroughDropped: this.#storage.writeThroughDropped,
+      saves: this.#saves,
+      loads: this.#loads,
+      lateSaves: this.#lateSaves,
+      lateLoads: this.#lateLoads,
     };
   }
 
@@ -440,6 +480,11 @@ export class DataPlane {
 
   #open(): void {
     if (this.#closing !== undefined) throw closedError('data plane');
+  }
+
+  /** True once the host's monotonic clock is past a not-after time (none: never). */
+  #late(notAfterNs: bigint | undefined): boolean {
+    return notAfterNs !== undefined && notAfterNs > 0n && this.#monoNs() > notAfterNs;
   }
 
   #engine(engineId: string): EngineState {
@@ -476,24 +521,4 @@ export class DataPlane {
       eng.inflight.delete(work);
     }
   }
-}
-
-/** The hashes themselves were validated where they entered (a `ChunkHash` is never re-checked). */
-function checkHashes(hashes: readonly ChunkHash[], what: string): readonly ChunkHash[] {
-  if (!Array.isArray(hashes))
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `${what}.chunkHashes must be an array, got ${describe(hashes)}`,
-    );
-  return hashes;
-}
-
-function hasRepeat(chunks: readonly Uint32Array[]): boolean {
-  const seen = new Set<number>();
-  for (const c of chunks)
-    for (const id of c) {
-      if (seen.has(id)) return true;
-      seen.add(id);
-    }
-  return false;
 }

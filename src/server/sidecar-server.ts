@@ -333,6 +333,8 @@ export class SidecarServer {
           blockIds: req.blockIds,
           chunkHashes: hashesToHex(req.chunkHashes),
           skipChunks: req.skipChunks,
+          ...(req.notAfterNs ? { notAfterNs: req.notAfterNs } : {}),
+          ...(req.cudaEvent !== undefined ? { cudaEvent: req.cudaEvent } : {}),
         });
         return this.#reply(envelope, { type: 'save-result', requestId, ...r });
       }
@@ -356,6 +358,7 @@ export class SidecarServer {
               chunkHashes: hashesToHex(req.chunkHashes),
               ...(req.stateSlot >= 0 ? { stateSlot: req.stateSlot } : {}),
               ...(req.skipBlocks ? { skipBlocks: req.skipBlocks } : {}),
+              ...(req.notAfterNs ? { notAfterNs: req.notAfterNs } : {}),
             },
             { signal: deadline.signal },
           );

@@ -376,6 +376,55 @@ describe('DataPlane save and load on the host device', () => {
   });
 });
 
+describe('DataPlane SAVE with a CUDA event', () => {
+  test('every copy of the save gets the event to wait for; loads get none', async () => {
+    const base = createFsCopyEngine();
+    const seen: Array<{ ops: number; waitEvent: Uint8Array | undefined }> = [];
+    const spy: CopyEngine = {
+      openFile: (p) => base.openFile(p),
+      copy: async (s, o, options) => {
+        seen.push({ ops: o.length / 5, waitEvent: options?.waitEvent });
+        await base.copy(s, o, options);
+      },
+    };
+    // Two chunks per copy group: a 3-chunk save is two copies.
+    const e = env({ copyEngine: spy, copyGroupBytes: 2 * 8192 }, false);
+    const path = kvFile();
+    const layout = await e.dp.register(registration(path, 'A'));
+    const hs = hashes(3);
+    const event = Buffer.from(Array.from({ length: 64 }, (_, i) => 255 - i));
+    const src = Array.from({ length: 12 }, (_, i) => i);
+    const out = await e.dp.save({
+      engineId: 'A',
+      requestId: 'w',
+      blockIds: src,
+      chunkHashes: hs,
+      cudaEvent: event,
+    });
+    assert.deepEqual(out, { saved: 3, skipped: 0, dropped: 0 });
+    assert.equal(seen.length, 2);
+    for (const c of seen) assert.equal(c.waitEvent, event);
+    seen.length = 0;
+    assert.equal(await lookup(e, 'L', layout.namespace.id, hs), 3);
+    const dst = Array.from({ length: 12 }, (_, i) => 30 + i);
+    const loaded = await e.dp.load({
+      engineId: 'A',
+      requestId: 'r',
+      lookupId: 'L',
+      blockIds: dst,
+      chunkHashes: hs,
+    });
+    assert.deepEqual(loaded, { loadedTokens: 48, invalidBlockIds: [] });
+    assert.ok(seen.length > 0);
+    for (const c of seen) assert.equal(c.waitEvent, undefined);
+    for (let i = 0; i < 12; i++)
+      assert.deepEqual(
+        blockBytes(path, dst[i]!).map((b) => b.subarray(0, BLOCK_BYTES)),
+        blockBytes(path, src[i]!).map((b) => b.subarray(0, BLOCK_BYTES)),
+      );
+  });
+});
+
 describe('DataPlane load failures', () => {
   async function saved(e: Env, n: number) {
     const path = kvFile();
@@ -595,6 +644,10 @@ describe('DataPlane lifecycle', () => {
       requests: 0,
       heldLookups: 0,
       writeThroughDropped: 0,
+      saves: 1,
+      loads: 0,
+      lateSaves: 0,
+      lateLoads: 0,
     });
     const out = await e.dp.load({
       engineId: 'A',
@@ -1095,6 +1148,10 @@ describe('DataPlane engine release during a load (UNREGISTER)', () => {
       requests: 0,
       heldLookups: 0,
       writeThroughDropped: 0,
+      saves: 1,
+      loads: 1,
+      lateSaves: 0,
+      lateLoads: 0,
     });
   });
 });
