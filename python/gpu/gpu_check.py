@@ -363,6 +363,62 @@ class Check:
         self.expect(out["withEvent"]["sawNewBytes"], "a copy waiting on the interprocess event did not see the bytes written before it")
         self.report["eventOrdering"] = out
 
+    def save_event(self, drv: Driver) -> None:
+        """A SAVE that carries the interprocess event the engine recorded after writing the blocks
+        (a half-second kernel, then the writes, on a side stream) stores the written bytes: the
+        sidecar's copies wait on the GPU. The control SAVE without the event may store the old
+        ones. Each is loaded back into poisoned blocks and compared."""
+        torch = self.lib
+        a = self.args
+        geo = Geometry("flash_attn", 4, 128, a.block_size, a.heads, a.head_dim)
+        cache = self.new_cache(geo)
+        out: dict = {}
+        try:
+            ns = self.register(drv, cache, "check-save-event")["namespace"]
+            bpc = CHUNK // geo.block_size
+            stream = torch.cuda.Stream()
+            for waited in (True, False):
+                src, dst = self.disjoint_blocks(geo, 2 * bpc)
+                value = self.rng.randrange(1, 30000)
+                ev = torch.cuda.Event(interprocess=True)
+                with torch.cuda.stream(stream):
+                    si = torch.tensor(src, device="cuda")
+                    torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time
+                    for t in cache.tensors.values():
+                        t.view(torch.int16)[:, si] = value
+                    ev.record(stream)
+                hashes = self.prompt_hashes(2)
+                kw = {"cudaEvent": bytes(ev.ipc_handle()).hex()} if waited else {}
+                saved = drv.call("save", engineId="check-save-event", requestId=self.fresh("w"), blockIds=src, hashes=hashes, **kw)
+                stream.synchronize()
+                di = torch.tensor(dst, device="cuda")
+                for t in cache.tensors.values():
+                    t.view(torch.int16)[:, di] = 0x5A5A
+                torch.cuda.synchronize()
+                lookup_id = self.fresh("r")
+                hit = drv.call("lookup", lookupId=lookup_id, hashes=hashes, tokens=[CHUNK] * 2, namespace=ns)
+                loaded = drv.call("load", engineId="check-save-event", requestId=lookup_id, lookupId=lookup_id, blockIds=dst, hashes=hashes)
+                torch.cuda.synchronize()
+                new = all(bool((t.view(torch.int16)[:, di] == value).all()) for t in cache.tensors.values())
+                drv.call("finish", engineId="check-save-event", requestId=lookup_id)
+                out["withEvent" if waited else "withoutEventControl"] = {
+                    "saveMs": saved["ms"],
+                    "savedChunks": saved["saved"],
+                    "hitTokens": hit["hitTokens"],
+                    "loadedTokens": loaded["loadedTokens"],
+                    "loadedTheNewBytes": new,
+                }
+            drv.call("unregister", engineId="check-save-event")
+            drv.call("clear")
+        finally:
+            cache.close()
+        w = out["withEvent"]
+        self.expect(
+            w["savedChunks"] == 2 and w["loadedTokens"] == 2 * CHUNK and w["loadedTheNewBytes"],
+            f"a SAVE with the engine's CUDA event did not store the bytes written before the event: {w}",
+        )
+        self.report["saveEvent"] = out
+
     # ------------------------------------------------------------------ main
 
     def run(self, node: str) -> int:
@@ -396,6 +452,7 @@ class Check:
             if self.cuda:
                 steps += [
                     ("eventOrdering", lambda: self.event_ordering(drv)),
+                    ("saveEvent", lambda: self.save_event(drv)),
                     ("deviceUuid", lambda: self.device_uuid(node)),
                     ("expandableSegments", self.expandable_segments),
                 ]
@@ -454,7 +511,7 @@ def summarize(r: dict) -> None:
             if "saveRatio" in b:
                 line += f", ratios {b['saveRatio']:.2f} / {b['loadRatio']:.2f}"
             print(line)
-    for key in ("eventOrdering", "deviceUuid", "expandableSegments", "copyCounts"):
+    for key in ("eventOrdering", "saveEvent", "deviceUuid", "expandableSegments", "copyCounts"):
         if key in r:
             print(f"  {key}: {json.dumps(r[key])[:400]}")
     for f in r.get("failures", []):

@@ -141,6 +141,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None
         self._tables = BlockTables(self._shape.block_size)
+        # Set when the registered KV caches are CUDA tensors: saves then carry a CUDA event.
+        self._kv_on_cuda = False
+        self._save_event: Any = None
+        self._save_event_handle: bytes | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = self._make_scheduler()
         else:
@@ -229,6 +233,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         except Exception as err:  # e.g. expandable segments: serve without kvtier, loudly
             _log.error("kvtier: cannot hand the KV caches to the sidecar: %s; kvtier is off for this worker", err)
             return
+        self._kv_on_cuda = reg.get("device") == "cuda"
         try:
             result = self._worker.register_kv_caches(reg)
         except Exception as err:  # sidecar down or refusing: the heartbeat thread registers later
@@ -298,9 +303,21 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def wait_for_save(self):
         if self._worker is None or self._worker.engine_id is None:
             return
-        # The sidecar reads the blocks from another process: this step's KV writes must be done.
-        sync = torch.cuda.current_stream().synchronize if torch.cuda.is_available() else None
-        self._worker.wait_for_save(sync)
+        # The sidecar reads the blocks from another process, after this step's KV writes: on a
+        # GPU its copies wait for an event recorded here, so the CPU does not wait for the GPU.
+        if self._kv_on_cuda and torch.cuda.is_available():
+            self._worker.wait_for_save(cuda_event=self._record_save_event)
+        else:
+            self._worker.wait_for_save()
+
+    def _record_save_event(self) -> bytes:
+        """Records the interprocess event on the current stream; its (unchanging) IPC handle."""
+        if self._save_event is None:
+            self._save_event = torch.cuda.Event(interprocess=True)
+        self._save_event.record(torch.cuda.current_stream())
+        if self._save_event_handle is None:
+            self._save_event_handle = bytes(self._save_event.ipc_handle())
+        return self._save_event_handle
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:

@@ -189,20 +189,30 @@ class WorkerConnector:
         self._pending_saves = tuple(meta.saves)
         self._touch()
 
-    def wait_for_save(self, synchronize: Callable[[], None] | None = None) -> None:
-        """vLLM ``wait_for_save``: sends the saves of the current metadata. ``synchronize`` runs
-        first (on a GPU: the current CUDA stream's synchronize, so the KV writes of this step are
-        complete before the sidecar reads the blocks from another process). Does not wait for the
-        sidecar: blocks stay valid because the scheduler delays the free of requests with saves
-        and :meth:`handle_preemptions` waits for saves of preempted ones."""
+    def wait_for_save(
+        self,
+        synchronize: Callable[[], None] | None = None,
+        cuda_event: Callable[[], bytes] | None = None,
+    ) -> None:
+        """vLLM ``wait_for_save``: sends the saves of the current metadata. The KV writes of this
+        step must be complete before the sidecar reads the blocks from another process: on a GPU,
+        ``cuda_event`` records an interprocess CUDA event on the current stream and returns its
+        64-byte IPC handle, which every SAVE carries (the sidecar's copies wait for it on the
+        GPU, so nothing here waits for the GPU); otherwise ``synchronize`` runs first (a stream
+        synchronize). Does not wait for the sidecar: blocks stay valid because the scheduler
+        delays the free of requests with saves and :meth:`handle_preemptions` waits for saves of
+        preempted ones."""
         self._open()
         saves, self._pending_saves = self._pending_saves, ()
         if not saves:
             return
-        if synchronize is not None:
+        event = None
+        if cuda_event is not None:
+            event = cuda_event()
+        elif synchronize is not None:
             synchronize()
         for s in saves:
-            self._start_save(s)
+            self._start_save(s, event)
         self._touch()
 
     def handle_preemptions(self, request_ids: Iterable[str], timeout_s: float | None = None) -> bool:
@@ -331,13 +341,14 @@ class WorkerConnector:
             pending = None
         self._transfers.append(_Transfer("load", intent.request_id, pending, intent, not_after + LOAD_GRACE_S))
 
-    def _start_save(self, intent: SaveIntent) -> None:
+    def _start_save(self, intent: SaveIntent, cuda_event: bytes | None = None) -> None:
         self._stats.saves_started += 1
         not_after = time.monotonic() + float(getattr(self._client, "request_timeout_s", 30.0))
         try:
             pending = self._client.send_save(
                 self.engine_id, intent.request_id, 0, list(intent.block_ids), intent.chunk_hashes,
                 not_after_ns=int(not_after * 1e9),
+                **({"cuda_event": cuda_event} if cuda_event is not None else {}),
             )
         except Exception as err:
             _log.warning("save of %s not sent: %s", intent.request_id, err)

@@ -42,6 +42,7 @@ class FakeClient:
         self.sent, self.known, self.closed = [], known, False
         self.lock = threading.Lock()
         self.not_after: list = []
+        self.cuda_events: list = []
         self.canceled: list = []
 
     def _add(self, kind, *args, value=None):
@@ -57,8 +58,9 @@ class FakeClient:
         self.not_after.append(not_after_ns)
         return self._add("load", rid, lookup_id, tuple(block_ids), skip_blocks)
 
-    def send_save(self, engine, rid, skip, block_ids, hashes, not_after_ns=None):
+    def send_save(self, engine, rid, skip, block_ids, hashes, not_after_ns=None, cuda_event=None):
         self.not_after.append(not_after_ns)
+        self.cuda_events.append(cuda_event)
         return self._add("save", rid, tuple(block_ids))
 
     def cancel(self, lookup_id):
@@ -128,6 +130,23 @@ def test_saves_at_wait_for_save_after_synchronize_and_delayed_free(w):
     c.of("save")[0][1].settle(SimpleNamespace(saved=1, skipped=0, dropped=0))
     assert wc.get_finished()[0] == {"a"}
     assert wc.get_finished()[0] == set()
+
+
+def test_saves_carry_the_recorded_cuda_event_instead_of_a_synchronize(w):
+    c, wc = w
+    handle = bytes(range(64))
+    recorded = []
+    wc.start_load_kv(ConnectorMeta(saves=(save("a"), save("b"))))
+    wc.wait_for_save(
+        synchronize=lambda: pytest.fail("no synchronize when saves carry an event"),
+        cuda_event=lambda: recorded.append(len(c.of("save"))) or handle,
+    )
+    assert recorded == [0], "the event is recorded once, before the SAVEs are sent"
+    assert [a[0] for a, _ in c.of("save")] == ["a", "b"]
+    assert c.cuda_events == [handle, handle]
+    wc.start_load_kv(ConnectorMeta(saves=(save("c"),)))
+    wc.wait_for_save(lambda: None)
+    assert c.cuda_events[-1] is None, "without an event recorder the SAVE carries none"
 
 
 def test_preemption_sends_nothing_and_waits_for_saves(w):
