@@ -382,10 +382,15 @@ class Check:
                 value = self.rng.randrange(1, 30000)
                 ev = torch.cuda.Event(interprocess=True)
                 with torch.cuda.stream(stream):
+                    # Everything that moves host bytes (the index, pageable: it would wait for the
+                    # stream) before the slow kernel; after it only device work, so the writes
+                    # really land half a second after the SAVE is sent.
                     si = torch.tensor(src, device="cuda")
+                    shape = (2, len(src), geo.block_size, geo.heads, geo.head_dim)
+                    fill = torch.full(shape, value, dtype=torch.int16, device="cuda")
                     torch.cuda._sleep(1_000_000_000)  # about half a second of GPU time
                     for t in cache.tensors.values():
-                        t.view(torch.int16)[:, si] = value
+                        t.view(torch.int16).index_copy_(1, si, fill)
                     ev.record(stream)
                 hashes = self.prompt_hashes(2)
                 kw = {"cudaEvent": bytes(ev.ipc_handle()).hex()} if waited else {}
