@@ -5,6 +5,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { abortedError, KvtierError, type KvtierErrorCode } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';
+import { type NativeFileIo, RAW_FILE_FUNCTIONS, type RawFileIo, wrapFileIo } from './file-io.ts';
 
 /**
  * The one declaration of the `native-cuda` addon's surface (`kvtier_native.node`) and its
@@ -132,7 +133,7 @@ export interface DeviceOptions {
 export type CopyDirection = 'h2d' | 'd2h';
 
 /** The addon's exports as the C++ side registers them (native-cuda/src/addon.cc). */
-interface RawAddon {
+interface RawAddon extends RawFileIo {
   probe(): NativeProbe;
   allocSlab(bytes: number): ArrayBuffer;
   prefaultAsync(buffer: CopyBuffer): Promise<number>;
@@ -167,6 +168,8 @@ export interface NativeAddon {
   readonly path: string;
   /** Capabilities; the CUDA part is probed once per process. Never throws. */
   probe(): NativeProbe;
+  /** Whole-object file operations for the file tiers (file-io.ts). */
+  readonly files: NativeFileIo;
   /**
    * Page-aligned, zero-filled host memory of `bytes` (1..1 GiB), pinned with CUDA when CUDA is
    * available. Throws `KVT_TOO_LARGE` above 1 GiB, `KVT_CAPACITY` when the host is out of memory.
@@ -301,7 +304,9 @@ function tryLoad(): LoadNativeResult {
   }
   try {
     const raw = createRequire(import.meta.url)(path) as RawAddon;
-    const missing = RAW_FUNCTIONS.filter((f) => typeof raw[f] !== 'function');
+    const missing = [...RAW_FUNCTIONS, ...RAW_FILE_FUNCTIONS].filter(
+      (f) => typeof raw[f] !== 'function',
+    );
     if (missing.length > 0) {
       return {
         addon: null,
@@ -374,6 +379,7 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
   return {
     path,
     probe: () => raw.probe(),
+    files: wrapFileIo(raw, toNativeError),
     allocSlab: (bytes) =>
       guard(() => raw.allocSlab(requireInt('bytes', bytes, 1, MAX_NATIVE_SLAB_BYTES))),
     prefault: async (buffer) =>
