@@ -3,8 +3,10 @@
  * store's directories, marks every index entry whose file it finds as verified, indexes the
  * object files the index does not name (least recent first, oldest mtime first), deletes stray
  * temp files of earlier processes, and at the end removes the entries whose files it never found
- * (a journal that disagreed with the files). Until it reaches a chunk, that chunk is a miss (not
- * indexed) or an unverified entry (from the journal; a read still verifies the object).
+ * (a journal that disagreed with the files), and only then trims to the bound (the files it adds
+ * are on disk already; trimming earlier could evict them for entries whose files are gone).
+ * Until it reaches a chunk, that chunk is a miss (not indexed) or an unverified entry (from the
+ * journal; a read still verifies the object).
  */
 import { join } from 'node:path';
 import { isChunkHash } from '../hashing/chunk-hash.ts';
@@ -134,8 +136,6 @@ export async function scanStore(t: ScanTarget): Promise<ScanResult> {
       addedGens.push(index.genOf(slot));
       addedMtimes.push(stats[3 * i + 1]!);
     }
-    // Keep within the bound as the scan goes (the journal may not have named these files).
-    index.trim();
   }
   if (t.stopped()) {
     return { listed, added: addedSlots.length, swept: 0, tempsDeleted, complete: false };
