@@ -190,20 +190,19 @@ class ReadFileWorker : public PromiseWorker {
   double mtimeMs_ = 0;
 };
 
-bool MakeDirs(const std::string& dir) {
-  if (dir.empty()) return true;
-  if (mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST) return true;
-  if (errno != ENOENT) return false;
-  const size_t slash = dir.find_last_of('/');
-  if (slash == std::string::npos || slash == 0) return false;
-  if (!MakeDirs(dir.substr(0, slash))) return false;
-  return mkdir(dir.c_str(), 0755) == 0 || errno == EEXIST;
+// Creates each directory in order (an existing one is fine).
+bool MakeDirs(const std::vector<std::string>& dirs) {
+  for (const std::string& d : dirs) {
+    if (mkdir(d.c_str(), 0755) != 0 && errno != EEXIST) return false;
+  }
+  return true;
 }
 
 class WriteFileWorker : public PromiseWorker {
  public:
   WriteFileWorker(Napi::Env env, std::string temp, std::string final, std::vector<uint8_t> header,
-                  const uint8_t* payload, size_t payloadBytes, int fsync, std::string makeDir,
+                  const uint8_t* payload, size_t payloadBytes, int fsync,
+                  std::vector<std::string> makeDirs,
                   size_t checksumAt, size_t headerCrcAt)
       : PromiseWorker(env, "kvtier.writeFileAtomic"),
         temp_(std::move(temp)),
@@ -212,16 +211,16 @@ class WriteFileWorker : public PromiseWorker {
         payload_(payload),
         payloadBytes_(payloadBytes),
         fsync_(fsync),
-        makeDir_(std::move(makeDir)),
+        makeDirs_(std::move(makeDirs)),
         checksumAt_(checksumAt),
         headerCrcAt_(headerCrcAt) {}
 
  protected:
   void Work() override {
     int fd = open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd < 0 && errno == ENOENT && !makeDir_.empty()) {
-      if (!MakeDirs(makeDir_)) {
-        failure_ = Errno("mkdir " + makeDir_);
+    if (fd < 0 && errno == ENOENT && !makeDirs_.empty()) {
+      if (!MakeDirs(makeDirs_)) {
+        failure_ = Errno("mkdir for " + temp_);
         return;
       }
       fd = open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -291,7 +290,7 @@ class WriteFileWorker : public PromiseWorker {
   const uint8_t* payload_;
   size_t payloadBytes_;
   int fsync_;
-  std::string makeDir_;
+  std::vector<std::string> makeDirs_;
   size_t checksumAt_;
   size_t headerCrcAt_;
 };
@@ -301,20 +300,26 @@ std::string StringArg(const Napi::CallbackInfo& info, size_t i, const char* name
   return info[i].As<Napi::String>().Utf8Value();
 }
 
+std::vector<std::string> StringsArg(const Napi::CallbackInfo& info, size_t i, const char* name) {
+  Napi::Env env = info.Env();
+  if (!info[i].IsArray()) Throw(env, kErrInvalidArg, std::string(name) + " must be an array of strings");
+  Napi::Array list = info[i].As<Napi::Array>();
+  std::vector<std::string> out;
+  out.reserve(list.Length());
+  for (uint32_t k = 0; k < list.Length(); k++) {
+    Napi::Value v = list.Get(k);
+    if (!v.IsString()) Throw(env, kErrInvalidArg, std::string(name) + " must be an array of strings");
+    out.push_back(v.As<Napi::String>().Utf8Value());
+  }
+  return out;
+}
+
 }  // namespace
 
 Napi::Value StatFilesAsync(const Napi::CallbackInfo& info) {
   Napi::Env env = info.Env();
   std::string dir = StringArg(info, 0, "dir");
-  if (!info[1].IsArray()) Throw(env, kErrInvalidArg, "names must be an array of strings");
-  Napi::Array list = info[1].As<Napi::Array>();
-  std::vector<std::string> names;
-  names.reserve(list.Length());
-  for (uint32_t i = 0; i < list.Length(); i++) {
-    Napi::Value v = list.Get(i);
-    if (!v.IsString()) Throw(env, kErrInvalidArg, "names must be an array of strings");
-    names.push_back(v.As<Napi::String>().Utf8Value());
-  }
+  std::vector<std::string> names = StringsArg(info, 1, "names");
   auto* worker = new StatFilesWorker(env, std::move(dir), std::move(names));
   worker->Queue();
   return worker->Promise();
@@ -349,12 +354,12 @@ Napi::Value WriteFileAtomicAsync(const Napi::CallbackInfo& info) {
   }
   const size_t fsync = ToSize(env, info[4], "fsync");
   if (fsync > 2) Throw(env, kErrInvalidArg, "fsync must be 0, 1 or 2");
-  std::string makeDir = StringArg(info, 5, "makeDir");
+  std::vector<std::string> makeDirs = StringsArg(info, 5, "makeDirs");
   const size_t checksumAt = ToSize(env, info[6], "checksumAt");
   const size_t headerCrcAt = ToSize(env, info[7], "headerCrcAt");
   auto* worker = new WriteFileWorker(env, std::move(temp), std::move(final),
                                      std::vector<uint8_t>(header, header + headerBytes), payload,
-                                     payloadBytes, static_cast<int>(fsync), std::move(makeDir),
+                                     payloadBytes, static_cast<int>(fsync), std::move(makeDirs),
                                      checksumAt, headerCrcAt);
   worker->Keep(info[3]);
   worker->Queue();

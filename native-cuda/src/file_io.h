@@ -19,9 +19,9 @@ Napi::Value StatFilesAsync(const Napi::CallbackInfo& info);
 // before dst was full (cut short while read).
 Napi::Value ReadFileCrc32cAsync(const Napi::CallbackInfo& info);
 
-// writeFileAtomicAsync(tempPath, finalPath, header, payload, fsync, makeDir, checksumAt,
-// headerCrcAt) -> Promise<number>: creates `tempPath` (exclusive; `makeDir`, when not empty, is
-// created with its parents if the first create finds no directory), writes `payload` after the
+// writeFileAtomicAsync(tempPath, finalPath, header, payload, fsync, makeDirs, checksumAt,
+// headerCrcAt) -> Promise<number>: creates `tempPath` (exclusive; when the first create finds no
+// directory, the directories `makeDirs` names are created in order and it is tried again), writes `payload` after the
 // header while computing its CRC-32C, stores that as a u64le at header[checksumAt] and the CRC-32
 // (IEEE) of header[0..headerCrcAt) at header[headerCrcAt] (in a copy: `header` is not changed),
 // writes the header, fdatasyncs when fsync >= 1, closes, renames to `finalPath` and fsyncs its

@@ -29,8 +29,8 @@ export interface NativeRead {
 export interface NativeWriteOptions {
   /** 0: no sync; 1: fdatasync before the rename; 2: also fsync the directory after it. */
   readonly fsync: 0 | 1 | 2;
-  /** Directory to create (with parents) when the temp file's directory is missing; '' for none. */
-  readonly makeDir: string;
+  /** Directories to create, in order, when the temp file's directory is missing (may be empty). */
+  readonly makeDirs: readonly string[];
   /** Offset in the header of the u64le payload CRC-32C to fill in. */
   readonly checksumAt: number;
   /** Offset in the header of the u32le CRC-32 (IEEE) of the header bytes before it, filled in. */
@@ -52,7 +52,7 @@ export interface RawFileIo {
     header: Uint8Array,
     payload: Uint8Array,
     fsync: number,
-    makeDir: string,
+    makeDirs: string[],
     checksumAt: number,
     headerCrcAt: number,
   ): Promise<number>;
@@ -134,7 +134,7 @@ export function wrapFileIo(raw: RawFileIo, fail: (err: unknown) => unknown): Nat
           header,
           payload,
           requireInt('fsync', o.fsync, 0, 2),
-          o.makeDir,
+          [...o.makeDirs],
           requireInt('checksumAt', o.checksumAt, 0),
           requireInt('headerCrcAt', o.headerCrcAt, 0),
         ),

@@ -460,19 +460,28 @@ export class DiskIndex {
       this.#free = this.#rec[s * STRIDE + CHAIN]!;
       return s;
     }
-    if (this.#top * STRIDE === this.#rec.length) this.#resize(this.#top * 2);
+    if (this.#top * STRIDE === this.#rec.length) {
+      // Half again, not double: at most a third of the records unused after a growth.
+      this.#resize(Math.max(this.#top + 1, Math.min(this.#top * 1.5, this.#maxChunks + 1)));
+    }
     return this.#top++;
   }
 
-  /** Grows (or, with `fresh`, replaces) the arrays to hold `slots` records. */
+  /**
+   * Grows (or, with `fresh`, replaces) the arrays to hold `slots` records (a multiple of 1024,
+   * at least `slots`); the buckets are the next power of two, so a chain holds one entry on
+   * average.
+   */
   #resize(slots: number, fresh = false): void {
-    let cap = MIN_SLOTS;
-    while (cap < slots) cap *= 2;
+    const cap = Math.ceil(Math.max(MIN_SLOTS, slots) / MIN_SLOTS) * MIN_SLOTS;
+    let buckets = MIN_SLOTS;
+    while (buckets < cap) buckets *= 2;
     const rec = new Int32Array(cap * STRIDE);
-    if (!fresh) rec.set(this.#rec);
+    if (!fresh) rec.set(this.#rec.subarray(0, Math.min(this.#rec.length, rec.length)));
     this.#rec = rec;
-    this.#buckets = new Int32Array(cap).fill(NONE);
-    this.#mask = cap - 1;
+    if (this.#buckets.length === buckets && !fresh) return;
+    this.#buckets = new Int32Array(buckets).fill(NONE);
+    this.#mask = buckets - 1;
     if (fresh) return;
     for (let s = 0; s < this.#top; s++) {
       const b = s * STRIDE;

@@ -127,6 +127,7 @@ export class LocalDiskBackend implements StorageBackend {
       shardChars: o.shardChars,
       maxChunkBytes: o.maxChunkBytes,
       fsync: o.fsync,
+      createRoot: true,
       tier: ctx.name,
       log: this.#log,
       onCorrupt: raw.onCorrupt ?? (() => {}),
@@ -402,8 +403,12 @@ export class LocalDiskBackend implements StorageBackend {
     const gen = this.#index.genOf(slot);
     let res: ChunkFileRead;
     try {
-      res = await this.#files.read(ns, hash, this.#files.path(ns, hash), (fn) =>
-        this.#deadline(this.#limit(fn), signal, 'read'),
+      res = await this.#files.read(
+        ns,
+        hash,
+        this.#files.path(ns, hash),
+        (fn) => this.#deadline(this.#limit(fn), signal, 'read'),
+        this.#index.bytesOf(slot),
       );
     } catch (err) {
       if (signal?.aborted === true) throw err;

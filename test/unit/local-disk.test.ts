@@ -316,11 +316,13 @@ describe('LocalDiskBackend', () => {
       { name: 'd' },
       slow,
     );
-    await b.put(n, h, chunk(1000));
+    await b.indexed();
     // Timers are mocked from here: the hung read times out when the test moves the clock, and
-    // the real read after it can never time out however loaded this machine is.
+    // the put before it and the real read after it can never time out however loaded this
+    // machine is (a put that outlived its deadline would still finish, and mark the tier up).
     mock.timers.enable({ apis: ['setTimeout'] });
     try {
+      assert.equal(await b.put(n, h, chunk(1000)), 'stored');
       hang = true;
       const hung = b.batchedGet(n, [h]);
       let done = false;
