@@ -91,7 +91,8 @@ export class DiskIndex {
   #tail = NONE;
   readonly #nsIds = new Map<NamespaceId, number>();
   readonly #nsNames: NamespaceId[] = [''];
-  readonly #nsRaw: Uint8Array[] = [new Uint8Array(16)];
+  /** Each namespace id's 16 bytes as four little-endian words. */
+  readonly #nsWords: Int32Array[] = [new Int32Array(4)];
   readonly #capacityBytes: number;
   readonly #maxChunks: number;
   readonly #onEvict: (e: EvictedEntry) => void;
@@ -165,18 +166,18 @@ export class DiskIndex {
     );
   }
 
-  /** The slot of namespace id `nsId` and the 32 hash bytes at `off` in `dv`, or -1. */
-  findPacked(nsId: number, dv: DataView, off: number): number {
+  /** The slot of namespace id `nsId` and the hash words `words[at, at + 8)`, or -1. */
+  findWordsAt(nsId: number, words: Int32Array, at: number): number {
     return this.#findWords(
       nsId,
-      dv.getInt32(off, true),
-      dv.getInt32(off + 4, true),
-      dv.getInt32(off + 8, true),
-      dv.getInt32(off + 12, true),
-      dv.getInt32(off + 16, true),
-      dv.getInt32(off + 20, true),
-      dv.getInt32(off + 24, true),
-      dv.getInt32(off + 28, true),
+      words[at]!,
+      words[at + 1]!,
+      words[at + 2]!,
+      words[at + 3]!,
+      words[at + 4]!,
+      words[at + 5]!,
+      words[at + 6]!,
+      words[at + 7]!,
     );
   }
 
@@ -189,7 +190,7 @@ export class DiskIndex {
       id = this.#nsNames.length;
       this.#nsIds.set(ns, id);
       this.#nsNames.push(ns);
-      this.#nsRaw.push(raw);
+      this.#nsWords.push(new Int32Array(raw.buffer));
     }
     return id;
   }
@@ -198,6 +199,11 @@ export class DiskIndex {
   holds(slot: number, gen: number): boolean {
     const b = slot * STRIDE;
     return slot >= 0 && slot < this.#top && this.#rec[b + NS] !== 0 && this.#rec[b + GEN] === gen;
+  }
+
+  /** Whether `slot` holds an entry (any generation). */
+  live(slot: number): boolean {
+    return this.#rec[slot * STRIDE + NS] !== 0;
   }
 
   genOf(slot: number): number {
@@ -220,12 +226,15 @@ export class DiskIndex {
     this.#rec[slot * STRIDE + FLAGS]! |= VERIFIED;
   }
 
-  /** Writes the entry's 16 namespace bytes then its 32 hash bytes into `out` at `at`. */
-  writeKey(slot: number, out: DataView, at: number): void {
-    const raw = this.#nsRaw[this.#rec[slot * STRIDE + NS]!]!;
-    for (let i = 0; i < 16; i++) out.setUint8(at + i, raw[i]!);
+  /** Writes the entry's namespace (4 words) then its hash (8 words) into `out` at `at`. */
+  writeKey(slot: number, out: Int32Array, at: number): void {
+    const nsw = this.#nsWords[this.#rec[slot * STRIDE + NS]!]!;
+    out[at] = nsw[0]!;
+    out[at + 1] = nsw[1]!;
+    out[at + 2] = nsw[2]!;
+    out[at + 3] = nsw[3]!;
     const b = slot * STRIDE;
-    for (let w = 0; w < 8; w++) out.setInt32(at + 16 + 4 * w, this.#rec[b + w]!, true);
+    for (let w = 0; w < 8; w++) out[at + 4 + w] = this.#rec[b + w]!;
   }
 
   /**
@@ -235,14 +244,19 @@ export class DiskIndex {
   add(ns: NamespaceId, hash: ChunkHash, bytes: number, opts: AddOptions = {}): number {
     const id = this.nsId(ns);
     if (id === NONE) throw new TypeError(`namespace ${ns} is not 32 lowercase hex digits`);
-    const scratch = SCRATCH;
-    for (let w = 0; w < 8; w++) scratch.setInt32(4 * w, hashWord(hash, w), true);
-    return this.addPacked(id, scratch, 0, bytes, opts);
+    for (let w = 0; w < 8; w++) SCRATCH[w] = hashWord(hash, w);
+    return this.addWordsAt(id, SCRATCH, 0, bytes, opts);
   }
 
-  /** {@link add} with the hash as 32 bytes at `off` in `dv` and the namespace as an id. */
-  addPacked(nsId: number, dv: DataView, off: number, bytes: number, opts: AddOptions = {}): number {
-    const found = this.findPacked(nsId, dv, off);
+  /** {@link add} with the hash as the words `words[at, at + 8)` and the namespace as an id. */
+  addWordsAt(
+    nsId: number,
+    words: Int32Array,
+    at: number,
+    bytes: number,
+    opts: AddOptions = {},
+  ): number {
+    const found = this.findWordsAt(nsId, words, at);
     if (found !== NONE) {
       this.#resized(found, bytes);
       if (opts.verified === true) this.markVerified(found);
@@ -253,7 +267,7 @@ export class DiskIndex {
     const slot = this.#alloc();
     const r = this.#rec;
     const b = slot * STRIDE;
-    for (let w = 0; w < 8; w++) r[b + w] = dv.getInt32(off + 4 * w, true);
+    for (let w = 0; w < 8; w++) r[b + w] = words[at + w]!;
     r[b + NS] = nsId;
     r[b + BYTES] = bytes;
     r[b + PINS] = 0;
@@ -565,4 +579,4 @@ export class DiskIndex {
   }
 }
 
-const SCRATCH = new DataView(new ArrayBuffer(32));
+const SCRATCH = new Int32Array(8);

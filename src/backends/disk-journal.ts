@@ -15,7 +15,7 @@
 import { randomBytes } from 'node:crypto';
 import type * as nodeFs from 'node:fs/promises';
 import { join } from 'node:path';
-import { crc32c } from '../util/crc32c.ts';
+import { crc32c, crc32cRange } from '../util/crc32c.ts';
 import type { Logger } from '../util/log.ts';
 import type { DiskIndex } from './disk-index.ts';
 import { type FileSystem, isNotFound } from './file-store.ts';
@@ -35,6 +35,8 @@ const FLUSH_MS = 100;
 const FLUSH_BYTES = 256 * 1024;
 /** Records the snapshot writer encodes per write (about 1 MiB). */
 const SNAPSHOT_BATCH = 16 * 1024;
+/** Bytes of each buffer records are appended into. */
+const APPEND_BYTES = 64 * 1024;
 
 /** The file system calls the journal makes. */
 export type JournalFs = Pick<FileSystem, 'open' | 'rename' | 'unlink'>;
@@ -67,8 +69,34 @@ function recordOk(buf: Buffer, at: number): boolean {
   const kind = buf[at]!;
   return (
     (kind === KIND_ADD || kind === KIND_REMOVE) &&
-    crc32c(buf.subarray(at, at + 60)) === buf.readUInt32LE(at + 60)
+    crc32cRange(buf, at, at + 60) === buf.readUInt32LE(at + 60)
   );
+}
+
+/**
+ * Encodes one record at byte `at` of `buf` (`words` its word view): `slot`'s key from `index`.
+ * Every byte of the record is written.
+ */
+function encodeRecord(
+  buf: Buffer,
+  words: Int32Array,
+  at: number,
+  kind: number,
+  index: DiskIndex,
+  slot: number,
+): void {
+  const w = at >> 2;
+  words[w] = kind;
+  words[w + 1] = kind === KIND_ADD ? index.bytesOf(slot) : 0;
+  index.writeKey(slot, words, w + 2);
+  words[w + 14] = 0;
+  words[w + 15] = crc32cRange(buf, at, at + 60);
+}
+
+/** An aligned buffer of `bytes` with its word view. */
+function wordBuffer(bytes: number): { buf: Buffer; words: Int32Array } {
+  const buf = Buffer.allocUnsafeSlow(bytes);
+  return { buf, words: new Int32Array(buf.buffer, buf.byteOffset, bytes >> 2) };
 }
 
 /**
@@ -104,9 +132,8 @@ export async function replayJournal(
       return { status: 'invalid', records: 0, validBytes: 0, droppedBytes: size };
     }
     index.ensureSlots(head.readUInt32LE(12));
-    const buf = Buffer.allocUnsafe(Math.min(READ_BYTES, Math.max(size, JOURNAL_RECORD_BYTES)));
-    const dv = new DataView(buf.buffer, buf.byteOffset, buf.byteLength);
-    const nsHex = Buffer.alloc(16);
+    const { buf, words } = wordBuffer(Math.min(READ_BYTES, Math.max(size, JOURNAL_RECORD_BYTES)));
+    const nsLast = new Int32Array(4);
     let nsId = -1;
     let pos = JOURNAL_RECORD_BYTES;
     let records = 0;
@@ -121,14 +148,21 @@ export async function replayJournal(
           bad = true;
           break;
         }
-        if (nsId < 0 || buf.compare(nsHex, 0, 16, at + 8, at + 24) !== 0) {
-          buf.copy(nsHex, 0, at + 8, at + 24);
-          nsId = index.nsId(nsHex.toString('hex'));
+        const w = at >> 2;
+        if (
+          nsId < 0 ||
+          words[w + 2] !== nsLast[0] ||
+          words[w + 3] !== nsLast[1] ||
+          words[w + 4] !== nsLast[2] ||
+          words[w + 5] !== nsLast[3]
+        ) {
+          nsLast.set(words.subarray(w + 2, w + 6));
+          nsId = index.nsId(buf.toString('hex', at + 8, at + 24));
         }
         if (buf[at] === KIND_ADD) {
-          index.addPacked(nsId, dv, at + 24, buf.readUInt32LE(at + 4), { verified: false });
+          index.addWordsAt(nsId, words, w + 6, words[w + 1]! >>> 0, { verified: false });
         } else {
-          const slot = index.findPacked(nsId, dv, at + 24);
+          const slot = index.findWordsAt(nsId, words, w + 6);
           if (slot >= 0) index.forget(slot);
         }
         records++;
@@ -150,7 +184,10 @@ export class IndexJournal {
   readonly #log: Logger;
   #fh: nodeFs.FileHandle | null = null;
   #pending: Buffer[] = [];
-  #current = Buffer.alloc(0);
+  /** Records are encoded into `#current` (`#words` its word view); `[#start, #used)` wait. */
+  #current: Buffer = Buffer.alloc(0);
+  #words: Int32Array = new Int32Array(0);
+  #start = 0;
   #used = 0;
   #pendingBytes = 0;
   /** Records in the file (snapshot and appended), for the rewrite rule. */
@@ -272,17 +309,15 @@ export class IndexJournal {
     if (this.#broken || this.#closed) return;
     this.#dirty = true;
     if (this.#used + JOURNAL_RECORD_BYTES > this.#current.byteLength) {
-      if (this.#used > 0) this.#pending.push(this.#current.subarray(0, this.#used));
-      this.#current = Buffer.allocUnsafe(64 * 1024);
+      if (this.#used > this.#start)
+        this.#pending.push(this.#current.subarray(this.#start, this.#used));
+      const { buf, words } = wordBuffer(APPEND_BYTES);
+      this.#current = buf;
+      this.#words = words;
+      this.#start = 0;
       this.#used = 0;
     }
-    const b = this.#current;
-    const at = this.#used;
-    b.fill(0, at, at + JOURNAL_RECORD_BYTES);
-    b[at] = kind;
-    b.writeUInt32LE(kind === KIND_ADD ? this.#index.bytesOf(slot) : 0, at + 4);
-    this.#index.writeKey(slot, new DataView(b.buffer, b.byteOffset + at, 56), 8);
-    b.writeUInt32LE(crc32c(b.subarray(at, at + 60)), at + 60);
+    encodeRecord(this.#current, this.#words, this.#used, kind, this.#index, slot);
     this.#used += JOURNAL_RECORD_BYTES;
     this.#pendingBytes += JOURNAL_RECORD_BYTES;
     if (this.#pendingBytes >= FLUSH_BYTES) void this.flush();
@@ -293,10 +328,9 @@ export class IndexJournal {
   }
 
   #take(): Buffer[] {
-    if (this.#used > 0) {
-      this.#pending.push(this.#current.subarray(0, this.#used));
-      this.#current = this.#current.subarray(this.#used);
-      this.#used = 0;
+    if (this.#used > this.#start) {
+      this.#pending.push(this.#current.subarray(this.#start, this.#used));
+      this.#start = this.#used;
     }
     const bufs = this.#pending;
     this.#pending = [];
@@ -343,20 +377,15 @@ export class IndexJournal {
         pos += b.byteLength;
       };
       await put(encodeHeader(this.#shardChars, order.length));
-      const batch = Buffer.alloc(SNAPSHOT_BATCH * JOURNAL_RECORD_BYTES);
-      const dv = new DataView(batch.buffer, batch.byteOffset, batch.byteLength);
+      const { buf: batch, words } = wordBuffer(SNAPSHOT_BATCH * JOURNAL_RECORD_BYTES);
       for (let i = 0; i < order.length; i += SNAPSHOT_BATCH) {
         let used = 0;
         for (let k = i; k < Math.min(order.length, i + SNAPSHOT_BATCH); k++) {
           // A slot freed since the order was taken is skipped; one reused holds a live entry.
           // Either way the records appended meanwhile, written after the snapshot, settle it.
           const s = order[k]!;
-          if (!this.#index.holds(s, this.#index.genOf(s))) continue;
-          batch.fill(0, used, used + JOURNAL_RECORD_BYTES);
-          batch[used] = KIND_ADD;
-          batch.writeUInt32LE(this.#index.bytesOf(s), used + 4);
-          this.#index.writeKey(s, dv, used + 8);
-          batch.writeUInt32LE(crc32c(batch.subarray(used, used + 60)), used + 60);
+          if (!this.#index.live(s)) continue;
+          encodeRecord(batch, words, used, KIND_ADD, this.#index, s);
           used += JOURNAL_RECORD_BYTES;
         }
         await put(batch.subarray(0, used));

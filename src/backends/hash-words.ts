@@ -11,15 +11,19 @@ const HEX_VALUE = new Uint8Array(128).fill(255);
 for (let i = 0; i < 10; i++) HEX_VALUE[48 + i] = i;
 for (let i = 0; i < 6; i++) HEX_VALUE[97 + i] = 10 + i;
 
+/** The byte of each pair of lowercase hex digits, by (first char code << 7 | second). */
+const PAIR_VALUE = new Uint8Array(1 << 14);
+for (let hi = 0; hi < 128; hi++) {
+  for (let lo = 0; lo < 128; lo++) {
+    const [a, b] = [HEX_VALUE[hi]!, HEX_VALUE[lo]!];
+    if (a !== 255 && b !== 255) PAIR_VALUE[(hi << 7) | lo] = (a << 4) | b;
+  }
+}
+
 /** Two hex digits of each byte value. */
 const HEX_PAIR: readonly string[] = Array.from({ length: 256 }, (_, b) =>
   b.toString(16).padStart(2, '0'),
 );
-
-/** The byte whose two hex digits start at `i` in `hex` (a valid lowercase hex string). */
-function byteAt(hex: string, i: number): number {
-  return (HEX_VALUE[hex.charCodeAt(i)]! << 4) | HEX_VALUE[hex.charCodeAt(i + 1)]!;
-}
 
 /**
  * Word `w` (0–7) of `hash`: bytes 4w..4w+3 little-endian, as an int32. `hash` must be a valid
@@ -27,11 +31,12 @@ function byteAt(hex: string, i: number): number {
  */
 export function hashWord(hash: ChunkHash, w: number): number {
   const i = w * 8;
+  const p = PAIR_VALUE;
   return (
-    byteAt(hash, i) |
-    (byteAt(hash, i + 2) << 8) |
-    (byteAt(hash, i + 4) << 16) |
-    (byteAt(hash, i + 6) << 24)
+    p[(hash.charCodeAt(i) << 7) | hash.charCodeAt(i + 1)]! |
+    (p[(hash.charCodeAt(i + 2) << 7) | hash.charCodeAt(i + 3)]! << 8) |
+    (p[(hash.charCodeAt(i + 4) << 7) | hash.charCodeAt(i + 5)]! << 16) |
+    (p[(hash.charCodeAt(i + 6) << 7) | hash.charCodeAt(i + 7)]! << 24)
   );
 }
 
