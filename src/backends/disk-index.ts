@@ -1,16 +1,16 @@
 /**
  * The local-disk tier's in-memory index and its byte bound, in typed arrays: no string, object or
- * map entry per chunk, so a million chunks cost about 70 bytes each and nothing for the garbage
- * collector to trace. Each chunk is one 64-byte record (one cache line) in one Int32Array: its
- * hash as eight words, its namespace as a small id, its file size, pin count, recency links,
- * hash-chain link, generation and flags. The file path is derived from (namespace, hash) when
- * needed. Recency of unpinned chunks is an intrusive list through the records; accounting covers
- * used, reserved (writes under way) and pinned bytes. It never touches files: evicting a chunk
- * hands its key to `onEvict`, which deletes the file.
+ * map entry per chunk, so a million chunks cost about 68 bytes each and nothing for the garbage
+ * collector to trace. Each chunk is one 64-byte record (one cache line) of a {@link KeyTable}:
+ * its hash, a namespace id, its file size, pin count, recency links, hash-chain link, generation
+ * and flags. The file path is derived from (namespace, hash) when needed. Recency of unpinned
+ * chunks is a list through the records; accounting covers used, reserved (writes under way) and
+ * pinned bytes. It never touches files: evicting a chunk hands its key to `onEvict`, which
+ * deletes the file.
  */
-import { randomBytes } from 'node:crypto';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
-import { bytesOfHex, hashOfWords, hashWord } from './hash-words.ts';
+import { hashWord } from './hash-words.ts';
+import { bucketHash, F, KeyTable, NONE, STRIDE } from './key-table.ts';
 import type { ChunkHash, NamespaceId } from './types.ts';
 
 /** Unambiguous composite key: the length prefix keeps (ns, hash) pairs from colliding. */
@@ -38,61 +38,19 @@ export interface AddOptions {
   readonly verified?: boolean;
 }
 
-// Record layout, in int32 words.
-const STRIDE = 16;
-const NS = 8; // namespace id; 0 marks a free slot
-const BYTES = 9; // file size, u32
-const PINS = 10;
-const PREV = 11;
-const NEXT = 12;
-const CHAIN = 13; // next record in the hash bucket, or in the free list
-const GEN = 14;
-const FLAGS = 15;
 const LISTED = 1; // in the recency list (live and unpinned)
 const VERIFIED = 2;
-const NONE = -1;
-const MIN_SLOTS = 1024;
-
-// A per-process seed mixed into bucket numbers, so that which hashes share a bucket cannot be
-// chosen by whoever picks the hashes.
-const SEED = randomBytes(4).readInt32LE(0);
-
-function mix(h: number, w: number): number {
-  h = Math.imul(h ^ w, 0x85ebca6b);
-  return h ^ (h >>> 13);
-}
-
-function bucketHash(
-  w0: number,
-  w1: number,
-  w2: number,
-  w3: number,
-  w4: number,
-  w5: number,
-  w6: number,
-  w7: number,
-): number {
-  let h = mix(mix(mix(mix(SEED, w0), w1), w2), w3);
-  h = mix(mix(mix(mix(h, w4), w5), w6), w7);
-  h = Math.imul(h ^ (h >>> 16), 0xc2b2ae35);
-  return h ^ (h >>> 15);
-}
+/** Hashes a lookup parses and probes at once: independent memory accesses overlap. */
+const GROUP = 8;
+const GROUP_WORDS = new Int32Array(8 * GROUP);
+const GROUP_SLOTS = new Int32Array(GROUP);
+const SCRATCH = new Int32Array(8);
 
 /** Entries, recency and the byte bound of one local-disk tier. */
 export class DiskIndex {
-  #rec = new Int32Array(0);
-  #buckets = new Int32Array(0);
-  #mask = 0;
-  /** Slots ever used (records [0, top) are live or free). */
-  #top = 0;
-  #free = NONE;
-  #size = 0;
+  readonly #t: KeyTable;
   #head = NONE; // least recently used
   #tail = NONE;
-  readonly #nsIds = new Map<NamespaceId, number>();
-  readonly #nsNames: NamespaceId[] = [''];
-  /** Each namespace id's 16 bytes as four little-endian words. */
-  readonly #nsWords: Int32Array[] = [new Int32Array(4)];
   readonly #capacityBytes: number;
   readonly #maxChunks: number;
   readonly #onEvict: (e: EvictedEntry) => void;
@@ -118,13 +76,13 @@ export class DiskIndex {
     // Every object is at least a header, so more entries than that could never be used.
     this.#maxChunks = Math.min(maxChunks, Math.floor(capacityBytes / CHUNK_HEADER_BYTES));
     this.#onEvict = onEvict;
-    this.#resize(Math.max(MIN_SLOTS, Math.min(expectedChunks, this.#maxChunks)));
+    this.#t = new KeyTable(Math.min(expectedChunks, this.#maxChunks), this.#maxChunks + 1);
   }
 
   /** Grows the arrays to hold `n` entries without growing again (a journal's entry count). */
   ensureSlots(n: number): void {
     const want = Math.min(n, this.#maxChunks);
-    if (want * STRIDE > this.#rec.length) this.#resize(want);
+    if (want > this.#t.capacity) this.#t.resize(want);
   }
 
   /** Sets who hears of every entry added and removed (a journal). */
@@ -133,7 +91,7 @@ export class DiskIndex {
   }
 
   get size(): number {
-    return this.#size;
+    return this.#t.size;
   }
   get bytesUsed(): number {
     return this.#bytesUsed;
@@ -146,95 +104,121 @@ export class DiskIndex {
   }
   /** Bytes the index's arrays hold (records and buckets). */
   get arrayBytes(): number {
-    return this.#rec.byteLength + this.#buckets.byteLength;
+    return this.#t.rec.byteLength + this.#t.buckets.byteLength;
   }
 
   /** The slot of (ns, hash), or -1. */
   find(ns: NamespaceId, hash: ChunkHash): number {
-    const id = this.#nsIds.get(ns);
-    if (id === undefined) return NONE;
-    return this.#findWords(
-      id,
-      hashWord(hash, 0),
-      hashWord(hash, 1),
-      hashWord(hash, 2),
-      hashWord(hash, 3),
-      hashWord(hash, 4),
-      hashWord(hash, 5),
-      hashWord(hash, 6),
-      hashWord(hash, 7),
-    );
+    return this.#t.find(ns, hash);
   }
 
   /** The slot of namespace id `nsId` and the hash words `words[at, at + 8)`, or -1. */
   findWordsAt(nsId: number, words: Int32Array, at: number): number {
-    return this.#findWords(
-      nsId,
-      words[at]!,
-      words[at + 1]!,
-      words[at + 2]!,
-      words[at + 3]!,
-      words[at + 4]!,
-      words[at + 5]!,
-      words[at + 6]!,
-      words[at + 7]!,
-    );
+    return this.#t.findWordsAt(nsId, words, at);
   }
 
   /** The id of `ns`, registering it; -1 for a string that is not 32 lowercase hex digits. */
   nsId(ns: NamespaceId): number {
-    let id = this.#nsIds.get(ns);
-    if (id === undefined) {
-      const raw = new Uint8Array(16);
-      if (!bytesOfHex(ns, raw, 0, 16)) return NONE;
-      id = this.#nsNames.length;
-      this.#nsIds.set(ns, id);
-      this.#nsNames.push(ns);
-      this.#nsWords.push(new Int32Array(raw.buffer));
+    return this.#t.nsId(ns);
+  }
+
+  /**
+   * Counts the hashes present from the first until the first miss, touching each (most recent
+   * last) or, with `pin`, pinning each. Parses and probes a few hashes at a time, so that their
+   * memory accesses overlap instead of waiting one after another.
+   */
+  prefixHits(ns: NamespaceId, hashes: readonly ChunkHash[], pin: boolean): number {
+    const t = this.#t;
+    const id = t.idOf(ns);
+    if (id === undefined) return 0;
+    const words = GROUP_WORDS;
+    const slots = GROUP_SLOTS;
+    let hits = 0;
+    for (let base = 0; base < hashes.length; base += GROUP) {
+      const g = Math.min(GROUP, hashes.length - base);
+      for (let i = 0; i < g; i++) {
+        const h = hashes[base + i]!;
+        const o = 8 * i;
+        for (let w = 0; w < 8; w++) words[o + w] = hashWord(h, w);
+        slots[i] =
+          t.buckets[
+            bucketHash(
+              words[o]!,
+              words[o + 1]!,
+              words[o + 2]!,
+              words[o + 3]!,
+              words[o + 4]!,
+              words[o + 5]!,
+              words[o + 6]!,
+              words[o + 7]!,
+            ) & t.mask
+          ]!;
+      }
+      let found = 0;
+      for (; found < g; found++) {
+        const o = 8 * found;
+        const s = t.walk(
+          slots[found]!,
+          id,
+          words[o]!,
+          words[o + 1]!,
+          words[o + 2]!,
+          words[o + 3]!,
+          words[o + 4]!,
+          words[o + 5]!,
+          words[o + 6]!,
+          words[o + 7]!,
+        );
+        if (s === NONE) break;
+        slots[found] = s;
+      }
+      for (let i = 0; i < found; i++) {
+        if (pin) this.pin(slots[i]!);
+        else this.touch(slots[i]!);
+      }
+      hits += found;
+      if (found < g) break;
     }
-    return id;
+    return hits;
   }
 
   /** Whether `slot` still holds the entry of generation `gen` (not removed or replaced since). */
   holds(slot: number, gen: number): boolean {
     const b = slot * STRIDE;
-    return slot >= 0 && slot < this.#top && this.#rec[b + NS] !== 0 && this.#rec[b + GEN] === gen;
+    const r = this.#t.rec;
+    return slot >= 0 && slot < this.#t.top && r[b + F.NS] !== 0 && r[b + F.GEN] === gen;
   }
 
   /** Whether `slot` holds an entry (any generation). */
   live(slot: number): boolean {
-    return this.#rec[slot * STRIDE + NS] !== 0;
+    return this.#t.rec[slot * STRIDE + F.NS] !== 0;
   }
-
   genOf(slot: number): number {
-    return this.#rec[slot * STRIDE + GEN]!;
+    return this.#t.rec[slot * STRIDE + F.GEN]!;
   }
   nsOf(slot: number): NamespaceId {
-    return this.#nsNames[this.#rec[slot * STRIDE + NS]!]!;
+    return this.#t.nsName(this.#t.rec[slot * STRIDE + F.NS]!);
   }
   hashOf(slot: number): ChunkHash {
-    return hashOfWords(this.#rec, slot * STRIDE);
+    return this.#t.hashOf(slot);
   }
   /** File size of the entry: header + payload. */
   bytesOf(slot: number): number {
-    return this.#rec[slot * STRIDE + BYTES]! >>> 0;
+    return this.#t.rec[slot * STRIDE + F.BYTES]! >>> 0;
   }
   isVerified(slot: number): boolean {
-    return (this.#rec[slot * STRIDE + FLAGS]! & VERIFIED) !== 0;
+    return (this.#t.rec[slot * STRIDE + F.FLAGS]! & VERIFIED) !== 0;
   }
   markVerified(slot: number): void {
-    this.#rec[slot * STRIDE + FLAGS]! |= VERIFIED;
+    this.#t.rec[slot * STRIDE + F.FLAGS]! |= VERIFIED;
   }
 
   /** Writes the entry's namespace (4 words) then its hash (8 words) into `out` at `at`. */
   writeKey(slot: number, out: Int32Array, at: number): void {
-    const nsw = this.#nsWords[this.#rec[slot * STRIDE + NS]!]!;
-    out[at] = nsw[0]!;
-    out[at + 1] = nsw[1]!;
-    out[at + 2] = nsw[2]!;
-    out[at + 3] = nsw[3]!;
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    for (let w = 0; w < 8; w++) out[at + 4 + w] = this.#rec[b + w]!;
+    out.set(this.#t.nsWords(r[b + F.NS]!), at);
+    for (let w = 0; w < 8; w++) out[at + 4 + w] = r[b + w]!;
   }
 
   /**
@@ -242,7 +226,7 @@ export class DiskIndex {
    * touches (or pins) it. Returns the slot. `ns` must be a storable namespace id.
    */
   add(ns: NamespaceId, hash: ChunkHash, bytes: number, opts: AddOptions = {}): number {
-    const id = this.nsId(ns);
+    const id = this.#t.nsId(ns);
     if (id === NONE) throw new TypeError(`namespace ${ns} is not 32 lowercase hex digits`);
     for (let w = 0; w < 8; w++) SCRATCH[w] = hashWord(hash, w);
     return this.addWordsAt(id, SCRATCH, 0, bytes, opts);
@@ -256,7 +240,7 @@ export class DiskIndex {
     bytes: number,
     opts: AddOptions = {},
   ): number {
-    const found = this.findWordsAt(nsId, words, at);
+    const found = this.#t.findWordsAt(nsId, words, at);
     if (found !== NONE) {
       this.#resized(found, bytes);
       if (opts.verified === true) this.markVerified(found);
@@ -264,25 +248,19 @@ export class DiskIndex {
       else this.touch(found);
       return found;
     }
-    const slot = this.#alloc();
-    const r = this.#rec;
+    const slot = this.#t.insert(nsId, words, at);
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    for (let w = 0; w < 8; w++) r[b + w] = words[at + w]!;
-    r[b + NS] = nsId;
-    r[b + BYTES] = bytes;
-    r[b + PINS] = 0;
-    r[b + GEN] = this.#gen = (this.#gen + 1) | 0;
-    r[b + FLAGS] = opts.verified === false ? 0 : VERIFIED;
-    const bucket = this.#bucketOf(b);
-    r[b + CHAIN] = this.#buckets[bucket]!;
-    this.#buckets[bucket] = slot;
-    this.#size++;
+    r[b + F.BYTES] = bytes;
+    r[b + F.PINS] = 0;
+    r[b + F.GEN] = this.#gen = (this.#gen + 1) | 0;
+    r[b + F.FLAGS] = opts.verified === false ? 0 : VERIFIED;
     this.#bytesUsed += bytes;
     if (opts.pin === true) this.pin(slot);
     else if (opts.leastRecent === true) this.#linkHead(slot);
     else this.#linkTail(slot);
     this.#onChange?.('add', slot);
-    while (this.#size > this.#maxChunks && this.#head !== NONE && this.#head !== slot) {
+    while (this.#t.size > this.#maxChunks && this.#head !== NONE && this.#head !== slot) {
       this.#evict(this.#head);
     }
     return slot;
@@ -290,31 +268,30 @@ export class DiskIndex {
 
   /** Marks an entry recently used. */
   touch(slot: number): void {
-    const b = slot * STRIDE;
-    if ((this.#rec[b + FLAGS]! & LISTED) === 0 || this.#tail === slot) return;
+    if ((this.#t.rec[slot * STRIDE + F.FLAGS]! & LISTED) === 0 || this.#tail === slot) return;
     this.#unlink(slot);
     this.#linkTail(slot);
   }
 
   pin(slot: number): void {
-    const r = this.#rec;
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    if (r[b + PINS] === 0) {
-      if ((r[b + FLAGS]! & LISTED) !== 0) this.#unlink(slot);
+    if (r[b + F.PINS] === 0) {
+      if ((r[b + F.FLAGS]! & LISTED) !== 0) this.#unlink(slot);
       this.#pinnedChunks++;
-      this.#pinnedBytes += r[b + BYTES]! >>> 0;
+      this.#pinnedBytes += r[b + F.BYTES]! >>> 0;
     }
-    r[b + PINS]!++;
+    r[b + F.PINS]!++;
   }
 
   /** Releases one pin; ignores an unpinned entry. */
   unpin(slot: number): void {
-    const r = this.#rec;
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    if (r[b + PINS] === 0) return;
-    if (--r[b + PINS]! === 0) {
+    if (r[b + F.PINS] === 0) return;
+    if (--r[b + F.PINS]! === 0) {
       this.#pinnedChunks--;
-      this.#pinnedBytes -= r[b + BYTES]! >>> 0;
+      this.#pinnedBytes -= r[b + F.BYTES]! >>> 0;
       this.#linkTail(slot);
     }
   }
@@ -350,25 +327,19 @@ export class DiskIndex {
 
   /** Every live slot (of `ns`, or all), as a snapshot. */
   slots(ns?: NamespaceId): number[] {
-    const id = ns === undefined ? 0 : this.#nsIds.get(ns);
-    if (id === undefined) return [];
-    const out: number[] = [];
-    const r = this.#rec;
-    for (let s = 0; s < this.#top; s++) {
-      const n = r[s * STRIDE + NS]!;
-      if (n !== 0 && (id === 0 || n === id)) out.push(s);
-    }
-    return out;
+    const id = ns === undefined ? 0 : this.#t.idOf(ns);
+    return id === undefined ? [] : this.#t.slots(id);
   }
 
   /** Live slots least recently used first, pinned ones (in use) last. */
   recencyOrder(): Int32Array {
-    const out = new Int32Array(this.#size);
+    const t = this.#t;
+    const out = new Int32Array(t.size);
     let i = 0;
-    const r = this.#rec;
-    for (let s = this.#head; s !== NONE; s = r[s * STRIDE + NEXT]!) out[i++] = s;
-    for (let s = 0; s < this.#top; s++) {
-      if (r[s * STRIDE + NS] !== 0 && r[s * STRIDE + PINS] !== 0) out[i++] = s;
+    const r = t.rec;
+    for (let s = this.#head; s !== NONE; s = r[s * STRIDE + F.NEXT]!) out[i++] = s;
+    for (let s = 0; s < t.top; s++) {
+      if (r[s * STRIDE + F.NS] !== 0 && r[s * STRIDE + F.PINS] !== 0) out[i++] = s;
     }
     return out;
   }
@@ -376,10 +347,10 @@ export class DiskIndex {
   /** Removes every entry not {@link markVerified} (nor added verified); returns how many. */
   sweepUnverified(): number {
     let n = 0;
-    const r = this.#rec;
-    for (let s = 0; s < this.#top; s++) {
+    const t = this.#t;
+    for (let s = 0; s < t.top; s++) {
       const b = s * STRIDE;
-      if (r[b + NS] !== 0 && (r[b + FLAGS]! & VERIFIED) === 0) {
+      if (t.rec[b + F.NS] !== 0 && (t.rec[b + F.FLAGS]! & VERIFIED) === 0) {
         this.#remove(s);
         n++;
       }
@@ -389,20 +360,17 @@ export class DiskIndex {
 
   /** Moves the given slots, in the order given, to the least-recent end (those still listed). */
   moveToLeastRecent(order: Int32Array | number[]): void {
-    const r = this.#rec;
+    const r = this.#t.rec;
     for (let i = order.length - 1; i >= 0; i--) {
       const s = order[i]!;
-      if ((r[s * STRIDE + FLAGS]! & LISTED) === 0) continue;
+      if ((r[s * STRIDE + F.FLAGS]! & LISTED) === 0) continue;
       this.#unlink(s);
       this.#linkHead(s);
     }
   }
 
   clear(): void {
-    this.#resize(MIN_SLOTS, true);
-    this.#top = 0;
-    this.#free = NONE;
-    this.#size = 0;
+    this.#t.clear(0);
     this.#head = NONE;
     this.#tail = NONE;
     this.#bytesUsed = 0;
@@ -410,100 +378,14 @@ export class DiskIndex {
     this.#pinnedChunks = 0;
   }
 
-  #findWords(
-    nsId: number,
-    w0: number,
-    w1: number,
-    w2: number,
-    w3: number,
-    w4: number,
-    w5: number,
-    w6: number,
-    w7: number,
-  ): number {
-    const r = this.#rec;
-    let s = this.#buckets[bucketHash(w0, w1, w2, w3, w4, w5, w6, w7) & this.#mask]!;
-    while (s !== NONE) {
-      const b = s * STRIDE;
-      if (
-        r[b] === w0 &&
-        r[b + 1] === w1 &&
-        r[b + 2] === w2 &&
-        r[b + 3] === w3 &&
-        r[b + 4] === w4 &&
-        r[b + 5] === w5 &&
-        r[b + 6] === w6 &&
-        r[b + 7] === w7 &&
-        r[b + NS] === nsId
-      ) {
-        return s;
-      }
-      s = r[b + CHAIN]!;
-    }
-    return NONE;
-  }
-
-  #bucketOf(b: number): number {
-    const r = this.#rec;
-    return (
-      bucketHash(
-        r[b]!,
-        r[b + 1]!,
-        r[b + 2]!,
-        r[b + 3]!,
-        r[b + 4]!,
-        r[b + 5]!,
-        r[b + 6]!,
-        r[b + 7]!,
-      ) & this.#mask
-    );
-  }
-
   #resized(slot: number, bytes: number): void {
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    const old = this.#rec[b + BYTES]! >>> 0;
+    const old = r[b + F.BYTES]! >>> 0;
     if (old === bytes) return;
-    this.#rec[b + BYTES] = bytes;
+    r[b + F.BYTES] = bytes;
     this.#bytesUsed += bytes - old;
-    if (this.#rec[b + PINS] !== 0) this.#pinnedBytes += bytes - old;
-  }
-
-  #alloc(): number {
-    if (this.#free !== NONE) {
-      const s = this.#free;
-      this.#free = this.#rec[s * STRIDE + CHAIN]!;
-      return s;
-    }
-    if (this.#top * STRIDE === this.#rec.length) {
-      // Half again, not double: at most a third of the records unused after a growth.
-      this.#resize(Math.max(this.#top + 1, Math.min(this.#top * 1.5, this.#maxChunks + 1)));
-    }
-    return this.#top++;
-  }
-
-  /**
-   * Grows (or, with `fresh`, replaces) the arrays to hold `slots` records (a multiple of 1024,
-   * at least `slots`); the buckets are the next power of two, so a chain holds one entry on
-   * average.
-   */
-  #resize(slots: number, fresh = false): void {
-    const cap = Math.ceil(Math.max(MIN_SLOTS, slots) / MIN_SLOTS) * MIN_SLOTS;
-    let buckets = MIN_SLOTS;
-    while (buckets < cap) buckets *= 2;
-    const rec = new Int32Array(cap * STRIDE);
-    if (!fresh) rec.set(this.#rec.subarray(0, Math.min(this.#rec.length, rec.length)));
-    this.#rec = rec;
-    if (this.#buckets.length === buckets && !fresh) return;
-    this.#buckets = new Int32Array(buckets).fill(NONE);
-    this.#mask = buckets - 1;
-    if (fresh) return;
-    for (let s = 0; s < this.#top; s++) {
-      const b = s * STRIDE;
-      if (rec[b + NS] === 0) continue;
-      const bucket = this.#bucketOf(b);
-      rec[b + CHAIN] = this.#buckets[bucket]!;
-      this.#buckets[bucket] = s;
-    }
+    if (r[b + F.PINS] !== 0) this.#pinnedBytes += bytes - old;
   }
 
   #evict(slot: number): void {
@@ -518,65 +400,51 @@ export class DiskIndex {
   }
 
   #remove(slot: number): void {
-    const r = this.#rec;
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    if (r[b + NS] === 0) return;
+    if (r[b + F.NS] === 0) return;
     this.#onChange?.('remove', slot);
-    if ((r[b + FLAGS]! & LISTED) !== 0) this.#unlink(slot);
-    const bytes = r[b + BYTES]! >>> 0;
-    if (r[b + PINS] !== 0) {
+    if ((r[b + F.FLAGS]! & LISTED) !== 0) this.#unlink(slot);
+    const bytes = r[b + F.BYTES]! >>> 0;
+    if (r[b + F.PINS] !== 0) {
       this.#pinnedChunks--;
       this.#pinnedBytes -= bytes;
     }
     this.#bytesUsed -= bytes;
-    const bucket = this.#bucketOf(b);
-    let s = this.#buckets[bucket]!;
-    if (s === slot) this.#buckets[bucket] = r[b + CHAIN]!;
-    else {
-      while (s !== NONE && r[s * STRIDE + CHAIN] !== slot) s = r[s * STRIDE + CHAIN]!;
-      if (s !== NONE) r[s * STRIDE + CHAIN] = r[b + CHAIN]!;
-    }
-    r[b + NS] = 0;
-    r[b + FLAGS] = 0;
-    r[b + PINS] = 0;
-    r[b + CHAIN] = this.#free;
-    this.#free = slot;
-    this.#size--;
+    this.#t.remove(slot);
   }
 
   #linkTail(slot: number): void {
-    const r = this.#rec;
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    r[b + PREV] = this.#tail;
-    r[b + NEXT] = NONE;
-    if (this.#tail !== NONE) r[this.#tail * STRIDE + NEXT] = slot;
+    r[b + F.PREV] = this.#tail;
+    r[b + F.NEXT] = NONE;
+    if (this.#tail !== NONE) r[this.#tail * STRIDE + F.NEXT] = slot;
     else this.#head = slot;
     this.#tail = slot;
-    r[b + FLAGS]! |= LISTED;
+    r[b + F.FLAGS]! |= LISTED;
   }
 
   #linkHead(slot: number): void {
-    const r = this.#rec;
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    r[b + NEXT] = this.#head;
-    r[b + PREV] = NONE;
-    if (this.#head !== NONE) r[this.#head * STRIDE + PREV] = slot;
+    r[b + F.NEXT] = this.#head;
+    r[b + F.PREV] = NONE;
+    if (this.#head !== NONE) r[this.#head * STRIDE + F.PREV] = slot;
     else this.#tail = slot;
     this.#head = slot;
-    r[b + FLAGS]! |= LISTED;
+    r[b + F.FLAGS]! |= LISTED;
   }
 
   #unlink(slot: number): void {
-    const r = this.#rec;
+    const r = this.#t.rec;
     const b = slot * STRIDE;
-    const prev = r[b + PREV]!;
-    const next = r[b + NEXT]!;
-    if (prev !== NONE) r[prev * STRIDE + NEXT] = next;
+    const prev = r[b + F.PREV]!;
+    const next = r[b + F.NEXT]!;
+    if (prev !== NONE) r[prev * STRIDE + F.NEXT] = next;
     else this.#head = next;
-    if (next !== NONE) r[next * STRIDE + PREV] = prev;
+    if (next !== NONE) r[next * STRIDE + F.PREV] = prev;
     else this.#tail = prev;
-    r[b + FLAGS]! &= ~LISTED;
+    r[b + F.FLAGS]! &= ~LISTED;
   }
 }
-
-const SCRATCH = new Int32Array(8);

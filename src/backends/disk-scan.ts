@@ -9,7 +9,6 @@
  * journal; a read still verifies the object).
  */
 import { join } from 'node:path';
-import { isChunkHash } from '../hashing/chunk-hash.ts';
 import type { FileOp } from './chunk-files.ts';
 import type { DiskIndex } from './disk-index.ts';
 import {
@@ -20,6 +19,7 @@ import {
   OBJECT_SUFFIX,
   TEMP_SUFFIX,
 } from './file-store.ts';
+import { parseHashWords } from './hash-words.ts';
 import type { ChunkHash, NamespaceId } from './types.ts';
 
 /**
@@ -85,8 +85,10 @@ export async function scanStore(t: ScanTarget): Promise<ScanResult> {
     }
     if (t.stopped()) break;
   }
+  const words = new Int32Array(8);
   for (const { dir, ns, shard } of leaves) {
     if (t.stopped()) break;
+    const nsId = index.nsId(ns);
     let names: string[];
     try {
       names = await t.run(() => t.fs.readdir(dir));
@@ -101,11 +103,16 @@ export async function scanStore(t: ScanTarget): Promise<ScanResult> {
         if (!name.includes(own)) temps.push(name);
         continue;
       }
-      if (!name.endsWith(OBJECT_SUFFIX)) continue;
-      const hash = name.slice(0, -OBJECT_SUFFIX.length);
-      if (!isChunkHash(hash) || !hash.startsWith(shard)) continue;
+      if (
+        name.length !== 64 + OBJECT_SUFFIX.length ||
+        !name.endsWith(OBJECT_SUFFIX) ||
+        !name.startsWith(shard) ||
+        !parseHashWords(name, words, 0)
+      ) {
+        continue;
+      }
       listed++;
-      const slot = index.find(ns, hash);
+      const slot = index.findWordsAt(nsId, words, 0);
       if (slot >= 0) index.markVerified(slot);
       else unknown.push(name);
     }

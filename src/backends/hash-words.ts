@@ -40,6 +40,20 @@ export function hashWord(hash: ChunkHash, w: number): number {
   );
 }
 
+/**
+ * Parses the first 64 characters of `name` as a chunk hash into eight words at `out[at]`; false
+ * (with `out` partly written) unless they are all lowercase hex digits.
+ */
+export function parseHashWords(name: string, out: Int32Array, at: number): boolean {
+  if (name.length < 64) return false;
+  for (let i = 0; i < 64; i++) {
+    const c = name.charCodeAt(i);
+    if (c >= 128 || HEX_VALUE[c] === 255) return false;
+  }
+  for (let w = 0; w < 8; w++) out[at + w] = hashWord(name as ChunkHash, w);
+  return true;
+}
+
 /** Writes the eight words of `hash` into `out` at `at`. */
 export function hashWordsInto(hash: ChunkHash, out: Int32Array, at: number): void {
   for (let w = 0; w < 8; w++) out[at + w] = hashWord(hash, w);

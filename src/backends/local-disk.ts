@@ -162,14 +162,7 @@ export class LocalDiskBackend implements StorageBackend {
     opts: ContainsOptions = {},
   ): Promise<number> {
     this.#open(opts.signal, 'contains');
-    const index = this.#index;
-    let hits = 0;
-    for (; hits < hashes.length; hits++) {
-      const slot = index.find(ns, hashes[hits]!);
-      if (slot < 0) break;
-      index.touch(slot);
-    }
-    if (opts.pin === true) for (let i = 0; i < hits; i++) index.pin(index.find(ns, hashes[i]!));
+    const hits = this.#index.prefixHits(ns, hashes, opts.pin === true);
     if (hits > 0) this.#journal?.touched();
     return hits;
   }
