@@ -424,3 +424,45 @@ export class IndexJournal {
     });
   }
 }
+
+/** What {@link openJournal} needs. */
+export interface OpenJournalOptions {
+  readonly fs: JournalFs;
+  readonly root: string;
+  readonly shardChars: number;
+  readonly index: DiskIndex;
+  readonly log: Logger;
+  /** Tier name, for log lines. */
+  readonly tier: string;
+  /** False: no journal (an old one is deleted, so that it cannot mislead a later start). */
+  readonly enabled: boolean;
+}
+
+/**
+ * A tier's start: replays its journal into the index and returns the journal, now recording;
+ * null without one. A journal that cannot be read or written is not fatal (the scan builds the
+ * index from the files): it is logged, deleted, and the tier runs without one.
+ */
+export async function openJournal(o: OpenJournalOptions): Promise<IndexJournal | null> {
+  const path = join(o.root, JOURNAL_FILE);
+  if (!o.enabled) {
+    await o.fs.unlink(path).catch(() => {});
+    return null;
+  }
+  try {
+    const { journal, replay } = await IndexJournal.open(o.fs, o.root, o.shardChars, o.index, o.log);
+    if (replay.droppedBytes > 0) {
+      o.log.warn('index journal cut short or damaged; the scan will complete the index', {
+        tier: o.tier,
+        status: replay.status,
+        droppedBytes: replay.droppedBytes,
+      });
+    }
+    return journal;
+  } catch (err) {
+    o.index.onChange = null;
+    o.log.warn('index journal unusable; running without one', { tier: o.tier, path, err });
+    await o.fs.unlink(path).catch(() => {});
+    return null;
+  }
+}

@@ -6,7 +6,7 @@ import { checkChunk } from './chunk-check.ts';
 import { type ChunkFileRead, ChunkFiles, TaskSet } from './chunk-files.ts';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import { DiskIndex, diskKey } from './disk-index.ts';
-import { IndexJournal, JOURNAL_FILE } from './disk-journal.ts';
+import { type IndexJournal, openJournal } from './disk-journal.ts';
 import { type ScanResult, scanStore } from './disk-scan.ts';
 import {
   type FileSystem,
@@ -325,25 +325,15 @@ export class LocalDiskBackend implements StorageBackend {
   async #load(): Promise<void> {
     const { path, shardChars } = this.options;
     await this.#fs.mkdir(path, { recursive: true });
-    if (this.options.journal) {
-      const { journal, replay } = await IndexJournal.open(
-        this.#fs,
-        path,
-        shardChars,
-        this.#index,
-        this.#log,
-      );
-      this.#journal = journal;
-      if (replay.droppedBytes > 0) {
-        this.#log.warn('index journal cut short or damaged; the scan will complete the index', {
-          tier: this.name,
-          status: replay.status,
-          droppedBytes: replay.droppedBytes,
-        });
-      }
-    } else {
-      await this.#fs.unlink(`${path}/${JOURNAL_FILE}`).catch(() => {});
-    }
+    this.#journal = await openJournal({
+      fs: this.#fs,
+      root: path,
+      shardChars,
+      index: this.#index,
+      log: this.#log,
+      tier: this.name,
+      enabled: this.options.journal,
+    });
     // The bound may have been lowered since the journal was written.
     this.#index.trim();
     await Promise.all([...this.#deletes.values()]);

@@ -226,6 +226,29 @@ describe('local-disk index journal', () => {
     }
   });
 
+  it('a journal that cannot be read is not fatal: the tier runs on what the scan finds', async () => {
+    const dir = await tempDir();
+    const n = ns();
+    const h = hash();
+    const first = await LocalDiskBackend.open({
+      path: dir,
+      capacityBytes: CAPACITY,
+      journal: false,
+    });
+    const c = chunk();
+    await first.put(n, h, c);
+    await first.close();
+    await fsp.mkdir(join(dir, JOURNAL_FILE)); // a directory where the journal file should be
+    const b = await open(dir);
+    try {
+      assert.equal((await b.indexed())?.added, 1, 'the scan indexed the file');
+      assert.deepEqual(Buffer.from((await b.batchedGet(n, [h])).get(h)!.data), c.data);
+      assert.equal(await b.put(n, hash(), chunk()), 'stored', 'and it takes puts');
+    } finally {
+      await b.close();
+    }
+  });
+
   it('a snapshot taken while entries change replays to the same index, in recency order', async () => {
     const dir = await tempDir();
     const index = new DiskIndex(1 << 30, 1 << 20, () => {});
