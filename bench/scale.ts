@@ -41,6 +41,7 @@ type Json = Record<string, unknown>;
 interface Sample {
   n: number;
   readyMs: number;
+  readyCpuMs: number;
   indexedMs: number;
   chunks: number;
   rssDelta: number;
@@ -124,6 +125,7 @@ async function main(): Promise<void> {
       const over = (a: number, b: number) => (a - b) / (s.chunks - base.chunks);
       return {
         readyMs: s.readyMs,
+        readyCpuMs: s.readyCpuMs,
         indexedMs: s.indexedMs,
         rssPerChunk: over(s.rssDelta, base.rssDelta),
         heapPerChunk: over(s.heapDelta, base.heapDelta),
@@ -144,6 +146,7 @@ async function main(): Promise<void> {
     return {
       n,
       readyMs: stat('readyMs'),
+      readyCpuMs: stat('readyCpuMs'),
       indexedMs: stat('indexedMs'),
       rssBytesPerChunk: stat('rssPerChunk'),
       heapBytesPerChunk: stat('heapPerChunk'),
@@ -182,6 +185,7 @@ async function main(): Promise<void> {
     rows.map((r) => [
       r.n.toLocaleString('en-US'),
       f(r.readyMs),
+      f(r.readyCpuMs),
       f(r.indexedMs),
       f(r.rssBytesPerChunk),
       f(r.heapBytesPerChunk),

@@ -36,6 +36,8 @@ export interface AddOptions {
   readonly leastRecent?: boolean;
   /** Whether the entry is known to match a file (false: from a journal, not yet checked). */
   readonly verified?: boolean;
+  /** The caller knows the key is not indexed (a snapshot of distinct keys): not looked up. */
+  readonly distinct?: boolean;
 }
 
 const LISTED = 1; // in the recency list (live and unpinned)
@@ -240,7 +242,7 @@ export class DiskIndex {
     bytes: number,
     opts: AddOptions = {},
   ): number {
-    const found = this.#t.findWordsAt(nsId, words, at);
+    const found = opts.distinct === true ? NONE : this.#t.findWordsAt(nsId, words, at);
     if (found !== NONE) {
       this.#resized(found, bytes);
       if (opts.verified === true) this.markVerified(found);
