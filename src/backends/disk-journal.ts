@@ -6,7 +6,7 @@
  * adds files it does not name, and every object is still verified when read. A record cut short
  * or damaged ends the replay there (what follows is dropped and the file cut back).
  *
- * Layout (docs/storage-format.md §6): a 64-byte header (`KVTJ`, version, record size, the
+ * Layout (docs/storage-format.md §7): a 64-byte header (`KVTJ`, version, record size, the
  * tier's `shardChars`, the entry count of the snapshot it starts with, CRC-32C), then 64-byte
  * records: kind (1 add, 2 remove), file size, namespace (16 bytes), hash (32 bytes), CRC-32C of
  * the first 60 bytes. Appends are batched and written on a short timer; when the file holds
