@@ -31,7 +31,7 @@ def test_random_run(twin, sidecar, capsys, seed, version):
     prefixes = [[rnd.randrange(32000) for _ in range(rnd.randrange(40, 110))] for _ in range(3)]
     total, steps, restarts = 30, 0, 0
     added = 0
-    restart_at = rnd.randrange(40, 80)
+    restart_after = rnd.randrange(8, 20)  # requests added before the sidecar is killed
     step_bound = 1500
     while added < total or any(e.busy() for e in engines):
         steps += 1
@@ -54,7 +54,7 @@ def test_random_run(twin, sidecar, capsys, seed, version):
             if running and rnd.random() < 0.04:
                 e.scheduler.preempt(rnd.choice(running).request_id)
             e.step()
-        if steps == restart_at:
+        if added >= restart_after and restarts == 0:
             sidecar.restart()  # SIGKILL, then a fresh process on the same endpoint
             restarts += 1
     counts = {
@@ -70,3 +70,4 @@ def test_random_run(twin, sidecar, capsys, seed, version):
         line = ", ".join(f"{k} {v}" for k, v in counts.items())
         print(f"\ntwin random run seed {seed} ({version[:8]}): {line}", file=sys.stderr)
     check(counts["loads"] > 0 and counts["blocks compared"] > 0, f"the run loaded nothing: {counts}")
+    check(restarts == 1, "the sidecar was killed and restarted once")

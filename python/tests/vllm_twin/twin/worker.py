@@ -135,8 +135,8 @@ class TwinWorker:
                 r.table += new
 
     def _expected(self, r: _Req, upto: int) -> np.ndarray:
-        if r.provided is not None:
-            return r.provided[:upto]
+        if r.expected is None and r.provided is not None:
+            r.expected = r.provided  # tokens past the provided ones (generated) get the stand-in's
         have = 0 if r.expected is None else r.expected.shape[0]
         if have < upto:
             more = token_kv(r.tokens.hashes[have:upto], self.layers, 1 if self.mla else 2,
