@@ -31,7 +31,7 @@ export interface DataPlaneClientOptions {
    * Liveness, ms (see `RequestSocketOptions.livenessTimeoutMs`): a sidecar silent for this long
    * with requests in flight is probed, and found down when the probe is not answered within this
    * long again; then every request in flight fails with `KVT_TIMEOUT` and the connection is
-   * replaced. 0 turns it off. Default 1000.
+   * replaced. 0 turns it off. Default 5000 (a sidecar event loop busy for seconds is not down).
    */
   livenessTimeoutMs?: number;
 }
@@ -56,7 +56,7 @@ const DEFAULTS = {
   requestTimeoutMs: 30_000,
   heartbeatIntervalMs: 5000,
   unregisterTimeoutMs: 1000,
-  livenessTimeoutMs: 1000,
+  livenessTimeoutMs: 5000,
 };
 const U32_MAX = 0xffffffff;
 /** The sidecar's LOAD deadline when a load names none, ms (docs/protocol.md 4.9). */

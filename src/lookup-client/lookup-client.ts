@@ -28,7 +28,8 @@ export interface LookupClientOptions {
   /**
    * Liveness, ms (see `RequestSocketOptions.livenessTimeoutMs`): a server silent this long with
    * requests in flight is probed and, unanswered this long again, found down: what is in flight
-   * fails at once (lookups answer 0) and the connection is replaced. 0 turns it off. Default 1000.
+   * fails at once (lookups answer 0) and the connection is replaced. 0 turns it off. Default 5000
+   * (a sidecar event loop busy for seconds is not down).
    */
   livenessTimeoutMs?: number;
 }
@@ -55,7 +56,7 @@ interface PendingLookup {
   answer: number | undefined;
 }
 
-const DEFAULTS = { lookupTimeoutMs: 2000, requestTimeoutMs: 10_000, livenessTimeoutMs: 1000 };
+const DEFAULTS = { lookupTimeoutMs: 2000, requestTimeoutMs: 10_000, livenessTimeoutMs: 5000 };
 
 /**
  * Scheduler-side client of one lookup server. `lookup()` never blocks or sleeps: it returns
