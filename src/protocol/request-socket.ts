@@ -1,6 +1,6 @@
 import * as zmq from 'zeromq';
 import { closedError, KvtierError } from '../errors.ts';
-import { Deadline, type DeadlineTimers } from '../util/deadline.ts';
+import { Deadline, type DeadlineTimers, systemTimers } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { decodeReply, encodeRequest } from './codec.ts';
@@ -23,6 +23,14 @@ export interface RequestSocketOptions {
   timers?: DeadlineTimers;
   /** CurveZMQ keys, for a server with CurveZMQ on (docs/security.md); default none. */
   curve?: ClientCurveKeys;
+  /**
+   * Liveness, ms: with requests in flight and nothing heard from the server for this long, a
+   * PING probes it; when nothing is heard within this long again, the server counts as down:
+   * every request in flight fails at once with `KVT_TIMEOUT` and the connection is replaced, so
+   * nothing still queued for it (a SAVE the caller has given up on) ever reaches the server.
+   * Default 0: off (requests only meet their own deadlines).
+   */
+  livenessTimeoutMs?: number;
 }
 
 /** Per-call options of {@link RequestSocket.request}. */
@@ -91,6 +99,11 @@ export class RequestSocket {
   #closed = false;
   #authReconnects = 0;
   #authReconnectsInARow = 0;
+  readonly #livenessMs: number;
+  /** Frames heard from the server since start (liveness compares snapshots of it). */
+  #heard = 0;
+  #livenessDisarm: (() => void) | undefined;
+  #outages = 0;
 
   /**
    * Connects at once (ZMQ connects in the background and reconnects on its own).
@@ -105,6 +118,7 @@ export class RequestSocket {
     this.#timers = opts.timers;
     curveClientOptions(opts.curve); // validates the keys before anything is opened
     this.#curve = opts.curve;
+    this.#livenessMs = requireInt('livenessTimeoutMs', opts.livenessTimeoutMs ?? 0, 0, 2 ** 31 - 1);
     this.#conn = this.#open();
   }
 
@@ -145,6 +159,11 @@ export class RequestSocket {
     return this.#authReconnects;
   }
 
+  /** Times the server was found down by liveness (a counter; see `livenessTimeoutMs`). */
+  get outages(): number {
+    return this.#outages;
+  }
+
   /**
    * Sends `req` (its `requestId` is assigned here) and resolves with the matching reply.
    * @throws KvtierError the code of an ERROR reply; `KVT_TIMEOUT` past the deadline;
@@ -173,6 +192,7 @@ export class RequestSocket {
       });
       this.#pending.set(requestId, entry);
       conn.inFlight++;
+      this.#watch();
       try {
         if (!conn.sendQueue.send(frame))
           throw new KvtierError('KVT_CAPACITY', 'send queue is full');
@@ -191,6 +211,7 @@ export class RequestSocket {
       for await (const frames of conn.socket) {
         const frame = frames[frames.length - 1];
         if (frame === undefined) continue;
+        if (conn === this.#conn) this.#heard++;
         let rep: Reply;
         try {
           rep = decodeReply(frame);
@@ -246,6 +267,55 @@ export class RequestSocket {
     return true;
   }
 
+  /** Arms the liveness check while requests are in flight (once; it re-arms itself). */
+  #watch(): void {
+    if (this.#livenessMs === 0 || this.#livenessDisarm !== undefined || this.#closed) return;
+    const heard = this.#heard;
+    this.#livenessDisarm = (this.#timers ?? systemTimers).arm(this.#livenessMs, () => {
+      this.#livenessDisarm = undefined;
+      if (this.#closed || this.#pending.size === 0) return;
+      if (this.#heard !== heard) {
+        this.#watch();
+        return;
+      }
+      this.#probe();
+    });
+  }
+
+  /** Silent for a whole period with requests in flight: a PING; silence for another is down. */
+  #probe(): void {
+    const heard = this.#heard;
+    const requestId = this.#nextId;
+    this.#nextId = this.#nextId >= 0xffffffff ? 1 : this.#nextId + 1;
+    this.#conn.sendQueue.send(encodeRequest({ type: 'ping', requestId }));
+    this.#livenessDisarm = (this.#timers ?? systemTimers).arm(this.#livenessMs, () => {
+      this.#livenessDisarm = undefined;
+      if (this.#closed) return;
+      if (this.#heard === heard && this.#pending.size > 0) this.#markDown();
+      else this.#watch();
+    });
+  }
+
+  #markDown(): void {
+    this.#outages++;
+    this.#log.warn('server did not answer a liveness PING; treated as down, connection replaced', {
+      endpoint: this.#endpoint,
+      livenessTimeoutMs: this.#livenessMs,
+    });
+    const err = new KvtierError(
+      'KVT_TIMEOUT',
+      `server ${this.#endpoint} did not answer a PING within ${this.#livenessMs} ms: treated as down`,
+    );
+    for (const p of [...this.#pending.values()]) p.reject(err);
+    // A fresh connection: what the old ones still queue must never reach the server later.
+    for (const c of this.#conns) {
+      c.retired = true;
+      if (!c.socket.closed) c.socket.close();
+    }
+    this.#conns.clear();
+    this.#conn = this.#open();
+  }
+
   /** One request less waits on `conn`; a retired connection is closed when none does. */
   #release(conn: Connection): void {
     conn.inFlight--;
@@ -259,6 +329,8 @@ export class RequestSocket {
   close(): Promise<void> {
     if (!this.#closed) {
       this.#closed = true;
+      this.#livenessDisarm?.();
+      this.#livenessDisarm = undefined;
       for (const p of [...this.#pending.values()]) p.reject(closedError(this.#name));
       for (const c of this.#conns) c.socket.close();
     }
