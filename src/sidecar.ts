@@ -1,6 +1,8 @@
+import { resolve } from 'node:path';
 import { BackendRegistry } from './backends/registry.ts';
 import type { StorageBackend } from './backends/types.ts';
-import type { KvtierConfig } from './config/config.ts';
+import { ConfigError, type KvtierConfig } from './config/config.ts';
+import { staticConfigProblems } from './config/preflight.ts';
 import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
@@ -11,6 +13,7 @@ import { createNativeCopyEngine } from './native/copy-engine.ts';
 import { nativeSlabAllocator } from './native/host-slabs.ts';
 import { serverAuthFromConfig } from './server/auth-config.ts';
 import { SidecarServer } from './server/sidecar-server.ts';
+import { EpochFile, startEpoch } from './storage-manager/epoch-file.ts';
 import { asHostMemoryTier, StorageManager } from './storage-manager/storage-manager.ts';
 import { createLogger, type Logger } from './util/log.ts';
 
@@ -76,6 +79,15 @@ export class Sidecar {
         metricsRegistry: metrics.registry,
         ...hostSlabs(),
       });
+    // What `kvtier config check` checks too, before anything is built.
+    const problems = await staticConfigProblems(config, registry);
+    if (problems.length > 0) throw new ConfigError(problems);
+    const epochFile =
+      config.storage.epochFile === null
+        ? undefined
+        : new EpochFile(resolve(config.baseDir, config.storage.epochFile), log.child('epoch'));
+    const initialEpoch = startEpoch(await epochFile?.read());
+    await epochFile?.write(initialEpoch);
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
     let tiers: StorageBackend[];
     try {
@@ -98,6 +110,8 @@ export class Sidecar {
       writeThrough: config.storage.writeThrough,
       metrics,
       log: log.child('storage'),
+      initialEpoch,
+      ...(epochFile !== undefined ? { onEpoch: (e: number) => epochFile.write(e) } : {}),
     });
     // The addon maps the engine's KV file and copies on worker threads; without a build, the
     // data plane still works through positional file I/O.

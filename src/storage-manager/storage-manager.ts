@@ -17,6 +17,7 @@ import { AsyncSerializer } from '../serializer/async-serializer.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
+import { clockEpoch } from './epoch-file.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
 import type { LookupHashes } from './lookup-hashes.ts';
@@ -107,6 +108,7 @@ export class StorageManager {
     dispose: this.#release,
   };
   #epoch: number;
+  readonly #onEpoch: ((epoch: number) => Promise<void>) | undefined;
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError KVT_CONFIG when the tier list is empty or the first tier is not host memory. */
@@ -127,12 +129,8 @@ export class StorageManager {
     this.#metrics = opts.metrics;
     this.#recorder = new LookupRecorder(opts.metrics);
     this.#log = opts.log ?? silentLogger;
-    this.#epoch = requireInt(
-      'initialEpoch',
-      opts.initialEpoch ?? defaultInitialEpoch(),
-      0,
-      2 ** 32 - 2,
-    );
+    this.#epoch = requireInt('initialEpoch', opts.initialEpoch ?? clockEpoch(), 0, 2 ** 32 - 2);
+    this.#onEpoch = opts.onEpoch;
     this.#lookupBytes = new LookupByteBudget(opts.maxLookupBytes);
     this.#serializer = new AsyncSerializer({
       capacityChunks: requireInt(
@@ -425,6 +423,7 @@ export class StorageManager {
   async clear(namespaces: readonly NamespaceId[] = []): Promise<number> {
     if (this.#closing !== undefined) throw closedError('storage manager');
     this.#epoch = (this.#epoch + 1) >>> 0;
+    const recorded = this.#onEpoch?.(this.#epoch);
     this.#fence.clear(namespaces);
     const only = namespaces.length === 0 ? undefined : new Set(namespaces);
     const cleared = (ns: NamespaceId) => only === undefined || only.has(ns);
@@ -447,6 +446,7 @@ export class StorageManager {
         }
       }),
     );
+    await recorded;
     return this.#epoch;
   }
 
@@ -489,10 +489,4 @@ export class StorageManager {
     })();
     return this.#closing;
   }
-}
-
-const EPOCH_BASE_MS = Date.UTC(2024, 0, 1);
-
-function defaultInitialEpoch(): number {
-  return Math.max(0, Math.floor((Date.now() - EPOCH_BASE_MS) / 1000));
 }
