@@ -309,7 +309,7 @@ and prints the public key. See docs/security.md.`,
       default: 'kvtier',
     },
   ],
-  exit: '0 on success, 1 when a file exists or cannot be written, 2 on bad flags.',
+  exit: '0 on success, 2 on bad flags or when a key file exists or cannot be written.',
 };
 
 /** `kvtier version`. */

@@ -52,7 +52,7 @@ export async function unwritableDir(path: string): Promise<string | undefined> {
       return undefined;
     } catch (err) {
       const code = (err as NodeJS.ErrnoException).code;
-      if (code === 'ENOENT' && dirname(dir) !== dir) {
+      if ((code === 'ENOENT' || code === 'ENOTDIR') && dirname(dir) !== dir) {
         dir = dirname(dir);
         continue;
       }
