@@ -104,7 +104,7 @@ export function requestFailure(
   timeoutMs: number,
   err: unknown,
 ): string {
-  if (isKvtierError(err, 'KVT_TIMEOUT') && !err.message.startsWith('no CurveZMQ handshake'))
+  if (isKvtierError(err, 'KVT_TIMEOUT') && !err.message.includes('CurveZMQ handshake'))
     return `kvtier ${cmd}: no answer from ${endpoint} within ${timeoutMs} ms (is the sidecar running there?)`;
   if (isKvtierError(err))
     return `kvtier ${cmd}: ${err.code}: ${err.message.replace(/^server: /, '')}`;

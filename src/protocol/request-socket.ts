@@ -222,19 +222,17 @@ export class RequestSocket {
 
   /**
    * A request's deadline error, or, with Curve keys on a connection whose handshake never
-   * completed, what the silence means: the server key is wrong, the server is not there, or it
-   * refused this client's key.
+   * completed, one that says what the silence means: the server key is wrong or the server is
+   * not there, or it refused this client's key. Still `KVT_TIMEOUT` (the request was never
+   * served), so callers that branch on the code are unaffected.
    */
   #timeoutError(conn: Connection, err: unknown): unknown {
     if (this.#curve === undefined || conn.handshaken) return err;
     const where = `${this.#endpoint}, ${(err as Error).message}`;
-    return conn.keyRefused
-      ? new KvtierError(
-          'KVT_UNAUTHENTICATED',
-          `CurveZMQ handshake refused: this client's key is not on the sidecar's allow-list (${where})`,
-          { cause: err },
-        )
-      : new KvtierError('KVT_TIMEOUT', `${NO_HANDSHAKE_MESSAGE} (${where})`, { cause: err });
+    const msg = conn.keyRefused
+      ? `CurveZMQ handshake refused: this client's key is not on the sidecar's allow-list (${where})`
+      : `${NO_HANDSHAKE_MESSAGE} (${where})`;
+    return new KvtierError('KVT_TIMEOUT', msg, { cause: err });
   }
 
   async #receiveLoop(conn: Connection): Promise<void> {

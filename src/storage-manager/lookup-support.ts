@@ -97,10 +97,17 @@ export class LookupRecorder {
 export class LookupHooks implements PrefetchHooks<PinnedLookup> {
   readonly #abort: LazyAbort;
   readonly #release: (p: PinnedLookup) => void;
+  /** The namespaces the running lookup names (for the servers' namespace rule). */
+  readonly namespaces: readonly NamespaceId[];
 
-  constructor(abort: LazyAbort, release: (p: PinnedLookup) => void) {
+  constructor(
+    abort: LazyAbort,
+    release: (p: PinnedLookup) => void,
+    namespaces: readonly NamespaceId[],
+  ) {
     this.#abort = abort;
     this.#release = release;
+    this.namespaces = namespaces;
   }
 
   abort(): void {

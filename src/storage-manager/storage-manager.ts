@@ -209,7 +209,10 @@ export class StorageManager {
     );
     let entry: PendingPrefetch;
     try {
-      entry = events.addPending(input.lookupId, new LookupHooks(ac, this.#release));
+      entry = events.addPending(
+        input.lookupId,
+        new LookupHooks(ac, this.#release, input.namespaces),
+      );
     } catch (err) {
       memory.release();
       if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
@@ -324,6 +327,18 @@ export class StorageManager {
       started,
     );
     return outcomeOf(pinned);
+  }
+
+  /**
+   * The namespaces lookup `lookupId` names while the server tracks it (running, or answered and
+   * not yet taken); undefined when it is unknown. The server's namespace rule reads it before a
+   * CANCEL, HOLD, LOAD or a LOOKUP reusing the id may touch the lookup.
+   */
+  lookupNamespaces(lookupId: string): readonly NamespaceId[] | undefined {
+    const done = this.#events.result(lookupId);
+    if (done !== undefined) return done.namespaces;
+    const hooks = this.#events.hooksOf(lookupId);
+    return hooks instanceof LookupHooks ? hooks.namespaces : undefined;
   }
 
   /** Cancels a lookup: aborts its prefetch or releases its pins. Returns whether it was known. */
