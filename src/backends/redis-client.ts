@@ -95,6 +95,21 @@ export async function clearNode(node: Redis, pattern: string): Promise<Removed> 
   return total;
 }
 
+/** SCAN + STRLEN on one node: how many keys match `pattern` and their total size. */
+export async function countNode(node: Redis, pattern: string): Promise<Removed> {
+  const total: Removed = { chunks: 0, bytes: 0 };
+  let cursor = '0';
+  do {
+    const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', SCAN_COUNT);
+    cursor = next;
+    const sizes = await Promise.all(keys.map((k) => node.strlen(k)));
+    const r = sizeSum(sizes);
+    total.chunks += r.chunks;
+    total.bytes += r.bytes;
+  } while (cursor !== '0');
+  return total;
+}
+
 export function globEscape(s: string): string {
   return s.replace(/[*?[\]\\]/g, '\\$&');
 }

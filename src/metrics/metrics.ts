@@ -55,6 +55,8 @@ export interface MetricSources {
   writeQueueDepth?: () => number;
   /** The server's epoch (bumps on restart or clear). */
   epoch?: () => number;
+  /** Whether the sidecar can serve lookups, and whether it serves with a lower tier not up. */
+  serving?: () => { ready: boolean; degraded: boolean };
 }
 
 /** Options of {@link KvtierMetrics}. */
@@ -99,6 +101,7 @@ interface ScrapeSnapshot {
   readonly pinnedLookups: number | undefined;
   readonly writeQueueDepth: number | undefined;
   readonly epoch: number | undefined;
+  readonly serving: { ready: boolean; degraded: boolean } | undefined;
 }
 
 type Kind = 'gauge' | 'counter';
@@ -155,6 +158,18 @@ const SINGLE: ReadonlyArray<readonly [string, string, Kind, Read<ScrapeSnapshot>
   ['kvtier_pinned_lookups', 'Lookups holding pins.', 'gauge', (s) => s.pinnedLookups],
   ['kvtier_writethrough_queue_depth', 'Write-through queue.', 'gauge', (s) => s.writeQueueDepth],
   ['kvtier_epoch', 'Server epoch.', 'gauge', (s) => s.epoch],
+  [
+    'kvtier_ready',
+    'Whether the sidecar can serve lookups (its host-memory tier is up): 1 or 0, as /readyz.',
+    'gauge',
+    (s) => (s.serving === undefined ? undefined : s.serving.ready ? 1 : 0),
+  ],
+  [
+    'kvtier_degraded',
+    'Whether a tier below host memory is down or degraded (lookups served with fewer hits): 1 or 0.',
+    'gauge',
+    (s) => (s.serving === undefined ? undefined : s.serving.degraded ? 1 : 0),
+  ],
 ];
 
 /**
@@ -444,6 +459,7 @@ export class KvtierMetrics {
       pinnedLookups: this.#read('pinnedLookups', src.pinnedLookups),
       writeQueueDepth: this.#read('writeQueueDepth', src.writeQueueDepth),
       epoch: this.#read('epoch', src.epoch),
+      serving: this.#read('serving', src.serving),
     };
     this.#scrape = snapshot;
     queueMicrotask(() => {

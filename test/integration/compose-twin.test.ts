@@ -56,6 +56,7 @@ interface Service {
   command?: string[];
   volumes?: string[];
   environment?: Record<string, string>;
+  healthcheck?: { test: string[] };
 }
 const compose = parse(readFileSync(join(REPO_ROOT, 'docker-compose.yml'), 'utf8')) as {
   services: Record<string, Service>;
@@ -118,6 +119,12 @@ function twinConfig(redisPort: number, s3Endpoint: string, diskRoot: string) {
       rewrites.push(`${t.name}.endpoint`);
     }
   }
+  // The epoch is kept on the volume too, so that a new container starts above the old epochs.
+  const storage = cfg.storage as { epochFile?: string };
+  const epochFile = String(storage.epochFile);
+  assert.ok(epochFile.startsWith(diskMount), 'the epoch file is on the volume');
+  storage.epochFile = join(diskRoot, epochFile.slice(diskMount.length));
+  rewrites.push('storage');
   return { original, cfg, rewrites };
 }
 
@@ -158,7 +165,7 @@ class TwinSidecar {
     });
   }
 
-  /** Resolves when /readyz answers 200: the lookup server is bound and no tier is down. */
+  /** Resolves when /readyz answers 200: the lookup server is bound and host memory is up. */
   async ready(readyUrl: string): Promise<void> {
     const started = this.stderr.includes('kvtier started')
       ? Promise.resolve()
@@ -205,10 +212,14 @@ describe('docker-compose twin: the deployed config end to end with processes', (
   const payloads = hashes.map(() => randomPayload(CHUNK_BYTES));
   const tokenCounts = hashes.map(() => CHUNK_TOKENS);
 
+  const epochs: number[] = [];
+
   async function startSidecar(): Promise<TwinSidecar> {
     const s = new TwinSidecar(args, env);
     sidecar = s;
     await s.ready(`${opsBase}/readyz`);
+    const health = (await (await fetch(`${opsBase}/healthz`)).json()) as { epoch: number };
+    epochs.push(health.epoch);
     return s;
   }
 
@@ -382,6 +393,35 @@ describe('docker-compose twin: the deployed config end to end with processes', (
     await startSidecar();
     await roundTrip('s3');
     await stopSidecar();
+  });
+
+  it("with Redis down it still serves, and compose's healthcheck passes: degraded, not unhealthy", async () => {
+    rmSync(diskDir, { recursive: true, force: true });
+    await startSidecar();
+    await redis.kill();
+    const healthz = async () =>
+      (await (await fetch(`${opsBase}/healthz`)).json()) as { status: string };
+    for (let i = 0; (await healthz()).status !== 'degraded'; i++)
+      if (i > 600) assert.fail('/healthz never reported degraded with Redis down');
+      else await new Promise((r) => setTimeout(r, 50));
+    await roundTrip('s3');
+    // The compose healthcheck command, run as compose runs it (the port is the twin's).
+    const test = kvSvc.healthcheck?.test ?? [];
+    assert.deepEqual(test.slice(0, 2), ['CMD', 'node']);
+    const argv = test.slice(2).map((a) => a.replace(':9464/', `:${metricsPort}/`));
+    const code = await new Promise<number | null>((resolve) => {
+      const p = spawn(process.execPath, argv, { stdio: 'ignore' });
+      p.once('exit', (c) => resolve(c));
+    });
+    assert.equal(code, 0, 'the healthcheck passes while the sidecar serves');
+    await stopSidecar();
+    await redis.restart();
+  });
+
+  it('every start is at a higher epoch than the one before', () => {
+    assert.ok(epochs.length >= 5, `epochs seen: ${epochs.join(', ')}`);
+    for (let i = 1; i < epochs.length; i++)
+      assert.ok(epochs[i]! > epochs[i - 1]!, `epochs seen: ${epochs.join(', ')}`);
   });
 });
 
