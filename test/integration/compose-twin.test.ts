@@ -228,6 +228,24 @@ describe('docker-compose twin: the deployed config end to end with processes', (
     const exit = await s.stop();
     assert.deepEqual(exit, { code: 0, signal: null }, `graceful exit:\n${s.stderr}`);
     sidecar = undefined;
+    // Logs are JSON lines, the S3 client's warnings on Node 20 included; only the one start-up
+    // line for people is text.
+    const logged: Record<string, unknown>[] = [];
+    for (const line of s.stderr.split('\n').filter((l) => l.trim() !== '')) {
+      if (line.startsWith('kvtier: serving on ')) continue;
+      assert.doesNotThrow(
+        () => logged.push(JSON.parse(line)),
+        `a log line that is not JSON: ${line}`,
+      );
+    }
+    if (Number(process.versions.node.split('.')[0]) < 22)
+      assert.ok(
+        logged.some(
+          (l) =>
+            l.component === 'kvtier.process' && /NodeVersionSupportWarning/.test(String(l.msg)),
+        ),
+        "the AWS SDK's notice about Node 20 is a log line",
+      );
   }
 
   /** LOOKUP of every chunk (pins released after), then GET of each, byte-exact. */
