@@ -12,6 +12,7 @@ import { after, before, describe, it } from 'node:test';
 import { unwritableDir } from '../../src/config/preflight.ts';
 import { hashChunks, hashToHex } from '../../src/hashing/chunk-hasher.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import {
   freeTcpPort,
   REPO_ROOT,
@@ -37,7 +38,7 @@ function cleanEnv(): NodeJS.ProcessEnv {
 }
 
 function spawnCli(args: string[]): ChildProcessWithoutNullStreams {
-  return spawn(process.execPath, [BIN, ...args], {
+  return spawnGuarded(process.execPath, [BIN, ...args], {
     cwd: REPO_ROOT,
     env: cleanEnv(),
     stdio: ['pipe', 'pipe', 'pipe'],

@@ -23,6 +23,7 @@ import { after, before, describe, it } from 'node:test';
 import { ListObjectsV2Command } from '@aws-sdk/client-s3';
 import { parse, stringify } from 'yaml';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import {
   alertExprs,
   alertRules,
@@ -152,7 +153,7 @@ class TwinSidecar {
   stderr = '';
 
   constructor(args: string[], env: NodeJS.ProcessEnv) {
-    this.child = spawn(process.execPath, [join(REPO_ROOT, 'bin', 'kvtier.js'), ...args], {
+    this.child = spawnGuarded(process.execPath, [join(REPO_ROOT, 'bin', 'kvtier.js'), ...args], {
       cwd: REPO_ROOT,
       env,
       stdio: ['ignore', 'ignore', 'pipe'],
@@ -465,7 +466,7 @@ async function scrapeWithPrometheus(tmp: string, metricsPort: number): Promise<v
   writeFileSync(join(dir, 'prometheus.yml'), stringify(cfg));
   const port = await freeTcpPort();
   const api = `http://127.0.0.1:${port}/api/v1`;
-  const proc = spawn(
+  const proc = spawnGuarded(
     findPrometheus()!,
     [
       `--config.file=${join(dir, 'prometheus.yml')}`,

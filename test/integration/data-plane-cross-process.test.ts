@@ -16,6 +16,7 @@ import { defaultConfig } from '../../src/config/config.ts';
 import { LOAD_STATE } from '../../src/data-plane/data-plane.ts';
 import { Sidecar } from '../../src/sidecar.ts';
 import { silentLogger } from '../../src/util/log.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import {
   blockContents,
   CHUNK_TOKENS,
@@ -32,7 +33,7 @@ let sidecar: Sidecar;
 
 /** Runs one engine job in a fresh `node --import tsx` process; resolves its result line. */
 async function engine(job: SaveJob | LoadJob): Promise<EngineResult> {
-  const child = spawn(process.execPath, ['--import', 'tsx', SCRIPT, JSON.stringify(job)], {
+  const child = spawnGuarded(process.execPath, ['--import', 'tsx', SCRIPT, JSON.stringify(job)], {
     cwd: REPO_ROOT,
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -15,6 +15,7 @@ import {
   type SimulationRunOptions,
 } from '../../src/cli/simulate-command.ts';
 import type { SimReport } from '../../src/sim/types.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import { REPO_ROOT, withDeadline } from '../support/fixtures.ts';
 
 const BIN = join(REPO_ROOT, 'bin', 'kvtier.js');
@@ -268,7 +269,7 @@ interface CliResult {
 
 /** Runs `bin/kvtier.js ...args` from the TypeScript sources to completion. */
 async function runCli(args: string[]): Promise<CliResult> {
-  const child = spawn(process.execPath, [BIN, ...args], {
+  const child = spawnGuarded(process.execPath, [BIN, ...args], {
     cwd: REPO_ROOT,
     env: { ...process.env, KVTIER_FROM_SOURCE: '1', KVTIER_LOG_LEVEL: 'error' },
     stdio: ['ignore', 'pipe', 'pipe'],

@@ -13,6 +13,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import { spawnGuarded } from '../support/child-guard.ts';
 
 const ROOT = new URL('../..', import.meta.url).pathname;
 const PYTHON = '/usr/bin/python3';
@@ -28,7 +29,9 @@ interface Run {
 
 function run(args: string[], timeoutMs: number): Promise<Run> {
   return new Promise((resolve) => {
-    const child = spawn(PYTHON, args, {
+    const child = spawnGuarded(PYTHON, args, {
+      // pytest starts sidecars of its own: its whole group goes with this process.
+      group: true,
       cwd: ROOT,
       env: { ...process.env, PYTHONDONTWRITEBYTECODE: '1' },
       stdio: ['ignore', 'pipe', 'pipe'],

@@ -17,6 +17,7 @@ import {
   StorageManager,
   type StorageManagerOptions,
 } from '../../src/storage-manager/storage-manager.ts';
+import { spawnGuarded } from './child-guard.ts';
 import { GatedBackend, type GatedBackendOptions } from './gated-backend.ts';
 
 /** Root of the repository (where package.json and bin/ live). */
@@ -223,14 +224,10 @@ export interface ServerProcess {
  */
 export async function startServerProcess(timeoutMs = 20_000): Promise<ServerProcess> {
   const script = fileURLToPath(new URL('./server-process.ts', import.meta.url));
-  const child: ChildProcessWithoutNullStreams = spawn(
-    process.execPath,
-    ['--import', 'tsx', script],
-    {
-      cwd: REPO_ROOT,
-      stdio: ['pipe', 'pipe', 'pipe'],
-    },
-  );
+  const child = spawnGuarded(process.execPath, ['--import', 'tsx', script], {
+    cwd: REPO_ROOT,
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
   let stderr = '';
   child.stderr.setEncoding('utf8');
   child.stderr.on('data', (d: string) => {

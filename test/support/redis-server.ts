@@ -16,6 +16,7 @@ import { RedisBackend, type RedisBackendOptions } from '../../src/backends/redis
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { silentLogger } from '../../src/util/log.ts';
 import type { ContractSubject, CorruptionKind } from '../contract/backend.contract.ts';
+import { spawnGuarded } from './child-guard.ts';
 
 /** How long a server may take to start answering, and a cluster to agree on its slots (ms). */
 const START_TIMEOUT_MS = 10_000;
@@ -132,7 +133,7 @@ function serverProcess(port: number, dir: string, args: string[]): ServerProcess
     proc: null,
     async start() {
       if (self.proc !== null) throw new Error(`redis-server on port ${port} is already running`);
-      const p = spawn(
+      const p = spawnGuarded(
         program,
         ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'].concat(
           ['--dir', dir],

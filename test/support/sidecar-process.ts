@@ -6,6 +6,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { spawnGuarded } from './child-guard.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/kvtier.js', import.meta.url));
 
@@ -37,7 +38,7 @@ export async function startSidecarProcess(
   timeoutMs = 20_000,
 ): Promise<SidecarProcess> {
   writeFileSync(configPath, JSON.stringify(config, null, 2));
-  const child = spawn(process.execPath, [BIN, 'serve', '--config', configPath], {
+  const child = spawnGuarded(process.execPath, [BIN, 'serve', '--config', configPath], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   live.add(child);
