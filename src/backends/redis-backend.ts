@@ -9,7 +9,7 @@ import {
   type Client,
   clearNode,
   connect,
-  countNode,
+  countKeys,
   globEscape,
   type Removed,
   sizeSum,
@@ -139,17 +139,14 @@ export class RedisBackend implements StorageBackend {
    * the counts as they were.
    */
   async recount(): Promise<void> {
-    const c = this.#client;
-    if (this.#closing !== null || c.status !== 'ready') return;
-    const pattern = `${globEscape(this.options.keyPrefix)}*`;
-    const masters = c instanceof Cluster ? c.nodes('master') : [c];
+    if (this.#closing !== null || this.#client.status !== 'ready') return;
     const delta = { chunks: 0, bytes: 0 };
     this.#delta = delta;
     try {
-      const counted = await Promise.all(masters.map((node) => countNode(node, pattern)));
+      const n = await countKeys(this.#client, `${globEscape(this.options.keyPrefix)}*`);
       // Writes during the scan are added on top (a key the scan also saw counts twice).
-      this.#chunks = Math.max(0, counted.reduce((n, r) => n + r.chunks, 0) + delta.chunks);
-      this.#bytes = Math.max(0, counted.reduce((n, r) => n + r.bytes, 0) + delta.bytes);
+      this.#chunks = Math.max(0, n.chunks + delta.chunks);
+      this.#bytes = Math.max(0, n.bytes + delta.bytes);
       this.#recounts++;
     } catch (err) {
       this.#log.debug('redis recount failed', { tier: this.name, err });

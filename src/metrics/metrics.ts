@@ -1,6 +1,7 @@
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 import type { BackendHealth, BackendStats } from '../backends/types.ts';
 import { KvtierError } from '../errors.ts';
+import { guard, onObserve } from './prom-helpers.ts';
 
 /**
  * Every kvtier metric, in one module over a registry of its own (never prom-client's global
@@ -477,36 +478,5 @@ export class KvtierMetrics {
       this.#sourceErrors.inc({ source });
       return undefined;
     }
-  }
-}
-
-/**
- * Makes `histogram.observe` also report every observed value to a callback. prom-client assigns
- * `observe` per instance in its constructor (it picks the exemplar variant there), so the
- * instance's function is wrapped rather than the class's method overridden. `startTimer()` does
- * not go through `observe` and is not reported.
- */
-function onObserve<T extends string>(histogram: Histogram<T>, report: (value: number) => void) {
-  const observe = histogram.observe.bind(histogram) as (...args: unknown[]) => void;
-  histogram.observe = ((a: unknown, b?: unknown) => {
-    if (b === undefined) observe(a);
-    else observe(a, b);
-    const value =
-      typeof a === 'number' ? a : typeof b === 'number' ? b : (a as { value?: unknown }).value;
-    if (typeof value === 'number') report(value);
-  }) as Histogram<T>['observe'];
-  return histogram;
-}
-
-/** Turns prom-client's duplicate-name Error into a KvtierError with a useful message. */
-function guard<M>(name: string, make: () => M): M {
-  try {
-    return make();
-  } catch (err) {
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `metric ${name} could not be registered (is another KvtierMetrics using this registry?)`,
-      { cause: err },
-    );
   }
 }

@@ -26,6 +26,7 @@ import {
   LookupHooks,
   LookupRecorder,
   lookupHashesOf,
+  namespacesOfLookup,
   outcomeOf,
   probeHost,
   walkLookup,
@@ -108,7 +109,7 @@ export class StorageManager {
     dispose: this.#release,
   };
   #epoch: number;
-  readonly #onEpoch: ((epoch: number) => Promise<void>) | undefined;
+  readonly #onEpoch: StorageManagerOptions['onEpoch'];
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError KVT_CONFIG when the tier list is empty or the first tier is not host memory. */
@@ -329,16 +330,9 @@ export class StorageManager {
     return outcomeOf(pinned);
   }
 
-  /**
-   * The namespaces lookup `lookupId` names while the server tracks it (running, or answered and
-   * not yet taken); undefined when it is unknown. The server's namespace rule reads it before a
-   * CANCEL, HOLD, LOAD or a LOOKUP reusing the id may touch the lookup.
-   */
+  /** Namespaces of a tracked lookup (running or answered), for the server's namespace rule. */
   lookupNamespaces(lookupId: string): readonly NamespaceId[] | undefined {
-    const done = this.#events.result(lookupId);
-    if (done !== undefined) return done.namespaces;
-    const hooks = this.#events.hooksOf(lookupId);
-    return hooks instanceof LookupHooks ? hooks.namespaces : undefined;
+    return namespacesOfLookup(this.#events, lookupId);
   }
 
   /** Cancels a lookup: aborts its prefetch or releases its pins. Returns whether it was known. */
@@ -428,12 +422,11 @@ export class StorageManager {
   }
 
   /**
-   * Drops the chunks of `namespaces` (all when empty) from every tier and bumps the epoch, so
-   * lookups that were running are answered stale. Returns the new epoch once the clear holds:
-   * no chunk put, saved or prefetched before the call can become visible afterwards. Queued
-   * write-throughs of the namespaces are dropped, running ones are waited for before the tiers
-   * are cleared, and answered lookups of the namespaces lose their pins (a load of one then
-   * reports every block invalid).
+   * Drops the chunks of `namespaces` (all when empty) from every tier and bumps the epoch (and
+   * waits for `onEpoch`), so running lookups are answered stale. Resolves the new epoch once the
+   * clear holds: nothing put, saved or prefetched before the call can become visible afterwards.
+   * Queued write-throughs of the namespaces are dropped, running ones waited for before the tiers
+   * are cleared; answered lookups of them lose their pins (a load of one: every block invalid).
    */
   async clear(namespaces: readonly NamespaceId[] = []): Promise<number> {
     if (this.#closing !== undefined) throw closedError('storage manager');
