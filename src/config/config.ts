@@ -73,9 +73,16 @@ export function defaultDiskPath(env: NodeJS.ProcessEnv = process.env): string {
   return join(cacheDir(env), 'chunks');
 }
 
-/** Where the epoch is kept by default: `$XDG_CACHE_HOME/kvtier/epoch`, else `~/.cache/kvtier/epoch`. */
-export function defaultEpochFile(env: NodeJS.ProcessEnv = process.env): string {
-  return join(cacheDir(env), 'epoch');
+/**
+ * Where a sidecar listening on `listen` keeps its epoch by default: a file per endpoint (what
+ * clients know a server by) under `$XDG_CACHE_HOME/kvtier/epochs/`, else `~/.cache/kvtier/epochs/`,
+ * e.g. `tcp-127.0.0.1-5555`. Sidecars on other endpoints never share it.
+ */
+export function defaultEpochFile(
+  env: NodeJS.ProcessEnv = process.env,
+  listen: string = CONFIG_DEFAULTS.listen,
+): string {
+  return join(cacheDir(env), 'epochs', listen.replace(/[^A-Za-z0-9._-]+/g, '-'));
 }
 
 /**
@@ -276,6 +283,7 @@ export async function loadConfig(
   env: NodeJS.ProcessEnv = process.env,
 ): Promise<KvtierConfig> {
   let cfg = embeddedDefault(env);
+  let epochGiven = false;
   const path = overrides.configPath ?? env.KVTIER_CONFIG;
   if (path !== undefined && path !== '') {
     let text: string;
@@ -302,6 +310,7 @@ export async function loadConfig(
     }
     cfg = resolveConfig(parsed, cfg);
     cfg.baseDir = dirname(resolvePath(path));
+    epochGiven = (parsed as { storage?: { epochFile?: unknown } }).storage?.epochFile !== undefined;
   }
   // Environment, then flags; a problem names the variable or flag it came from.
   const patch: { listen?: unknown; metrics?: Record<string, unknown>; logLevel?: unknown } = {};
@@ -342,6 +351,8 @@ export async function loadConfig(
       );
     cfg.security.allowUnauthenticated = v === '1' || v === 'true';
   }
+  // The default epoch file is the final endpoint's (set by the file, the environment or a flag).
+  if (!epochGiven) cfg.storage.epochFile = defaultEpochFile(env, cfg.listen);
   if (env.KVTIER_CPU_BYTES) {
     const first = cfg.tiers[0]!;
     first.options = {

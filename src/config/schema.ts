@@ -84,7 +84,7 @@ export const rootSchema = strict({
         v.pipe(
           v.nullable(str({ nonEmpty: true })),
           v.description(
-            'Where the epoch is kept across restarts, so a restarted sidecar starts above every epoch its clients saw (relative: to this file); null: from the clock alone. Default: epoch in the kvtier cache directory.',
+            'Where the epoch is kept across restarts, so a restarted sidecar starts above every epoch its clients saw (relative: to this file); null: from the clock alone. Default: a file per listen endpoint under epochs/ in the kvtier cache directory.',
           ),
         ),
       ),

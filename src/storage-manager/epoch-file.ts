@@ -30,7 +30,7 @@ export function startEpoch(persisted: number | undefined, nowMs: number = Date.n
 
 /**
  * One epoch file: a decimal number and a newline, replaced atomically (temp file, fsync,
- * rename). Writes are serialised and never lower the value written.
+ * rename). Writes are serialised and never lower the value in the file.
  */
 export class EpochFile {
   readonly path: string;
@@ -92,6 +92,10 @@ export class EpochFile {
   }
 
   async #replace(epoch: number): Promise<void> {
+    // Another process may have written the file since (a sidecar before this one on the same
+    // endpoint): never lower it.
+    const there = await this.read().catch(() => undefined);
+    if (there !== undefined && there >= epoch) return;
     await mkdir(dirname(this.path), { recursive: true });
     const tmp = `${this.path}.${randomBytes(4).toString('hex')}.tmp`;
     const fh = await open(tmp, 'w', 0o644);

@@ -291,11 +291,12 @@ describe('LocalDiskBackend', () => {
       { name: 'd' },
       slow,
     );
-    await b.put(n, h, chunk(1000));
-    // Timers are mocked from here: the hung read times out when the test moves the clock, and
-    // the real read after it can never time out however loaded this machine is.
+    // Timers are mocked from here: the put's write and the real read after the hung one can
+    // never time out however loaded this machine is (a 20 ms put left for the background
+    // would leave the chunk unindexed), and the hung read times out when the test moves the clock.
     mock.timers.enable({ apis: ['setTimeout'] });
     try {
+      assert.equal(await b.put(n, h, chunk(1000)), 'stored');
       hang = true;
       const hung = b.batchedGet(n, [h]);
       let done = false;

@@ -101,7 +101,8 @@ function codeOf(outcome: { value: unknown } | { error: unknown } | 'pending'): s
 
 describe('S3Backend bodies and keys', () => {
   test('a 32 MiB chunk round-trips byte-exact and is stored as one plain object', async () => {
-    const b = backend();
+    // A busy machine may take longer than the default 5 s for 32 MiB through s3rver.
+    const b = backend({ timeoutMs: 120_000 });
     const putHeaders: Record<string, string>[] = [];
     b.client.middlewareStack.add(
       (next, context) => async (args) => {
