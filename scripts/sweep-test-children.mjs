@@ -30,7 +30,8 @@ function groupMembers(pgid, start) {
   for (const name of readdirSync('/proc')) {
     if (!/^\d+$/.test(name)) continue;
     const f = statOf(Number(name));
-    if (f !== null && Number(f[2]) === pgid && Number(f[19]) >= Number(start)) out.push(Number(name));
+    if (f !== null && Number(f[2]) === pgid && Number(f[19]) >= Number(start))
+      out.push(Number(name));
   }
   return out;
 }

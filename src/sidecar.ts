@@ -92,7 +92,9 @@ export class Sidecar {
         ? undefined
         : new EpochFile(resolve(config.baseDir, config.storage.epochFile), log.child('epoch'));
     const initialEpoch = startEpoch(await epochFile?.read());
-    await epochFile?.write(initialEpoch);
+    // Recorded in the background (an fsync can take seconds on a busy disk); CLEARs' records
+    // queue behind it and are awaited.
+    void epochFile?.write(initialEpoch);
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
     let tiers: StorageBackend[];
     try {

@@ -95,6 +95,8 @@ async function start(cfg: KvtierConfig): Promise<Stack> {
     endpoint: sidecar.server.endpoint,
     namespaces: [randomNamespace()],
     lookupTimeoutMs: 30_000,
+    // A CLEAR of every tier (S3 lists and deletes) on a busy machine can take tens of seconds.
+    requestTimeoutMs: 300_000,
   });
   cleanups.push(async () => {
     await client.close();

@@ -48,7 +48,7 @@ import { type RedisServer, rawCommand, startRedis } from '../support/redis-serve
 import { type S3Harness, S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 
 /** Upper bound on a sidecar start, a stop, or Prometheus reaching a state; failing, not waiting. */
-const DEADLINE_MS = 30_000;
+const DEADLINE_MS = 120_000;
 const CHUNK_TOKENS = 256;
 const CHUNKS = 3;
 const CHUNK_BYTES = 64 * 1024;

@@ -3,7 +3,6 @@
  * against the real engine and sidecar (the engine lives in src/sim/engine.ts).
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';

@@ -3,7 +3,7 @@
  * free loopback ports, without persistence, in temp dirs. Every process this module starts is
  * killed by `stop()`, and (as a backstop for a crashed test) when the test process exits.
  */
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { type ChildProcess, execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { accessSync, constants, mkdtempSync, rmSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -19,7 +19,7 @@ import type { ContractSubject, CorruptionKind } from '../contract/backend.contra
 import { spawnGuarded } from './child-guard.ts';
 
 /** How long a server may take to start answering, and a cluster to agree on its slots (ms). */
-const START_TIMEOUT_MS = 10_000;
+const START_TIMEOUT_MS = 60_000;
 
 const live = new Set<ChildProcess>();
 process.once('exit', () => {
