@@ -5,6 +5,7 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { decodeReply, encodeRequest } from './codec.ts';
 import { type ClientCurveKeys, curveClientOptions } from './curve-client.ts';
+import { checkClientEndpoint } from './endpoint.ts';
 import type { Reply, Request } from './messages.ts';
 import { SocketSendQueue } from './send-queue.ts';
 
@@ -60,7 +61,15 @@ interface Connection {
   inFlight: number;
   /** Replaced after a refusal as unauthenticated: closed once nothing waits on it. */
   retired: boolean;
+  /** With Curve keys: whether a CurveZMQ handshake has completed on this socket. */
+  handshaken: boolean;
+  /** With Curve keys: whether the server refused this client's key (ZAP). */
+  keyRefused: boolean;
 }
+
+/** What a request that timed out before any CurveZMQ handshake completed says. */
+export const NO_HANDSHAKE_MESSAGE =
+  'no CurveZMQ handshake — wrong server key, or the sidecar is down';
 
 /**
  * Fresh connections opened in a row (no other reply in between) after refusals as
@@ -110,7 +119,10 @@ export class RequestSocket {
    * @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options.
    */
   constructor(opts: RequestSocketOptions) {
-    this.#endpoint = requireString('endpoint', opts.endpoint, { nonEmpty: true });
+    this.#endpoint = checkClientEndpoint(
+      'endpoint',
+      requireString('endpoint', opts.endpoint, { nonEmpty: true }),
+    );
     this.#requestTimeoutMs = requireInt('requestTimeoutMs', opts.requestTimeoutMs ?? 10_000, 1);
     this.#name = opts.name ?? 'client';
     this.#onReply = opts.onReply;
@@ -131,14 +143,34 @@ export class RequestSocket {
       sendHighWaterMark: 100_000,
       receiveHighWaterMark: 100_000,
     });
-    socket.connect(this.#endpoint);
     const conn: Connection = {
       socket,
       sendQueue: new SocketSendQueue(socket, { log: this.#log }),
       loop: Promise.resolve(),
       inFlight: 0,
       retired: false,
+      handshaken: false,
+      keyRefused: false,
     };
+    if (this.#curve !== undefined) {
+      // Only a monitor tells a wrong server key (or no server) from a slow one.
+      socket.events.on('handshake', () => {
+        conn.handshaken = true;
+      });
+      socket.events.on('handshake:error:auth', () => {
+        conn.keyRefused = true;
+      });
+    }
+    try {
+      socket.connect(this.#endpoint);
+    } catch (err) {
+      socket.close();
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `cannot connect to ${this.#endpoint}: ${(err as Error).message}`,
+        { cause: err },
+      );
+    }
     conn.loop = this.#receiveLoop(conn);
     this.#conns.add(conn);
     return conn;
@@ -197,6 +229,8 @@ export class RequestSocket {
         if (!conn.sendQueue.send(frame))
           throw new KvtierError('KVT_CAPACITY', 'send queue is full');
         return await d.race(reply);
+      } catch (err) {
+        throw d.timedOut ? this.#timeoutError(entry.conn, err) : err;
       } finally {
         this.#pending.delete(requestId);
         this.#release(entry.conn);
@@ -204,6 +238,21 @@ export class RequestSocket {
     } finally {
       d.dispose();
     }
+  }
+
+  /**
+   * A request's deadline error, or, with Curve keys on a connection whose handshake never
+   * completed, one that says what the silence means: the server key is wrong or the server is
+   * not there, or it refused this client's key. Still `KVT_TIMEOUT` (the request was never
+   * served), so callers that branch on the code are unaffected.
+   */
+  #timeoutError(conn: Connection, err: unknown): unknown {
+    if (this.#curve === undefined || conn.handshaken) return err;
+    const where = `${this.#endpoint}, ${(err as Error).message}`;
+    const msg = conn.keyRefused
+      ? `CurveZMQ handshake refused: this client's key is not on the sidecar's allow-list (${where})`
+      : `${NO_HANDSHAKE_MESSAGE} (${where})`;
+    return new KvtierError('KVT_TIMEOUT', msg, { cause: err });
   }
 
   async #receiveLoop(conn: Connection): Promise<void> {

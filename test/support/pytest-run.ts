@@ -4,11 +4,11 @@
  * (with pytest's message), a pytest skip a skipped one (with its reason).
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import { spawnGuarded } from './child-guard.ts';
 
 /** The repository root. */
 export const ROOT = new URL('../..', import.meta.url).pathname;
@@ -32,7 +32,9 @@ export function runProcess(
   env: NodeJS.ProcessEnv = {},
 ): Promise<Run> {
   return new Promise((resolve) => {
-    const child = spawn(program, args, {
+    const child = spawnGuarded(program, args, {
+      // pytest starts sidecars of its own: its whole group goes with this process.
+      group: true,
       cwd: ROOT,
       env: { ...process.env, PYTHONDONTWRITEBYTECODE: '1', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
