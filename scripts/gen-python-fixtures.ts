@@ -377,6 +377,49 @@ const REQUESTS: { name: string; req: Request }[] = [
     },
   },
   {
+    name: 'save with a not-after time',
+    req: {
+      type: 'save',
+      requestId: 30,
+      engineId: 'engine-0',
+      engineRequestId: 'req-3',
+      skipChunks: 0,
+      blockIds: Uint32Array.from([8, 9, 10, 11]),
+      chunkHashes: packed(3),
+      notAfterNs: 18_446_744_073_709_551_557n,
+    },
+  },
+  {
+    name: 'save with a not-after time and a CUDA event',
+    req: {
+      type: 'save',
+      requestId: 32,
+      engineId: 'engine-0',
+      engineRequestId: 'req-4',
+      skipChunks: 1,
+      blockIds: Uint32Array.from([12, 13, 14, 15, 16, 17, 18, 19]),
+      chunkHashes: packed(4, 5),
+      notAfterNs: 987_654_321_000n,
+      cudaEvent: Buffer.from(Array.from({ length: 64 }, (_, i) => (i * 29 + 7) & 0xff)),
+    },
+  },
+  {
+    name: 'load with a not-after time, no skip',
+    req: {
+      type: 'load',
+      requestId: 31,
+      engineId: 'engine-0',
+      engineRequestId: 'req-3',
+      lookupId: 'look-3',
+      deadlineMs: 0,
+      stateSlot: -1,
+      blockIds: Uint32Array.from([30, 31, 32, 33]),
+      chunkHashes: packed(3),
+      skipBlocks: 0,
+      notAfterNs: 1_234_567_890_123_456_789n,
+    },
+  },
+  {
     name: 'hold',
     req: { type: 'hold', requestId: 15, engineId: 'e', engineRequestId: 'r', lookupId: 'l' },
   },
@@ -569,9 +612,10 @@ const REPLIES: { name: string; rep: Reply }[] = [
   },
 ];
 
-/** JSON form of a decoded message: buffers as hex, typed arrays as lists. */
+/** JSON form of a decoded message: buffers as hex, typed arrays as lists, u64s as decimal strings. */
 function plain(v: unknown): unknown {
   if (Buffer.isBuffer(v)) return v.toString('hex');
+  if (typeof v === 'bigint') return v.toString(); // a u64 does not fit a JSON number exactly
   if (v instanceof Uint32Array) return Array.from(v);
   if (Array.isArray(v)) return v.map(plain);
   if (typeof v === 'object' && v !== null) {

@@ -1,6 +1,8 @@
+import { resolve } from 'node:path';
 import { BackendRegistry } from './backends/registry.ts';
 import type { StorageBackend } from './backends/types.ts';
-import type { KvtierConfig } from './config/config.ts';
+import { ConfigError, type KvtierConfig } from './config/config.ts';
+import { staticConfigProblems } from './config/preflight.ts';
 import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
@@ -11,6 +13,8 @@ import { createNativeCopyEngine } from './native/copy-engine.ts';
 import { nativeSlabAllocator } from './native/host-slabs.ts';
 import { serverAuthFromConfig } from './server/auth-config.ts';
 import { SidecarServer } from './server/sidecar-server.ts';
+import { TierWatch } from './server/tier-watch.ts';
+import { EpochFile, startEpoch } from './storage-manager/epoch-file.ts';
 import { asHostMemoryTier, StorageManager } from './storage-manager/storage-manager.ts';
 import { createLogger, type Logger } from './util/log.ts';
 
@@ -41,6 +45,7 @@ export class Sidecar {
   readonly server: SidecarServer;
   readonly ops: OpsHttpServer | undefined;
   readonly #log: Logger;
+  readonly #watch: TierWatch;
   #closing: Promise<void> | undefined;
 
   private constructor(
@@ -51,7 +56,9 @@ export class Sidecar {
     server: SidecarServer,
     ops: OpsHttpServer | undefined,
     log: Logger,
+    watch: TierWatch,
   ) {
+    this.#watch = watch;
     this.config = config;
     this.metrics = metrics;
     this.storage = storage;
@@ -74,8 +81,20 @@ export class Sidecar {
         pluginBaseDir: config.baseDir,
         log: log.child('tier'),
         metricsRegistry: metrics.registry,
+        onTierFailure: (tier, op, code) => metrics.backendErrors.inc({ tier, op, code }),
         ...hostSlabs(),
       });
+    // What `kvtier config check` checks too, before anything is built.
+    const problems = await staticConfigProblems(config, registry);
+    if (problems.length > 0) throw new ConfigError(problems);
+    const epochFile =
+      config.storage.epochFile === null
+        ? undefined
+        : new EpochFile(resolve(config.baseDir, config.storage.epochFile), log.child('epoch'));
+    const initialEpoch = startEpoch(await epochFile?.read());
+    // Recorded in the background (an fsync can take seconds on a busy disk); CLEARs' records
+    // queue behind it and are awaited.
+    void epochFile?.write(initialEpoch);
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
     let tiers: StorageBackend[];
     try {
@@ -98,6 +117,8 @@ export class Sidecar {
       writeThrough: config.storage.writeThrough,
       metrics,
       log: log.child('storage'),
+      initialEpoch,
+      ...(epochFile !== undefined ? { onEpoch: (e: number) => epochFile.write(e) } : {}),
     });
     // The addon maps the engine's KV file and copies on worker threads; without a build, the
     // data plane still works through positional file I/O.
@@ -117,9 +138,11 @@ export class Sidecar {
       maxSendQueueBytes: config.server.maxSendQueueBytes,
       metrics,
       log: log.child('server'),
-      info: () => ({ version: KVTIER_VERSION }),
+      info: () => ({ version: KVTIER_VERSION, copyEngine: dataPlane.copyEngineInfo() }),
       ...(auth !== undefined ? { auth } : {}),
     });
+    // Tier state changes in each tier's log; readiness is being able to answer lookups.
+    const watch = new TierWatch({ tiers: storage.tiers, log: log.child('tier') });
     let ops: OpsHttpServer | undefined;
     try {
       await server.start();
@@ -130,34 +153,47 @@ export class Sidecar {
           metrics,
           logger: log.child('ops'),
           ready: () => {
-            const down = storage
-              .tierHealth()
-              .filter((t) => t.health === 'down')
-              .map((t) => t.name);
+            const s = watch.check();
             return {
-              ready: server.endpoint !== '' && down.length === 0,
-              detail: { endpoint: server.endpoint, tiersDown: down },
+              ready: server.endpoint !== '' && s.ready,
+              detail: { endpoint: server.endpoint, degraded: s.degraded, tiers: s.tiers },
             };
           },
-          health: () => ({ version: KVTIER_VERSION, epoch: storage.epoch }),
+          health: () => {
+            const s = watch.check();
+            return {
+              status: s.degraded || !s.ready ? 'degraded' : 'ok',
+              version: KVTIER_VERSION,
+              epoch: storage.epoch,
+              ready: server.endpoint !== '' && s.ready,
+              tiers: s.tiers,
+            };
+          },
         });
         await ops.start();
       }
     } catch (err) {
+      watch.close();
       await ops?.close().catch(() => {});
       await server.close();
       await dataPlane.close();
       await storage.close();
       throw err;
     }
-    metrics.bindSources(storage.metricSources());
+    metrics.bindSources({
+      ...storage.metricSources(),
+      serving: () => {
+        const s = watch.check();
+        return { ready: server.endpoint !== '' && s.ready, degraded: s.degraded };
+      },
+    });
     log.info('kvtier started', {
       version: KVTIER_VERSION,
       endpoint: server.endpoint,
       metrics: ops === undefined ? null : `http://${config.metrics!.host}:${ops.port}/metrics`,
       tiers: config.tiers.map((t) => ({ name: t.name, type: t.type })),
     });
-    return new Sidecar(config, metrics, storage, dataPlane, server, ops, log);
+    return new Sidecar(config, metrics, storage, dataPlane, server, ops, log, watch);
   }
 
   /** Ops HTTP URL base, or undefined when disabled. */
@@ -176,6 +212,7 @@ export class Sidecar {
       await this.server.close();
       await this.dataPlane.close();
       await this.ops?.close();
+      this.#watch.close();
       await this.storage.close();
       this.#log.info('kvtier stopped');
     })();

@@ -1,5 +1,9 @@
 #include "cuda_device.h"
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -14,6 +18,8 @@
 
 #ifdef KVTIER_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda_copy.h"
 #endif
 
 namespace kvtier {
@@ -64,6 +70,40 @@ std::string FormatUuid(const unsigned char* bytes) {
   return out;
 }
 
+// Device copy batches by the method that ran them (memcpy, batch, kernel, staged): how many, their runs
+// and bytes, and where their time went (planning and mapping, issuing, waiting), in ns.
+struct CopyTally {
+  std::atomic<uint64_t> batches{0};
+  std::atomic<uint64_t> runs{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> planNs{0};
+  std::atomic<uint64_t> issueNs{0};
+  std::atomic<uint64_t> waitNs{0};
+};
+CopyTally gTally[4];
+
+#ifdef KVTIER_WITH_CUDA
+uint64_t SteadyNs() {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now().time_since_epoch())
+                                   .count());
+}
+
+void CountCopies(const cudacopy::Outcome& o, size_t runs, size_t bytes, uint64_t planNs) {
+  const int i = o.used == cudacopy::Method::kBatch    ? 1
+                : o.used == cudacopy::Method::kKernel ? 2
+                : o.used == cudacopy::Method::kStaged ? 3
+                                                      : 0;
+  CopyTally& t = gTally[i];
+  t.batches.fetch_add(1, std::memory_order_relaxed);
+  t.runs.fetch_add(runs, std::memory_order_relaxed);
+  t.bytes.fetch_add(bytes, std::memory_order_relaxed);
+  t.planNs.fetch_add(planNs, std::memory_order_relaxed);
+  t.issueNs.fetch_add(o.issueNs, std::memory_order_relaxed);
+  t.waitNs.fetch_add(o.waitNs, std::memory_order_relaxed);
+}
+#endif
+
 uint64_t PointerArg(Napi::Env env, const Napi::Value& v) {
   if (!v.IsBigInt()) Throw(env, kErrInvalidArg, "ptr must be a bigint device pointer");
   bool lossless = false;
@@ -84,49 +124,82 @@ void CheckCuda(Napi::Env env, cudaError_t err, const char* what) {
 
 class DeviceCopyWorker : public PromiseWorker {
  public:
-  DeviceCopyWorker(Napi::Env env, bool toDevice, int device)
-      : PromiseWorker(env, "kvtier.copyBatchDevice"), toDevice_(toDevice), device_(device) {}
+  DeviceCopyWorker(Napi::Env env, bool toDevice, int device, cudacopy::Method method)
+      : PromiseWorker(env, "kvtier.copyBatchDevice"),
+        toDevice_(toDevice),
+        device_(device),
+        method_(method) {}
 
   std::vector<Region> host;
   std::vector<Region> dev;
   std::vector<double> ops;
+  bool hasWaitEvent = false;
+  cudaIpcEventHandle_t waitEvent{};
 
  protected:
   void Work() override {
+    const uint64_t t0 = SteadyNs();
     std::vector<Run> runs;
     failure_ = PlanCopies(host, dev, ops, false, &runs);
     if (failure_.failed()) return;
     result_ = runs.size();
     if (runs.empty()) return;
-    cudaError_t err = cudaSetDevice(device_);
-    if (err != cudaSuccess) return Fail(err, "cudaSetDevice");
-    cudaStream_t stream = nullptr;
-    err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    if (err != cudaSuccess) return Fail(err, "cudaStreamCreate");
-    const cudaMemcpyKind kind = toDevice_ ? cudaMemcpyHostToDevice : cudaMemcpyDeviceToHost;
-    for (const Run& r : runs) {
-      void* dst = toDevice_ ? static_cast<void*>(r.b) : static_cast<void*>(r.a);
-      const void* src = toDevice_ ? static_cast<const void*>(r.a) : static_cast<const void*>(r.b);
-      err = cudaMemcpyAsync(dst, src, r.bytes, kind, stream);
-      if (err != cudaSuccess) break;
+    // The device's context must be current on this pool thread before host memory is queried:
+    // without one the query fails and the batch would lose the kernel.
+    const cudaError_t set = cudaSetDevice(device_);
+    if (set != cudaSuccess) {
+      failure_ = Failure{kErrCuda, CudaMessage(set, "cudaSetDevice")};
+      return;
     }
-    cudaEvent_t done = nullptr;
-    // Blocking sync lets this pool thread sleep until the copies finish instead of spinning.
-    cudaError_t evErr = cudaEventCreateWithFlags(&done, cudaEventBlockingSync | cudaEventDisableTiming);
-    if (evErr == cudaSuccess) evErr = cudaEventRecord(done, stream);
-    if (evErr == cudaSuccess) evErr = cudaEventSynchronize(done);
-    else cudaStreamSynchronize(stream);
-    if (done != nullptr) cudaEventDestroy(done);
-    cudaStreamDestroy(stream);
-    if (err != cudaSuccess) return Fail(err, "cudaMemcpyAsync");
-    if (evErr != cudaSuccess) return Fail(evErr, "cudaEventSynchronize");
+    // Where the device sees each host buffer (pinned slabs are mapped; other memory is not).
+    std::vector<HostSpan> spans;
+    spans.reserve(host.size());
+    for (const Region& r : host) spans.push_back(HostSpan{r.base, r.bytes, cudacopy::DeviceAddressOf(r.base)});
+    std::sort(spans.begin(), spans.end(),
+              [](const HostSpan& x, const HostSpan& y) { return x.base < y.base; });
+    std::vector<cudacopy::DeviceRun> devRuns;
+    devRuns.reserve(runs.size());
+    for (const Run& r : runs) devRuns.push_back(cudacopy::DeviceRun{r.a, MappedAddress(spans, r), r.b, r.bytes});
+    size_t bytes = 0;
+    for (const Run& r : runs) bytes += r.bytes;
+    const uint64_t planNs = SteadyNs() - t0;
+    const cudacopy::Outcome o =
+        cudacopy::Execute(toDevice_, device_, devRuns, method_, hasWaitEvent ? &waitEvent : nullptr);
+    CountCopies(o, runs.size(), bytes, planNs);
+    if (!o.ok()) failure_ = Failure{kErrCuda, CudaMessage(o.err, o.what.c_str())};
   }
 
  private:
-  void Fail(cudaError_t err, const char* what) { failure_ = Failure{kErrCuda, CudaMessage(err, what)}; }
+  struct HostSpan {
+    uint8_t* base;
+    size_t bytes;
+    uint8_t* dev;  // nullptr: not mapped
+  };
+
+  // The device address of a run's host bytes: its first and last byte lie in mapped buffers
+  // that map with one offset (the same pinned slab). nullptr otherwise.
+  static uint8_t* MappedAddress(const std::vector<HostSpan>& spans, const Run& r) {
+    const auto delta = [&spans](const uint8_t* p, ptrdiff_t* d) {
+      auto it = std::upper_bound(spans.begin(), spans.end(), p,
+                                 [](const uint8_t* q, const HostSpan& s) { return q < s.base; });
+      while (it != spans.begin()) {
+        --it;
+        if (it->dev != nullptr && p < it->base + it->bytes) {
+          *d = it->dev - it->base;
+          return true;
+        }
+      }
+      return false;
+    };
+    ptrdiff_t first = 0;
+    ptrdiff_t last = 0;
+    if (!delta(r.a, &first) || !delta(r.a + r.bytes - 1, &last) || first != last) return nullptr;
+    return r.a + first;
+  }
 
   bool toDevice_;
   int device_;
+  cudacopy::Method method_;
 };
 #endif
 
@@ -162,7 +235,9 @@ const CudaProbe& ProbeCuda() {
 bool PinHost(void* base, size_t bytes) {
 #ifdef KVTIER_WITH_CUDA
   if (!ProbeCuda().available) return false;
-  return cudaHostRegister(base, bytes, cudaHostRegisterPortable) == cudaSuccess;
+  // Mapped too, so the copy kernel can read and write the pages through their device address.
+  return cudaHostRegister(base, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped) ==
+         cudaSuccess;
 #else
   (void)base;
   (void)bytes;
@@ -322,7 +397,34 @@ Napi::Value CopyBatchDevice(const Napi::CallbackInfo& info) {
   if (regions.ElementLength() % 2 != 0) {
     Throw(env, kErrInvalidArg, "deviceRegions must hold [ptr, bytes] pairs");
   }
-  auto* worker = new DeviceCopyWorker(env, direction == "h2d", device);
+  cudacopy::Method method = cudacopy::Method::kAuto;
+  bool hasWaitEvent = false;
+  cudaIpcEventHandle_t waitEvent{};
+  if (info.Length() > 5 && !info[5].IsUndefined() && !info[5].IsNull()) {
+    if (!info[5].IsObject()) Throw(env, kErrInvalidArg, "options must be an object");
+    Napi::Object o = info[5].As<Napi::Object>();
+    Napi::Value m = o.Get("method");
+    if (!m.IsUndefined()) {
+      const std::string name = m.IsString() ? m.As<Napi::String>().Utf8Value() : "";
+      if (!cudacopy::ParseMethod(name.c_str(), &method)) {
+        Throw(env, kErrInvalidArg,
+              "method must be 'auto', 'memcpy', 'batch', 'kernel' or 'staged'");
+      }
+    }
+    Napi::Value ev = o.Get("waitEvent");
+    if (!ev.IsUndefined() && !ev.IsNull()) {
+      uint8_t* data = nullptr;
+      size_t bytes = 0;
+      if (!BytesOf(ev, &data, &bytes) || bytes != sizeof(cudaIpcEventHandle_t)) {
+        Throw(env, kErrInvalidArg, "waitEvent must be 64 bytes (a cudaIpcEventHandle_t)");
+      }
+      std::memcpy(&waitEvent, data, sizeof(waitEvent));
+      hasWaitEvent = true;
+    }
+  }
+  auto* worker = new DeviceCopyWorker(env, direction == "h2d", device, method);
+  worker->hasWaitEvent = hasWaitEvent;
+  worker->waitEvent = waitEvent;
   worker->host = std::move(host);
   for (const Napi::Value& b : values) worker->Keep(b);
   for (size_t i = 0; i + 1 < regions.ElementLength(); i += 2) {
@@ -337,6 +439,26 @@ Napi::Value CopyBatchDevice(const Napi::CallbackInfo& info) {
   (void)device;
   return env.Undefined();
 #endif
+}
+
+Napi::Value DeviceCopyCounts(const Napi::CallbackInfo& info) {
+  Napi::Env env = info.Env();
+  Napi::Object out = Napi::Object::New(env);
+  const char* names[4] = {"memcpy", "batch", "kernel", "staged"};
+  const auto num = [&env](const std::atomic<uint64_t>& v) {
+    return Napi::Number::New(env, static_cast<double>(v.load(std::memory_order_relaxed)));
+  };
+  for (int i = 0; i < 4; i++) {
+    Napi::Object one = Napi::Object::New(env);
+    one.Set("batches", num(gTally[i].batches));
+    one.Set("runs", num(gTally[i].runs));
+    one.Set("bytes", num(gTally[i].bytes));
+    one.Set("planMs", Napi::Number::New(env, gTally[i].planNs.load() / 1e6));
+    one.Set("issueMs", Napi::Number::New(env, gTally[i].issueNs.load() / 1e6));
+    one.Set("waitMs", Napi::Number::New(env, gTally[i].waitNs.load() / 1e6));
+    out.Set(names[i], one);
+  }
+  return out;
 }
 
 }  // namespace kvtier

@@ -37,6 +37,11 @@ Napi::Value CudaIpcGetHandle(const Napi::CallbackInfo& info);
 // copyBatchDevice(direction, hostBuffers, deviceRegions: BigUint64Array [ptr, bytes]*,
 //                 ops: Float64Array [hostIndex, hostOffset, deviceIndex, deviceOffset, length]*,
 //                 device) -> Promise<number of coalesced copies>
+//                 device, options?: { method?: 'auto'|'memcpy'|'batch'|'kernel',
+//                                     waitEvent?: 64-byte cudaIpcEventHandle_t })
 Napi::Value CopyBatchDevice(const Napi::CallbackInfo& info);
+// deviceCopyCounts() -> { memcpy|batch|kernel: { batches, runs } }: device copy batches so far
+// by the method that ran them (cuda_copy.h).
+Napi::Value DeviceCopyCounts(const Napi::CallbackInfo& info);
 
 }  // namespace kvtier

@@ -40,7 +40,8 @@ class KvtierClient(ClientTransport):
     :param context: the zmq context; default the process-wide instance.
     :param liveness_timeout_ms: silence with requests in flight after which a PING probes the
         sidecar, and the time that PING has to answer before the sidecar counts as down.
-        Default 1000.
+        Default 5000 (a sidecar whose event loop stalls for a second or two on a loaded host is
+        not down; as the TypeScript clients).
     :param curve: CurveZMQ keys for a sidecar with authentication on (:func:`load_client_keys`);
         default none.
     """
@@ -181,10 +182,25 @@ class KvtierClient(ClientTransport):
     def send_register(self, registration: dict) -> Pending:
         return self._start(P.MsgType.REGISTER, lambda rid: P.encode_register(rid, registration))
 
-    def send_save(self, engine_id: str, request_id: str, skip_chunks: int, block_ids: Any, hashes: Any) -> Pending:
+    def send_save(
+        self,
+        engine_id: str,
+        request_id: str,
+        skip_chunks: int,
+        block_ids: Any,
+        hashes: Any,
+        not_after_ns: int | None = None,
+        cuda_event: bytes | None = None,
+    ) -> Pending:
+        """SAVE; ``not_after_ns`` (``time.monotonic_ns()`` scale): the sidecar copies nothing
+        past it (docs/protocol.md 4.9). The caller must keep the blocks until then, even when the
+        request fails earlier. ``cuda_event``: the 64-byte IPC handle of an interprocess CUDA
+        event recorded after the blocks were written; the sidecar's copies wait for it."""
         return self._start(
             P.MsgType.SAVE,
-            lambda rid: P.encode_save(rid, engine_id, request_id, skip_chunks, block_ids, hashes),
+            lambda rid: P.encode_save(
+                rid, engine_id, request_id, skip_chunks, block_ids, hashes, not_after_ns, cuda_event
+            ),
         )
 
     def send_load(
@@ -197,14 +213,17 @@ class KvtierClient(ClientTransport):
         deadline_ms: int = 0,
         state_slot: int = -1,
         skip_blocks: int = 0,
+        not_after_ns: int | None = None,
     ) -> Pending:
+        """LOAD; ``not_after_ns`` as for :meth:`send_save`: no chunk starts past it."""
         # The server answers a LOAD by its own deadline (default 20 s): wait a little longer.
         server_ms = deadline_ms if deadline_ms > 0 else 20_000
         timeout_s = max(self.request_timeout_s, server_ms / 1000.0 + 5.0)
         return self._start(
             P.MsgType.LOAD,
             lambda rid: P.encode_load(
-                rid, engine_id, request_id, lookup_id, block_ids, hashes, deadline_ms, state_slot, skip_blocks
+                rid, engine_id, request_id, lookup_id, block_ids, hashes, deadline_ms, state_slot, skip_blocks,
+                not_after_ns,
             ),
             timeout_s,
         )

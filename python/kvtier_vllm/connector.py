@@ -27,6 +27,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+try:  # vLLM with the hybrid KV cache manager's connector interface
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import SupportsHMA
+except ImportError:  # older vLLM: nothing to declare
+    class SupportsHMA:  # type: ignore[no-redef]
+        pass
+
 from .client import KvtierClient
 from .config import KvtierConfig
 from .curve import CurveKeys, load_client_keys
@@ -37,6 +43,7 @@ from .scheduler import SchedulerConnector
 from .vllm_glue import (
     BlockTables,
     all_rank_namespaces,
+    check_kv_cache_groups,
     connector_request,
     first_group,
     layer_indices,
@@ -67,13 +74,28 @@ class KvtierConnectorMetadata(KVConnectorMetadata):
         self.meta = meta if meta is not None else ConnectorMeta()
 
 
+def _layout_name(value: Any) -> str | None:
+    name = str(value).upper() if value is not None else None
+    return name if name in ("NHD", "HND") else None
+
+
 def _kv_layout() -> str | None:
-    """vLLM's KV cache layout (NHD/HND) as its connectors see it, when it can be told."""
+    """The KV cache layout (NHD/HND) vLLM's attention backends build their caches in, as far as
+    this process can tell: the backends' own helper (an override a backend set,
+    ``VLLM_KV_CACHE_LAYOUT``, else what the connector helper answers), else the connector
+    helper. None when neither says (newer vLLM answers None when no connector requires a
+    layout): the backends' default, NHD. The workers register the layout their tensors have."""
+    try:
+        from vllm.v1.attention.backends.utils import get_kv_cache_layout
+
+        return _layout_name(get_kv_cache_layout())
+    except Exception:
+        pass
     try:
         from vllm.distributed.kv_transfer.kv_connector.utils import get_kv_connector_cache_layout
 
-        return str(get_kv_connector_cache_layout()).upper()
-    except Exception:  # older or newer vLLM without the helper: NHD unless configured
+        return _layout_name(get_kv_connector_cache_layout())
+    except Exception:  # vLLM without either helper
         return None
 
 
@@ -90,8 +112,13 @@ def _ranks(vllm_config: Any) -> tuple[int, int]:
         return rank % tp, rank // tp
 
 
-class KvtierConnector(KVConnectorBase_V1):
-    """kvtier as a vLLM KV connector (scheduler and worker roles)."""
+class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
+    """kvtier as a vLLM KV connector (scheduler and worker roles).
+
+    It declares ``SupportsHMA`` so vLLM may keep the hybrid KV cache manager on, and serves
+    models whose KV cache is one full-attention (or MLA) group; a model that needs several
+    groups is refused at start-up with what to do (:func:`~kvtier_vllm.vllm_glue.check_kv_cache_groups`).
+    """
 
     def __init__(
         self,
@@ -103,6 +130,7 @@ class KvtierConnector(KVConnectorBase_V1):
             super().__init__(vllm_config, role, kv_cache_config)
         except TypeError:  # vLLM before kv_cache_config was passed to connectors
             super().__init__(vllm_config, role)
+        check_kv_cache_groups(kv_cache_config)
         ktc = vllm_config.kv_transfer_config
         self._cfg = KvtierConfig.from_extra(getattr(ktc, "kv_connector_extra_config", None))
         kv_role = getattr(ktc, "kv_role", "kv_both")
@@ -113,6 +141,10 @@ class KvtierConnector(KVConnectorBase_V1):
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None
         self._tables = BlockTables(self._shape.block_size)
+        # Set when the registered KV caches are CUDA tensors: saves then carry a CUDA event.
+        self._kv_on_cuda = False
+        self._save_event: Any = None
+        self._save_event_handle: bytes | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = self._make_scheduler()
         else:
@@ -125,7 +157,12 @@ class KvtierConnector(KVConnectorBase_V1):
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config: "VllmConfig") -> str | None:
-        return None
+        # A configured kv_layout is what the attention backends must build, so the caches the
+        # workers register and the namespaces the scheduler looks up agree by construction.
+        ktc = getattr(vllm_config, "kv_transfer_config", None)
+        extra = getattr(ktc, "kv_connector_extra_config", None) or {}
+        layout = extra.get("kv_layout") if isinstance(extra, dict) else None
+        return _layout_name(layout)
 
     def _endpoint(self, index: int) -> str:
         eps = self._cfg.rank_endpoints
@@ -196,6 +233,7 @@ class KvtierConnector(KVConnectorBase_V1):
         except Exception as err:  # e.g. expandable segments: serve without kvtier, loudly
             _log.error("kvtier: cannot hand the KV caches to the sidecar: %s; kvtier is off for this worker", err)
             return
+        self._kv_on_cuda = reg.get("device") == "cuda"
         try:
             result = self._worker.register_kv_caches(reg)
         except Exception as err:  # sidecar down or refusing: the heartbeat thread registers later
@@ -204,8 +242,10 @@ class KvtierConnector(KVConnectorBase_V1):
         expected = rank_namespace(s, self._tp_rank, self._pp_rank)
         if bytes(result.namespace) != expected:
             _log.error(
-                "kvtier: the sidecar derived namespace %s but the scheduler looks up %s; no hits will be found",
-                bytes(result.namespace).hex(), expected.hex(),
+                "kvtier: the sidecar derived namespace %s but the scheduler looks up %s; no hits will be found. "
+                "The workers' KV caches are %s; set kv_connector_extra_config.kv_layout (and model_id, num_layers) "
+                "so both sides derive the same namespace",
+                bytes(result.namespace).hex(), expected.hex(), reg.get("layoutVersion") == 2 and "HND" or "NHD",
             )
 
     def _registration_for(self, kv_caches: dict[str, torch.Tensor], engine_id: str, first: int) -> dict:
@@ -223,7 +263,7 @@ class KvtierConnector(KVConnectorBase_V1):
             mla=s.mla,
             chunk_size=self._cfg.chunk_size,
             layout=self._cfg.tensor_layout,
-            kv_layout=None if s.mla else ("HND" if s.layout_version == 2 else "NHD"),
+            kv_layout=None,  # the layout the tensors have (the attention backend's), never a guess
             pp_size=s.pp_size,
             pp_rank=self._pp_rank,
             pp_first_layer=first,
@@ -263,9 +303,21 @@ class KvtierConnector(KVConnectorBase_V1):
     def wait_for_save(self):
         if self._worker is None or self._worker.engine_id is None:
             return
-        # The sidecar reads the blocks from another process: this step's KV writes must be done.
-        sync = torch.cuda.current_stream().synchronize if torch.cuda.is_available() else None
-        self._worker.wait_for_save(sync)
+        # The sidecar reads the blocks from another process, after this step's KV writes: on a
+        # GPU its copies wait for an event recorded here, so the CPU does not wait for the GPU.
+        if self._kv_on_cuda and torch.cuda.is_available():
+            self._worker.wait_for_save(cuda_event=self._record_save_event)
+        else:
+            self._worker.wait_for_save()
+
+    def _record_save_event(self) -> bytes:
+        """Records the interprocess event on the current stream; its (unchanging) IPC handle."""
+        if self._save_event is None:
+            self._save_event = torch.cuda.Event(interprocess=True)
+        self._save_event.record(torch.cuda.current_stream())
+        if self._save_event_handle is None:
+            self._save_event_handle = bytes(self._save_event.ipc_handle())
+        return self._save_event_handle
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         if self._worker is None:
@@ -335,6 +387,14 @@ class KvtierConnector(KVConnectorBase_V1):
         req = connector_request(request)
         self._tables.drop(req.request_id)
         return self._scheduler.request_finished(req, block_ids)
+
+    def request_finished_all_groups(
+        self,
+        request: "Request",
+        block_ids: tuple[list[int], ...],
+    ) -> tuple[bool, dict[str, Any] | None]:
+        # One KV cache group (checked at start-up): its blocks are the request's.
+        return self.request_finished(request, list(block_ids[0]) if block_ids else [])
 
     def reset_cache(self) -> bool | None:
         if self._scheduler is None:

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Sequence
 from .errors import InvalidArgumentError, TooLargeError
 from .protocol_types import (
     _U32_MAX,
+    CUDA_EVENT_BYTES,
     HASH_BYTES,
     MAGIC,
     MAX_BLOCKS_PER_MESSAGE,
@@ -38,6 +39,7 @@ _HEADER = struct.Struct("<HBBI")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
 _I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
 _LITTLE = sys.byteorder == "little"
 #: array("I") holds little-endian u32s here: a list of counts or block ids packs through it
 _ARRAY_U32 = _LITTLE and array("I").itemsize == 4
@@ -60,6 +62,12 @@ def _u32(name: str, v: Any) -> int:
     if not 0 <= v <= _U32_MAX:
         raise InvalidArgumentError(f"{name} must be an integer in [0, 4294967295], got {v!r}")
     return v
+
+
+def _u64(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not hasattr(v, "__index__") or not 0 <= v.__index__() < 1 << 64:
+        raise InvalidArgumentError(f"{name} must be an integer in [0, 2^64), got {v!r}")
+    return v.__index__()
 
 
 def _id(name: str, s: Any, limit: int = MAX_ID_BYTES) -> bytes:
@@ -317,9 +325,23 @@ def encode_save(
     skip_chunks: int,
     block_ids: Any,
     hashes: Any,
+    not_after_ns: int | None = None,
+    cuda_event: bytes | None = None,
 ) -> bytes:
-    """SAVE blocks as chunks (``engine_request_id`` is the engine's request, a string)."""
+    """SAVE blocks as chunks (``engine_request_id`` is the engine's request, a string).
+    ``not_after_ns`` (the host's monotonic clock, ns; ``time.monotonic_ns()``) adds the optional
+    trailing field: the server copies nothing past it and discards a copy that finishes after it;
+    None leaves it out. ``cuda_event`` (the 64-byte ``cudaIpcEventHandle_t`` of an interprocess
+    event recorded after the blocks were written) follows it: the server's copies wait for the
+    event on the GPU (``not_after_ns`` is then written as 0 when None)."""
     tail, _n = _blocks_and_hashes("save", block_ids, hashes)
+    event = b""
+    if cuda_event is not None:
+        event = bytes(cuda_event)
+        if len(event) != CUDA_EVENT_BYTES:
+            raise InvalidArgumentError(f"cuda_event must be {CUDA_EVENT_BYTES} bytes (a cudaIpcEventHandle_t), got {len(event)}")
+        if not_after_ns is None:
+            not_after_ns = 0
     return b"".join(
         (
             encode_header(MsgType.SAVE, request_id),
@@ -327,6 +349,8 @@ def encode_save(
             _id("request id", engine_request_id),
             _U32.pack(_u32("skip_chunks", skip_chunks)),
             tail,
+            b"" if not_after_ns is None else _U64.pack(_u64("not_after_ns", not_after_ns)),
+            event,
         )
     )
 
@@ -341,10 +365,13 @@ def encode_load(
     deadline_ms: int = 0,
     state_slot: int = -1,
     skip_blocks: int = 0,
+    not_after_ns: int | None = None,
 ) -> bytes:
     """LOAD pinned chunks into blocks. ``skip_blocks`` > 0 adds the optional trailing field
     (leading blocks of the first chunk the engine already holds, absent from ``block_ids``);
-    0 leaves it out, so servers without it accept the frame."""
+    0 leaves it out, so servers without it accept the frame. ``not_after_ns`` (as for
+    :func:`encode_save`: no chunk starts past it) follows ``skip_blocks``, which is then written
+    too, 0 included."""
     if isinstance(state_slot, bool) or not isinstance(state_slot, int) or not -1 <= state_slot <= 0x7FFF_FFFF:
         raise InvalidArgumentError(
             f"state_slot must be -1 (none) or an integer in [0, 2^31), got {state_slot!r}"
@@ -362,7 +389,8 @@ def encode_load(
             _U32.pack(_u32("deadline_ms", deadline_ms)),
             _I32.pack(state_slot),
             tail,
-            _U32.pack(skip) if skip else b"",
+            _U32.pack(skip) if skip or not_after_ns is not None else b"",
+            b"" if not_after_ns is None else _U64.pack(_u64("not_after_ns", not_after_ns)),
         )
     )
 

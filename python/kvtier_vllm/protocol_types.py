@@ -9,6 +9,8 @@ MAGIC = 0x766B  # the bytes 6b 76, "kv"
 VERSION = 1
 HEADER_BYTES = 8
 HASH_BYTES = 32
+#: Bytes of a CUDA interprocess event handle (``cudaIpcEventHandle_t``), SAVE's optional ``cudaEvent``.
+CUDA_EVENT_BYTES = 64
 NAMESPACE_BYTES = 16
 MAX_LOOKUP_ID_BYTES = 256
 MAX_NAMESPACES_PER_LOOKUP = 16

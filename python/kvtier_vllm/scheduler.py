@@ -13,8 +13,9 @@ blocks the engine already has (``skip_blocks``). vLLM-free: the adapter in
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from .connector_types import (
     ConnectorMeta,
@@ -32,6 +33,12 @@ from .hashing import hash_chunks
 __all__ = ["SchedulerConnector"]
 
 _log = logging.getLogger("kvtier_vllm.scheduler")
+
+#: Loads failing in a row (no load succeeding in between) after which offers pause.
+LOAD_FAILURES_BEFORE_PAUSE = 2
+#: The first pause, doubled for every further failure in a row, up to the longest.
+FIRST_PAUSE_S = 1.0
+LONGEST_PAUSE_S = 60.0
 
 
 @dataclass
@@ -55,6 +62,13 @@ class _Tracked:
     loading: LoadIntent | None = None
     stored_chunks: int = 0
     saved_any: bool = False
+    #: First chunk a load of this request failed at: never offered to it again.
+    failed_chunk: int | None = None
+    #: An answer kept across a preemption: its pins go once the new lookup answered.
+    stale_lookup_id: str = ""
+    #: The engine allocated blocks for the request since its last ask (an ask after that is a
+    #: new admission: after a preemption or a failed load).
+    admitted: bool = False
 
 
 
@@ -72,7 +86,15 @@ class SchedulerConnector:
     :param namespaces: namespace ids (16 bytes each) every lookup names — one per rank this
         sidecar hosts, derived with :func:`kvtier_vllm.namespace.derive_namespace`; None when the
         lookup client knows its own (a ``MultiLookupClient``).
+    :param clock: monotonic seconds (the pause after failed loads; tests inject one).
     :raises InvalidArgumentError: on bad options.
+
+    Loads that fail are not offered again: a request whose load failed is never offered the
+    chunks from the failed one on, and after :data:`LOAD_FAILURES_BEFORE_PAUSE` failed loads
+    in a row (a worker that cannot load, e.g. its registration failed) no load is offered for
+    :data:`FIRST_PAUSE_S`, doubling with every further failure up to :data:`LONGEST_PAUSE_S`;
+    a load that succeeds ends the pause. Requests then compute, so a kvtier that cannot load
+    costs time, never a request that does not finish.
     """
 
     def __init__(
@@ -82,6 +104,7 @@ class SchedulerConnector:
         chunk_size: int = 256,
         salt: str = "",
         namespaces: Sequence[bytes] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not callable(getattr(lookup, "lookup", None)):
             raise InvalidArgumentError("lookup must be a KvtierClient or MultiLookupClient")
@@ -98,6 +121,9 @@ class SchedulerConnector:
         self._requests: dict[str, _Tracked] = {}
         self._ended: list[RequestEnd] = []
         self._closed = False
+        self._clock = clock
+        self._failures_in_a_row = 0
+        self._paused_until = 0.0
 
     @property
     def block_size(self) -> int:
@@ -118,6 +144,11 @@ class SchedulerConnector:
         once); True when it cannot tell."""
         return bool(getattr(self._lookup, "reachable", True))
 
+    @property
+    def offers_paused(self) -> bool:
+        """True while loads are not offered after failed loads in a row (see the class)."""
+        return self._clock() < self._paused_until
+
     # ------------------------------------------------------------------ vLLM hooks
 
     def get_num_new_matched_tokens(self, request: ConnectorRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -130,10 +161,17 @@ class SchedulerConnector:
         self._open()
         t = self._track(request)
         computed = _int("num_computed_tokens", num_computed_tokens)
+        if t.admitted and t.loading is None and t.intent is None:
+            # Asked again after it was admitted: preempted (the engine may ask before it tells
+            # build_connector_meta) or recomputing after a failed load. Look up afresh.
+            self._renew_lookup(t)
         t.offered = None
         lookup_chunks = self._lookup_chunks(t)
+        if t.failed_chunk is not None:
+            lookup_chunks = min(lookup_chunks, t.failed_chunk)
         # A local prefix that ends inside a block cannot be extended by block-granular loads.
-        if computed % self._block or computed >= lookup_chunks * self._chunk:
+        if computed % self._block or computed >= lookup_chunks * self._chunk or self.offers_paused:
+            self._release_lookup(t)
             return 0, False
         if t.lookup in ("none", "consumed"):
             t.attempt += 1
@@ -150,9 +188,10 @@ class SchedulerConnector:
                 return None, False
             t.lookup = "answered"
             t.hit_tokens = int(answer)
+            self._drop_stale_lookup(t)
             t.stored_chunks = max(t.stored_chunks, t.hit_tokens // self._chunk)
             _log.debug("lookup answered: request %s, %d tokens", t.request_id, t.hit_tokens)
-        claim = min(t.hit_tokens, t.prompt_length - 1)
+        claim = min(t.hit_tokens, t.prompt_length - 1, lookup_chunks * self._chunk)
         claim -= claim % self._block
         claim -= claim % self._chunk
         tokens = claim - computed if claim > computed else 0
@@ -175,6 +214,8 @@ class SchedulerConnector:
         tokens = _int("num_external_tokens", num_external_tokens)
         rid = getattr(request, "request_id", None)
         t = self._requests.get(rid)
+        if t is not None:
+            t.admitted = True
         if tokens == 0:
             if t is not None:
                 t.intent = None
@@ -249,7 +290,8 @@ class SchedulerConnector:
     def update_connector_output(self, output: ConnectorOutput | Any) -> None:
         """vLLM ``update_connector_output``: settles loads reported in ``finished_recving``; a
         failed load's chunks (from the first invalid block on) count as not stored, so they are
-        saved again once the engine recomputes them."""
+        saved again once the engine recomputes them, and are never offered to that request again.
+        Loads failing in a row pause all offers (see the class)."""
         invalid = set(getattr(output, "invalid_block_ids", None) or ())
         done = set(getattr(output, "finished_recving", None) or ())
         for t in self._requests.values():
@@ -261,36 +303,61 @@ class SchedulerConnector:
                 if at >= 0:
                     chunk = load.first_chunk + (at + load.skip_blocks) // self._bpc
                     t.stored_chunks = min(t.stored_chunks, chunk)
+                    t.failed_chunk = chunk if t.failed_chunk is None else min(t.failed_chunk, chunk)
             if t.request_id in done:
                 t.loading = None
+                self._load_settled(failed=any(b in invalid for b in load.block_ids))
+
+    def _load_settled(self, failed: bool) -> None:
+        if not failed:
+            self._failures_in_a_row = 0
+            self._paused_until = 0.0
+            return
+        self._failures_in_a_row += 1
+        over = self._failures_in_a_row - LOAD_FAILURES_BEFORE_PAUSE
+        if over >= 0:
+            pause = min(LONGEST_PAUSE_S, FIRST_PAUSE_S * (2 ** min(over, 16)))
+            self._paused_until = self._clock() + pause
+            _log.warning(
+                "kvtier: %d loads failed in a row; no loads are offered for %.0f s (requests compute)",
+                self._failures_in_a_row,
+                pause,
+            )
 
     def request_finished(self, request: ConnectorRequest | Any, block_ids: Sequence[int] | None = None) -> tuple[bool, dict | None]:
         """vLLM ``request_finished`` (terminal free: finished or aborted). Cancels a pending
         lookup, releases unused pins, drops an unsent load and queues the release for the
-        workers. Returns ``(delay_free, params)``: ``delay_free`` while a save may still read the
-        blocks or a load may still write them (the engine then frees them when a worker reports
-        the id in ``finished_sending``); ``params``: ``{"stored_tokens": n}`` or None."""
+        workers. Returns ``(delay_free, None)``: ``delay_free`` when saves may still read the
+        blocks (the engine then frees them when a worker reports the id in
+        ``finished_sending``). Never for a request whose load is in flight: vLLM itself keeps
+        the blocks of a request aborted while loading until ``finished_recving`` names it, and
+        frees them then; a delayed free as well would name a request vLLM already dropped. (A
+        loading request has no saves in flight: its earlier blocks were freed at preemption,
+        after ``handle_preemptions`` waited for their saves.) kvtier hands vLLM no transfer
+        parameters."""
         t = self._requests.pop(getattr(request, "request_id", None), None)
         if t is None:
             return False, None
         self._release_lookup(t)
         t.intent = None
-        delay = t.saved_any or t.loading is not None
+        delay = t.saved_any and t.loading is None
         kind = "aborted" if getattr(request, "aborted", False) else "finished"
         self._ended.append(RequestEnd(t.request_id, kind, delay))
-        stored = t.stored_chunks * self._chunk
-        return delay, ({"stored_tokens": stored} if stored > 0 else None)
+        return delay, None
 
     def request_preempted(self, request: ConnectorRequest | Any) -> None:
-        """Preemption (the engine frees the blocks and requeues the request): nothing is
-        released. Unused pins stay for the next ask; an unsent load is dropped (its blocks are
-        gone). Workers get the id so they can finish saves that read those blocks."""
+        """Preemption (the engine frees the blocks and requeues the request): the next ask looks
+        up afresh — the request's own chunks saved since its last answer count too. The old
+        answer's pins stay until the new one is in, then are released. An unsent load is dropped
+        (its blocks are gone). Workers get the id so they can finish saves that read those
+        blocks."""
         rid = request if isinstance(request, str) else getattr(request, "request_id", None)
         t = self._requests.get(rid)
         if t is None:
             return
         t.intent = None
         t.offered = None
+        self._renew_lookup(t)
         self._ended.append(RequestEnd(t.request_id, "preempted", False))
 
     def reset_cache(self) -> bool:
@@ -351,7 +418,25 @@ class SchedulerConnector:
     def _chunks_of(self, intent: LoadIntent) -> int:
         return (len(intent.block_ids) + intent.skip_blocks) // self._bpc
 
+    def _renew_lookup(self, t: _Tracked) -> None:
+        """The next ask starts a new lookup; an answer's pins stay until that one is in."""
+        t.admitted = False
+        if t.lookup == "answered":
+            self._drop_stale_lookup(t)
+            if t.hit_tokens > 0:
+                t.stale_lookup_id = t.lookup_id
+            t.lookup = "none"
+
+    def _drop_stale_lookup(self, t: _Tracked) -> None:
+        if t.stale_lookup_id:
+            stale, t.stale_lookup_id = t.stale_lookup_id, ""
+            try:
+                self._lookup.cancel(stale)
+            except Exception as err:  # the pin TTL releases it
+                _log.debug("cancel of %s failed: %s", stale, err)
+
     def _release_lookup(self, t: _Tracked) -> None:
+        self._drop_stale_lookup(t)
         try:
             if t.lookup == "pending":
                 self._lookup.forget(t.lookup_id)

@@ -19,6 +19,7 @@ from .namespace import derive_namespace
 from .rank_lookup import rank_index, rank_suffix
 
 __all__ = [
+    "check_kv_cache_groups",
     "connector_request",
     "is_aborted",
     "first_group",
@@ -29,6 +30,44 @@ __all__ = [
     "rank_namespace",
     "all_rank_namespaces",
 ]
+
+
+#: KV cache specs whose KV kvtier stores: every token's KV for the whole prefix.
+_FULL_SPECS = ("FullAttentionSpec", "MLAAttentionSpec")
+#: Specs that vLLM folds into full attention when the hybrid KV cache manager is off.
+_WINDOW_SPECS = ("SlidingWindowSpec", "ChunkedLocalAttentionSpec", "SlidingWindowMLASpec")
+
+
+def check_kv_cache_groups(kv_cache_config: Any) -> None:
+    """Refuses a KV cache kvtier cannot store, saying what to do (vLLM's ``KVCacheConfig``;
+    None, from vLLM that does not pass it, is not checked).
+
+    kvtier stores and loads whole-prefix KV of one group of full-attention (or MLA) layers.
+    Models that mix sliding-window or chunked-local attention with full attention get one
+    group per kind from vLLM's hybrid KV cache manager; with
+    ``--disable-hybrid-kv-cache-manager`` vLLM keeps every layer's KV in one full-attention
+    group and kvtier serves them. Models with Mamba or other state layers cannot be put in one
+    group: kvtier cannot serve them.
+
+    :raises ConfigError: for more than one group or a group kvtier cannot store.
+    """
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+    kinds = [type(getattr(g, "kv_cache_spec", None)).__name__ for g in groups]
+    if all(k in _FULL_SPECS for k in kinds) and len(groups) <= 1:
+        return
+    listed = ", ".join(kinds)
+    if all(k in _FULL_SPECS or k in _WINDOW_SPECS for k in kinds):
+        raise ConfigError(
+            f"kvtier stores full-attention KV of one KV cache group; this model's KV cache has {len(groups)} groups "
+            f"({listed}) because vLLM's hybrid KV cache manager is on. Start vLLM with "
+            "--disable-hybrid-kv-cache-manager: every layer then keeps full-attention KV in one group and kvtier "
+            "serves the model (models mixing sliding-window or chunked-local attention with full attention)"
+        )
+    raise ConfigError(
+        f"kvtier cannot store this model's KV cache ({listed}): Mamba, linear-attention or other state layers "
+        "have no per-token KV that a prefix can be loaded from, and vLLM cannot put them in one group with "
+        "--disable-hybrid-kv-cache-manager either. Serve this model without kvtier (remove --kv-transfer-config)"
+    )
 
 
 def is_aborted(request: Any) -> bool:

@@ -8,7 +8,15 @@ whenever the engine calls in (``get_finished`` once per step), and completions s
 
 Failure never hangs the engine: every request has the client's deadline; a load that fails or
 times out (sidecar down, pins gone, engine unknown after a sidecar restart) reports all its
-blocks invalid (the engine recomputes them), a save that fails is dropped (a future miss). A
+blocks invalid (the engine recomputes them), a save that fails is dropped (a future miss).
+
+Every SAVE and LOAD carries a not-after time on the host's monotonic clock (docs/protocol.md
+4.9): a SAVE's is its reply deadline, a LOAD's its server deadline. The sidecar copies nothing
+out of the blocks past a SAVE's and starts no chunk of a LOAD past its. When a transfer gets no
+reply (the sidecar froze or went down), its blocks are kept until that time has passed (for a
+LOAD, :data:`LOAD_GRACE_S` more, for a chunk copy under way), so a sidecar that reads the
+request late never copies blocks the engine has reused. A transfer the sidecar answered, even
+with an error, is settled at once. A
 daemon thread with its **own** client (zmq sockets are not thread-safe) sends HEARTBEAT when the
 worker has been silent for ``heartbeat_interval_s`` and registers again when the sidecar no longer
 knows the engine (after a restart). :meth:`~WorkerConnector.close` sends UNREGISTER.
@@ -23,11 +31,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .connector_types import ConnectorMeta, LoadIntent, SaveIntent
-from .errors import ClosedError, InvalidArgumentError, NotFoundError
+from .errors import ClosedError, InvalidArgumentError, NotFoundError, RequestTimeoutError
 
-__all__ = ["WorkerConnector", "WorkerStats"]
+__all__ = ["WorkerConnector", "WorkerStats", "LOAD_GRACE_S"]
 
 _log = logging.getLogger("kvtier_vllm.worker")
+
+#: How long past a LOAD's not-after time its blocks are kept when no reply came: a chunk copy
+#: the sidecar started just before that time completes within it.
+LOAD_GRACE_S = 1.0
+#: The sidecar's LOAD deadline when the worker names none (docs/protocol.md 4.9).
+_DEFAULT_LOAD_DEADLINE_S = 20.0
 
 
 @dataclass
@@ -49,6 +63,8 @@ class _Transfer:
     request_id: str
     pending: Any  # client Pending, or None when the send itself failed
     intent: Any
+    #: Monotonic seconds before which the blocks are kept if no reply comes (see the module).
+    hold_until: float = 0.0
 
 
 class WorkerConnector:
@@ -173,20 +189,30 @@ class WorkerConnector:
         self._pending_saves = tuple(meta.saves)
         self._touch()
 
-    def wait_for_save(self, synchronize: Callable[[], None] | None = None) -> None:
-        """vLLM ``wait_for_save``: sends the saves of the current metadata. ``synchronize`` runs
-        first (on a GPU: the current CUDA stream's synchronize, so the KV writes of this step are
-        complete before the sidecar reads the blocks from another process). Does not wait for the
-        sidecar: blocks stay valid because the scheduler delays the free of requests with saves
-        and :meth:`handle_preemptions` waits for saves of preempted ones."""
+    def wait_for_save(
+        self,
+        synchronize: Callable[[], None] | None = None,
+        cuda_event: Callable[[], bytes] | None = None,
+    ) -> None:
+        """vLLM ``wait_for_save``: sends the saves of the current metadata. The KV writes of this
+        step must be complete before the sidecar reads the blocks from another process: on a GPU,
+        ``cuda_event`` records an interprocess CUDA event on the current stream and returns its
+        64-byte IPC handle, which every SAVE carries (the sidecar's copies wait for it on the
+        GPU, so nothing here waits for the GPU); otherwise ``synchronize`` runs first (a stream
+        synchronize). Does not wait for the sidecar: blocks stay valid because the scheduler
+        delays the free of requests with saves and :meth:`handle_preemptions` waits for saves of
+        preempted ones."""
         self._open()
         saves, self._pending_saves = self._pending_saves, ()
         if not saves:
             return
-        if synchronize is not None:
+        event = None
+        if cuda_event is not None:
+            event = cuda_event()
+        elif synchronize is not None:
             synchronize()
         for s in saves:
-            self._start_save(s)
+            self._start_save(s, event)
         self._touch()
 
     def handle_preemptions(self, request_ids: Iterable[str], timeout_s: float | None = None) -> bool:
@@ -199,9 +225,11 @@ class WorkerConnector:
         deadline = None if timeout_s is None else self._clock() + timeout_s
         while True:
             self.poll()
-            if not any(t.kind == "save" and t.request_id in ids for t in self._transfers):
+            saves = [t for t in self._transfers if t.kind == "save" and t.request_id in ids]
+            if not saves:
                 return True
-            if deadline is not None and self._clock() >= deadline:
+            # Never before the saves' not-after times: the sidecar may read the blocks until then.
+            if deadline is not None and self._clock() >= deadline and time.monotonic() >= max(t.hold_until for t in saves):
                 _log.warning("handle_preemptions gave up waiting for saves of %s", sorted(ids))
                 return False
             self._client.poll(timeout_ms=20)
@@ -237,9 +265,13 @@ class WorkerConnector:
             _log.debug("poll failed: %s", err)
         left: list[_Transfer] = []
         settled = 0
+        now = time.monotonic()
         for t in self._transfers:
             if t.pending is not None and not t.pending.done:
                 left.append(t)
+                continue
+            if t.pending is not None and now < t.hold_until and isinstance(t.pending.exception(), RequestTimeoutError):
+                left.append(t)  # no reply: the sidecar may still copy until the not-after time
                 continue
             settled += 1
             self._settle(t)
@@ -291,6 +323,8 @@ class WorkerConnector:
     def _start_load(self, intent: LoadIntent) -> None:
         self._stats.loads_started += 1
         self._loading[intent.request_id] = self._loading.get(intent.request_id, 0) + 1
+        deadline_s = self._load_timeout_ms / 1000 if self._load_timeout_ms else _DEFAULT_LOAD_DEADLINE_S
+        not_after = time.monotonic() + deadline_s
         try:
             pending = self._client.send_load(
                 self.engine_id,
@@ -300,20 +334,26 @@ class WorkerConnector:
                 intent.chunk_hashes,
                 deadline_ms=self._load_timeout_ms,
                 skip_blocks=intent.skip_blocks,
+                not_after_ns=int(not_after * 1e9),
             )
         except Exception as err:
             _log.warning("load of %s not sent; its blocks are reported invalid: %s", intent.request_id, err)
             pending = None
-        self._transfers.append(_Transfer("load", intent.request_id, pending, intent))
+        self._transfers.append(_Transfer("load", intent.request_id, pending, intent, not_after + LOAD_GRACE_S))
 
-    def _start_save(self, intent: SaveIntent) -> None:
+    def _start_save(self, intent: SaveIntent, cuda_event: bytes | None = None) -> None:
         self._stats.saves_started += 1
+        not_after = time.monotonic() + float(getattr(self._client, "request_timeout_s", 30.0))
         try:
-            pending = self._client.send_save(self.engine_id, intent.request_id, 0, list(intent.block_ids), intent.chunk_hashes)
+            pending = self._client.send_save(
+                self.engine_id, intent.request_id, 0, list(intent.block_ids), intent.chunk_hashes,
+                not_after_ns=int(not_after * 1e9),
+                **({"cuda_event": cuda_event} if cuda_event is not None else {}),
+            )
         except Exception as err:
             _log.warning("save of %s not sent: %s", intent.request_id, err)
             pending = None
-        self._transfers.append(_Transfer("save", intent.request_id, pending, intent))
+        self._transfers.append(_Transfer("save", intent.request_id, pending, intent, not_after))
 
     def _settle(self, t: _Transfer) -> None:
         err: BaseException | None = None
@@ -333,6 +373,11 @@ class WorkerConnector:
                 self._stats.loads_failed += 1
                 self._load_errors.update(t.intent.block_ids)
                 _log.warning("load of %s failed; its blocks are reported invalid: %s", t.request_id, err)
+                # Nobody took the lookup's pins: release them now rather than at their TTL.
+                try:
+                    self._client.cancel(t.intent.lookup_id + self._suffix)
+                except Exception as cerr:
+                    _log.debug("cancel of %s failed (the pin TTL releases it): %s", t.intent.lookup_id, cerr)
             else:
                 invalid = list(result.invalid_block_ids)
                 if invalid:
@@ -373,11 +418,26 @@ class WorkerConnector:
                 except Exception:
                     pass
 
+    def _await(self, pending: Any, timeout_ms: float) -> Any:
+        """The reply, waited for in short slices so that :meth:`close` never waits on it."""
+        end = time.monotonic() + timeout_ms / 1000
+        while True:
+            if self._hb_stop.is_set() and not pending.done:
+                raise ClosedError("the worker connector is closing")
+            left_ms = (end - time.monotonic()) * 1000
+            if left_ms <= 0 and not pending.done:
+                raise RequestTimeoutError(f"no reply within {timeout_ms:g} ms")
+            try:
+                return pending.wait(min(100.0, max(left_ms, 1.0)))
+            except RequestTimeoutError:
+                if pending.done:
+                    raise
+
     def _heartbeat_once(self, client: Any, force_register: bool = False) -> None:
         engine = self.engine_id
         timeout_ms = int(max(1.0, self._hb_interval) * 1000)
         try:
-            known = bool(client.send_heartbeat(engine).wait(timeout_ms).known)
+            known = bool(self._await(client.send_heartbeat(engine), timeout_ms).known)
         except Exception as err:
             _log.debug("heartbeat not answered: %s", err)
             return
@@ -386,7 +446,7 @@ class WorkerConnector:
             return
         if not known:
             try:
-                self._result = client.send_register(self._registration).wait(timeout_ms)
+                self._result = self._await(client.send_register(self._registration), timeout_ms)
                 self._stats.registrations += 1
                 _log.warning("sidecar had forgotten engine %s; registered again", engine)
             except Exception as err:

@@ -90,11 +90,17 @@ def _encode_fixture_request(f: dict) -> bytes:
     if t == "register":
         return P.encode_register(rid, f["registration"])
     if t == "save":
-        return P.encode_save(rid, f["engineId"], f["engineRequestId"], f["skipChunks"], f["blockIds"], bytes.fromhex(f["chunkHashes"]))
+        not_after = int(f["notAfterNs"]) if "notAfterNs" in f else None
+        event = bytes.fromhex(f["cudaEvent"]) if "cudaEvent" in f else None
+        return P.encode_save(
+            rid, f["engineId"], f["engineRequestId"], f["skipChunks"], f["blockIds"], bytes.fromhex(f["chunkHashes"]),
+            not_after_ns=not_after, cuda_event=event,
+        )
     if t == "load":
         return P.encode_load(
             rid, f["engineId"], f["engineRequestId"], f["lookupId"], f["blockIds"], bytes.fromhex(f["chunkHashes"]),
             deadline_ms=f["deadlineMs"], state_slot=f["stateSlot"], skip_blocks=f.get("skipBlocks", 0),
+            not_after_ns=int(f["notAfterNs"]) if "notAfterNs" in f else None,
         )
     if t == "hold":
         return P.encode_hold(rid, f["engineId"], f["engineRequestId"], f["lookupId"])
@@ -396,3 +402,12 @@ def test_encoders_accept_arrays_and_limits():
     # a lookup's config carries only what differs from the defaults
     assert P.encode_lookup(1, "a", [NS], b"", []).endswith(struct.pack("<I", 0))
     assert P.encode_lookup(1, "a", [NS], b"", [], prefetch=False).endswith(b'{"prefetch":false}')
+
+
+def test_save_cuda_event_must_be_a_64_byte_handle():
+    h = bytes(32)
+    with pytest.raises(InvalidArgumentError, match="cuda_event must be 64 bytes"):
+        P.encode_save(1, "e", "r", 0, [0], h, cuda_event=bytes(63))
+    # Without a not-after time the event is preceded by a zero one.
+    frame = P.encode_save(1, "e", "r", 0, [0], h, cuda_event=bytes(range(64)))
+    assert frame[-72:-64] == bytes(8) and frame[-64:] == bytes(range(64))

@@ -147,7 +147,7 @@ def test_finished_vs_preempted(f):
     lk, sc = f
     a = prompt("a", 100)
     matched(f, a, 0, 32)
-    assert sc.request_finished(ConnectorRequest(a.request_id, a.prompt_token_ids, aborted=True), []) == (False, {"stored_tokens": 32})
+    assert sc.request_finished(ConnectorRequest(a.request_id, a.prompt_token_ids, aborted=True), []) == (False, None)
     assert lk.canceled == ["a#1"]
     b = prompt("b", 100)
     sc.get_num_new_matched_tokens(b, 0)
@@ -157,23 +157,76 @@ def test_finished_vs_preempted(f):
     matched(f, c, 0, 32)
     sc.update_state_after_alloc(c, table(25), 32)
     first = sc.build_connector_meta()
-    assert sc.request_finished(c, []) == (True, {"stored_tokens": 32})
-    assert list(first.finished) + list(sc.build_connector_meta().finished) == [
+    # Loading: vLLM keeps the blocks itself until finished_recving names the request.
+    assert sc.request_finished(c, []) == (False, None)
+    d = prompt("d", 100)
+    matched(f, d, 0, 0)
+    sc.update_state_after_alloc(d, table(25), 0)
+    second = sc.build_connector_meta([ScheduledRequest(d, table(25), 0, 100)])
+    assert second.saves
+    assert sc.request_finished(d, []) == (True, None), "saves may still read the blocks"
+    assert list(first.finished) + list(second.finished) + list(sc.build_connector_meta().finished) == [
         RequestEnd("a", "aborted", False),
         RequestEnd("b", "finished", False),
-        RequestEnd("c", "finished", True),
+        RequestEnd("c", "finished", False),
+        RequestEnd("d", "finished", True),
     ]
     assert sc.tracked_requests == 0
-    # Preemption releases nothing and drops an unsent load; the cached answer is reused.
+    # Preemption drops an unsent load; the next ask looks up afresh (the request's own saved
+    # chunks count too) and the old answer's pins go once the new one is in.
     p = prompt("p", 100)
     matched(f, p, 0, 32)
     sc.update_state_after_alloc(p, table(25), 32)
     sc.request_preempted(p)
     meta = sc.build_connector_meta()
     assert meta.loads == () and meta.preempted() == ["p"]
-    n = len(lk.calls)
-    assert sc.get_num_new_matched_tokens(p, 0) == (32, True)
-    assert len(lk.calls) == n and "p#1" not in lk.canceled
+    assert sc.get_num_new_matched_tokens(p, 0) == (None, False)
+    assert lk.calls[-1][0] == "p#2" and "p#1" not in lk.canceled, "the old pins stay while the new lookup runs"
+    lk.answers["p#2"] = 48
+    assert sc.get_num_new_matched_tokens(p, 0) == (48, True)
+    assert "p#1" in lk.canceled
+
+
+def test_asked_again_after_admission_looks_up_afresh(f):
+    """vLLM may ask about a preempted request before build_connector_meta tells the connector
+    of the preemption: an ask after an admission is a new admission."""
+    lk, sc = f
+    r = prompt("r", 100)
+    matched(f, r, 0, 0)
+    sc.update_state_after_alloc(r, table(25), 0)
+    assert sc.get_num_new_matched_tokens(r, 0) == (None, False)
+    assert lk.calls[-1][0] == "r#2"
+
+
+def test_a_failed_load_is_not_offered_again_and_failures_pause_offers():
+    lk = FakeLookup()
+    now = [100.0]
+    sc = SchedulerConnector(lk, BLOCK, CHUNK, clock=lambda: now[0])
+    f = (lk, sc)
+
+    def fail_load(rid, hit):
+        req = prompt(rid, 100)
+        assert matched(f, req, 0, hit) == (hit, True)
+        blocks = table(25, base=1000 + 100 * len(lk.calls))
+        sc.update_state_after_alloc(req, blocks, hit)
+        sc.build_connector_meta()
+        # chunk 1 fails: its blocks and the later ones are invalid
+        sc.update_connector_output(ConnectorOutput(finished_recving={rid}, invalid_block_ids=set(blocks[BPC:])))
+        return req
+
+    x = fail_load("x", 48)
+    assert not sc.offers_paused, "one failure does not pause offers"
+    # asked again (vLLM recomputes from the failed block): chunks from the failed one are never offered
+    assert sc.get_num_new_matched_tokens(x, 0) == (None, False)
+    lk.answers[lk.calls[-1][0]] = 48
+    assert sc.get_num_new_matched_tokens(x, 0) == (16, True)
+    fail_load("y", 32)
+    assert sc.offers_paused, "two failed loads in a row pause offers"
+    z = prompt("z", 100)
+    assert sc.get_num_new_matched_tokens(z, 0) == (0, False)
+    now[0] += 1.5
+    assert not sc.offers_paused
+    assert sc.get_num_new_matched_tokens(z, 0) == (None, False)
 
 
 def test_after_a_load_a_preempted_request_looks_up_afresh_and_reset(f):

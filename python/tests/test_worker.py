@@ -30,6 +30,9 @@ class FakePending:
             raise self.error
         return self.value
 
+    def exception(self):
+        return self.error if self.settled else None
+
     def wait(self, timeout_ms=None):
         return self.result()
 
@@ -38,6 +41,9 @@ class FakeClient:
     def __init__(self, known=True):
         self.sent, self.known, self.closed = [], known, False
         self.lock = threading.Lock()
+        self.not_after: list = []
+        self.cuda_events: list = []
+        self.canceled: list = []
 
     def _add(self, kind, *args, value=None):
         p = FakePending(value)
@@ -48,11 +54,17 @@ class FakeClient:
     def send_register(self, reg):
         return self._add("register", reg["engineId"], value=SimpleNamespace(engine_id=reg["engineId"], namespace=b"\0" * 16, chunk_size=16, block_size=4))
 
-    def send_load(self, engine, rid, lookup_id, block_ids, hashes, deadline_ms=0, state_slot=-1, skip_blocks=0):
+    def send_load(self, engine, rid, lookup_id, block_ids, hashes, deadline_ms=0, state_slot=-1, skip_blocks=0, not_after_ns=None):
+        self.not_after.append(not_after_ns)
         return self._add("load", rid, lookup_id, tuple(block_ids), skip_blocks)
 
-    def send_save(self, engine, rid, skip, block_ids, hashes):
+    def send_save(self, engine, rid, skip, block_ids, hashes, not_after_ns=None, cuda_event=None):
+        self.not_after.append(not_after_ns)
+        self.cuda_events.append(cuda_event)
         return self._add("save", rid, tuple(block_ids))
+
+    def cancel(self, lookup_id):
+        self.canceled.append(lookup_id)
 
     def send_request_finished(self, engine, rid, kind):
         return self._add("finished", rid, kind, value=SimpleNamespace(released=True))
@@ -98,7 +110,7 @@ def test_loads_return_at_once_outcomes_and_errors_drained_once(w):
     assert a_args[1] == "a#1@r1" and b_args[3] == 1, "this rank's lookup id; skip_blocks passed on"
     assert wc.get_finished() == (set(), set())
     a.settle(SimpleNamespace(loaded_tokens=8, invalid_block_ids=[3, 4]))
-    b.settle(error=RequestTimeoutError("sidecar gone"))
+    b.settle(error=InvalidArgumentError("refused by the sidecar"))
     assert wc.get_finished()[1] == {"a", "b"}
     assert wc.get_block_ids_with_load_errors() == {3, 4, 5, 6, 7, 8}
     assert wc.get_finished() == (set(), set())
@@ -118,6 +130,23 @@ def test_saves_at_wait_for_save_after_synchronize_and_delayed_free(w):
     c.of("save")[0][1].settle(SimpleNamespace(saved=1, skipped=0, dropped=0))
     assert wc.get_finished()[0] == {"a"}
     assert wc.get_finished()[0] == set()
+
+
+def test_saves_carry_the_recorded_cuda_event_instead_of_a_synchronize(w):
+    c, wc = w
+    handle = bytes(range(64))
+    recorded = []
+    wc.start_load_kv(ConnectorMeta(saves=(save("a"), save("b"))))
+    wc.wait_for_save(
+        synchronize=lambda: pytest.fail("no synchronize when saves carry an event"),
+        cuda_event=lambda: recorded.append(len(c.of("save"))) or handle,
+    )
+    assert recorded == [0], "the event is recorded once, before the SAVEs are sent"
+    assert [a[0] for a, _ in c.of("save")] == ["a", "b"]
+    assert c.cuda_events == [handle, handle]
+    wc.start_load_kv(ConnectorMeta(saves=(save("c"),)))
+    wc.wait_for_save(lambda: None)
+    assert c.cuda_events[-1] is None, "without an event recorder the SAVE carries none"
 
 
 def test_preemption_sends_nothing_and_waits_for_saves(w):
@@ -187,3 +216,39 @@ def test_a_failed_first_registration_is_retried_by_the_heartbeat_thread():
         time.sleep(0.01)
     assert wc.engine_id == "e"
     wc.close()
+
+
+def test_transfers_without_a_reply_keep_their_blocks_until_the_not_after_time():
+    """A SAVE or LOAD that got no reply (frozen or lost sidecar) may still be read by the sidecar
+    until its not-after time: the request is not reported before then. One the sidecar answered,
+    even with an error, is settled at once."""
+    c = FakeClient()
+    c.request_timeout_s = 0.3
+    w = WorkerConnector(c, load_timeout_ms=300)
+    w.register_kv_caches({"engineId": "e0"})
+    sent_at = time.monotonic()
+    w.start_load_kv(ConnectorMeta(loads=(load("a", [1, 2, 3, 4]),), saves=(SaveIntent("s", 0, (5, 6, 7, 8), b"\0" * 32),)))
+    w.wait_for_save()
+    w.start_load_kv(ConnectorMeta(finished=(RequestEnd("s", "finished", True),)))
+    (_, lp), = c.of("load")
+    (_, sp), = c.of("save")
+    assert all(n is not None and abs(n / 1e9 - sent_at - 0.3) < 0.25 for n in c.not_after), "the deadlines, on the monotonic clock"
+    lp.settle(error=RequestTimeoutError("sidecar down"))
+    sp.settle(error=RequestTimeoutError("sidecar down"))
+    assert w.get_finished(set()) == (set(), set()), "kept: the sidecar may still copy"
+    assert w.get_block_ids_with_load_errors() == set()
+    deadline = time.monotonic() + 10
+    sending, recving, errors = set(), set(), set()
+    while not (sending and recving):
+        s, r = w.get_finished(set())
+        sending |= s
+        recving |= r
+        errors |= w.get_block_ids_with_load_errors()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert time.monotonic() - sent_at >= 0.3, "not before the not-after time"
+    assert (sending, recving, errors) == ({"s"}, {"a"}, {1, 2, 3, 4})
+    # answered with an error: settled at once
+    w.start_load_kv(ConnectorMeta(loads=(load("b", [9, 10, 11, 12]),)))
+    c.of("load")[-1][1].settle(error=InvalidArgumentError("refused"))
+    assert w.get_finished(set()) == (set(), {"b"})

@@ -4,7 +4,8 @@ import { availableParallelism } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { abortedError, KvtierError, type KvtierErrorCode } from '../errors.ts';
-import { requireInt } from '../util/validate.ts';
+import { requireInt, requireOneOf } from '../util/validate.ts';
+import { type NativeFileIo, RAW_FILE_FUNCTIONS, type RawFileIo, wrapFileIo } from './file-io.ts';
 
 /**
  * The one declaration of the `native-cuda` addon's surface (`kvtier_native.node`) and its
@@ -131,8 +132,44 @@ export interface DeviceOptions {
 /** Direction of a device batch: host to device, or device to host. */
 export type CopyDirection = 'h2d' | 'd2h';
 
+/**
+ * How a device batch is issued (native-cuda/src/cuda_copy.h): `memcpy` one cudaMemcpyAsync per
+ * coalesced run; `batch` one cudaMemcpyBatchAsync; `kernel` one gather/scatter kernel reading
+ * and writing the pinned host pages through their device mapping (small blocks at the link's
+ * rate; falls back to memcpy when a host buffer is not mapped pinned memory); `staged` the host
+ * side as long contiguous spans by DMA through a 16 MiB device staging buffer, the blocks
+ * scattered or gathered there by the kernel; `auto` (default; `KVTIER_CUDA_COPY` overrides it)
+ * staged when the host side forms spans of 512 KiB or more on average (a chunk's payload) and
+ * runs average 16 KiB or more, else the kernel for runs under 1 MiB on average whose host memory
+ * is mapped, else memcpy.
+ */
+export type DeviceCopyMethod = 'auto' | 'memcpy' | 'batch' | 'kernel' | 'staged';
+
+/** Options of {@link NativeAddon.copyBatchDevice}. */
+export interface DeviceCopyOptions extends DeviceOptions {
+  /** Default 'auto'. */
+  method?: DeviceCopyMethod;
+  /**
+   * A 64-byte `cudaIpcEventHandle_t` another process recorded after writing the device bytes
+   * (an interprocess event): the copies start only after it has completed.
+   */
+  waitEvent?: Uint8Array;
+  /** Checked before the batch starts; a started batch runs to completion. */
+  signal?: AbortSignal;
+}
+
+/**
+ * Device copy batches so far in this process, by the method that ran them: their coalesced runs
+ * and bytes, and the time spent planning them (validation, coalescing, host mappings), issuing
+ * them and waiting for them, summed over batches (ms).
+ */
+export type DeviceCopyCounts = Record<
+  'memcpy' | 'batch' | 'kernel' | 'staged',
+  { batches: number; runs: number; bytes: number; planMs: number; issueMs: number; waitMs: number }
+>;
+
 /** The addon's exports as the C++ side registers them (native-cuda/src/addon.cc). */
-interface RawAddon {
+interface RawAddon extends RawFileIo {
   probe(): NativeProbe;
   allocSlab(bytes: number): ArrayBuffer;
   prefaultAsync(buffer: CopyBuffer): Promise<number>;
@@ -155,7 +192,9 @@ interface RawAddon {
     deviceRegions: BigUint64Array,
     ops: Float64Array,
     device: number,
+    options: { method?: string; waitEvent?: Uint8Array },
   ): Promise<number>;
+  deviceCopyCounts(): DeviceCopyCounts;
 }
 
 /**
@@ -167,6 +206,8 @@ export interface NativeAddon {
   readonly path: string;
   /** Capabilities; the CUDA part is probed once per process. Never throws. */
   probe(): NativeProbe;
+  /** Whole-object file operations for the file tiers (file-io.ts). */
+  readonly files: NativeFileIo;
   /**
    * Page-aligned, zero-filled host memory of `bytes` (1..1 GiB), pinned with CUDA when CUDA is
    * available. Throws `KVT_TOO_LARGE` above 1 GiB, `KVT_CAPACITY` when the host is out of memory.
@@ -254,18 +295,22 @@ export interface NativeAddon {
   /** Frees memory from {@link NativeAddon.cudaMalloc}. Needs CUDA. */
   cudaFree(ptr: bigint, options?: DeviceOptions): void;
   /**
-   * Copies between host buffers and device regions with cudaMemcpyAsync on one stream; ops are
+   * Copies between host buffers and device regions on a fresh stream, by the method of
+   * `options.method` ({@link DeviceCopyMethod}); ops are
    * `[hostIndex, hostOffset, deviceIndex, deviceOffset, length]` whatever the direction, all
-   * bounds-checked first, adjacent ones coalesced. Resolves (with the number of copies) once a
-   * completion event fired. Rejects `KVT_BACKEND` / `ERR_NO_CUDA` without CUDA.
+   * bounds-checked first, adjacent ones coalesced. With `waitEvent` the stream first waits for
+   * that interprocess event. Resolves (with the number of coalesced copies) once a completion
+   * event fired. Rejects `KVT_BACKEND` / `ERR_NO_CUDA` without CUDA.
    */
   copyBatchDevice(
     direction: CopyDirection,
     hostBuffers: readonly CopyBuffer[],
     deviceRegions: readonly DeviceRegion[],
     ops: Float64Array,
-    options?: DeviceOptions & { signal?: AbortSignal },
+    options?: DeviceCopyOptions,
   ): Promise<number>;
+  /** Device copy batches this process ran, by method (all zero without CUDA). Never throws. */
+  deviceCopyCounts(): DeviceCopyCounts;
 }
 
 /** Result of {@link loadNative}: the addon, or why it could not be loaded. */
@@ -301,7 +346,9 @@ function tryLoad(): LoadNativeResult {
   }
   try {
     const raw = createRequire(import.meta.url)(path) as RawAddon;
-    const missing = RAW_FUNCTIONS.filter((f) => typeof raw[f] !== 'function');
+    const missing = [...RAW_FUNCTIONS, ...RAW_FILE_FUNCTIONS].filter(
+      (f) => typeof raw[f] !== 'function',
+    );
     if (missing.length > 0) {
       return {
         addon: null,
@@ -332,6 +379,7 @@ const RAW_FUNCTIONS: readonly (keyof RawAddon)[] = [
   'cudaMalloc',
   'cudaFree',
   'copyBatchDevice',
+  'deviceCopyCounts',
   'prefaultAsync',
 ];
 
@@ -374,6 +422,7 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
   return {
     path,
     probe: () => raw.probe(),
+    files: wrapFileIo(raw, toNativeError),
     allocSlab: (bytes) =>
       guard(() => raw.allocSlab(requireInt('bytes', bytes, 1, MAX_NATIVE_SLAB_BYTES))),
     prefault: async (buffer) =>
@@ -430,6 +479,7 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
         throw toNativeError(err);
       }),
     cudaDeviceUuids: () => guard(() => raw.cudaDeviceUuids()),
+    deviceCopyCounts: () => raw.deviceCopyCounts(),
     cudaIpcOpenMemHandle: (handle, options) =>
       guard(() => raw.cudaIpcOpen(handle, deviceOf(options))),
     cudaIpcCloseMemHandle: (ptr, options) => guard(() => raw.cudaIpcClose(ptr, deviceOf(options))),
@@ -446,11 +496,25 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
         regions[2 * i + 1] = BigInt(requireInt(`deviceRegions[${i}].bytes`, r.bytes, 0));
       });
       const device = deviceOf(options);
-      return guard(() => raw.copyBatchDevice(direction, hostBuffers, regions, ops, device)).catch(
-        (err: unknown) => {
-          throw toNativeError(err);
-        },
-      );
+      const extra = {
+        ...(options.method !== undefined
+          ? {
+              method: requireOneOf('method', options.method, [
+                'auto',
+                'memcpy',
+                'batch',
+                'kernel',
+                'staged',
+              ] as const),
+            }
+          : {}),
+        ...(options.waitEvent !== undefined ? { waitEvent: options.waitEvent } : {}),
+      };
+      return guard(() =>
+        raw.copyBatchDevice(direction, hostBuffers, regions, ops, device, extra),
+      ).catch((err: unknown) => {
+        throw toNativeError(err);
+      });
     },
   };
 }

@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdir } from 'node:fs/promises';
 import { createServer } from 'node:net';
+import { dyingWithParent } from '../util/parent-death.ts';
 
 /**
  * The Redis servers `kvtier simulate` owns: a Redis tier of a given size (`maxmemory` with LRU
@@ -57,7 +58,8 @@ export class PrivateRedis {
         ? []
         : ['--maxmemory', String(this.maxMemoryBytes), '--maxmemory-policy', 'allkeys-lru']),
     ];
-    const p = spawn(program, args, { stdio: ['ignore', 'pipe', 'ignore'] });
+    // Killed with this process even when it is killed first (no orphaned servers).
+    const p = spawn(...dyingWithParent(program, args), { stdio: ['ignore', 'pipe', 'ignore'] });
     this.#proc = p;
     await new Promise<void>((resolve, reject) => {
       let out = '';

@@ -14,6 +14,15 @@ export interface DeviceSurface {
 /** What copy ops address: host memory (arena pages) or an opened device surface. */
 export type CopySurface = Uint8Array | DeviceSurface;
 
+/** Per-batch options of {@link CopyEngine.copy}. */
+export interface CopyOptions {
+  /**
+   * A CUDA interprocess event (64-byte `cudaIpcEventHandle_t`) the engine recorded after writing
+   * the blocks: device-to-host copies wait for it on the GPU. Ignored by engines without CUDA.
+   */
+  waitEvent?: Uint8Array;
+}
+
 /**
  * Copies between surfaces off the event loop. `ops` is a flat list of 5-tuples
  * `[srcSurface, srcOffset, dstSurface, dstOffset, length]` indexing `surfaces` (the shape the
@@ -34,5 +43,7 @@ export interface CopyEngine {
    * `openCuda`. Registrations name their GPU by UUID and are opened on its index here.
    */
   cudaDevices?(): readonly string[];
-  copy(surfaces: readonly CopySurface[], ops: Float64Array): Promise<void>;
+  copy(surfaces: readonly CopySurface[], ops: Float64Array, options?: CopyOptions): Promise<void>;
+  /** What the engine is and can do, for PING and logs (`kind`, and `cuda` where it applies). */
+  describe?(): Record<string, unknown>;
 }

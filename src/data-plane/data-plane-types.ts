@@ -19,6 +19,19 @@ export interface DataPlaneOptions {
   sweepIntervalMs?: number;
   /** Clock for heartbeats and load deadlines (ms); default Date.now. */
   now?: () => number;
+  /**
+   * Payload bytes of one copy batch: a save or load copies consecutive chunks in groups of up
+   * to this many bytes (a larger chunk alone); default 128 MiB. A load checks its request's end,
+   * its signal and its deadline before each group.
+   */
+  copyGroupBytes?: number;
+  /** Copy groups of one save or load in flight at once; 1..64, default 2. */
+  copyGroupsInFlight?: number;
+  /**
+   * The host's monotonic clock in ns (`CLOCK_MONOTONIC`), which SAVE and LOAD not-after times
+   * are read on; default `process.hrtime.bigint`.
+   */
+  monotonicNs?: () => bigint;
   log?: Logger;
 }
 
@@ -31,6 +44,16 @@ export interface SaveRequest {
   chunkHashes: readonly ChunkHash[];
   /** Leading chunks the engine knows are stored; default 0. */
   skipChunks?: number;
+  /**
+   * On the `monotonicNs` clock: a copy that finishes later is discarded (its chunks count as
+   * dropped) and none starts past it. Default: none.
+   */
+  notAfterNs?: bigint;
+  /**
+   * A CUDA interprocess event handle (64 bytes) the engine recorded after writing the blocks:
+   * the device-to-host copies wait for it on the GPU (engines without CUDA ignore it).
+   */
+  cudaEvent?: Uint8Array;
 }
 
 /** Chunk counts of a save; they add up to the number of chunk hashes. */
@@ -61,6 +84,8 @@ export interface LoadRequest {
   skipBlocks?: number;
   /** Chunks not started by this time (on the `now` clock, ms) are reported invalid. */
   deadlineMs?: number;
+  /** Chunks not started by this time (on the `monotonicNs` clock) are reported invalid. */
+  notAfterNs?: bigint;
   /** Slot of the registered state file to set to DONE or FAILED. */
   stateSlot?: number;
   /** In-process completion word (element 0), set with `Atomics.store` and notified. */

@@ -1,4 +1,4 @@
-import type { ChunkHash } from '../backends/types.ts';
+import type { Chunk, ChunkHash } from '../backends/types.ts';
 import { closedError, KvtierError } from '../errors.ts';
 import type {
   PinnedLookup,
@@ -7,14 +7,15 @@ import type {
 } from '../storage-manager/storage-manager.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
-import type { CopyEngine, CopySurface } from './copy-engine-types.ts';
-import {
-  type DataPlaneOptions,
-  LOAD_STATE,
-  type LoadRequest,
-  type LoadResult,
-  type SaveRequest,
-  type SaveResult,
+import type { CopyEngine } from './copy-engine-types.ts';
+import { COPY_GROUP_BYTES, COPY_GROUPS_IN_FLIGHT, copyChunks } from './copy-groups.ts';
+import { checkHashes, hasRepeat, writeLoadState } from './data-plane-support.ts';
+import type {
+  DataPlaneOptions,
+  LoadRequest,
+  LoadResult,
+  SaveRequest,
+  SaveResult,
 } from './data-plane-types.ts';
 import {
   cudaDeviceFor,
@@ -24,13 +25,11 @@ import {
 } from './engine-state.ts';
 import { createFsCopyEngine } from './fs-copy-engine.ts';
 import {
-  chunkOpSlots,
   chunkPayloadBytes,
   type KvLayout,
   type KvRegistration,
   resolveKvRegistration,
   splitBlocks,
-  writeChunkOps,
 } from './kv-layout.ts';
 
 export type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
@@ -54,18 +53,34 @@ const DEFAULTS = { heartbeatTimeoutMs: 30_000, sweepIntervalMs: 5000 };
 export class DataPlane {
   readonly #storage: StorageManager;
   readonly #copy: CopyEngine;
+  readonly #grouping: { groupBytes: number; inFlight: number };
   readonly #now: () => number;
+  readonly #monoNs: () => bigint;
   readonly #log: Logger;
   readonly #heartbeatTimeoutMs: number;
   readonly #engines = new Map<string, EngineState>();
   readonly #timer: ReturnType<typeof setInterval> | undefined;
+  #saves = 0;
+  #loads = 0;
+  #lateSaves = 0;
+  #lateLoads = 0;
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
   constructor(opts: DataPlaneOptions) {
     this.#storage = opts.storage;
     this.#copy = opts.copyEngine ?? createFsCopyEngine();
+    this.#grouping = {
+      groupBytes: requireInt('copyGroupBytes', opts.copyGroupBytes ?? COPY_GROUP_BYTES, 1),
+      inFlight: requireInt(
+        'copyGroupsInFlight',
+        opts.copyGroupsInFlight ?? COPY_GROUPS_IN_FLIGHT,
+        1,
+        64,
+      ),
+    };
     this.#now = opts.now ?? Date.now;
+    this.#monoNs = opts.monotonicNs ?? process.hrtime.bigint;
     this.#log = opts.log ?? silentLogger;
     this.#heartbeatTimeoutMs = requireInt(
       'heartbeatTimeoutMs',
@@ -138,11 +153,21 @@ export class DataPlane {
    * Gathers each chunk not skipped and not already in the CPU tier from every region straight
    * into host memory reserved by the storage manager, then commits it there (indexed, pinned
    * until written through to the lower tiers; no second copy). Resolves when the blocks may be
-   * reused.
+   * reused. Past `notAfterNs` nothing is copied, and a copy that finishes after it is discarded:
+   * the engine may have reused the blocks by then (its chunks count as dropped).
    * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`, or the copy
    *   engine's error (nothing is indexed then).
    */
   async save(req: SaveRequest): Promise<SaveResult> {
+    try {
+      return await this.#save(req);
+    } finally {
+      this.#saves++;
+    }
+  }
+
+  async #save(req: SaveRequest): Promise<SaveResult> {
+    const t0 = performance.now();
     const eng = this.#engine(req.engineId);
     const { layout } = eng;
     const hashes = checkHashes(req.chunkHashes, 'save');
@@ -150,10 +175,15 @@ export class DataPlane {
     const skip = requireInt('save.skipChunks', req.skipChunks ?? 0, 0, hashes.length);
     const ns = layout.namespace.id;
     const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
+    if (this.#late(req.notAfterNs)) {
+      this.#lateSaves++;
+      result.dropped = hashes.length - skip;
+      return result;
+    }
     const pending: StorageReservation[] = [];
     const pendingIds: Uint32Array[] = [];
+    let copyMs = 0;
     try {
-      let slots = 0;
       for (let i = skip; i < hashes.length; i++) {
         const ids = chunks[i]!;
         const bytes = chunkPayloadBytes(layout, ids.length);
@@ -163,26 +193,37 @@ export class DataPlane {
         else {
           pending.push(r);
           pendingIds.push(ids);
-          slots += chunkOpSlots(layout, ids.length);
         }
       }
-      // The op table is filled in place: block ids go from the decoded Uint32Array straight to it.
-      const surfaces: CopySurface[] = [...eng.surfaces];
-      const ops = new Float64Array(slots);
-      let at = 0;
-      for (let k = 0; k < pending.length; k++) {
-        const payload = surfaces.push(pending[k]!.view) - 1;
-        at = writeChunkOps(ops, at, layout, 'gather', pendingIds[k]!, eng.regionSurface, payload);
-      }
-      await this.#track(eng, this.#copy.copy(surfaces, ops));
+      const copied = await this.#track(
+        eng,
+        copyChunks(
+          this.#copy,
+          eng,
+          'gather',
+          pending.map((r, k) => ({ ids: pendingIds[k]!, payload: r.view })),
+          req.cudaEvent === undefined
+            ? this.#grouping
+            : { ...this.#grouping, copy: { waitEvent: req.cudaEvent } },
+        ),
+      );
+      if (copied.error !== undefined) throw copied.error;
+      copyMs = copied.ms;
     } catch (err) {
       for (const r of pending) r.abort();
       throw err;
+    }
+    if (this.#late(req.notAfterNs)) {
+      for (const r of pending) r.abort();
+      this.#lateSaves++;
+      result.dropped += pending.length;
+      return result;
     }
     for (const r of pending) {
       const outcome = r.commit();
       result[outcome === 'stored' ? 'saved' : outcome === 'exists' ? 'skipped' : 'dropped']++;
     }
+    this.#log.debug('save', { ...result, copyMs, ms: performance.now() - t0 });
     return result;
   }
 
@@ -206,8 +247,9 @@ export class DataPlane {
    * Scatters the lookup's pinned chunks into the blocks and releases the pins. Chunks are matched
    * by hash against the pinned set; a chunk that is not pinned, gone, malformed, past the deadline
    * or cut short by the request's end, and every chunk after it, are reported in
-   * `invalidBlockIds`, never as loaded. `signal` and `deadlineMs` are checked between chunks (a
-   * chunk being copied completes). Chunk `i` goes to `blockIds[i * blocksPerChunk ...]`; with
+   * `invalidBlockIds`, never as loaded. The chunks are copied in groups (`copyGroupBytes`, a few in
+   * flight); `signal`, `deadlineMs` and `notAfterNs` are checked before each group is started
+   * (a group being copied completes). Chunk `i` goes to `blockIds[i * blocksPerChunk ...]`; with
    * `skipBlocks = s` only blocks `s..` of the first chunk are written (to `blockIds[0 ...]`), the
    * later chunks' ranges move down by `s`, and `loadedTokens` counts only written blocks.
    *
@@ -219,6 +261,15 @@ export class DataPlane {
    * @throws KvtierError `KVT_INVALID_ARGUMENT`, `KVT_NOT_FOUND` (engine), `KVT_CLOSED`.
    */
   async load(req: LoadRequest, opts: { signal?: AbortSignal } = {}): Promise<LoadResult> {
+    try {
+      return await this.#load(req, opts);
+    } finally {
+      this.#loads++;
+    }
+  }
+
+  async #load(req: LoadRequest, opts: { signal?: AbortSignal }): Promise<LoadResult> {
+    const t0 = performance.now();
     let eng: EngineState | undefined;
     let result: LoadResult | undefined;
     try {
@@ -241,16 +292,21 @@ export class DataPlane {
       try {
         result = await this.#track(
           eng,
-          this.#scatter(eng, state, pinned, hashes, chunks, skip, req.deadlineMs, opts.signal),
+          this.#scatter(eng, state, pinned, hashes, chunks, skip, req, opts.signal),
         );
       } finally {
         if (pinned !== undefined) this.#storage.releaseLookup(pinned);
         state.active--;
         if (state.finished && state.active === 0) eng.requests.delete(req.requestId);
       }
+      this.#log.debug('load', {
+        loadedTokens: result.loadedTokens,
+        invalidBlocks: result.invalidBlockIds.length,
+        ms: performance.now() - t0,
+      });
       return result;
     } finally {
-      await this.#setState(eng, req, result !== undefined && result.invalidBlockIds.length === 0);
+      await writeLoadState(this.#copy, this.#log, eng?.stateSurface, req, result);
     }
   }
 
@@ -261,9 +317,10 @@ export class DataPlane {
     hashes: readonly ChunkHash[],
     chunks: Uint32Array[],
     skipBlocks: number,
-    deadlineMs: number | undefined,
+    req: LoadRequest,
     signal: AbortSignal | undefined,
   ): Promise<LoadResult> {
+    const { deadlineMs, notAfterNs } = req;
     const { layout } = eng;
     const ns = layout.namespace.id;
     const ready =
@@ -272,18 +329,14 @@ export class DataPlane {
         : new Set<ChunkHash>();
     const wanted = hashes.filter((h) => ready.has(h));
     const found = wanted.length === 0 ? new Map() : await this.#storage.hostChunks(ns, wanted);
-    let loadedTokens = 0;
-    let i = 0;
-    for (; i < hashes.length; i++) {
-      if (state.finished || eng.gone || signal?.aborted === true) break;
-      if (deadlineMs !== undefined && this.#now() >= deadlineMs) break;
+    // The loadable prefix: every chunk up to the first that is not pinned, gone or malformed.
+    const loadable: Chunk[] = [];
+    for (let i = 0; i < hashes.length; i++) {
       const hash = hashes[i]!;
-      const ids = chunks[i]!;
       const chunk = ready.has(hash) ? found.get(hash) : undefined;
-      // Only the first chunk may start with blocks the engine already holds.
-      const skip = i === 0 ? skipBlocks : 0;
-      const blocks = skip + ids.length;
       if (chunk == null) break;
+      // Only the first chunk may start with blocks the engine already holds.
+      const blocks = (i === 0 ? skipBlocks : 0) + chunks[i]!.length;
       if (
         chunk.tokens !== blocks * layout.blockSize ||
         chunk.data.byteLength !== chunkPayloadBytes(layout, blocks)
@@ -295,46 +348,42 @@ export class DataPlane {
         });
         break;
       }
-      const ops = new Float64Array(chunkOpSlots(layout, ids.length));
-      writeChunkOps(
-        ops,
-        0,
-        layout,
-        'scatter',
-        ids,
-        eng.regionSurface,
-        eng.surfaces.length,
-        0,
-        skip,
-      );
-      try {
-        await this.#copy.copy([...eng.surfaces, chunk.data], ops);
-      } catch (err) {
-        this.#log.warn('scatter failed; chunk reported invalid', { hash, err });
-        break;
-      }
-      loadedTokens += ids.length * layout.blockSize;
+      loadable.push(chunk);
     }
-    return { loadedTokens, invalidBlockIds: chunks.slice(i).flatMap((c) => Array.from(c)) };
-  }
-
-  async #setState(eng: EngineState | undefined, req: LoadRequest, ok: boolean): Promise<void> {
-    const value = ok ? LOAD_STATE.DONE : LOAD_STATE.FAILED;
-    if (req.stateWord instanceof Int32Array && req.stateWord.length > 0) {
-      Atomics.store(req.stateWord, 0, value);
-      if (req.stateWord.buffer instanceof SharedArrayBuffer) Atomics.notify(req.stateWord, 0);
-    }
-    const slot = req.stateSlot;
-    const file = eng?.stateSurface;
-    if (file == null || !Number.isInteger(slot) || slot! < 0 || slot! * 4 + 4 > file.sizeBytes)
-      return;
-    const word = new Uint8Array(4);
-    new DataView(word.buffer).setInt32(0, value, true);
-    try {
-      await this.#copy.copy([word, file], Float64Array.of(0, 0, 1, slot! * 4, 4));
-    } catch (err) {
-      this.#log.warn('could not write the load state word', { engineId: req.engineId, slot, err });
-    }
+    // Copied in groups of chunks, a few in flight; the request's end, its engine going away, the
+    // signal, the deadline and the not-after time are checked before each group (a group being
+    // copied completes).
+    let late = false;
+    const outcome = await copyChunks(
+      this.#copy,
+      eng,
+      'scatter',
+      loadable.map((c, i) => ({
+        ids: chunks[i]!,
+        payload: c.data,
+        skip: i === 0 ? skipBlocks : 0,
+      })),
+      {
+        ...this.#grouping,
+        stop: () => {
+          if (state.finished || eng.gone || signal?.aborted === true) return true;
+          if (deadlineMs !== undefined && this.#now() >= deadlineMs) return true;
+          late = this.#late(notAfterNs);
+          return late;
+        },
+      },
+    );
+    if (late) this.#lateLoads++;
+    if (outcome.error !== undefined)
+      this.#log.warn('scatter failed; its chunks reported invalid', {
+        err: outcome.error,
+        fromChunk: outcome.copied,
+      });
+    const n = outcome.copied;
+    this.#log.debug('scatter', { chunks: hashes.length, copied: n, copyMs: outcome.ms });
+    let loadedTokens = 0;
+    for (let i = 0; i < n; i++) loadedTokens += chunks[i]!.length * layout.blockSize;
+    return { loadedTokens, invalidBlockIds: chunks.slice(n).flatMap((c) => Array.from(c)) };
   }
 
   /** Terminal end (finished or aborted): releases the request's held pins and state. In-flight loads stop at the next chunk. */
@@ -382,8 +431,26 @@ export class DataPlane {
     return stale.length;
   }
 
-  /** A JSON-friendly snapshot. */
-  stats(): { engines: number; requests: number; heldLookups: number; writeThroughDropped: number } {
+  /** The copy engine's own description (kind, CUDA availability), for PING. */
+  copyEngineInfo(): Record<string, unknown> {
+    return this.#copy.describe?.() ?? { kind: 'custom' };
+  }
+
+  /**
+   * A JSON-friendly snapshot: engines, request states and held lookups now; SAVEs and LOADs
+   * handled (answered or failed) since start, and those cut short by their not-after time
+   * (`lateSaves`: nothing stored; `lateLoads`: the chunks from there on invalid).
+   */
+  stats(): {
+    engines: number;
+    requests: number;
+    heldLookups: number;
+    writeThroughDropped: number;
+    saves: number;
+    loads: number;
+    lateSaves: number;
+    lateLoads: number;
+  } {
     let requests = 0;
     let heldLookups = 0;
     for (const e of this.#engines.values()) {
@@ -395,6 +462,10 @@ export class DataPlane {
       requests,
       heldLookups,
       writeThroughDropped: this.#storage.writeThroughDropped,
+      saves: this.#saves,
+      loads: this.#loads,
+      lateSaves: this.#lateSaves,
+      lateLoads: this.#lateLoads,
     };
   }
 
@@ -409,6 +480,11 @@ export class DataPlane {
 
   #open(): void {
     if (this.#closing !== undefined) throw closedError('data plane');
+  }
+
+  /** True once the host's monotonic clock is past a not-after time (none: never). */
+  #late(notAfterNs: bigint | undefined): boolean {
+    return notAfterNs !== undefined && notAfterNs > 0n && this.#monoNs() > notAfterNs;
   }
 
   #engine(engineId: string): EngineState {
@@ -445,24 +521,4 @@ export class DataPlane {
       eng.inflight.delete(work);
     }
   }
-}
-
-/** The hashes themselves were validated where they entered (a `ChunkHash` is never re-checked). */
-function checkHashes(hashes: readonly ChunkHash[], what: string): readonly ChunkHash[] {
-  if (!Array.isArray(hashes))
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `${what}.chunkHashes must be an array, got ${describe(hashes)}`,
-    );
-  return hashes;
-}
-
-function hasRepeat(chunks: readonly Uint32Array[]): boolean {
-  const seen = new Set<number>();
-  for (const c of chunks)
-    for (const id of c) {
-      if (seen.has(id)) return true;
-      seen.add(id);
-    }
-  return false;
 }

@@ -23,6 +23,10 @@ class FsSurface implements DeviceSurface {
 export function createFsCopyEngine(opts: { concurrency?: number } = {}): CopyEngine {
   const concurrency = requireInt('copyEngine.concurrency', opts.concurrency ?? 16, 1, 1024);
   return {
+    describe: () => ({
+      kind: 'file-io',
+      cuda: { available: false, reason: 'native addon not loaded' },
+    }),
     async openFile(path) {
       const handle = await open(path, 'r+');
       try {

@@ -20,7 +20,7 @@ export function instrumentCopyEngine(inner: CopyEngine, metrics: KvtierMetrics):
   const counter = metrics.dataPlaneBytes;
   const out: CopyEngine = {
     openFile: (path) => inner.openFile(path),
-    async copy(surfaces, ops) {
+    async copy(surfaces, ops, options) {
       let save = 0;
       let load = 0;
       for (let i = 0; i + OP_FIELDS <= ops.length; i += OP_FIELDS) {
@@ -29,7 +29,7 @@ export function instrumentCopyEngine(inner: CopyEngine, metrics: KvtierMetrics):
         if (src && !dst) load += ops[i + 4]!;
         else if (!src && dst) save += ops[i + 4]!;
       }
-      await inner.copy(surfaces, ops);
+      await inner.copy(surfaces, ops, options);
       if (save > 0) counter.inc({ direction: 'save' }, save);
       if (load > 0) counter.inc({ direction: 'load' }, load);
     },
@@ -37,6 +37,10 @@ export function instrumentCopyEngine(inner: CopyEngine, metrics: KvtierMetrics):
   if (inner.openCuda !== undefined) {
     const openCuda = inner.openCuda.bind(inner);
     out.openCuda = (handle, bytes, device) => openCuda(handle, bytes, device);
+  }
+  if (inner.describe !== undefined) {
+    const describe = inner.describe.bind(inner);
+    out.describe = () => describe();
   }
   if (inner.cudaDevices !== undefined) {
     const cudaDevices = inner.cudaDevices.bind(inner);

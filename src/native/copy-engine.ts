@@ -5,7 +5,12 @@ import {
   loadNative,
   type NativeAddon,
 } from '../addon/native-addon.ts';
-import type { CopyEngine, CopySurface, DeviceSurface } from '../data-plane/copy-engine-types.ts';
+import type {
+  CopyEngine,
+  CopyOptions,
+  CopySurface,
+  DeviceSurface,
+} from '../data-plane/copy-engine-types.ts';
 import { KvtierError } from '../errors.ts';
 
 /** A host KV file mapped shared into this process. */
@@ -48,67 +53,90 @@ export class CudaAllocation implements DeviceSurface {
 
 /** One copy batch split by where its bytes live, in the addon's op formats. */
 export interface DeviceOpPlan {
-  host: { buffers: CopySurface[]; ops: number[] };
+  host: { buffers: CopySurface[]; ops: Float64Array };
   /** Host → device ops `[hostIndex, hostOffset, deviceIndex, deviceOffset, length]`. */
-  h2d: { buffers: CopySurface[]; devices: DeviceSurface[]; ops: number[] };
+  h2d: { buffers: CopySurface[]; devices: DeviceSurface[]; ops: Float64Array };
   /** Device → host ops in the same order of fields. */
-  d2h: { buffers: CopySurface[]; devices: DeviceSurface[]; ops: number[] };
+  d2h: { buffers: CopySurface[]; devices: DeviceSurface[]; ops: Float64Array };
+}
+
+/** Maps surface indexes of a batch to the indexes of one part's own list, appending on first use. */
+function reindexer(surfaces: readonly CopySurface[], list: CopySurface[]): (i: number) => number {
+  const map = new Int32Array(surfaces.length).fill(-1);
+  return (i) => {
+    let j = map[i]!;
+    if (j < 0) {
+      j = list.push(surfaces[i]!) - 1;
+      map[i] = j;
+    }
+    return j;
+  };
 }
 
 /**
  * Splits a batch of `[src, srcOffset, dst, dstOffset, length]` ops over mixed surfaces into host
  * copies, host→device copies (loads into GPU blocks) and device→host copies (saves from them),
- * re-indexing each part's buffers. Device→device copies are refused (KVT_INVALID_ARGUMENT).
+ * re-indexing each part's buffers. Two passes over typed arrays: a save or load of gigabytes has
+ * over a hundred thousand ops. Device→device copies are refused (KVT_INVALID_ARGUMENT).
  */
 export function planDeviceOps(
   surfaces: readonly CopySurface[],
   ops: Float64Array,
   isDevice: (s: CopySurface) => boolean,
 ): DeviceOpPlan {
-  const plan: DeviceOpPlan = {
-    host: { buffers: [], ops: [] },
-    h2d: { buffers: [], devices: [], ops: [] },
-    d2h: { buffers: [], devices: [], ops: [] },
-  };
-  const indexer =
-    <T>(list: T[], map: Map<number, number>) =>
-    (i: number) => {
-      let j = map.get(i);
-      if (j === undefined) {
-        j = list.push(surfaces[i] as T) - 1;
-        map.set(i, j);
-      }
-      return j;
-    };
-  const hostIdx = indexer(plan.host.buffers, new Map());
-  const h2dHost = indexer(plan.h2d.buffers, new Map());
-  const h2dDev = indexer(plan.h2d.devices as CopySurface[], new Map());
-  const d2hHost = indexer(plan.d2h.buffers, new Map());
-  const d2hDev = indexer(plan.d2h.devices as CopySurface[], new Map());
-  for (let k = 0; k < ops.length; k += COPY_OP_WIDTH) {
-    const src = ops[k]!;
-    const srcOff = ops[k + 1]!;
-    const dst = ops[k + 2]!;
-    const dstOff = ops[k + 3]!;
-    const len = ops[k + 4]!;
-    const s = surfaces[src];
-    const d = surfaces[dst];
-    if (s === undefined || d === undefined) {
+  const device = new Uint8Array(surfaces.length);
+  for (let i = 0; i < surfaces.length; i++) device[i] = isDevice(surfaces[i]!) ? 1 : 0;
+  const n = Math.floor(ops.length / COPY_OP_WIDTH);
+  const kind = new Uint8Array(n); // 0 host, 1 h2d, 2 d2h
+  const counts = [0, 0, 0];
+  for (let k = 0; k < n; k++) {
+    const src = ops[k * COPY_OP_WIDTH]!;
+    const dst = ops[k * COPY_OP_WIDTH + 2]!;
+    const sd = device[src];
+    const dd = device[dst];
+    if (sd === undefined || dd === undefined || !Number.isInteger(src) || !Number.isInteger(dst)) {
       throw new KvtierError(
         'KVT_INVALID_ARGUMENT',
-        `copy op ${k / COPY_OP_WIDTH} names surface ${s === undefined ? src : dst}, which does not exist`,
+        `copy op ${k} names surface ${sd === undefined ? src : dst}, which does not exist`,
       );
     }
-    const sd = isDevice(s);
-    const dd = isDevice(d);
-    if (sd && dd)
+    if (sd === 1 && dd === 1)
       throw new KvtierError(
         'KVT_INVALID_ARGUMENT',
-        `copy op ${k / COPY_OP_WIDTH} is device to device, which the data plane never asks for`,
+        `copy op ${k} is device to device, which the data plane never asks for`,
       );
-    if (!sd && !dd) plan.host.ops.push(hostIdx(src), srcOff, hostIdx(dst), dstOff, len);
-    else if (dd) plan.h2d.ops.push(h2dHost(src), srcOff, h2dDev(dst), dstOff, len);
-    else plan.d2h.ops.push(d2hHost(dst), dstOff, d2hDev(src), srcOff, len);
+    const c = dd === 1 ? 1 : sd === 1 ? 2 : 0;
+    kind[k] = c;
+    counts[c]!++;
+  }
+  const plan: DeviceOpPlan = {
+    host: { buffers: [], ops: new Float64Array(counts[0]! * COPY_OP_WIDTH) },
+    h2d: { buffers: [], devices: [], ops: new Float64Array(counts[1]! * COPY_OP_WIDTH) },
+    d2h: { buffers: [], devices: [], ops: new Float64Array(counts[2]! * COPY_OP_WIDTH) },
+  };
+  const hostIdx = reindexer(surfaces, plan.host.buffers);
+  const h2dHost = reindexer(surfaces, plan.h2d.buffers);
+  const h2dDev = reindexer(surfaces, plan.h2d.devices as CopySurface[]);
+  const d2hHost = reindexer(surfaces, plan.d2h.buffers);
+  const d2hDev = reindexer(surfaces, plan.d2h.devices as CopySurface[]);
+  const at = [0, 0, 0];
+  for (let k = 0; k < n; k++) {
+    const o = k * COPY_OP_WIDTH;
+    const src = ops[o]!;
+    const srcOff = ops[o + 1]!;
+    const dst = ops[o + 2]!;
+    const dstOff = ops[o + 3]!;
+    const len = ops[o + 4]!;
+    const c = kind[k]!;
+    const out = c === 0 ? plan.host.ops : c === 1 ? plan.h2d.ops : plan.d2h.ops;
+    const w = at[c]!;
+    // d2h ops name the host side first, as every device op does.
+    out[w] = c === 0 ? hostIdx(src) : c === 1 ? h2dHost(src) : d2hHost(dst);
+    out[w + 1] = c === 2 ? dstOff : srcOff;
+    out[w + 2] = c === 0 ? hostIdx(dst) : c === 1 ? h2dDev(dst) : d2hDev(src);
+    out[w + 3] = c === 2 ? srcOff : dstOff;
+    out[w + 4] = len;
+    at[c] = w + COPY_OP_WIDTH;
   }
   return plan;
 }
@@ -116,27 +144,42 @@ export function planDeviceOps(
 /**
  * Splits a batch's ops by the CUDA device they touch (the device surface's `device`), so each
  * part runs on its own device; ops between host buffers only form the part keyed -1. One
- * engine's regions all live on one device, so a data-plane batch is normally a single part.
+ * engine's regions all live on one device, so a data-plane batch is normally a single part,
+ * returned without copying the ops.
  */
 export function splitOpsByDevice(
   surfaces: readonly CopySurface[],
   ops: Float64Array,
 ): Map<number, Float64Array> {
-  const deviceOf = (i: number) => {
+  const deviceOf = new Int32Array(surfaces.length);
+  for (let i = 0; i < surfaces.length; i++) {
     const s = surfaces[i];
-    return s instanceof CudaAllocation ? s.device : -1;
-  };
-  const parts = new Map<number, number[]>();
-  for (let k = 0; k < ops.length; k += COPY_OP_WIDTH) {
-    const d = Math.max(deviceOf(ops[k]!), deviceOf(ops[k + 2]!));
-    let part = parts.get(d);
-    if (part === undefined) {
-      part = [];
-      parts.set(d, part);
-    }
-    for (let j = 0; j < COPY_OP_WIDTH; j++) part.push(ops[k + j]!);
+    deviceOf[i] = s instanceof CudaAllocation ? s.device : -1;
   }
-  return new Map([...parts].map(([d, p]) => [d, Float64Array.from(p)]));
+  const n = Math.floor(ops.length / COPY_OP_WIDTH);
+  const part = new Int32Array(n);
+  const counts = new Map<number, number>();
+  for (let k = 0; k < n; k++) {
+    const a = deviceOf[ops[k * COPY_OP_WIDTH]!] ?? -1;
+    const b = deviceOf[ops[k * COPY_OP_WIDTH + 2]!] ?? -1;
+    const d = Math.max(a, b);
+    part[k] = d;
+    counts.set(d, (counts.get(d) ?? 0) + 1);
+  }
+  if (counts.size === 1) return new Map([[part[0] ?? -1, ops]]);
+  const out = new Map<number, Float64Array>();
+  const at = new Map<number, number>();
+  for (const [d, c] of counts) {
+    out.set(d, new Float64Array(c * COPY_OP_WIDTH));
+    at.set(d, 0);
+  }
+  for (let k = 0; k < n; k++) {
+    const d = part[k]!;
+    const w = at.get(d)!;
+    out.get(d)!.set(ops.subarray(k * COPY_OP_WIDTH, (k + 1) * COPY_OP_WIDTH), w);
+    at.set(d, w + COPY_OP_WIDTH);
+  }
+  return out;
 }
 
 /**
@@ -163,18 +206,19 @@ export function createNativeCopyEngine():
     surfaces: readonly CopySurface[],
     ops: Float64Array,
     device: number,
+    options: CopyOptions,
   ): Promise<void> => {
     const plan = planDeviceOps(surfaces, ops, isDevice);
     await Promise.all([
       plan.host.ops.length > 0
-        ? addon.copyBatch(plan.host.buffers.map(hostBuffer), Float64Array.from(plan.host.ops))
+        ? addon.copyBatch(plan.host.buffers.map(hostBuffer), plan.host.ops)
         : null,
       plan.h2d.ops.length > 0
         ? addon.copyBatchDevice(
             'h2d',
             plan.h2d.buffers.map(hostBuffer),
             plan.h2d.devices.map(region),
-            Float64Array.from(plan.h2d.ops),
+            plan.h2d.ops,
             { device },
           )
         : null,
@@ -183,8 +227,8 @@ export function createNativeCopyEngine():
             'd2h',
             plan.d2h.buffers.map(hostBuffer),
             plan.d2h.devices.map(region),
-            Float64Array.from(plan.d2h.ops),
-            { device },
+            plan.d2h.ops,
+            options.waitEvent !== undefined ? { device, waitEvent: options.waitEvent } : { device },
           )
         : null,
     ]);
@@ -193,16 +237,35 @@ export function createNativeCopyEngine():
     async openFile(path: string): Promise<DeviceSurface> {
       return new MappedFile(addon.mapFile(path, { writable: true }));
     },
-    async copy(surfaces: readonly CopySurface[], ops: Float64Array): Promise<void> {
+    async copy(
+      surfaces: readonly CopySurface[],
+      ops: Float64Array,
+      options: CopyOptions = {},
+    ): Promise<void> {
       if (!surfaces.some(isDevice)) {
         await addon.copyBatch(surfaces.map(hostBuffer), ops);
         return;
       }
       const parts = splitOpsByDevice(surfaces, ops);
       await Promise.all(
-        [...parts].map(([device, part]) => copyOnDevice(surfaces, part, Math.max(device, 0))),
+        [...parts].map(([device, part]) =>
+          copyOnDevice(surfaces, part, Math.max(device, 0), options),
+        ),
       );
     },
+  };
+  engine.describe = () => {
+    const cuda = addon.probe().cuda;
+    return {
+      kind: 'native',
+      addon: addon.path,
+      cuda: {
+        ...cuda,
+        ...(cuda.available
+          ? { deviceUuids: engine.cudaDevices?.() ?? [], copies: addon.deviceCopyCounts() }
+          : {}),
+      },
+    };
   };
   // GPU KV caches are offered only where the run-time probe found a usable CUDA device.
   if (addon.probe().cuda.available) {

@@ -5,6 +5,7 @@
  */
 import { KvtierError } from '../errors.ts';
 import {
+  CUDA_EVENT_BYTES,
   DATA_PLANE_LIMITS,
   type DataPlaneReply,
   type DataPlaneRequest,
@@ -57,6 +58,11 @@ function checkArrays(what: string, blockIds: Uint32Array, chunkHashes: Uint8Arra
   return n;
 }
 
+function checkNotAfter(v: bigint | undefined): void {
+  if (v !== undefined && !(typeof v === 'bigint' && v >= 0n && v <= 0xffffffffffffffffn))
+    throw invalid(`notAfterNs must be a bigint in [0, 2^64), got ${String(v)}`);
+}
+
 function writeU32s(w: Writer, ids: Uint32Array): void {
   w.u32(ids.length);
   for (let i = 0; i < ids.length; i++) w.u32(ids[i]!);
@@ -86,13 +92,23 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
       checkId('engineId', req.engineId);
       checkId('requestId', req.engineRequestId);
       checkU32('skipChunks', req.skipChunks);
+      checkNotAfter(req.notAfterNs);
+      const event = req.cudaEvent;
+      if (
+        event !== undefined &&
+        (!(event instanceof Uint8Array) || event.length !== CUDA_EVENT_BYTES)
+      )
+        throw invalid(`cudaEvent must be ${CUDA_EVENT_BYTES} bytes (a cudaIpcEventHandle_t)`);
       const n = checkArrays('save', req.blockIds, req.chunkHashes);
+      const trailer =
+        event !== undefined ? 8 + CUDA_EVENT_BYTES : req.notAfterNs === undefined ? 0 : 8;
       const w = make(
         strSize(req.engineId) +
           strSize(req.engineRequestId) +
           12 +
           4 * req.blockIds.length +
-          req.chunkHashes.length,
+          req.chunkHashes.length +
+          trailer,
         MessageType.Save,
       );
       w.str(req.engineId);
@@ -101,6 +117,8 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
       writeU32s(w, req.blockIds);
       w.u32(n);
       w.bytes(req.chunkHashes);
+      if (trailer > 0) w.u64(req.notAfterNs ?? 0n);
+      if (event !== undefined) w.bytes(event);
       return w.done();
     }
     case 'load': {
@@ -113,7 +131,9 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
           `stateSlot must be -1 (none) or an integer in [0, 2^31), got ${req.stateSlot}`,
         );
       const n = checkArrays('load', req.blockIds, req.chunkHashes);
-      const skip = req.skipBlocks;
+      checkNotAfter(req.notAfterNs);
+      // A not-after time comes after skipBlocks: with one, skipBlocks is written too.
+      const skip = req.skipBlocks ?? (req.notAfterNs === undefined ? undefined : 0);
       if (skip !== undefined) {
         checkU32('skipBlocks', skip);
         if (skip > 0 && n === 0) throw invalid('skipBlocks > 0 needs at least one chunk');
@@ -125,7 +145,8 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
           16 +
           4 * req.blockIds.length +
           req.chunkHashes.length +
-          (skip === undefined ? 0 : 4),
+          (skip === undefined ? 0 : 4) +
+          (req.notAfterNs === undefined ? 0 : 8),
         MessageType.Load,
       );
       w.str(req.engineId);
@@ -138,6 +159,7 @@ export function encodeDataPlaneRequest(req: DataPlaneRequest, make: WriterFactor
       w.u32(n);
       w.bytes(req.chunkHashes);
       if (skip !== undefined) w.u32(skip);
+      if (req.notAfterNs !== undefined) w.u64(req.notAfterNs);
       return w.done();
     }
     case 'hold': {
@@ -304,6 +326,18 @@ export function decodeDataPlaneRequest(
       const engineRequestId = readId(r, 'requestId');
       const skipChunks = r.u32('skipChunks');
       const { blockIds, chunkHashes } = readBlocksAndHashes(r, 'save');
+      // Optional trailing fields: notAfterNs (8 bytes), then cudaEvent (64 bytes).
+      const rest = r.buf.length - r.off;
+      if (rest !== 0 && rest !== 8 && rest !== 8 + CUDA_EVENT_BYTES)
+        throw new KvtierError(
+          'KVT_PROTOCOL',
+          `save has ${rest} bytes after the hashes at offset ${r.off}; only an 8-byte notAfterNs and a ${CUDA_EVENT_BYTES}-byte cudaEvent may follow`,
+        );
+      const notAfterNs = rest >= 8 ? r.u64('notAfterNs') : undefined;
+      const cudaEvent =
+        rest === 8 + CUDA_EVENT_BYTES
+          ? Buffer.from(r.bytes(CUDA_EVENT_BYTES, 'cudaEvent'))
+          : undefined;
       r.end('save');
       if (skipChunks > chunkHashes.length / HASH_BYTES)
         throw invalid(
@@ -317,6 +351,8 @@ export function decodeDataPlaneRequest(
         skipChunks,
         blockIds,
         chunkHashes,
+        ...(notAfterNs === undefined ? {} : { notAfterNs }),
+        ...(cudaEvent === undefined ? {} : { cudaEvent }),
       };
     }
     case MessageType.Load: {
@@ -329,12 +365,12 @@ export function decodeDataPlaneRequest(
       r.off += 4;
       if (stateSlot < -1) throw invalid(`stateSlot must be -1 (none) or >= 0, got ${stateSlot}`);
       const { blockIds, chunkHashes } = readBlocksAndHashes(r, 'load');
-      // Optional trailing skipBlocks: exactly 0 or 4 bytes may follow the hashes.
+      // Optional trailing fields: skipBlocks (4 bytes), then notAfterNs (8 bytes).
       const rest = r.buf.length - r.off;
-      if (rest !== 0 && rest !== 4)
+      if (rest !== 0 && rest !== 4 && rest !== 12)
         throw new KvtierError(
           'KVT_PROTOCOL',
-          `load has ${rest} bytes after the hashes at offset ${r.off}; only a 4-byte skipBlocks may follow`,
+          `load has ${rest} bytes after the hashes at offset ${r.off}; only a 4-byte skipBlocks and an 8-byte notAfterNs may follow`,
         );
       const msg: LoadRequestMessage = {
         type: 'load',
@@ -347,12 +383,13 @@ export function decodeDataPlaneRequest(
         blockIds,
         chunkHashes,
       };
-      if (rest === 4) {
+      if (rest >= 4) {
         const skipBlocks = r.u32('skipBlocks');
         if (skipBlocks > 0 && chunkHashes.length === 0)
           throw invalid(`skipBlocks is ${skipBlocks} but the load has no chunks`);
         msg.skipBlocks = skipBlocks;
       }
+      if (rest === 12) msg.notAfterNs = r.u64('notAfterNs');
       r.end('load');
       return msg;
     }

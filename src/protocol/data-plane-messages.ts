@@ -40,7 +40,26 @@ export interface SaveRequestMessage {
   blockIds: Uint32Array;
   /** Packed chunk hashes, 32 bytes each. */
   chunkHashes: Buffer;
+  /**
+   * Not-after time on the host's monotonic clock (`CLOCK_MONOTONIC`, ns: Node's
+   * `process.hrtime.bigint()`, Python's `time.monotonic_ns()`): a copy out of the engine's
+   * blocks that finishes later is discarded (its chunks count as dropped) and none starts past
+   * it, so blocks the engine reused after giving up on the SAVE are never stored. The optional
+   * trailing u64 of the body; absent on the wire means none. The encoder writes it whenever it
+   * is defined; the decoder sets it only when present.
+   */
+  notAfterNs?: bigint;
+  /**
+   * A CUDA interprocess event (the 64-byte `cudaIpcEventHandle_t`) the engine recorded on its
+   * stream after the step that wrote the blocks: the sidecar's device-to-host copies wait for it
+   * on the GPU, so the engine need not synchronize its stream before sending the SAVE. Follows
+   * `notAfterNs` on the wire (written as 0 when that is undefined); absent means no event.
+   */
+  cudaEvent?: Uint8Array;
 }
+
+/** Bytes of a CUDA interprocess event handle (`cudaIpcEventHandle_t`). */
+export const CUDA_EVENT_BYTES = 64;
 
 /** LOAD (0x0A): scatter a lookup's pinned chunks into these blocks. */
 export interface LoadRequestMessage {
@@ -62,6 +81,13 @@ export interface LoadRequestMessage {
    * writes it whenever it is defined (0 included); the decoder sets it only when present.
    */
   skipBlocks?: number;
+  /**
+   * Not-after time on the host's monotonic clock (ns, as for SAVE): chunks not started by then
+   * are invalid, so nothing is written into blocks after the engine gave up on the LOAD. The
+   * optional u64 after `skipBlocks`: a LOAD that carries it carries `skipBlocks` too (0 when
+   * none); the encoder writes both when it is defined; the decoder sets it only when present.
+   */
+  notAfterNs?: bigint;
 }
 
 /** HOLD (0x0B): move a lookup's pins to an engine request (kept across preemption). */

@@ -87,6 +87,16 @@ export class Writer {
     this.buf.writeUInt32LE(v, this.off);
     this.off += 4;
   }
+  u64(v: bigint): void {
+    if (!(typeof v === 'bigint' && v >= 0n && v <= 0xffffffffffffffffn)) {
+      throw new KvtierError(
+        'KVT_INTERNAL',
+        `value ${String(v)} does not fit the u64 field at offset ${this.off}`,
+      );
+    }
+    this.buf.writeBigUInt64LE(v, this.off);
+    this.off += 8;
+  }
   str(s: string): void {
     const n = this.buf.write(s, this.off + 2, 'utf8');
     this.buf.writeUInt16LE(n, this.off);
@@ -143,6 +153,12 @@ export class Reader {
     this.need(4, what);
     const v = this.buf.readUInt32LE(this.off);
     this.off += 4;
+    return v;
+  }
+  u64(what: string): bigint {
+    this.need(8, what);
+    const v = this.buf.readBigUInt64LE(this.off);
+    this.off += 8;
     return v;
   }
   str(what: string, max: number): string {

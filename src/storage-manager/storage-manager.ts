@@ -17,6 +17,7 @@ import { AsyncSerializer } from '../serializer/async-serializer.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
+import { clockEpoch } from './epoch-file.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
 import type { LookupHashes } from './lookup-hashes.ts';
@@ -25,6 +26,7 @@ import {
   LookupHooks,
   LookupRecorder,
   lookupHashesOf,
+  namespacesOfLookup,
   outcomeOf,
   probeHost,
   walkLookup,
@@ -107,6 +109,7 @@ export class StorageManager {
     dispose: this.#release,
   };
   #epoch: number;
+  readonly #onEpoch: StorageManagerOptions['onEpoch'];
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError KVT_CONFIG when the tier list is empty or the first tier is not host memory. */
@@ -127,12 +130,8 @@ export class StorageManager {
     this.#metrics = opts.metrics;
     this.#recorder = new LookupRecorder(opts.metrics);
     this.#log = opts.log ?? silentLogger;
-    this.#epoch = requireInt(
-      'initialEpoch',
-      opts.initialEpoch ?? defaultInitialEpoch(),
-      0,
-      2 ** 32 - 2,
-    );
+    this.#epoch = requireInt('initialEpoch', opts.initialEpoch ?? clockEpoch(), 0, 2 ** 32 - 2);
+    this.#onEpoch = opts.onEpoch;
     this.#lookupBytes = new LookupByteBudget(opts.maxLookupBytes);
     this.#serializer = new AsyncSerializer({
       capacityChunks: requireInt(
@@ -211,7 +210,10 @@ export class StorageManager {
     );
     let entry: PendingPrefetch;
     try {
-      entry = events.addPending(input.lookupId, new LookupHooks(ac, this.#release));
+      entry = events.addPending(
+        input.lookupId,
+        new LookupHooks(ac, this.#release, input.namespaces),
+      );
     } catch (err) {
       memory.release();
       if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
@@ -328,6 +330,11 @@ export class StorageManager {
     return outcomeOf(pinned);
   }
 
+  /** Namespaces of a tracked lookup (running or answered), for the server's namespace rule. */
+  lookupNamespaces(lookupId: string): readonly NamespaceId[] | undefined {
+    return namespacesOfLookup(this.#events, lookupId);
+  }
+
   /** Cancels a lookup: aborts its prefetch or releases its pins. Returns whether it was known. */
   cancel(lookupId: string): boolean {
     return this.#events.cancel(lookupId);
@@ -415,16 +422,16 @@ export class StorageManager {
   }
 
   /**
-   * Drops the chunks of `namespaces` (all when empty) from every tier and bumps the epoch, so
-   * lookups that were running are answered stale. Returns the new epoch once the clear holds:
-   * no chunk put, saved or prefetched before the call can become visible afterwards. Queued
-   * write-throughs of the namespaces are dropped, running ones are waited for before the tiers
-   * are cleared, and answered lookups of the namespaces lose their pins (a load of one then
-   * reports every block invalid).
+   * Drops the chunks of `namespaces` (all when empty) from every tier and bumps the epoch (and
+   * waits for `onEpoch`), so running lookups are answered stale. Resolves the new epoch once the
+   * clear holds: nothing put, saved or prefetched before the call can become visible afterwards.
+   * Queued write-throughs of the namespaces are dropped, running ones waited for before the tiers
+   * are cleared; answered lookups of them lose their pins (a load of one: every block invalid).
    */
   async clear(namespaces: readonly NamespaceId[] = []): Promise<number> {
     if (this.#closing !== undefined) throw closedError('storage manager');
     this.#epoch = (this.#epoch + 1) >>> 0;
+    const recorded = this.#onEpoch?.(this.#epoch);
     this.#fence.clear(namespaces);
     const only = namespaces.length === 0 ? undefined : new Set(namespaces);
     const cleared = (ns: NamespaceId) => only === undefined || only.has(ns);
@@ -447,6 +454,7 @@ export class StorageManager {
         }
       }),
     );
+    await recorded;
     return this.#epoch;
   }
 
@@ -489,10 +497,4 @@ export class StorageManager {
     })();
     return this.#closing;
   }
-}
-
-const EPOCH_BASE_MS = Date.UTC(2024, 0, 1);
-
-function defaultInitialEpoch(): number {
-  return Math.max(0, Math.floor((Date.now() - EPOCH_BASE_MS) / 1000));
 }

@@ -200,6 +200,32 @@ describe('data plane over ZMQ', () => {
     assert.deepEqual(none, { loadedTokens: 0, invalidBlockIds: to });
   });
 
+  it('a SAVE may carry a CUDA event (GPU copies wait for it); the host device saves as usual', async () => {
+    const c = client();
+    await c.register(testRegistration(kvFile('random'), 'event-1'));
+    const cudaEvent = Buffer.from(Array.from({ length: 64 }, (_, i) => i));
+    const hashes = packed(randomHashes(1));
+    assert.deepEqual(
+      await c.save({ requestId: 'r', blockIds: [1, 2, 3, 4], chunkHashes: hashes, cudaEvent }),
+      {
+        saved: 1,
+        skipped: 0,
+        dropped: 0,
+      },
+    );
+    await assert.rejects(
+      c.save({
+        requestId: 'r',
+        blockIds: [5, 6, 7, 8],
+        chunkHashes: packed(randomHashes(1)),
+        cudaEvent: cudaEvent.subarray(1),
+      }),
+      (e) => isKvtierError(e, 'KVT_INVALID_ARGUMENT'),
+      'a 63-byte event is refused before it is sent',
+    );
+    assert.equal(await c.heartbeat(), true);
+  });
+
   it('heartbeats say whether the sidecar knows the engine; a released engine is refused', async () => {
     const c = client();
     await c.register(testRegistration(kvFile('random'), 'beat-1'));

@@ -27,14 +27,14 @@ describe('planDeviceOps', () => {
     ]);
     const plan = planDeviceOps(surfaces, ops, (s) => s instanceof CudaAllocation);
     assert.deepEqual(plan.host.buffers, [a, b]);
-    assert.deepEqual(plan.host.ops, [0, 0, 1, 8, 16]);
+    assert.deepEqual([...plan.host.ops], [0, 0, 1, 8, 16]);
     assert.deepEqual(plan.h2d.buffers, [a, b]);
     assert.deepEqual(plan.h2d.devices, [g0, g1]);
-    assert.deepEqual(plan.h2d.ops, [0, 16, 0, 512, 32, 1, 4, 1, 100, 4]);
+    assert.deepEqual([...plan.h2d.ops], [0, 16, 0, 512, 32, 1, 4, 1, 100, 4]);
     assert.deepEqual(plan.d2h.buffers, [b]);
     assert.deepEqual(plan.d2h.devices, [g0]);
     assert.deepEqual(
-      plan.d2h.ops,
+      [...plan.d2h.ops],
       [0, 0, 0, 256, 8],
       'd2h ops are [host, hostOff, device, deviceOff, len]',
     );

@@ -69,6 +69,11 @@ const REQUESTS: DataPlaneRequest[] = [
   load({ skipBlocks: 3 }),
   load({ skipBlocks: 0xffffffff }),
   load({ skipBlocks: 0, blockIds: new Uint32Array(0), chunkHashes: Buffer.alloc(0) }),
+  save({ notAfterNs: 123_456_789_012n }),
+  save({ notAfterNs: 0xffffffffffffffffn }),
+  save({ notAfterNs: 42n, cudaEvent: Buffer.from(Array.from({ length: 64 }, (_, i) => i * 3)) }),
+  load({ skipBlocks: 0, notAfterNs: 5n }),
+  load({ skipBlocks: 2, notAfterNs: 0xffffffffffffffffn }),
   { type: 'hold', requestId: 23, engineId: 'e', engineRequestId: 'r', lookupId: 'l' },
   ...(['finished', 'aborted', 'preempted'] as const).map(
     (kind): DataPlaneRequest => ({
@@ -105,8 +110,35 @@ const REPLIES: DataPlaneReply[] = [
 ];
 
 function withoutSkip(req: LoadRequestMessage): LoadRequestMessage {
-  const { skipBlocks: _, ...rest } = req;
+  const { skipBlocks: _, notAfterNs: __, ...rest } = req;
   return rest;
+}
+
+function withoutNotAfter<T extends SaveRequestMessage | LoadRequestMessage>(req: T): T {
+  const { notAfterNs: _, ...rest } = req;
+  return rest as T;
+}
+
+function withoutEvent(req: SaveRequestMessage): SaveRequestMessage {
+  const { cudaEvent: _, ...rest } = req;
+  return rest;
+}
+
+/** Cuts of an encoded request that leave a valid shorter one (optional trailing fields). */
+function validCuts(req: DataPlaneRequest, length: number): Map<number, DataPlaneRequest> {
+  const cuts = new Map<number, DataPlaneRequest>();
+  if (req.type === 'save' && req.cudaEvent !== undefined) {
+    cuts.set(length - 64, withoutEvent(req));
+    cuts.set(length - 72, withoutNotAfter(withoutEvent(req)));
+  } else if (req.type === 'save' && req.notAfterNs !== undefined)
+    cuts.set(length - 8, withoutNotAfter(req));
+  if (req.type === 'load') {
+    if (req.notAfterNs !== undefined) {
+      cuts.set(length - 8, withoutNotAfter(req));
+      cuts.set(length - 12, withoutSkip(req));
+    } else if (req.skipBlocks !== undefined) cuts.set(length - 4, withoutSkip(req));
+  }
+  return cuts;
 }
 
 function throwsCode(fn: () => unknown, code: KvtierErrorCode, label: string): void {
@@ -244,11 +276,10 @@ describe('data-plane codec: round trips', () => {
   it('refuses every truncation of every valid request and reply', () => {
     for (const req of REQUESTS) {
       const bytes = encodeRequest(req);
-      // Cutting LOAD's optional trailing skipBlocks whole leaves a valid LOAD without it.
-      const optionalTail = req.type === 'load' && req.skipBlocks !== undefined;
+      // Cutting optional trailing fields whole leaves a valid message without them.
+      const cuts = validCuts(req, bytes.length);
       for (let n = 8; n < bytes.length; n++)
-        if (optionalTail && n === bytes.length - 4)
-          assert.deepEqual(decodeRequest(bytes.subarray(0, n)), withoutSkip(req));
+        if (cuts.has(n)) assert.deepEqual(decodeRequest(bytes.subarray(0, n)), cuts.get(n));
         else
           throwsCode(
             () => decodeRequest(bytes.subarray(0, n)),
@@ -434,6 +465,51 @@ describe('data-plane codec: decode validation', () => {
     assert.equal(zero.skipBlocks, 0);
   });
 
+  it('decodes SAVE and LOAD not-after times when present, and refuses other tails', () => {
+    const u64 = (v: bigint) => {
+      const b = Buffer.alloc(8);
+      b.writeBigUInt64LE(v);
+      return b;
+    };
+    const saveBase = [str('e'), str('r'), u32(0), ids(1, 2), hashes(1)];
+    const plainSave = decodeRequest(frame(0x09, ...saveBase)) as SaveRequestMessage;
+    assert.equal('notAfterNs' in plainSave, false);
+    const timedSave = decodeRequest(frame(0x09, ...saveBase, u64(7n))) as SaveRequestMessage;
+    assert.equal(timedSave.notAfterNs, 7n);
+    const event = Array.from({ length: 64 }, (_, i) => i + 1);
+    // Encoded without a not-after time, an event is preceded by a zero one (none).
+    const eventOnly = decodeRequest(
+      encodeRequest(save({ cudaEvent: Uint8Array.from(event) })),
+    ) as SaveRequestMessage;
+    assert.deepEqual([eventOnly.notAfterNs, [...eventOnly.cudaEvent!]], [0n, event]);
+    throwsCode(
+      () => encodeRequest(save({ cudaEvent: new Uint8Array(63) })),
+      'KVT_INVALID_ARGUMENT',
+      'a 63-byte event',
+    );
+    const evented = decodeRequest(frame(0x09, ...saveBase, u64(0n), event)) as SaveRequestMessage;
+    assert.deepEqual([evented.notAfterNs, [...evented.cudaEvent!]], [0n, event]);
+    // An event without the notAfterNs before it, or cut short, is not a SAVE.
+    for (const tail of [
+      [1, 2, 3, 4],
+      [0, 0, 0, 0, 0, 0, 0, 0, 0],
+      event,
+      [...u64(0n), ...event.slice(1)],
+      [...u64(0n), ...event, 0],
+    ])
+      throwsCode(
+        () => decodeRequest(frame(0x09, ...saveBase, tail)),
+        'KVT_PROTOCOL',
+        `save + ${tail.length}`,
+      );
+    const loadBase = [str('e'), str('r'), str('l'), u32(0), i32(-1), ids(1, 2), hashes(1)];
+    const timedLoad = decodeRequest(
+      frame(0x0a, ...loadBase, u32(1), u64(9n)),
+    ) as LoadRequestMessage;
+    assert.deepEqual([timedLoad.skipBlocks, timedLoad.notAfterNs], [1, 9n]);
+    throwsCode(() => decodeRequest(frame(0x0a, ...loadBase, u64(9n))), 'KVT_PROTOCOL', 'load + 8');
+  });
+
   it('reads an unknown reply type as an error, and a reply flag other than 1 as false', () => {
     throwsCode(() => decodeReply(frame(0x8f)), 'KVT_PROTOCOL', 'reply type 0x8f');
     assert.deepEqual(decodeReply(frame(0x8e, [2])), {
@@ -477,6 +553,9 @@ describe('data-plane codec: encode validation', () => {
     ['negative skipBlocks', load({ skipBlocks: -1 }), 'KVT_INVALID_ARGUMENT'],
     ['fractional skipBlocks', load({ skipBlocks: 1.5 }), 'KVT_INVALID_ARGUMENT'],
     ['skipBlocks over u32', load({ skipBlocks: 2 ** 32 }), 'KVT_INVALID_ARGUMENT'],
+    ['negative save notAfterNs', save({ notAfterNs: -1n }), 'KVT_INVALID_ARGUMENT'],
+    ['save notAfterNs over u64', save({ notAfterNs: 2n ** 64n }), 'KVT_INVALID_ARGUMENT'],
+    ['load notAfterNs over u64', load({ notAfterNs: 2n ** 64n }), 'KVT_INVALID_ARGUMENT'],
     [
       'skipBlocks with no chunks',
       load({ skipBlocks: 1, blockIds: new Uint32Array(0), chunkHashes: Buffer.alloc(0) }),

@@ -376,6 +376,55 @@ describe('DataPlane save and load on the host device', () => {
   });
 });
 
+describe('DataPlane SAVE with a CUDA event', () => {
+  test('every copy of the save gets the event to wait for; loads get none', async () => {
+    const base = createFsCopyEngine();
+    const seen: Array<{ ops: number; waitEvent: Uint8Array | undefined }> = [];
+    const spy: CopyEngine = {
+      openFile: (p) => base.openFile(p),
+      copy: async (s, o, options) => {
+        seen.push({ ops: o.length / 5, waitEvent: options?.waitEvent });
+        await base.copy(s, o, options);
+      },
+    };
+    // Two chunks per copy group: a 3-chunk save is two copies.
+    const e = env({ copyEngine: spy, copyGroupBytes: 2 * 8192 }, false);
+    const path = kvFile();
+    const layout = await e.dp.register(registration(path, 'A'));
+    const hs = hashes(3);
+    const event = Buffer.from(Array.from({ length: 64 }, (_, i) => 255 - i));
+    const src = Array.from({ length: 12 }, (_, i) => i);
+    const out = await e.dp.save({
+      engineId: 'A',
+      requestId: 'w',
+      blockIds: src,
+      chunkHashes: hs,
+      cudaEvent: event,
+    });
+    assert.deepEqual(out, { saved: 3, skipped: 0, dropped: 0 });
+    assert.equal(seen.length, 2);
+    for (const c of seen) assert.equal(c.waitEvent, event);
+    seen.length = 0;
+    assert.equal(await lookup(e, 'L', layout.namespace.id, hs), 3);
+    const dst = Array.from({ length: 12 }, (_, i) => 30 + i);
+    const loaded = await e.dp.load({
+      engineId: 'A',
+      requestId: 'r',
+      lookupId: 'L',
+      blockIds: dst,
+      chunkHashes: hs,
+    });
+    assert.deepEqual(loaded, { loadedTokens: 48, invalidBlockIds: [] });
+    assert.ok(seen.length > 0);
+    for (const c of seen) assert.equal(c.waitEvent, undefined);
+    for (let i = 0; i < 12; i++)
+      assert.deepEqual(
+        blockBytes(path, dst[i]!).map((b) => b.subarray(0, BLOCK_BYTES)),
+        blockBytes(path, src[i]!).map((b) => b.subarray(0, BLOCK_BYTES)),
+      );
+  });
+});
+
 describe('DataPlane load failures', () => {
   async function saved(e: Env, n: number) {
     const path = kvFile();
@@ -469,7 +518,13 @@ describe('DataPlane load failures', () => {
         clockRef.now += 1;
       },
     };
-    const e = env({ copyEngine: ticking, now: () => clockRef.now });
+    // One chunk per copy group, one group at a time: the deadline is checked before each chunk.
+    const e = env({
+      copyEngine: ticking,
+      now: () => clockRef.now,
+      copyGroupBytes: 1,
+      copyGroupsInFlight: 1,
+    });
     const { ns, hs, dst } = await saved(e, 3);
     clockRef.now = 100;
     assert.equal(await lookup(e, 'L', ns, hs), 3);
@@ -589,6 +644,10 @@ describe('DataPlane lifecycle', () => {
       requests: 0,
       heldLookups: 0,
       writeThroughDropped: 0,
+      saves: 1,
+      loads: 0,
+      lateSaves: 0,
+      lateLoads: 0,
     });
     const out = await e.dp.load({
       engineId: 'A',
@@ -620,7 +679,7 @@ describe('DataPlane lifecycle', () => {
         await base.copy(s, o);
       },
     };
-    const e = env({ copyEngine: gated }, false);
+    const e = env({ copyEngine: gated, copyGroupBytes: 1, copyGroupsInFlight: 1 }, false);
     const hs = await held(e, 'r1', 'L1');
     const dst = [10, 11, 12, 13, 14, 15, 16, 17];
     const loading = e.dp.load({
@@ -637,6 +696,58 @@ describe('DataPlane lifecycle', () => {
     assert.deepEqual(await loading, { loadedTokens: 16, invalidBlockIds: dst.slice(4) });
     assert.equal(pins(e), 0);
     assert.equal(e.dp.stats().requests, 0);
+  });
+
+  test('with two copy groups in flight, a finish stops the next group and pins last until both copies end', async () => {
+    const gates: Array<() => void> = [];
+    let started!: () => void;
+    const bothStarted = new Promise<void>((r) => {
+      started = r;
+    });
+    const base = createFsCopyEngine();
+    const gated: CopyEngine = {
+      openFile: (p) => base.openFile(p),
+      copy: async (s, o) => {
+        if (s.length > 1 && o[0] === 1) {
+          await new Promise<void>((r) => {
+            gates.push(r);
+            if (gates.length === 2) started();
+          });
+        }
+        await base.copy(s, o);
+      },
+    };
+    const e = env({ copyEngine: gated, copyGroupBytes: 1, copyGroupsInFlight: 2 }, false);
+    const path = kvFile();
+    const layout = await e.dp.register(registration(path, 'A'));
+    const hs = hashes(3);
+    const src = Array.from({ length: 12 }, (_, i) => i);
+    await e.dp.save({ engineId: 'A', requestId: 'w', blockIds: src, chunkHashes: hs });
+    assert.equal(await lookup(e, 'L', layout.namespace.id, hs), 3);
+    const dst = Array.from({ length: 12 }, (_, i) => 20 + i);
+    const loading = e.dp.load({
+      engineId: 'A',
+      requestId: 'r',
+      lookupId: 'L',
+      blockIds: dst,
+      chunkHashes: hs,
+    });
+    await bothStarted;
+    e.dp.requestFinished('A', 'r');
+    assert.equal(pins(e), 3, 'pins stay while either copy can still read its chunk');
+    gates[1]!();
+    await new Promise((r) => setImmediate(r));
+    assert.equal(pins(e), 3, 'the second group finished first: the first still reads');
+    gates[0]!();
+    // Both groups started before the finish, so both count; the third was never issued.
+    assert.deepEqual(await loading, { loadedTokens: 32, invalidBlockIds: dst.slice(8) });
+    assert.equal(gates.length, 2);
+    assert.equal(pins(e), 0);
+    for (let i = 0; i < 8; i++) {
+      const want = blockBytes(path, src[i]!).map((b) => b.subarray(0, BLOCK_BYTES));
+      const got = blockBytes(path, dst[i]!).map((b) => b.subarray(0, BLOCK_BYTES));
+      assert.deepEqual(got, want, `block ${dst[i]} holds block ${src[i]}'s bytes`);
+    }
   });
 
   test('engine gone (explicit or by missed heartbeats) releases every pin and mapping', async () => {
@@ -1007,7 +1118,7 @@ describe('DataPlane engine release during a load (UNREGISTER)', () => {
         await base.copy(s, o);
       },
     };
-    const e = env({ copyEngine: gated }, false);
+    const e = env({ copyEngine: gated, copyGroupBytes: 1, copyGroupsInFlight: 1 }, false);
     const layout = await e.dp.register(registration(kvFile(), 'A'));
     const hs = hashes(3);
     await e.dp.save({
@@ -1037,6 +1148,10 @@ describe('DataPlane engine release during a load (UNREGISTER)', () => {
       requests: 0,
       heldLookups: 0,
       writeThroughDropped: 0,
+      saves: 1,
+      loads: 1,
+      lateSaves: 0,
+      lateLoads: 0,
     });
   });
 });

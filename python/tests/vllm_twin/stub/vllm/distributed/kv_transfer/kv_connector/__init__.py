@@ -1,0 +1,1 @@
+"""Stand-in package path (see vllm/__init__.py)."""

@@ -1,0 +1,1 @@
+"""The twin engine (see the package docstring)."""

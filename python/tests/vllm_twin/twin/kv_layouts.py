@@ -1,0 +1,119 @@
+"""Shared-memory KV caches in vLLM's per-layer layouts, and token-wise access to them.
+
+vLLM's attention backends give every layer a tensor of their logical shape whose strides
+follow the in-block order (``HND`` is a permuted view of head-major blocks):
+
+============== ====================================== ==================================
+backend         logical shape                          physical order (HND)
+============== ====================================== ==================================
+flash_attn      ``[2, blocks, block_size, heads, dim]`` ``[2, blocks, heads, block_size, dim]``
+flashinfer      ``[blocks, 2, block_size, heads, dim]`` ``[blocks, 2, heads, block_size, dim]``
+mla             ``[blocks, block_size, latent]``        (one latent per token)
+============== ====================================== ==================================
+
+Every layer lives in one file under /dev/shm, mapped shared (the sidecar opens the same file),
+and is declared with :func:`kvtier_vllm.kv_caches.register_shared_file`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from kvtier_vllm.kv_caches import register_shared_file, unregister_shared_file
+
+DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class PagedKv:
+    """One worker's KV cache: ``layers[name]`` tensors in the backend's logical shape."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        backend: str,
+        in_block: str,
+        dtype: str,
+        num_layers: int,
+        num_blocks: int,
+        block_size: int,
+        heads: int,
+        head_dim: int,
+    ) -> None:
+        self.path, self.backend, self.in_block = path, backend, in_block
+        self.block_size, self.heads, self.head_dim = block_size, heads, head_dim
+        self.kv = 1 if backend == "mla" else 2
+        el = torch.empty((), dtype=DTYPES[dtype]).element_size()
+        per_layer = self.kv * num_blocks * block_size * (1 if backend == "mla" else heads) * head_dim
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, per_layer * el * num_layers)
+        finally:
+            os.close(fd)
+        self.raw = torch.from_file(path, shared=True, size=per_layer * el * num_layers, dtype=torch.uint8)
+        register_shared_file(path, self.raw)
+        flat = self.raw.view(DTYPES[dtype])
+        self.layers: dict[str, torch.Tensor] = {}
+        for i in range(num_layers):
+            part = flat[i * per_layer : (i + 1) * per_layer]
+            self.layers[f"model.layers.{i}.self_attn.attn"] = self._shape(part, num_blocks)
+        self._i16 = [t.view(torch.int16) for t in self.layers.values()]
+
+    def _shape(self, part: torch.Tensor, nb: int) -> torch.Tensor:
+        bs, h, d = self.block_size, self.heads, self.head_dim
+        if self.backend == "mla":
+            return part.view(nb, bs, d)
+        hnd = self.in_block == "HND"
+        if self.backend == "flash_attn":
+            if hnd:
+                return part.view(2, nb, h, bs, d).permute(0, 1, 3, 2, 4)
+            return part.view(2, nb, bs, h, d)
+        if self.backend == "flashinfer":
+            if hnd:
+                return part.view(nb, 2, h, bs, d).permute(0, 1, 3, 2, 4)
+            return part.view(nb, 2, bs, h, d)
+        raise ValueError(f"unknown attention backend {self.backend!r}")
+
+    def _index(self, block_table: list[int], start: int, end: int) -> tuple[torch.Tensor, torch.Tensor]:
+        pos = torch.arange(start, end)
+        table = torch.tensor(block_table, dtype=torch.long)
+        return table[pos // self.block_size], pos % self.block_size
+
+    def _slot(self, layer: int, kv: int) -> torch.Tensor:
+        t = self._i16[layer]
+        if self.backend == "mla":
+            return t
+        return t[kv] if self.backend == "flash_attn" else t.select(1, kv)
+
+    def write(self, block_table: list[int], start: int, values) -> None:
+        """Writes int16 ``values[T, layers, kv, heads, dim]`` for tokens ``start ..``."""
+        vals = torch.as_tensor(values)
+        blk, off = self._index(block_table, start, start + vals.shape[0])
+        for layer in range(vals.shape[1]):
+            for kv in range(self.kv):
+                v = vals[:, layer, kv]
+                self._slot(layer, kv)[blk, off] = v[:, 0] if self.backend == "mla" else v
+
+    def read(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
+        """int16 ``[T, layers, kv, heads, dim]`` of tokens ``start .. end-1``."""
+        blk, off = self._index(block_table, start, end)
+        out = []
+        for layer in range(len(self._i16)):
+            per_kv = []
+            for kv in range(self.kv):
+                v = self._slot(layer, kv)[blk, off]
+                per_kv.append(v.unsqueeze(1) if self.backend == "mla" else v)
+            out.append(torch.stack(per_kv, 1))
+        return torch.stack(out, 1)
+
+    def close(self) -> None:
+        unregister_shared_file(self.path)
+        self.layers = {}
+        self._i16 = []
+        self.raw = None
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,61 @@
+/**
+ * The data plane's small pieces: request checks and the load completion word (see
+ * `DataPlane.load`), kept apart from its save and load paths.
+ */
+import type { ChunkHash } from '../backends/types.ts';
+import { KvtierError } from '../errors.ts';
+import type { Logger } from '../util/log.ts';
+import { describe } from '../util/validate.ts';
+import type { CopyEngine, DeviceSurface } from './copy-engine-types.ts';
+import { LOAD_STATE, type LoadRequest, type LoadResult } from './data-plane-types.ts';
+
+/**
+ * Sets a load's completion word: `DONE` when every chunk loaded, else `FAILED` (also when the
+ * load threw, `result` undefined). In-process `stateWord` (stored and notified), and slot
+ * `stateSlot` of the registered state file (written through the copy engine; a failed write is
+ * logged, never thrown).
+ */
+export async function writeLoadState(
+  copy: CopyEngine,
+  log: Logger,
+  file: DeviceSurface | null | undefined,
+  req: LoadRequest,
+  result: LoadResult | undefined,
+): Promise<void> {
+  const ok = result !== undefined && result.invalidBlockIds.length === 0;
+  const value = ok ? LOAD_STATE.DONE : LOAD_STATE.FAILED;
+  if (req.stateWord instanceof Int32Array && req.stateWord.length > 0) {
+    Atomics.store(req.stateWord, 0, value);
+    if (req.stateWord.buffer instanceof SharedArrayBuffer) Atomics.notify(req.stateWord, 0);
+  }
+  const slot = req.stateSlot;
+  if (file == null || !Number.isInteger(slot) || slot! < 0 || slot! * 4 + 4 > file.sizeBytes)
+    return;
+  const word = new Uint8Array(4);
+  new DataView(word.buffer).setInt32(0, value, true);
+  try {
+    await copy.copy([word, file], Float64Array.of(0, 0, 1, slot! * 4, 4));
+  } catch (err) {
+    log.warn('could not write the load state word', { engineId: req.engineId, slot, err });
+  }
+}
+
+/** The hashes themselves were validated where they entered (a `ChunkHash` is never re-checked). */
+export function checkHashes(hashes: readonly ChunkHash[], what: string): readonly ChunkHash[] {
+  if (!Array.isArray(hashes))
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `${what}.chunkHashes must be an array, got ${describe(hashes)}`,
+    );
+  return hashes;
+}
+
+export function hasRepeat(chunks: readonly Uint32Array[]): boolean {
+  const seen = new Set<number>();
+  for (const c of chunks)
+    for (const id of c) {
+      if (seen.has(id)) return true;
+      seen.add(id);
+    }
+  return false;
+}
