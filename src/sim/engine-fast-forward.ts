@@ -1,5 +1,5 @@
 import type { BlockAllocator } from './block-allocator.ts';
-import type { Req } from './engine-scheduler-types.ts';
+import type { Req, SimSchedulerDeps } from './engine-scheduler-types.ts';
 
 /**
  * Decode-only steps run in a tight loop. While every running request decodes and nothing waits,
@@ -92,4 +92,43 @@ export function fastForwardDecode(
   function none(): { steps: number; endMs: number } {
     return { steps: 0, endMs: lim.nowMs };
   }
+}
+
+/** A waiting request that holds no blocks and awaits no lookup answer or load. */
+export function quietWaiting(r: Req): boolean {
+  return r.blocks.length === 0 && !r.pendingLookup && r.status !== 'waiting_for_remote_kvs';
+}
+
+/**
+ * Whether the scheduler would admit `head`, the head of its waiting queue (a quiet one), in a step
+ * whose `running` requests each decode one token: the same budget, running limit, local prefix
+ * hits and block check, with no external tokens (asked only where the connector finds none), and
+ * the same note of the first hits of a request asked for the first time.
+ */
+export function headAdmits(
+  head: Req,
+  running: number,
+  d: Pick<SimSchedulerDeps, 'allocator' | 'blockSize' | 'maxTokensPerStep' | 'maxRunning'>,
+): boolean {
+  const budget = d.maxTokensPerStep - running;
+  if (budget <= 0 || running >= d.maxRunning) return false;
+  const bs = d.blockSize;
+  const hits = d.allocator.findCached(head.hashes, Math.floor((head.promptLen - 1) / bs), bs);
+  head.firstHitTokens ??= hits.length * bs;
+  return d.allocator.canAllocate(hits, newBlocks(head, hits.length * bs, hits.length, budget, bs));
+}
+
+/**
+ * Blocks a waiting request takes beyond the `held` it holds or hits when admitted from `computed`
+ * with `budget` tokens left in the step (0 when it holds enough).
+ */
+export function newBlocks(
+  r: Req,
+  computed: number,
+  held: number,
+  budget: number,
+  bs: number,
+): number {
+  const numNew = Math.min(r.promptLen + r.numOutput - computed, budget);
+  return Math.max(0, Math.ceil((computed + numNew) / bs) - held);
 }

@@ -1,3 +1,4 @@
+import type { BlockAllocator } from './block-allocator.ts';
 import { emptyAdmission } from './engine-accounting.ts';
 import type { Req } from './engine-scheduler-types.ts';
 import { prefixHashes } from './kv-model.ts';
@@ -34,4 +35,12 @@ export function newReq(sim: SimRequest): Req {
     firstScheduledMs: undefined,
     firstTokenMs: undefined,
   };
+}
+
+/** Publishes the request's full, computed prompt blocks to the engine's prefix cache. */
+export function publishPrompt(r: Req, allocator: BlockAllocator, bs: number): void {
+  const full = Math.min(Math.floor(Math.min(r.numComputed, r.promptLen) / bs), r.blocks.length);
+  for (let j = r.cachedBlocks; j < full; j++)
+    allocator.cache(r.blocks[j]!, r.hashes, (j + 1) * bs - 1);
+  r.cachedBlocks = Math.max(r.cachedBlocks, full);
 }

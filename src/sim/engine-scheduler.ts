@@ -10,9 +10,15 @@ import {
   newCounters,
   prefillCompleted,
 } from './engine-accounting.ts';
-import { type FastForwardLimits, fastForwardDecode } from './engine-fast-forward.ts';
+import {
+  type FastForwardLimits,
+  fastForwardDecode,
+  headAdmits,
+  newBlocks,
+  quietWaiting,
+} from './engine-fast-forward.ts';
 import { KvChecker, verifyLoad } from './engine-kv.ts';
-import { newReq } from './engine-request.ts';
+import { newReq, publishPrompt } from './engine-request.ts';
 import type {
   Req,
   SchedulerCounters,
@@ -216,7 +222,7 @@ export class SimScheduler {
       }
       tokens += numNew;
       r.numComputed = end;
-      this.#publish(r);
+      publishPrompt(r, this.#d.allocator, this.#d.blockSize);
       if (r.numComputed >= r.promptLen + r.numOutput) {
         if (r.numOutput === 0) r.firstTokenMs ??= this.clock.endMs;
         r.numOutput++;
@@ -268,42 +274,20 @@ export class SimScheduler {
     steps: number;
     endMs: number;
   } {
+    const d = this.#d;
     const none = { steps: 0, endMs: this.clock.startMs };
-    if (
-      this.delayedFrees > 0 ||
-      this.#running.length === 0 ||
-      this.#running.length > this.#d.maxTokensPerStep
-    )
-      return none;
-    let admits: (() => boolean) | undefined;
-    if (this.#waiting.length > 0) {
-      const quiet = (r: Req) =>
-        r.blocks.length === 0 && !r.pendingLookup && r.status !== 'waiting_for_remote_kvs';
-      if (o.withWaiting !== true || !this.#waiting.every(quiet)) return none;
-      admits = () => this.#headAdmits();
-    }
-    const lim = { ...o, nowMs: this.clock.startMs, admits };
-    const r = fastForwardDecode(this.#running, this.#d.allocator, this.#d.blockSize, lim);
+    const run = this.#running;
+    if (this.delayedFrees > 0 || run.length === 0 || run.length > d.maxTokensPerStep) return none;
+    const w = this.#waiting;
+    if (w.length > 0 && (o.withWaiting !== true || !w.every(quietWaiting))) return none;
+    const admits = w.length > 0 ? () => headAdmits(w[0] as Req, run.length, d) : undefined;
+    const r = fastForwardDecode(run, d.allocator, d.blockSize, {
+      ...o,
+      nowMs: this.clock.startMs,
+      admits,
+    });
     this.step += r.steps;
     return r;
-  }
-
-  /**
-   * Whether `#scheduleWaiting` would admit the head of the waiting queue now, every running
-   * request decoding one token this step: the same budget, running limit, local prefix hits and
-   * block check, with no external tokens (asked only where the connector finds none), and the
-   * same note of the first hits of a request asked for the first time.
-   */
-  #headAdmits(): boolean {
-    const d = this.#d;
-    const r = this.#waiting[0];
-    if (r === undefined) return false;
-    const budget = d.maxTokensPerStep - this.#running.length;
-    if (budget <= 0 || this.#running.length >= d.maxRunning) return false;
-    const bs = d.blockSize;
-    const hits = d.allocator.findCached(r.hashes, Math.floor((r.promptLen - 1) / bs), bs);
-    r.firstHitTokens ??= hits.length * bs;
-    return d.allocator.canAllocate(hits, newBlocks(r, hits.length * bs, hits.length, budget, bs));
   }
 
   #scheduleWaiting(budgetIn: number, scheduled: { r: Req; numNew: number }[]): void {
@@ -455,7 +439,7 @@ export class SimScheduler {
       validTokens,
     });
     r.numComputed = load.firstToken + validTokens;
-    this.#publish(r);
+    publishPrompt(r, this.#d.allocator, this.#d.blockSize);
     if (valid < load.blocks.length) {
       this.counters.invalidBlocks += load.blocks.length - valid;
       if (d.kvLoadFailurePolicy === 'fail') {
@@ -466,15 +450,6 @@ export class SimScheduler {
       this.counters.recomputedAfterFailure += load.tokens - validTokens;
     }
     this.#setStatus(r, r.numPreemptions > 0 ? 'preempted' : 'waiting');
-  }
-
-  /** Publishes the request's full, computed prompt blocks to the prefix cache. */
-  #publish(r: Req): void {
-    const bs = this.#d.blockSize;
-    const full = Math.min(Math.floor(Math.min(r.numComputed, r.promptLen) / bs), r.blocks.length);
-    for (let j = r.cachedBlocks; j < full; j++)
-      this.#d.allocator.cache(r.blocks[j]!, r.hashes, (j + 1) * bs - 1);
-    r.cachedBlocks = Math.max(r.cachedBlocks, full);
   }
 
   /** Terminal end: the connector decides whether the blocks wait for the worker. */
@@ -517,13 +492,4 @@ export class SimScheduler {
   #emit(e: SimEvent): void {
     this.#d.onEvent?.(e);
   }
-}
-
-/**
- * Blocks a waiting request takes beyond the `held` it holds or hits when admitted from `computed`
- * with `budget` tokens left in the step (0 when it holds enough).
- */
-function newBlocks(r: Req, computed: number, held: number, budget: number, bs: number): number {
-  const numNew = Math.min(r.promptLen + r.numOutput - computed, budget);
-  return Math.max(0, Math.ceil((computed + numNew) / bs) - held);
 }
