@@ -391,7 +391,8 @@ export function kvtierAllShare(r: SimReport): number {
 }
 
 function int(n: number): string {
-  return Number.isFinite(n) ? Math.round(n).toLocaleString('en-US') : String(n);
+  // `+ 0` turns the -0 a small negative rounds to into 0.
+  return Number.isFinite(n) ? (Math.round(n) + 0).toLocaleString('en-US') : String(n);
 }
 
 function num(n: number): string {
