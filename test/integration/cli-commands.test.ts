@@ -71,6 +71,11 @@ describe('kvtier --help', () => {
       assert.match(r.out, /^Usage: kvtier /, argv.join(' '));
     }
   });
+      assert.equal(code, 0, `simulate ${flag}: ${err.join('\n')}`);
+      assert.deepEqual(err, [], `simulate ${flag}`);
+      assert.match(out[0] ?? '', /^Usage: kvtier simulate /, `simulate ${flag}`);
+    }
+  });
 
   it('every option the help lists is one the command accepts, and no other', () => {
     for (const spec of COMMANDS) {
@@ -290,7 +295,7 @@ describe('put, get, clear, ls against a sidecar with CurveZMQ', () => {
     );
   });
 
-  it('a wrong server key, or no sidecar, says no CurveZMQ handshake completed', async () => {
+  it('a wrong server key, no sidecar, or no keys, says which handshake did not complete', async () => {
     const wrong = generateCurveKeyPair().publicKey;
     const r = await kvtier(['ping', '--timeout-ms', '3000'], { env: env('admin', wrong) });
     assert.equal(r.code, 1);
@@ -304,6 +309,17 @@ describe('put, get, clear, ls against a sidecar with CurveZMQ', () => {
     assert.match(
       stranger.err[0] ?? '',
       /CurveZMQ handshake refused: this client's key is not on the sidecar's allow-list/,
+    );
+    // No keys at all: the sidecar's refusal of a handshake without CurveZMQ is named, not taken
+    // for a sidecar that is down.
+    const keyless = await kvtier(['ping', '--timeout-ms', '5000'], {
+      env: { KVTIER_ENDPOINT: endpoint },
+    });
+    assert.equal(keyless.code, 1);
+    assert.deepEqual(keyless.err.length, 1);
+    assert.match(
+      keyless.err[0] ?? '',
+      /^kvtier ping: KVT_TIMEOUT: no handshake — the sidecar requires CurveZMQ keys and this client has none \(docs\/security\.md\) \(tcp:\/\/127\.0\.0\.1:\d+, /,
     );
   });
 
