@@ -13,6 +13,7 @@ import type { CliIo } from '../../src/cli/client-io.ts';
 import { COMMANDS } from '../../src/cli/commands.ts';
 import { main } from '../../src/cli/main.ts';
 import { parseCommand } from '../../src/cli/options.ts';
+import { runSimulateCommand } from '../../src/cli/simulate-command.ts';
 import { loadConfig } from '../../src/config/config.ts';
 import { hashChunks, hashToHex } from '../../src/hashing/chunk-hasher.ts';
 import { generateCurveKeyPair, writeKeyPair } from '../../src/security/curve-keys.ts';
@@ -70,7 +71,15 @@ describe('kvtier --help', () => {
       assert.equal(r.code, 0, argv.join(' '));
       assert.match(r.out, /^Usage: kvtier /, argv.join(' '));
     }
-  });
+    // simulate has its own parser (and writes to the process's stdout through main).
+    for (const flag of ['--help', '-h']) {
+      const out: string[] = [];
+      const err: string[] = [];
+      const code = await runSimulateCommand([flag], {
+        out: (l) => out.push(l),
+        err: (l) => err.push(l),
+        writeFile: async () => {},
+      });
       assert.equal(code, 0, `simulate ${flag}: ${err.join('\n')}`);
       assert.deepEqual(err, [], `simulate ${flag}`);
       assert.match(out[0] ?? '', /^Usage: kvtier simulate /, `simulate ${flag}`);
