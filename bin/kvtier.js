@@ -12,4 +12,10 @@ if (process.env.KVTIER_FROM_SOURCE !== '1' && existsSync(compiled)) {
   register();
   ({ main } = await import('../src/cli/main.ts'));
 }
+// A reader that went away (`kvtier ls ... | head -1`) ends the command quietly, as SIGPIPE ends
+// other command-line tools, instead of an unhandled EPIPE with a stack trace.
+process.stdout.on('error', (err) => {
+  if (err.code !== 'EPIPE') throw err;
+  process.exit(process.exitCode ?? 0);
+});
 process.exitCode = await main(process.argv.slice(2));

@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync, mkdtempSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -380,5 +381,20 @@ describe('kvtier client-side commands and errors', () => {
     const res = await runCli(['frobnicate']);
     assert.equal(res.code, 2);
     assert.match(res.stderr, /unknown command "frobnicate"/);
+  });
+
+  it('a reader that goes away (kvtier ... | head) ends the command quietly', async () => {
+    for (const args of [['--help'], ['simulate', '--help'], ['version']]) {
+      const child = spawnCli(args);
+      child.stdout.destroy(); // before the command writes anything: every write fails EPIPE
+      let stderr = '';
+      child.stderr.setEncoding('utf8').on('data', (d: string) => {
+        stderr += d;
+      });
+      child.stdin.end();
+      const [code] = await withDeadline(once(child, 'close'), DEADLINE_MS, args.join(' '));
+      assert.equal(stderr, '', `kvtier ${args.join(' ')}`);
+      assert.equal(code, 0, `kvtier ${args.join(' ')}`);
+    }
   });
 });
