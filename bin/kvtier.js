@@ -3,6 +3,14 @@
 // which `npm ci` runs); without one, or with KVTIER_FROM_SOURCE=1, runs the TypeScript sources.
 import { existsSync } from 'node:fs';
 
+// Node's process warnings (the AWS SDK's notice on Node 20 when a command builds an S3 tier) as
+// one line on stderr instead of Node's text over several lines; `serve` logs them as JSON lines.
+process.removeAllListeners('warning');
+process.on('warning', (w) => {
+  const name = w.name === 'Warning' ? '' : `${w.name}: `;
+  process.stderr.write(`kvtier: warning: ${name}${w.message.replace(/\s*\n\s*/g, ' ')}\n`);
+});
+
 const compiled = new URL('../dist/src/cli/main.js', import.meta.url);
 let main;
 if (process.env.KVTIER_FROM_SOURCE !== '1' && existsSync(compiled)) {

@@ -312,6 +312,45 @@ describe('kvtier client-side commands and errors', () => {
     }
   });
 
+  it("process warnings are one line each (the AWS SDK's notice on Node 20 when S3 is built)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'kvtier-cli-config-'));
+    try {
+      const file = join(dir, 's3.json');
+      await writeFile(
+        file,
+        JSON.stringify({
+          listen: 'tcp://127.0.0.1:*',
+          metrics: null,
+          storage: { epochFile: null },
+          tiers: [
+            { name: 'cpu', type: 'local-cpu', capacityBytes: '16MiB' },
+            {
+              name: 's3',
+              type: 's3',
+              endpoint: 'http://127.0.0.1:9',
+              bucket: 'kv',
+              region: 'us-east-1',
+              accessKeyId: 'AKID',
+              secretAccessKey: 'sekrit',
+            },
+          ],
+        }),
+      );
+      // The check builds the S3 tier (its client makes no request until used) and closes it.
+      const res = await runCli(['config', 'check', file]);
+      assert.equal(res.code, 0, res.stderr);
+      const lines = nonEmptyLines(res.stderr);
+      for (const line of lines) assert.match(line, /^kvtier: warning: /);
+      if (Number(process.versions.node.split('.')[0]) < 22)
+        assert.ok(
+          lines.some((l) => /^kvtier: warning: NodeVersionSupportWarning: .*node >=22/.test(l)),
+          res.stderr,
+        );
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('config check lists every problem with its key path and exits 1', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'kvtier-cli-config-'));
     try {
