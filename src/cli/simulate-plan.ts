@@ -208,7 +208,7 @@ export function parsePlan(argv: string[]): Plan | 'help' {
         fault: { type: 'string', multiple: true },
         json: { type: 'boolean' },
         'no-partial-chunks': { type: 'boolean' },
-        help: { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' },
       },
     }));
   } catch (err) {
