@@ -16,6 +16,7 @@ import type {
   NamespaceId,
   PutOptions,
   PutOutcome,
+  RemovalListener,
   StorageBackend,
 } from './types.ts';
 
@@ -74,6 +75,16 @@ export abstract class ForwardingBackend<T extends StorageBackend = StorageBacken
 
   clear(ns?: NamespaceId): Promise<void> {
     return this.inner.clear(ns);
+  }
+
+  /** Forwarded when the wrapped backend has it; else nothing (it drops nothing by itself). */
+  setRemovalListener(listener: RemovalListener | undefined): void {
+    this.inner.setRemovalListener?.(listener);
+  }
+
+  /** Forwarded when the wrapped backend has it; else an empty listing. */
+  listChunks(ns?: NamespaceId): Iterable<readonly [NamespaceId, ChunkHash]> {
+    return this.inner.listChunks?.(ns) ?? [];
   }
 
   stats(): BackendStats {

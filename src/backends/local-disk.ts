@@ -34,6 +34,7 @@ import type {
   NamespaceId,
   PutOptions,
   PutOutcome,
+  RemovalListener,
   StorageBackend,
 } from './types.ts';
 
@@ -83,6 +84,7 @@ export class LocalDiskBackend implements StorageBackend {
   #ioErrors = 0;
   #health: BackendHealth = 'up';
   #closing: Promise<void> | null = null;
+  #onRemoved: RemovalListener | undefined;
 
   /**
    * Opens the store: creates the directory, deletes stray temp files and indexes every object
@@ -121,7 +123,10 @@ export class LocalDiskBackend implements StorageBackend {
       log: this.#log,
       onCorrupt: raw.onCorrupt ?? (() => {}),
     });
-    this.#index = new DiskIndex(o.capacityBytes, o.maxChunks, (e) => void this.#unlink(e));
+    this.#index = new DiskIndex(o.capacityBytes, o.maxChunks, (e) => {
+      this.#onRemoved?.(e.ns, e.hash, 'evicted');
+      void this.#unlink(e);
+    });
     this.capabilities = Object.freeze({
       pinning: true,
       hostMemory: false,
@@ -244,6 +249,16 @@ export class LocalDiskBackend implements StorageBackend {
     }
   }
 
+  /** Hears of chunks evicted for room and of objects found corrupt or gone when read. */
+  setRemovalListener(listener: RemovalListener | undefined): void {
+    this.#onRemoved = listener;
+  }
+
+  /** The chunks the index holds now. */
+  *listChunks(ns?: NamespaceId): Generator<readonly [NamespaceId, ChunkHash]> {
+    for (const e of this.#index.entries(ns)) yield [e.ns, e.hash];
+  }
+
   async clear(ns?: NamespaceId): Promise<void> {
     this.#open(undefined, 'clear');
     const deletes: Promise<void>[] = [];
@@ -329,6 +344,7 @@ export class LocalDiskBackend implements StorageBackend {
     // Deleted behind our back, or corrupt: forget it (unless it was replaced meanwhile).
     if (this.#index.holds(e)) {
       this.#index.forget(e);
+      this.#onRemoved?.(e.ns, e.hash, 'corrupt');
       if (res.kind === 'corrupt') await this.#unlink(e);
     }
     return null;

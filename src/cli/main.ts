@@ -14,7 +14,7 @@ import { processSimulateIo, runSimulateCommand } from './simulate-command.ts';
 const USAGE = `kvtier ${KVTIER_VERSION} — KV-cache tiering sidecar
 
 Usage:
-  kvtier serve  [--config FILE] [--listen ENDPOINT] [--metrics-port N]
+  kvtier serve  [--config FILE] [--listen ENDPOINT] [--metrics-port N] [--events ENDPOINT|off]
   kvtier config check FILE   (validate a config file, print it resolved; see docs/configuration.md)
   kvtier hash   [--tokens FILE] [--chunk-size N] [--salt S] [--partial]   (tokens JSON on stdin)
   kvtier lookup --namespace ID [--tokens FILE] [--endpoint E] [--chunk-size N] [--salt S] [--partial]
@@ -97,6 +97,7 @@ async function serve(args: string[]): Promise<number> {
       config: { type: 'string' },
       listen: { type: 'string' },
       'metrics-port': { type: 'string' },
+      events: { type: 'string' },
     },
     strict: true,
   });
@@ -106,6 +107,7 @@ async function serve(args: string[]): Promise<number> {
     ...(values.config !== undefined ? { configPath: values.config } : {}),
     ...(values.listen !== undefined ? { listen: values.listen } : {}),
     ...(metricsPort !== undefined ? { metricsPort } : {}),
+    ...(values.events !== undefined ? { events: values.events } : {}),
   });
   // Signal handlers come first: a SIGTERM that lands while the sidecar starts (or right as the
   // "serving on" line is read) must shut it down gracefully, not kill the process.

@@ -96,12 +96,11 @@ export class StorageManager {
   readonly #metrics: KvtierMetrics | undefined;
   readonly #recorder: LookupRecorder;
   readonly #log: Logger;
+  readonly #onCleared: StorageManagerOptions['onCleared'];
   /** `releaseLookup`, bound once for every lookup's dispose hook. */
   readonly #release = (p: PinnedLookup): void => this.releaseLookup(p);
-  /**
-   * The hooks of every lookup {@link lookupNow} answers: its entry is done as soon as it is
-   * made, so there is no work to abort, only pins to release.
-   */
+  /** The hooks of every lookup {@link lookupNow} answers: its entry is done as soon as it is
+   * made, so there is no work to abort, only pins to release. */
   readonly #answeredHooks: PrefetchHooks<PinnedLookup> = {
     abort: () => {},
     dispose: this.#release,
@@ -127,6 +126,7 @@ export class StorageManager {
     this.#metrics = opts.metrics;
     this.#recorder = new LookupRecorder(opts.metrics);
     this.#log = opts.log ?? silentLogger;
+    this.#onCleared = opts.onCleared;
     this.#epoch = requireInt(
       'initialEpoch',
       opts.initialEpoch ?? defaultInitialEpoch(),
@@ -447,6 +447,7 @@ export class StorageManager {
         }
       }),
     );
+    this.#onCleared?.(namespaces, this.#epoch);
     return this.#epoch;
   }
 
