@@ -184,6 +184,11 @@ if (missing !== null) {
       }
     });
   }
+  // Figures some tests print for the record (python/tests/test_router_events.py).
+  const figures = res.output.split('\n').filter((l) => l.startsWith('router events: '));
+  describe('pytest figures', () => {
+    for (const line of figures) it(line, () => {});
+  });
   describe('pytest run', () => {
     it(`pytest python/tests finished (${cases.length} cases in ${seconds} s)`, () => {
       assert.ok(
