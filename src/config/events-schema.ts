@@ -2,7 +2,7 @@
 import * as v from 'valibot';
 import { bytes, int, pattern, str, strict } from './schema-kit.ts';
 
-const ENDPOINT_RULE = 'must be a ZMQ endpoint like "tcp://127.0.0.1:5557"';
+const ENDPOINT_RULE = 'must be a ZMQ endpoint like "tcp://127.0.0.1:5560"';
 const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;
 
 /** `events`: null (the default) keeps the stream off. */
@@ -11,7 +11,7 @@ export const eventsSchema = v.nullable(
     endpoint: v.optional(
       v.pipe(
         pattern(ENDPOINT, ENDPOINT_RULE),
-        v.description('PUB endpoint of the event stream; default tcp://127.0.0.1:5557.'),
+        v.description('PUB endpoint of the event stream; default tcp://127.0.0.1:5560.'),
       ),
     ),
     replayEndpoint: v.optional(

@@ -34,8 +34,11 @@ export const EVENTS_DEFAULTS = Object.freeze({
   heartbeatMs: 1000,
 });
 
-/** The endpoint the PUB socket takes when the section names none. */
-export const DEFAULT_EVENTS_ENDPOINT = 'tcp://127.0.0.1:5557';
+/**
+ * The endpoint the PUB socket takes when the section names none: beside the sidecar's 5555,
+ * clear of vLLM's own KV event ports (5557, 5558) on the same node.
+ */
+export const DEFAULT_EVENTS_ENDPOINT = 'tcp://127.0.0.1:5560';
 
 /**
  * The replay endpoint that goes with a PUB endpoint, as vLLM pairs them: the next TCP port
