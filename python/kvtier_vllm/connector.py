@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,6 +47,7 @@ except ImportError:  # older vLLM: kv_events cannot be reported
 from .client import KvtierClient
 from .config import KvtierConfig
 from .curve import CurveKeys, load_client_keys
+from .errors import ConfigError
 from .connector_types import ConnectorMeta, ConnectorOutput
 from .kv_caches import build_registration
 from .kv_events import BlockEventMapper, ChunkTransitions, open_worker_events
@@ -188,6 +190,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if self._cfg.kv_events and not self._events_on:
             _log.error("kvtier: kv_events needs a vLLM with KVConnectorKVEvents; no events are reported")
         self._worker_events: Any = None
+        self._events_retry_at = 0.0
         self._event_map = (
             BlockEventMapper(self._shape.world, self._cfg.chunk_size // self._shape.block_size, self._cfg.kv_events_max_chunks)
             if self._events_on and role == KVConnectorRole.SCHEDULER
@@ -383,7 +386,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return None
         if self._worker_events is None:
             result = self._worker.registration_result
-            if result is None:
+            if result is None or time.monotonic() < self._events_retry_at:
                 return None
             try:
                 self._worker_events = open_worker_events(
@@ -395,9 +398,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                     max_chunks=self._cfg.kv_events_max_chunks,
                     curve=self._curve_keys(),
                 )
-            except Exception as err:
-                _log.error("kvtier: cannot follow the sidecar's event stream (%s); no KV events are reported", err)
+            except ConfigError as err:  # the sidecar publishes no stream
+                _log.error("kvtier: %s; no KV events are reported", err)
                 self._events_on = False
+                return None
+            except Exception as err:  # sidecar unreachable for now: asked again 10 s later
+                _log.warning("kvtier: cannot reach the sidecar's event stream yet (%s)", err)
+                self._events_retry_at = time.monotonic() + 10
                 return None
         return self._worker_events.take(KvtierKVEvents)
 

@@ -245,7 +245,7 @@ def open_worker_events(
 
     topic = "kvtier"
     if endpoint is None or replay_endpoint is None:
-        info = (client.ping() or {}).get("events") or {}
+        info = (client.ping(timeout_ms=1000) or {}).get("events") or {}
         if not info.get("endpoint") or not info.get("replayEndpoint"):
             raise ConfigError(
                 f"kv_events is on but the sidecar at {client.endpoint} publishes no event stream with replay; "
