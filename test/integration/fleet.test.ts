@@ -229,9 +229,8 @@ describe('sidecars sharing one Redis Cluster and one S3 bucket', { timeout: 300_
     assert.deepEqual(loaded.invalidBlockIds, []);
     const s = readFileSync(src);
     const d = readFileSync(dst);
-    from.forEach((blk, j) =>
-      assert.ok(blockContents(d, to[j]!).equals(blockContents(s, blk)), `block ${blk} → ${to[j]}`),
-    );
+    for (const [j, blk] of from.entries())
+      assert.ok(blockContents(d, to[j]!).equals(blockContents(s, blk)), `block ${blk} → ${to[j]}`);
   });
 
   it('each node evicts its own host memory; the shared tiers keep the chunks for every node', async () => {
