@@ -67,6 +67,9 @@ export class EventPublisher {
       ...common,
       ...(curve as Partial<zmq.SocketOptions<zmq.Publisher>>),
       sendHighWaterMark: opts.sendHighWaterMark,
+      // The last batches (sealed by close) get this long to leave; a subscriber that missed
+      // them learns of the restart from the next instance anyway.
+      linger: 200,
     });
     this.#pubQueue = new SocketSendQueue(this.#pub, { immediate: true, log: this.#logger });
     if (opts.replayEndpoint !== null) {
@@ -196,8 +199,6 @@ export class EventPublisher {
     this.#closing ??= (async () => {
       clearInterval(this.#heartbeat);
       this.log.close();
-      // Let the last batch leave before the socket goes (linger 0 would drop it).
-      await new Promise((r) => setImmediate(r));
       this.#pub.close();
       this.#replay?.close();
       await this.#loop;
