@@ -25,6 +25,10 @@ ENV KVTIER_LISTEN=tcp://0.0.0.0:5555 \
     KVTIER_METRICS_HOST=0.0.0.0 \
     KVTIER_METRICS_PORT=9464 \
     KVTIER_ALLOW_UNAUTHENTICATED=1
+# The compose file mounts a named volume here (disk tier, epoch file). Docker fills a fresh
+# named volume from the image's directory, owner included: without it the volume would belong to
+# root and the node user could not write its chunks.
+RUN mkdir -p /var/cache/kvtier && chown node:node /var/cache/kvtier
 EXPOSE 5555 9464
 USER node
 ENTRYPOINT ["node", "bin/kvtier.js"]

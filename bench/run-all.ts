@@ -13,9 +13,9 @@
  * preemption alone can stall a loop for tens of ms.
  */
 import { spawn } from 'node:child_process';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
-import { cpus, totalmem } from 'node:os';
+import { cpus, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { renderPng } from '../src/sim/png.ts';
 import { writeResults } from './support/child.ts';
@@ -25,6 +25,7 @@ import {
   type FigureSample,
   lookupFigures,
   meets,
+  scaleFigures,
   stallFigure,
   tierFigures,
   tierStalls,
@@ -55,6 +56,10 @@ const ext = import.meta.url.endsWith('.ts') ? '.ts' : '.js';
 const root = join(here, ext === '.ts' ? '..' : '../..');
 const results = join(root, 'bench', 'results');
 const python = existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
+/** Where bench:scale keeps its stores between rounds (written in the first, removed at the end). */
+const SCALE_DIR = join(tmpdir(), `kvtier-bench-scale-${process.pid}`);
+/** Seconds of churn per bench:scale measurement. */
+const SCALE_CHURN_S = QUICK ? 3 : 10;
 
 interface Bench {
   name: string;
@@ -87,6 +92,17 @@ const BENCHES: Bench[] = (
         KVTIER_BENCH_DATAPLANE_MIB: String(LOAD_MIB),
         KVTIER_BENCH_DATAPLANE_REPEAT: '2',
         KVTIER_BENCH_DATAPLANE_PATHS: 'production',
+      },
+    },
+    {
+      name: 'scale',
+      cmd: node('scale'),
+      json: 'scale.json',
+      env: {
+        KVTIER_BENCH_SCALE_ROUNDS: '1',
+        KVTIER_BENCH_SCALE_CHURN_S: String(SCALE_CHURN_S),
+        KVTIER_BENCH_SCALE_DIR: SCALE_DIR,
+        KVTIER_BENCH_SCALE_KEEP: '1',
       },
     },
     {
@@ -144,6 +160,8 @@ function figuresOf(name: string, j: Json, idleMs: number): FigureSample[] {
       ];
     case 'python':
       return lookupFigures(j, 'python', 'Python client').filter((f) => f.id.includes('.p50.'));
+    case 'scale':
+      return scaleFigures(j);
     case 'tiers':
       return [
         ...tierFigures(j),
@@ -267,16 +285,20 @@ async function main(): Promise<void> {
       };
     }
   }
-  for (let r = 0; r < ROUNDS; r++) {
-    for (const b of BENCHES.filter((x) => x.once !== true)) {
-      const res = await runOnce(b);
-      stamp(b, r, res.seconds);
-      rounds.push({ bench: b.name, round: r + 1, idleStallMs: res.idleStallMs, json: res.json });
-      for (const f of figuresOf(b.name, res.json, res.idleStallMs)) add(f);
+  try {
+    for (let r = 0; r < ROUNDS; r++) {
+      for (const b of BENCHES.filter((x) => x.once !== true)) {
+        const res = await runOnce(b);
+        stamp(b, r, res.seconds);
+        rounds.push({ bench: b.name, round: r + 1, idleStallMs: res.idleStallMs, json: res.json });
+        for (const f of figuresOf(b.name, res.json, res.idleStallMs)) add(f);
+      }
     }
+  } finally {
+    rmSync(SCALE_DIR, { recursive: true, force: true });
   }
 
-  const order = ['lookup.', 'python.', 'tiers.', 'dataplane.', 'stall.', 'checksum.'];
+  const order = ['lookup.', 'python.', 'tiers.', 'dataplane.', 'scale.', 'stall.', 'checksum.'];
   const rank = (id: string) => order.findIndex((p) => id.startsWith(p));
   const sorted = [...aggs.values()].sort((a, b) => rank(a.first.id) - rank(b.first.id));
   const lines: string[] = [];
@@ -341,7 +363,8 @@ async function main(): Promise<void> {
     'Each figure: median [min–max] over the rounds; the raw limit is measured in the same run ' +
       '(median shown); the ratio column is the figure over its raw limit (times: the ' +
       'figure is in the numerator, so lower is better) or, for absolute targets, the value itself. ' +
-      'Targets are those of issue 10. "info" rows have no target.',
+      'Targets are those of issue 10, and for the local-disk scale rows those of issue 23. ' +
+      '"info" rows have no target.',
     '',
     '| figure | value | raw limit | ratio | target | |',
     '| --- | --- | --- | --- | --- | --- |',
@@ -379,6 +402,14 @@ async function main(): Promise<void> {
       'only after loading its model; the time that took and the loop stall meanwhile are ' +
       '`prefaultMs` and `loopStallPrefaultMs` in dataplane.json. Without it (the default), the ' +
       'first save faults every page in and on this VM runs several times slower than the second.',
+    `- Local-disk scale rows (bench:scale): each size is a store of real object files (256-byte ` +
+      'payloads) that the tier opens in a fresh process; the first round writes the stores and ' +
+      'starts each once without a journal (the "no journal yet" rows), later starts read the ' +
+      'journal the previous close left. Memory per chunk is the growth of RSS from before the ' +
+      'open to the complete index, over the same growth for a 1,024-chunk index (so fixed costs ' +
+      'do not count), after full garbage collections. Lookups: `batchedContains` of 16 random ' +
+      'stored chunks (fresh hash strings each), against the 1,024-chunk index. Churn: puts of new ' +
+      `chunks at the bound (each evicting the least recently used) for ${SCALE_CHURN_S} s per size.`,
     '- Lookup round trips: each timed series (echo and lookup alike) follows 5000 untimed round ' +
       "trips, so it measures the steady state (the sidecar's lookup path optimised by V8, its " +
       'lookup registry full), not start-up.',

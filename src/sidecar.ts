@@ -1,6 +1,8 @@
+import { resolve } from 'node:path';
 import { BackendRegistry } from './backends/registry.ts';
 import type { StorageBackend } from './backends/types.ts';
-import type { KvtierConfig } from './config/config.ts';
+import { ConfigError, type KvtierConfig } from './config/config.ts';
+import { staticConfigProblems } from './config/preflight.ts';
 import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 import type { EventPublisher } from './events/event-publisher.ts';
@@ -13,6 +15,8 @@ import { createNativeCopyEngine } from './native/copy-engine.ts';
 import { nativeSlabAllocator } from './native/host-slabs.ts';
 import { serverAuthFromConfig } from './server/auth-config.ts';
 import { SidecarServer } from './server/sidecar-server.ts';
+import { TierWatch } from './server/tier-watch.ts';
+import { EpochFile, startEpoch } from './storage-manager/epoch-file.ts';
 import { asHostMemoryTier, StorageManager } from './storage-manager/storage-manager.ts';
 import { createLogger, type Logger } from './util/log.ts';
 
@@ -44,6 +48,7 @@ export class Sidecar {
   readonly ops: OpsHttpServer | undefined;
   readonly #log: Logger;
   #events: EventPublisher | undefined;
+  readonly #watch: TierWatch;
   #closing: Promise<void> | undefined;
 
   private constructor(
@@ -54,7 +59,9 @@ export class Sidecar {
     server: SidecarServer,
     ops: OpsHttpServer | undefined,
     log: Logger,
+    watch: TierWatch,
   ) {
+    this.#watch = watch;
     this.config = config;
     this.metrics = metrics;
     this.storage = storage;
@@ -77,8 +84,20 @@ export class Sidecar {
         pluginBaseDir: config.baseDir,
         log: log.child('tier'),
         metricsRegistry: metrics.registry,
+        onTierFailure: (tier, op, code) => metrics.backendErrors.inc({ tier, op, code }),
         ...hostSlabs(),
       });
+    // What `kvtier config check` checks too, before anything is built.
+    const problems = await staticConfigProblems(config, registry);
+    if (problems.length > 0) throw new ConfigError(problems);
+    const epochFile =
+      config.storage.epochFile === null
+        ? undefined
+        : new EpochFile(resolve(config.baseDir, config.storage.epochFile), log.child('epoch'));
+    const initialEpoch = startEpoch(await epochFile?.read());
+    // Recorded in the background (an fsync can take seconds on a busy disk); CLEARs' records
+    // queue behind it and are awaited.
+    void epochFile?.write(initialEpoch);
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
     let tiers: StorageBackend[];
     let events: EventPublisher | undefined;
@@ -119,6 +138,8 @@ export class Sidecar {
       metrics,
       log: log.child('storage'),
       ...(eventLog !== undefined ? { onCleared: eventLog.cleared.bind(eventLog) } : {}),
+      initialEpoch,
+      ...(epochFile !== undefined ? { onEpoch: (e: number) => epochFile.write(e) } : {}),
     });
     // The addon maps the engine's KV file and copies on worker threads; without a build, the
     // data plane still works through positional file I/O.
@@ -145,6 +166,8 @@ export class Sidecar {
       }),
       ...(auth !== undefined ? { auth } : {}),
     });
+    // Tier state changes in each tier's log; readiness is being able to answer lookups.
+    const watch = new TierWatch({ tiers: storage.tiers, log: log.child('tier') });
     let ops: OpsHttpServer | undefined;
     try {
       await server.start();
@@ -155,20 +178,27 @@ export class Sidecar {
           metrics,
           logger: log.child('ops'),
           ready: () => {
-            const down = storage
-              .tierHealth()
-              .filter((t) => t.health === 'down')
-              .map((t) => t.name);
+            const s = watch.check();
             return {
-              ready: server.endpoint !== '' && down.length === 0,
-              detail: { endpoint: server.endpoint, tiersDown: down },
+              ready: server.endpoint !== '' && s.ready,
+              detail: { endpoint: server.endpoint, degraded: s.degraded, tiers: s.tiers },
             };
           },
-          health: () => ({ version: KVTIER_VERSION, epoch: storage.epoch }),
+          health: () => {
+            const s = watch.check();
+            return {
+              status: s.degraded || !s.ready ? 'degraded' : 'ok',
+              version: KVTIER_VERSION,
+              epoch: storage.epoch,
+              ready: server.endpoint !== '' && s.ready,
+              tiers: s.tiers,
+            };
+          },
         });
         await ops.start();
       }
     } catch (err) {
+      watch.close();
       await ops?.close().catch(() => {});
       await server.close();
       await dataPlane.close();
@@ -176,7 +206,13 @@ export class Sidecar {
       await events?.close();
       throw err;
     }
-    metrics.bindSources(storage.metricSources());
+    metrics.bindSources({
+      ...storage.metricSources(),
+      serving: () => {
+        const s = watch.check();
+        return { ready: server.endpoint !== '' && s.ready, degraded: s.degraded };
+      },
+    });
     log.info('kvtier started', {
       version: KVTIER_VERSION,
       endpoint: server.endpoint,
@@ -184,7 +220,7 @@ export class Sidecar {
       tiers: config.tiers.map((t) => ({ name: t.name, type: t.type })),
       events: events?.info() ?? null,
     });
-    const sidecar = new Sidecar(config, metrics, storage, dataPlane, server, ops, log);
+    const sidecar = new Sidecar(config, metrics, storage, dataPlane, server, ops, log, watch);
     sidecar.#events = events;
     return sidecar;
   }
@@ -210,6 +246,7 @@ export class Sidecar {
       await this.server.close();
       await this.dataPlane.close();
       await this.ops?.close();
+      this.#watch.close();
       await this.storage.close();
       await this.#events?.close();
       this.#log.info('kvtier stopped');

@@ -221,3 +221,95 @@ export function checksumFigures(
   }
   return out;
 }
+
+type Stat = { median: number; min: number; max: number };
+
+/**
+ * bench:scale figures: per store size, start to ready and to a complete index, memory per
+ * indexed chunk (over a 1,024-chunk index, so fixed costs do not count), lookup p50/p99 against
+ * that index, memory after churn.
+ */
+export function scaleFigures(j: Json): FigureSample[] {
+  const out: FigureSample[] = [];
+  const churnS = num(j, 'churnMs') / 1000;
+  const base = num(j, 'baseChunks').toLocaleString('en-US');
+  for (const r of rows(j, 'rows')) {
+    const n = num(r, 'n');
+    const label = n.toLocaleString('en-US');
+    const v = (k: string) => (r[k] as Stat).median;
+    const abs = (id: string, what: string, value: number, unit: string, target: Target | null) =>
+      out.push({
+        id: `scale.${id}.${n}`,
+        what,
+        value,
+        unit,
+        raw: null,
+        rawWhat: '',
+        compared: value,
+        comparedWhat: unit,
+        target,
+      });
+    abs('ready', `local disk, ${label} chunks: start to ready`, v('readyMs'), 'ms', {
+      op: '<=',
+      value: 2000,
+    });
+    abs(
+      'indexed',
+      `local disk, ${label} chunks: start to complete index (background scan)`,
+      v('indexedMs'),
+      'ms',
+      null,
+    );
+    abs('rss', `local disk, ${label} chunks: RSS per indexed chunk`, v('rssBytesPerChunk'), 'B', {
+      op: '<=',
+      value: 128,
+    });
+    abs(
+      'heap',
+      `local disk, ${label} chunks: heap + typed arrays per chunk`,
+      v('heapBytesPerChunk'),
+      'B',
+      null,
+    );
+    abs(
+      'churn.rss',
+      `local disk, ${label} chunks: RSS per indexed chunk after ${churnS} s of churn`,
+      v('rssBytesPerChunkAfterChurn'),
+      'B',
+      { op: '<=', value: 128 },
+    );
+    for (const [p, target] of [
+      ['p50', { op: '<=', value: 1.1 }],
+      ['p99', null],
+    ] as const) {
+      const P = p.toUpperCase();
+      out.push({
+        id: `scale.lookup.${p}.${n}`,
+        what: `local disk, ${label} chunks: 16-chunk lookup ${p}`,
+        value: v(`lookup${P}Us`),
+        unit: 'µs',
+        raw: v(`base${P}Us`),
+        rawWhat: `${base}-chunk index ${p}`,
+        compared: v(`lookup${P}Ratio`),
+        comparedWhat: 'ratio',
+        target,
+      });
+    }
+  }
+  for (const f of rows(j, 'firstStart')) {
+    const n = num(f, 'n');
+    if (n === num(j, 'baseChunks')) continue;
+    out.push({
+      id: `scale.firstStart.${n}`,
+      what: `local disk, ${n.toLocaleString('en-US')} chunks, no journal yet: start to complete index`,
+      value: num(f, 'indexedMs'),
+      unit: 'ms',
+      raw: null,
+      rawWhat: '',
+      compared: num(f, 'indexedMs'),
+      comparedWhat: 'ms',
+      target: null,
+    });
+  }
+  return out;
+}

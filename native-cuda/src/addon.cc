@@ -4,6 +4,7 @@
 #include "copy_batch.h"
 #include "crc32c.h"
 #include "cuda_device.h"
+#include "file_io.h"
 #include "host_memory.h"
 #include "prefault.h"
 
@@ -51,6 +52,11 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("crc32cAsync", Napi::Function::New(env, Crc32cAsync, "crc32cAsync"));
   exports.Set("copyCrc32cAsync", Napi::Function::New(env, CopyCrc32cAsync, "copyCrc32cAsync"));
   exports.Set("preadCrc32cAsync", Napi::Function::New(env, PreadCrc32cAsync, "preadCrc32cAsync"));
+  exports.Set("statFilesAsync", Napi::Function::New(env, StatFilesAsync, "statFilesAsync"));
+  exports.Set("readFileCrc32cAsync",
+              Napi::Function::New(env, ReadFileCrc32cAsync, "readFileCrc32cAsync"));
+  exports.Set("writeFileAtomicAsync",
+              Napi::Function::New(env, WriteFileAtomicAsync, "writeFileAtomicAsync"));
   return exports;
 }
 

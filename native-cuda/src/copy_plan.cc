@@ -3,19 +3,80 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <system_error>
 #include <thread>
 #include <utility>
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define KVTIER_COPY_X86 1
+#endif
+
 namespace kvtier {
 namespace {
 
 // Below this many bytes per thread, starting a thread costs more than it saves.
 constexpr size_t kMinBytesPerThread = 8u << 20;
-// Unit of work the copy threads of one batch take in turn.
-constexpr size_t kSliceBytes = 1u << 20;
+
+size_t EnvSize(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  return (end != nullptr && *end == '\0' && n > 0) ? static_cast<size_t>(n) : fallback;
+}
+
+// Unit of work the copy threads of one batch take in turn (KVTIER_COPY_SLICE_KIB, default 1 MiB).
+const size_t kSliceBytes = EnvSize("KVTIER_COPY_SLICE_KIB", 1024) << 10;
+
+// Batches of at least this many bytes are copied with non-temporal (streaming) stores: they
+// write whole cache lines to memory without reading them first and without evicting the cache,
+// which is what a copy far larger than the cache wants (KVTIER_COPY_STREAM_MIB; 0 never).
+const size_t kStreamMinBytes = [] {
+  const char* v = std::getenv("KVTIER_COPY_STREAM_MIB");
+  if (v != nullptr && v[0] == '0' && v[1] == '\0') return SIZE_MAX;
+  return EnvSize("KVTIER_COPY_STREAM_MIB", 16) << 20;
+}();
+
+#ifdef KVTIER_COPY_X86
+const bool kAvx2 = __builtin_cpu_supports("avx2");
+
+// Copies with 32-byte streaming stores (the destination aligned first); the tail with memcpy.
+__attribute__((target("avx2"))) void StreamCopy(uint8_t* d, const uint8_t* s, size_t n) {
+  const size_t head = std::min(n, (32 - (reinterpret_cast<uintptr_t>(d) & 31)) & 31);
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  n -= head;
+  for (; n >= 128; n -= 128, d += 128, s += 128) {
+    const __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s));
+    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 32));
+    const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 64));
+    const __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + 96), e);
+  }
+  std::memcpy(d, s, n);
+}
+
+void CopyRun(uint8_t* d, const uint8_t* s, size_t n, bool stream) {
+  if (stream && kAvx2 && n >= 4096) StreamCopy(d, s, n);
+  else std::memcpy(d, s, n);
+}
+
+// Streaming stores are weakly ordered: fence them before the batch counts as done.
+void StreamFence(bool stream) {
+  if (stream) _mm_sfence();
+}
+#else
+void CopyRun(uint8_t* d, const uint8_t* s, size_t n, bool) { std::memcpy(d, s, n); }
+void StreamFence(bool) {}
+#endif
 
 bool ReadIndex(double v, size_t* out) {
   constexpr double kMaxSafe = 9007199254740991.0;
@@ -123,8 +184,10 @@ void ExecuteHostRuns(const std::vector<Run>& runs, size_t maxThreads) {
   for (const Run& r : runs) total += r.bytes;
   const size_t threads =
       std::max<size_t>(1, std::min(maxThreads, total / kMinBytesPerThread));
+  const bool stream = total >= kStreamMinBytes;
   if (threads == 1) {
-    for (const Run& r : runs) std::memcpy(r.b, r.a, r.bytes);
+    for (const Run& r : runs) CopyRun(r.b, r.a, r.bytes, stream);
+    StreamFence(stream);
     return;
   }
   // starts[i] is the offset of run i in the concatenated bytes of all runs.
@@ -139,7 +202,7 @@ void ExecuteHostRuns(const std::vector<Run>& runs, size_t maxThreads) {
   // batch is not held up by its slowest thread.
   const size_t slices = (total + kSliceBytes - 1) / kSliceBytes;
   std::atomic<size_t> next{0};
-  auto work = [&runs, &starts, &next, total, slices]() {
+  auto work = [&runs, &starts, &next, total, slices, stream]() {
     for (size_t s = next.fetch_add(1, std::memory_order_relaxed); s < slices;
          s = next.fetch_add(1, std::memory_order_relaxed)) {
       size_t begin = s * kSliceBytes;
@@ -151,11 +214,12 @@ void ExecuteHostRuns(const std::vector<Run>& runs, size_t maxThreads) {
         const Run& r = runs[i];
         const size_t from = begin - starts[i];
         const size_t to = std::min(r.bytes, end - starts[i]);
-        std::memcpy(r.b + from, r.a + from, to - from);
+        CopyRun(r.b + from, r.a + from, to - from, stream);
         begin = starts[i] + to;
         i++;
       }
     }
+    StreamFence(stream);
   };
   std::vector<std::thread> helpers;
   helpers.reserve(threads - 1);

@@ -252,6 +252,10 @@ uint32_t Crc32c(uint32_t crc, const uint8_t* data, size_t bytes) {
   return ~(kHw ? RawHw(raw, data, bytes) : RawTable(raw, data, bytes));
 }
 
+uint32_t Crc32cCombine(uint32_t crcA, uint32_t crcB, size_t bytesB) {
+  return ShiftZeros(crcA, bytesB) ^ crcB;
+}
+
 bool Crc32cHardware() { return kHw; }
 
 Napi::Value Crc32cSync(const Napi::CallbackInfo& info) {

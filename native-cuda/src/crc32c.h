@@ -14,6 +14,9 @@ namespace kvtier {
 // to continue over a split buffer). CRC-32C("123456789") = 0xE3069283.
 uint32_t Crc32c(uint32_t crc, const uint8_t* data, size_t bytes);
 
+// The CRC-32C of A followed by B, from crcA = Crc32c(0, A), crcB = Crc32c(0, B) and B's length.
+uint32_t Crc32cCombine(uint32_t crcA, uint32_t crcB, size_t bytesB);
+
 // True when Crc32c uses the CPU instruction (reported by probe()).
 bool Crc32cHardware();
 

@@ -40,7 +40,8 @@ class KvtierClient(ClientTransport):
     :param context: the zmq context; default the process-wide instance.
     :param liveness_timeout_ms: silence with requests in flight after which a PING probes the
         sidecar, and the time that PING has to answer before the sidecar counts as down.
-        Default 1000.
+        Default 5000 (a sidecar whose event loop stalls for a second or two on a loaded host is
+        not down; as the TypeScript clients).
     :param curve: CurveZMQ keys for a sidecar with authentication on (:func:`load_client_keys`);
         default none.
     """

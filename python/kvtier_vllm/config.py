@@ -29,7 +29,7 @@ class KvtierConfig:
     request_timeout_ms: int = 30000
     #: Silence (with requests in flight) after which a PING probes the sidecar, and the time that
     #: PING has to answer before the sidecar counts as down (everything in flight fails at once).
-    liveness_timeout_ms: int = 1000
+    liveness_timeout_ms: int = 5000
     #: Server deadline of a LOAD (0: the sidecar's default, 20 s).
     load_timeout_ms: int = 0
     #: Tokens per stored chunk; a multiple of vLLM's block size.

@@ -79,7 +79,7 @@ class ClientTransport:
         request_timeout_ms: float = 10000,
         clock: Callable[[], float] = time.monotonic,
         context: zmq.Context | None = None,
-        liveness_timeout_ms: float = 1000,
+        liveness_timeout_ms: float = 5000,
         curve: CurveKeys | None = None,
     ) -> None:
         if not isinstance(endpoint, str) or endpoint == "":

@@ -418,11 +418,26 @@ class WorkerConnector:
                 except Exception:
                     pass
 
+    def _await(self, pending: Any, timeout_ms: float) -> Any:
+        """The reply, waited for in short slices so that :meth:`close` never waits on it."""
+        end = time.monotonic() + timeout_ms / 1000
+        while True:
+            if self._hb_stop.is_set() and not pending.done:
+                raise ClosedError("the worker connector is closing")
+            left_ms = (end - time.monotonic()) * 1000
+            if left_ms <= 0 and not pending.done:
+                raise RequestTimeoutError(f"no reply within {timeout_ms:g} ms")
+            try:
+                return pending.wait(min(100.0, max(left_ms, 1.0)))
+            except RequestTimeoutError:
+                if pending.done:
+                    raise
+
     def _heartbeat_once(self, client: Any, force_register: bool = False) -> None:
         engine = self.engine_id
         timeout_ms = int(max(1.0, self._hb_interval) * 1000)
         try:
-            known = bool(client.send_heartbeat(engine).wait(timeout_ms).known)
+            known = bool(self._await(client.send_heartbeat(engine), timeout_ms).known)
         except Exception as err:
             _log.debug("heartbeat not answered: %s", err)
             return
@@ -431,7 +446,7 @@ class WorkerConnector:
             return
         if not known:
             try:
-                self._result = client.send_register(self._registration).wait(timeout_ms)
+                self._result = self._await(client.send_register(self._registration), timeout_ms)
                 self._stats.registrations += 1
                 _log.warning("sidecar had forgotten engine %s; registered again", engine)
             except Exception as err:

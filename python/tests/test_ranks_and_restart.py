@@ -92,13 +92,19 @@ def test_sidecar_killed_and_restarted_requests_recompute_nothing_hangs(sidecar):
             rig.step()
             time.sleep(0.05)
         rig.save_prompt("W3", w)
-        z = ConnectorRequest("Z", w)
-        n, _ = rig.ask(z)
+        # A lookup the fresh sidecar answers after the client's deadline on a busy machine is a
+        # miss (recompute); the next one hits.
+        deadline = time.monotonic() + 20
+        for attempt in range(1000):
+            z = ConnectorRequest(f"Z{attempt}", w)
+            n, _ = rig.ask(z)
+            if n != 0 or time.monotonic() > deadline:
+                break
         assert n == 96
         t3 = rig.alloc(25, reverse=True)
         rig.scheduler.update_state_after_alloc(z, t3, n)
         rig.step()
-        rig.until_recving("Z")
+        rig.until_recving(z.request_id)
         assert rig.mismatched(w, t3, 0, 24) == []
     finally:
         rig.close()

@@ -5,6 +5,7 @@ import { dirname, join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { abortedError, KvtierError, type KvtierErrorCode } from '../errors.ts';
 import { requireInt, requireOneOf } from '../util/validate.ts';
+import { type NativeFileIo, RAW_FILE_FUNCTIONS, type RawFileIo, wrapFileIo } from './file-io.ts';
 
 /**
  * The one declaration of the `native-cuda` addon's surface (`kvtier_native.node`) and its
@@ -168,7 +169,7 @@ export type DeviceCopyCounts = Record<
 >;
 
 /** The addon's exports as the C++ side registers them (native-cuda/src/addon.cc). */
-interface RawAddon {
+interface RawAddon extends RawFileIo {
   probe(): NativeProbe;
   allocSlab(bytes: number): ArrayBuffer;
   prefaultAsync(buffer: CopyBuffer): Promise<number>;
@@ -205,6 +206,8 @@ export interface NativeAddon {
   readonly path: string;
   /** Capabilities; the CUDA part is probed once per process. Never throws. */
   probe(): NativeProbe;
+  /** Whole-object file operations for the file tiers (file-io.ts). */
+  readonly files: NativeFileIo;
   /**
    * Page-aligned, zero-filled host memory of `bytes` (1..1 GiB), pinned with CUDA when CUDA is
    * available. Throws `KVT_TOO_LARGE` above 1 GiB, `KVT_CAPACITY` when the host is out of memory.
@@ -343,7 +346,9 @@ function tryLoad(): LoadNativeResult {
   }
   try {
     const raw = createRequire(import.meta.url)(path) as RawAddon;
-    const missing = RAW_FUNCTIONS.filter((f) => typeof raw[f] !== 'function');
+    const missing = [...RAW_FUNCTIONS, ...RAW_FILE_FUNCTIONS].filter(
+      (f) => typeof raw[f] !== 'function',
+    );
     if (missing.length > 0) {
       return {
         addon: null,
@@ -417,6 +422,7 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
   return {
     path,
     probe: () => raw.probe(),
+    files: wrapFileIo(raw, toNativeError),
     allocSlab: (bytes) =>
       guard(() => raw.allocSlab(requireInt('bytes', bytes, 1, MAX_NATIVE_SLAB_BYTES))),
     prefault: async (buffer) =>

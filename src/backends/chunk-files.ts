@@ -4,23 +4,31 @@
  * atomically, and the set of operations a tier waits for on close. Each tier keeps its own
  * index (or none), eviction and error policy; the raw file operations are in file-store.ts.
  */
+import { join } from 'node:path';
+import type { NativeFileIo } from '../addon/file-io.ts';
 import type { Logger } from '../util/log.ts';
 import { BufferPool } from './buffer-pool.ts';
 import {
   CHUNK_HEADER_BYTES,
+  CHUNK_HEADER_CHECKSUM_AT,
+  CHUNK_HEADER_CRC_AT,
   type ChunkDecodeFailure,
   decodeChunkObjectAsync,
   encodeChunkHeaderAsync,
+  encodeChunkHeaderTemplate,
 } from './chunk-format.ts';
 import {
   type FileSystem,
   type FsyncPolicy,
   isNotFound,
   objectPath,
+  type ReadResult,
   readObjectFile,
   type StoreEntry,
+  tempPathFor,
   writeChunkFileAtomic,
 } from './file-store.ts';
+import { nativeFilesFor } from './native-files.ts';
 import type { Chunk, ChunkHash, NamespaceId } from './types.ts';
 
 /** What the core needs of its tier. */
@@ -32,6 +40,11 @@ export interface ChunkFilesOptions {
   /** Largest payload a file may hold; a larger file is read as corrupt (`length`), never allocated. */
   readonly maxChunkBytes: number;
   readonly fsync: FsyncPolicy;
+  /**
+   * Whether a write may create the root directory when it is missing (a local disk), or only
+   * the namespace and shard directories under it (a shared mount that must not be recreated).
+   */
+  readonly createRoot: boolean;
   /** Tier name, for log lines. */
   readonly tier: string;
   readonly log: Logger;
@@ -59,6 +72,8 @@ const READ_POOL_MAX_BYTES = 128 * 1024 * 1024;
 /** Runs one file operation (the tier adds its concurrency limit and deadline). */
 export type FileOp = <T>(fn: () => Promise<T>) => Promise<T>;
 
+const FSYNC_CODE = { none: 0, data: 1, always: 2 } as const;
+
 /** Reading, verifying and writing chunk files under one root. */
 export class ChunkFiles {
   readonly #o: ChunkFilesOptions;
@@ -66,10 +81,23 @@ export class ChunkFiles {
   readonly #pool = new BufferPool(READ_POOL_PER_SIZE, READ_POOL_MAX_BYTES);
   readonly #alloc = (bytes: number): Buffer =>
     bytes >= POOLED_READ_MIN_BYTES ? this.#pool.acquire(bytes) : Buffer.allocUnsafe(bytes);
+  readonly #native: NativeFileIo | null;
+  /** Size of the last object read, the guess for a read whose size the tier does not know. */
+  #lastSize = 0;
   #corrupt = 0;
 
   constructor(o: ChunkFilesOptions) {
     this.#o = o;
+    this.#native = nativeFilesFor(o.fs);
+  }
+
+  /**
+   * Whether reads and writes run as one native task each (open, I/O with the checksum computed
+   * beside it, close; for a write also sync and rename): a caller need not compute a header
+   * ahead of a write then.
+   */
+  get native(): boolean {
+    return this.#native !== null;
   }
 
   /** Corrupt objects found since start. */
@@ -94,11 +122,19 @@ export class ChunkFiles {
    * failed verification is never reused.
    * @throws the system error (other than ENOENT) or whatever `run` throws (a timeout, an abort).
    */
-  async read(ns: NamespaceId, hash: ChunkHash, path: string, run: FileOp): Promise<ChunkFileRead> {
+  async read(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    path: string,
+    run: FileOp,
+    expectedBytes?: number,
+  ): Promise<ChunkFileRead> {
     const max = CHUNK_HEADER_BYTES + this.#o.maxChunkBytes;
-    const res = await run(() =>
-      readObjectFile(this.#o.fs, path, max, CHUNK_HEADER_BYTES, this.#alloc),
-    );
+    const res =
+      (this.#native === null
+        ? null
+        : await this.#readNative(this.#native, path, max, run, expectedBytes ?? this.#lastSize)) ??
+      (await run(() => readObjectFile(this.#o.fs, path, max, CHUNK_HEADER_BYTES, this.#alloc)));
     if (res.kind === 'missing') return res;
     let reason: ChunkDecodeFailure = 'length';
     if (res.kind === 'ok') {
@@ -113,6 +149,49 @@ export class ChunkFiles {
     this.#o.log.warn('corrupt object removed', { tier: this.#o.tier, path, reason });
     this.#o.onCorrupt(reason);
     return { kind: 'corrupt', reason, size: res.kind === 'ok' ? res.bytes.byteLength : res.size };
+  }
+
+  /**
+   * One native task reads the whole object into a buffer of `size` bytes (the index's size, or
+   * a guess) and checksums it as it reads; a second one when the guess was wrong. Null when the
+   * file changed size while being read: the caller reads it the plain way.
+   */
+  async #readNative(
+    native: NativeFileIo,
+    path: string,
+    max: number,
+    run: FileOp,
+    size: number,
+  ): Promise<ReadResult | null> {
+    for (let attempt = 0; attempt < 2; attempt++) {
+      // A buffer whose read `run` stopped waiting for may still be written: never given back.
+      const buf = this.#alloc(size);
+      const r = await run(() => native.readFileCrc32c(path, buf, max, CHUNK_HEADER_BYTES));
+      if (r.status === 'ok') {
+        this.#lastSize = size;
+        return { kind: 'ok', bytes: buf, mtimeMs: r.mtimeMs, crc32c: r.crc };
+      }
+      this.#giveBack(buf);
+      if (r.status === 'missing') return { kind: 'missing' };
+      if (r.status === 'too-large') return { kind: 'too-large', size: r.size };
+      if (r.status !== 'size') return null;
+      size = r.size;
+    }
+    return null;
+  }
+
+  #giveBack(buf: Buffer): void {
+    if (buf.byteLength >= POOLED_READ_MIN_BYTES && buf.byteLength === buf.buffer.byteLength) {
+      this.#pool.release(buf);
+    }
+  }
+
+  /** The directories a write creates when the object's directory is missing. */
+  #dirsOf(ns: NamespaceId, hash: ChunkHash): string[] {
+    const { root, shardChars, createRoot } = this.#o;
+    const dirs = createRoot ? [root, join(root, ns)] : [join(root, ns)];
+    if (shardChars > 0) dirs.push(join(root, ns, hash.slice(0, shardChars)));
+    return dirs;
   }
 
   /** `chunk` (a view into `bytes`) with a hook that gives `bytes` back to the pool, once. */
@@ -153,7 +232,7 @@ export class ChunkFiles {
    * returned for the same (ns, hash, chunk). Returns the bytes written.
    * @throws the system error.
    */
-  write(
+  async write(
     ns: NamespaceId,
     hash: ChunkHash,
     chunk: Chunk,
@@ -161,6 +240,21 @@ export class ChunkFiles {
     makeDir: () => Promise<void>,
     header?: Promise<Uint8Array>,
   ): Promise<number> {
+    if (this.#native !== null) {
+      // One task: create, payload with its checksum beside it, header, sync, close, rename.
+      return this.#native.writeFileAtomic(
+        tempPathFor(path),
+        path,
+        encodeChunkHeaderTemplate(ns, hash, chunk),
+        chunk.data,
+        {
+          fsync: FSYNC_CODE[this.#o.fsync],
+          makeDirs: this.#dirsOf(ns, hash),
+          checksumAt: CHUNK_HEADER_CHECKSUM_AT,
+          headerCrcAt: CHUNK_HEADER_CRC_AT,
+        },
+      );
+    }
     return writeChunkFileAtomic(
       this.#o.fs,
       path,

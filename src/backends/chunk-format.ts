@@ -208,6 +208,29 @@ export async function encodeChunkHeaderAsync(
   return out;
 }
 
+/** Offset in the header of the payload checksum (u64le), for a writer that fills it in. */
+export const CHUNK_HEADER_CHECKSUM_AT = OFF_CHECKSUM;
+/** Offset of the header's CRC-32 (IEEE, u32le, of the bytes before it), filled in after it. */
+export const CHUNK_HEADER_CRC_AT = OFF_HEADER_CRC;
+
+/**
+ * {@link encodeChunkHeader} without the payload checksum (and so without a valid header CRC):
+ * for a writer that computes the checksum as it writes the payload and fills in both fields at
+ * {@link CHUNK_HEADER_CHECKSUM_AT} and {@link CHUNK_HEADER_CRC_AT} (the native atomic write).
+ * Throws as `encodeChunkHeader`.
+ */
+export function encodeChunkHeaderTemplate(
+  ns: string,
+  hash: ChunkHash,
+  chunk: Chunk,
+  layout: ChunkLayout = CHUNK_LAYOUT_OPAQUE,
+): Buffer {
+  checkChunkArgs(ns, chunk, layout);
+  const out = Buffer.allocUnsafe(CHUNK_HEADER_BYTES);
+  writeHeader(out, ns, hash, chunk, layout, 0n);
+  return out;
+}
+
 /**
  * Header + payload in ONE new buffer (for single-value stores: Redis SET, S3 PutObject).
  * Copies the payload once. Throws as `encodeChunkHeader`.

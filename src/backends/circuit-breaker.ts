@@ -27,6 +27,14 @@ export interface CircuitBreakerOptions {
   /** While open, how often the backend is probed in the background; default 1000 ms. */
   probeIntervalMs?: number;
   log?: Logger;
+  /**
+   * Called for every call of the backend that failed or timed out and was answered as a miss or
+   * a drop (contains, get, put, and the background probe, reported as `contains`), with the
+   * error's code (`KVT_TIMEOUT` for a timeout). Calls whose error is thrown to the caller (remove)
+   * are not reported here: the caller sees them. The sidecar counts them in
+   * `kvtier_backend_errors_total`.
+   */
+  onFailure?: (op: 'contains' | 'get' | 'put', code: string) => void;
 }
 
 export interface ResolvedCircuitBreakerOptions {
@@ -109,6 +117,8 @@ export class CircuitBreakerBackend extends ForwardingBackend {
   readonly #inner: StorageBackend;
   readonly #opts: ResolvedCircuitBreakerOptions;
   readonly #log: Logger;
+  readonly #onFailure: CircuitBreakerOptions['onFailure'];
+  #lastError: unknown;
   #consecutiveFailures = 0;
   #open = false;
   #probeTimer: NodeJS.Timeout | undefined;
@@ -120,6 +130,7 @@ export class CircuitBreakerBackend extends ForwardingBackend {
     this.#inner = inner;
     this.#opts = resolveCircuitBreakerOptions(opts);
     this.#log = opts.log ?? silentLogger;
+    this.#onFailure = opts.onFailure;
   }
 
   /** Whether calls currently bypass the backend. */
@@ -201,8 +212,14 @@ export class CircuitBreakerBackend extends ForwardingBackend {
     if (this.#open)
       throw new KvtierError('KVT_BACKEND', `tier "${this.name}" is down; remove not attempted`);
     const n = await this.#guard('remove', () => this.#inner.remove(ns, hashes));
-    if (n === undefined)
-      throw new KvtierError('KVT_BACKEND', `tier "${this.name}" did not complete remove`);
+    if (n === undefined) {
+      const cause = this.#lastError;
+      throw new KvtierError(
+        cause instanceof KvtierError ? cause.code : 'KVT_BACKEND',
+        `tier "${this.name}" did not complete remove${cause instanceof Error ? `: ${cause.message}` : ''}`,
+        { cause },
+      );
+    }
     return n;
   }
 
@@ -292,6 +309,9 @@ export class CircuitBreakerBackend extends ForwardingBackend {
 
   #failure(op: string, err: unknown): void {
     this.counters.failures++;
+    this.#lastError = err;
+    if (op === 'contains' || op === 'get' || op === 'put')
+      this.#onFailure?.(op, err instanceof KvtierError ? err.code : 'KVT_INTERNAL');
     this.#consecutiveFailures++;
     this.#log.warn('tier call failed', {
       tier: this.name,
@@ -329,7 +349,9 @@ export class CircuitBreakerBackend extends ForwardingBackend {
       this.#consecutiveFailures = 0;
       this.counters.restored++;
       this.#log.info('tier is back; serving from it again', { tier: this.name });
-    } catch {
+    } catch (err) {
+      const e = d.timedOut ? d.error() : err;
+      this.#onFailure?.('contains', e instanceof KvtierError ? e.code : 'KVT_INTERNAL');
       this.#scheduleProbe();
     } finally {
       d.dispose();

@@ -12,6 +12,7 @@ import type {
   Chunk,
   ChunkHash,
   ContainsOptions,
+  FoundListener,
   GetOptions,
   NamespaceId,
   PutOptions,
@@ -80,6 +81,11 @@ export abstract class ForwardingBackend<T extends StorageBackend = StorageBacken
   /** Forwarded when the wrapped backend has it; else nothing (it drops nothing by itself). */
   setRemovalListener(listener: RemovalListener | undefined): void {
     this.inner.setRemovalListener?.(listener);
+  }
+
+  /** Forwarded when the wrapped backend has it; else nothing (it finds nothing by itself). */
+  setFoundListener(listener: FoundListener | undefined): void {
+    this.inner.setFoundListener?.(listener);
   }
 
   /** Forwarded when the wrapped backend has it; else an empty listing. */

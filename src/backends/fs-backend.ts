@@ -124,6 +124,7 @@ export class FsBackend implements StorageBackend {
       shardChars: o.shardChars,
       maxChunkBytes: o.maxChunkBytes,
       fsync: o.fsync,
+      createRoot: false,
       tier: ctx.name,
       log: this.#log,
       onCorrupt: raw.onCorrupt ?? (() => {}),
@@ -402,8 +403,9 @@ export class FsBackend implements StorageBackend {
     }
     // The header's checksum is computed while the existence check is in flight (for a payload
     // the atomic write would checksum beside its open anyway; see EARLY_HEADER_MAX_BYTES).
+    // (A native write computes the checksum as it writes: no header ahead.)
     const header =
-      chunk.data.byteLength <= EARLY_HEADER_MAX_BYTES
+      chunk.data.byteLength <= EARLY_HEADER_MAX_BYTES && !this.#files.native
         ? this.#files.header(ns, hash, chunk)
         : undefined;
     if (await this.#exists(ns, hash, signal)) return 'exists';

@@ -3,7 +3,7 @@
  * resolver that validates them and the reader of a tier's config object.
  */
 import type { Logger } from '../util/log.ts';
-import { requireInt, requireOneOf, requireString } from '../util/validate.ts';
+import { requireBoolean, requireInt, requireOneOf, requireString } from '../util/validate.ts';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import { optionsFromConfig } from './config-options.ts';
 import { FSYNC_POLICIES, type FsyncPolicy, MAX_SHARD_CHARS } from './file-store.ts';
@@ -26,6 +26,11 @@ export interface LocalDiskOptions {
   maxChunks?: number;
   /** Longest one read or write may take before it counts as a miss/drop, ms; default 30000. */
   timeoutMs?: number;
+  /**
+   * Keep an index journal in the directory, so a restart reads one file instead of listing and
+   * `stat`ing every object before it knows them; default true.
+   */
+  journal?: boolean;
   /** Called with the format's reason each time a corrupt object is found (and removed). */
   onCorrupt?: (reason: string) => void;
   log?: Logger;
@@ -41,6 +46,7 @@ export interface ResolvedLocalDiskOptions {
   readonly maxChunkBytes: number;
   readonly maxChunks: number;
   readonly timeoutMs: number;
+  readonly journal: boolean;
 }
 
 /** Defaults of {@link LocalDiskOptions}. */
@@ -51,6 +57,7 @@ export const LOCAL_DISK_DEFAULTS = Object.freeze({
   maxChunkBytes: 1024 ** 3,
   maxChunks: 1 << 20,
   timeoutMs: 30_000,
+  journal: true,
 });
 
 const OPTION_KEYS: readonly string[] = [
@@ -62,6 +69,7 @@ const OPTION_KEYS: readonly string[] = [
   'maxChunkBytes',
   'maxChunks',
   'timeoutMs',
+  'journal',
 ];
 
 /**
@@ -85,6 +93,7 @@ export function resolveLocalDiskOptions(options: LocalDiskOptions): ResolvedLoca
     maxChunkBytes,
     maxChunks: requireInt('maxChunks', options.maxChunks ?? d.maxChunks, 1, 1 << 24),
     timeoutMs: requireInt('timeoutMs', options.timeoutMs ?? d.timeoutMs, 1, 3_600_000),
+    journal: requireBoolean('journal', options.journal ?? d.journal),
   };
 }
 

@@ -3,24 +3,25 @@ import { abortedError, closedError } from '../errors.ts';
 import { withDeadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { checkChunk } from './chunk-check.ts';
-import { type ChunkFileRead, ChunkFiles, statEntries, TaskSet } from './chunk-files.ts';
+import { type ChunkFileRead, ChunkFiles, TaskSet } from './chunk-files.ts';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
-import { type DiskEntry, DiskIndex, diskKey } from './disk-index.ts';
+import { DiskIndex, diskKey } from './disk-index.ts';
+import { type IndexJournal, openJournal } from './disk-journal.ts';
+import { type ScanResult, scanStore } from './disk-scan.ts';
 import {
   type FileSystem,
   isNotFound,
-  listStore,
   objectDir,
   realFileSystem,
   requireStorableNamespace,
 } from './file-store.ts';
-import { countPrefixHits, pinPresent } from './index-ops.ts';
 import {
   type LocalDiskOptions,
   localDiskOptionsFromConfig,
   type ResolvedLocalDiskOptions,
   resolveLocalDiskOptions,
 } from './local-disk-options.ts';
+import { nativeFilesFor } from './native-files.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -30,6 +31,7 @@ import type {
   Chunk,
   ChunkHash,
   ContainsOptions,
+  FoundListener,
   GetOptions,
   NamespaceId,
   PutOptions,
@@ -54,15 +56,21 @@ export interface LocalDiskStats extends BackendStats {
   readonly filesWritten: number;
   /** Reads or writes that failed with an I/O error or timed out. */
   readonly ioErrors: number;
+  /** Whether the start-up scan has finished (until then, chunks it has not reached miss). */
+  readonly indexComplete: boolean;
 }
 
 /**
  * A byte-bounded chunk store in a local directory, one file per chunk in the stored chunk
- * format. An in-memory index answers contains without I/O; it is rebuilt at {@link open} from
- * file names and sizes (oldest mtime first, so recency survives a restart approximately) and
- * objects are verified when read. Unpinned chunks are evicted least-recently-used first (their
- * files deleted) when a put needs room; a put that cannot fit is dropped and counted. Removing a
- * pinned chunk deletes it at once: readers hold private copies of the bytes.
+ * format. A compact in-memory index (disk-index.ts) answers contains without I/O. At
+ * {@link open} it is read back from the index journal (disk-journal.ts), and the tier serves at
+ * once; a scan of the directory then runs in the background (disk-scan.ts), indexing files the
+ * journal did not name (a miss until then) and removing entries whose files are gone. Objects are
+ * verified when read: a missing or corrupt one is a miss and leaves the index. Unpinned chunks
+ * are evicted least-recently-used first (their files deleted) when a put needs room; a put that
+ * cannot fit is dropped and counted. Removing a pinned chunk deletes it at once: readers hold
+ * private copies of the bytes. One directory is one tier's: two open at once keep separate
+ * indexes (each sees what the other wrote only after a restart).
  */
 export class LocalDiskBackend implements StorageBackend {
   readonly name: string;
@@ -79,18 +87,22 @@ export class LocalDiskBackend implements StorageBackend {
   readonly #writes = new Map<string, Promise<PutOutcome>>();
   readonly #deletes = new Map<string, Promise<void>>();
   readonly #tasks = new TaskSet();
+  #journal: IndexJournal | null = null;
+  #scan: Promise<ScanResult | null> = Promise.resolve(null);
+  #indexComplete = false;
   #droppedPuts = 0;
   #filesWritten = 0;
   #ioErrors = 0;
   #health: BackendHealth = 'up';
   #closing: Promise<void> | null = null;
   #onRemoved: RemovalListener | undefined;
+  #onFound: FoundListener | undefined;
 
   /**
-   * Opens the store: creates the directory, deletes stray temp files and indexes every object
-   * by name and size without reading it.
+   * Opens the store: creates the directory, reads the index journal back (when there is one)
+   * and starts the background scan (see {@link indexed}); the tier serves at once.
    * @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options; the system error when the
-   *   directory cannot be created or listed.
+   *   directory cannot be created or the journal cannot be read or written.
    */
   static async open(
     options: LocalDiskOptions,
@@ -119,13 +131,14 @@ export class LocalDiskBackend implements StorageBackend {
       shardChars: o.shardChars,
       maxChunkBytes: o.maxChunkBytes,
       fsync: o.fsync,
+      createRoot: true,
       tier: ctx.name,
       log: this.#log,
       onCorrupt: raw.onCorrupt ?? (() => {}),
     });
     this.#index = new DiskIndex(o.capacityBytes, o.maxChunks, (e) => {
       this.#onRemoved?.(e.ns, e.hash, 'evicted');
-      void this.#unlink(e);
+      void this.#unlink(e.ns, e.hash);
     });
     this.capabilities = Object.freeze({
       pinning: true,
@@ -137,21 +150,24 @@ export class LocalDiskBackend implements StorageBackend {
     });
   }
 
+  /**
+   * Resolves once the start-up scan is over: every object file in the directory is indexed and
+   * every entry whose file was not found is gone. Resolves with null when the scan failed
+   * (logged; the tier goes on with the index it has) or the tier closed first.
+   */
+  indexed(): Promise<ScanResult | null> {
+    return this.#scan;
+  }
+
   async batchedContains(
     ns: NamespaceId,
     hashes: readonly ChunkHash[],
     opts: ContainsOptions = {},
   ): Promise<number> {
     this.#open(opts.signal, 'contains');
-    return countPrefixHits(
-      hashes,
-      (h) => {
-        const e = this.#index.get(ns, h);
-        if (e !== undefined) this.#index.touch(e);
-        return e;
-      },
-      opts.pin === true ? (e) => this.#index.pin(e) : undefined,
-    );
+    const hits = this.#index.prefixHits(ns, hashes, opts.pin === true);
+    if (hits > 0) this.#journal?.touched();
+    return hits;
   }
 
   async batchedGet(
@@ -165,11 +181,12 @@ export class LocalDiskBackend implements StorageBackend {
     for (const hash of hashes) {
       if (out.has(hash)) continue;
       out.set(hash, null);
-      const e = this.#index.get(ns, hash);
-      if (e === undefined) continue;
-      this.#index.touch(e);
+      const slot = this.#index.find(ns, hash);
+      if (slot < 0) continue;
+      this.#index.touch(slot);
+      this.#journal?.touched();
       reads.push(
-        this.#read(e, opts.signal).then((chunk) => {
+        this.#read(ns, hash, slot, opts.signal).then((chunk) => {
           out.set(hash, chunk);
         }),
       );
@@ -192,10 +209,10 @@ export class LocalDiskBackend implements StorageBackend {
     if (inflight !== undefined) {
       await this.#deadline(inflight, opts.signal, 'put').catch(() => {});
     }
-    const existing = this.#index.get(ns, hash);
-    if (existing !== undefined) {
-      this.#index.touch(existing);
+    const existing = this.#index.find(ns, hash);
+    if (existing >= 0) {
       if (opts.pin === true) this.#index.pin(existing);
+      else this.#index.touch(existing);
       return 'exists';
     }
     if (inflight !== undefined && this.#writes.has(key)) return this.#drop();
@@ -223,10 +240,10 @@ export class LocalDiskBackend implements StorageBackend {
     this.#open(undefined, 'remove');
     const deletes: Promise<void>[] = [];
     for (const hash of hashes) {
-      const e = this.#index.get(ns, hash);
-      if (e === undefined) continue;
-      this.#index.forget(e);
-      deletes.push(this.#unlink(e));
+      const slot = this.#index.find(ns, hash);
+      if (slot < 0) continue;
+      this.#index.forget(slot);
+      deletes.push(this.#unlink(ns, hash));
     }
     await Promise.all(deletes);
     return deletes.length;
@@ -234,37 +251,48 @@ export class LocalDiskBackend implements StorageBackend {
 
   pin(ns: NamespaceId, hashes: readonly ChunkHash[]): number {
     this.#open(undefined, 'pin');
-    return pinPresent(
-      hashes,
-      (h) => this.#index.get(ns, h),
-      (e) => this.#index.pin(e),
-    );
+    let pinned = 0;
+    for (const hash of hashes) {
+      const slot = this.#index.find(ns, hash);
+      if (slot < 0) continue;
+      this.#index.pin(slot);
+      pinned++;
+    }
+    return pinned;
   }
 
   unpin(ns: NamespaceId, hashes: readonly ChunkHash[]): void {
     this.#open(undefined, 'unpin');
     for (const hash of hashes) {
-      const e = this.#index.get(ns, hash);
-      if (e !== undefined) this.#index.unpin(e);
+      const slot = this.#index.find(ns, hash);
+      if (slot >= 0) this.#index.unpin(slot);
     }
   }
 
-  /** Hears of chunks evicted for room and of objects found corrupt or gone when read. */
+  /** Hears of chunks evicted for room and of objects found corrupt or gone (read, scan). */
   setRemovalListener(listener: RemovalListener | undefined): void {
     this.#onRemoved = listener;
   }
 
-  /** The chunks the index holds now. */
+  /** Hears of the objects the start-up scan indexes that the journal did not name. */
+  setFoundListener(listener: FoundListener | undefined): void {
+    this.#onFound = listener;
+  }
+
+  /** The chunks the index holds now (before the start-up scan is over: those indexed so far). */
   *listChunks(ns?: NamespaceId): Generator<readonly [NamespaceId, ChunkHash]> {
-    for (const e of this.#index.entries(ns)) yield [e.ns, e.hash];
+    for (const slot of this.#index.slots(ns)) {
+      if (this.#index.live(slot)) yield [this.#index.nsOf(slot), this.#index.hashOf(slot)];
+    }
   }
 
   async clear(ns?: NamespaceId): Promise<void> {
     this.#open(undefined, 'clear');
     const deletes: Promise<void>[] = [];
-    for (const e of this.#index.entries(ns)) {
-      this.#index.forget(e);
-      deletes.push(this.#unlink(e));
+    for (const slot of this.#index.slots(ns)) {
+      const [n, h] = [this.#index.nsOf(slot), this.#index.hashOf(slot)];
+      this.#index.forget(slot);
+      deletes.push(this.#unlink(n, h));
     }
     await Promise.all(deletes);
   }
@@ -281,6 +309,7 @@ export class LocalDiskBackend implements StorageBackend {
       corruptObjects: this.#files.corrupt,
       filesWritten: this.#filesWritten,
       ioErrors: this.#ioErrors,
+      indexComplete: this.#indexComplete,
     };
   }
 
@@ -290,10 +319,24 @@ export class LocalDiskBackend implements StorageBackend {
     return this.#health;
   }
 
-  /** Waits for reads, writes and deletes under way, then drops the index. Files stay. */
+  /**
+   * Writes the index journal's pending records now (they are otherwise written within 100 ms,
+   * and at close); resolves once written. A no-op without a journal.
+   */
+  flushJournal(): Promise<void> {
+    this.#open(undefined, 'flushJournal');
+    return this.#journal?.flush() ?? Promise.resolve();
+  }
+
+  /**
+   * Stops the start-up scan, waits for reads, writes and deletes under way, writes the journal
+   * out, then drops the index. Files stay.
+   */
   close(): Promise<void> {
     this.#closing ??= (async () => {
+      await this.#scan;
       await this.#tasks.drain();
+      await this.#journal?.close();
       this.#index.clear();
     })();
     return this.#closing;
@@ -302,23 +345,16 @@ export class LocalDiskBackend implements StorageBackend {
   async #load(): Promise<void> {
     const { path, shardChars } = this.options;
     await this.#fs.mkdir(path, { recursive: true });
-    const found = await listStore(this.#fs, path, shardChars, this.#limit);
-    const { objects, temps } = await statEntries(this.#fs, found, this.#limit, (err) => {
-      throw err;
+    this.#journal = await openJournal({
+      fs: this.#fs,
+      root: path,
+      shardChars,
+      index: this.#index,
+      log: this.#log,
+      tier: this.name,
+      enabled: this.options.journal,
     });
-    await Promise.all(
-      temps.map((t) =>
-        this.#limit(() => this.#fs.unlink(t.path)).catch((err: unknown) => {
-          if (!isNotFound(err)) throw err;
-        }),
-      ),
-    );
-    objects.sort((a, b) => a.mtimeMs - b.mtimeMs);
-    for (const f of objects) {
-      const { ns, hash, path, size } = f;
-      this.#index.add({ key: diskKey(ns, hash), ns, hash, path, bytes: size, pins: 0 });
-    }
-    // The bound may have been lowered since these files were written.
+    // The bound may have been lowered since the journal was written.
     this.#index.trim();
     await Promise.all([...this.#deletes.values()]);
     this.#log.info('local disk index loaded', {
@@ -326,13 +362,58 @@ export class LocalDiskBackend implements StorageBackend {
       chunks: this.#index.size,
       bytes: this.#index.bytesUsed,
     });
+    this.#scan = this.#tasks.track(this.#runScan());
   }
 
-  async #read(e: DiskEntry, signal: AbortSignal | undefined): Promise<Chunk | null> {
+  async #runScan(): Promise<ScanResult | null> {
+    await null; // open() returns before the scan does any work
+    const native = nativeFilesFor(this.#fs);
+    try {
+      const res = await scanStore({
+        fs: this.#fs,
+        root: this.options.path,
+        shardChars: this.options.shardChars,
+        index: this.#index,
+        run: this.#limit,
+        busy: (ns, hash) => {
+          const key = diskKey(ns, hash);
+          return this.#writes.has(key) || this.#deletes.has(key);
+        },
+        stopped: () => this.#closing !== null,
+        statMany: native === null ? undefined : (dir, names) => native.statFiles(dir, names),
+        found: (ns, hash) => this.#onFound?.(ns, hash),
+        swept: (ns, hash) => this.#onRemoved?.(ns, hash, 'corrupt'),
+      });
+      await Promise.all([...this.#deletes.values()]);
+      if (!res.complete) return null;
+      this.#indexComplete = true;
+      this.#log.info('local disk scan complete', {
+        tier: this.name,
+        ...res,
+        chunks: this.#index.size,
+      });
+      return res;
+    } catch (err) {
+      this.#ioFailed('scan', err);
+      return null;
+    }
+  }
+
+  async #read(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    slot: number,
+    signal: AbortSignal | undefined,
+  ): Promise<Chunk | null> {
+    const gen = this.#index.genOf(slot);
     let res: ChunkFileRead;
     try {
-      res = await this.#files.read(e.ns, e.hash, e.path, (fn) =>
-        this.#deadline(this.#limit(fn), signal, 'read'),
+      res = await this.#files.read(
+        ns,
+        hash,
+        this.#files.path(ns, hash),
+        (fn) => this.#deadline(this.#limit(fn), signal, 'read'),
+        this.#index.bytesOf(slot),
       );
     } catch (err) {
       if (signal?.aborted === true) throw err;
@@ -340,12 +421,16 @@ export class LocalDiskBackend implements StorageBackend {
       return null;
     }
     this.#health = 'up';
-    if (res.kind === 'ok') return res.chunk;
+    const held = this.#index.holds(slot, gen);
+    if (res.kind === 'ok') {
+      if (held) this.#index.markVerified(slot);
+      return res.chunk;
+    }
     // Deleted behind our back, or corrupt: forget it (unless it was replaced meanwhile).
-    if (this.#index.holds(e)) {
-      this.#index.forget(e);
-      this.#onRemoved?.(e.ns, e.hash, 'corrupt');
-      if (res.kind === 'corrupt') await this.#unlink(e);
+    if (held) {
+      this.#index.forget(slot);
+      this.#onRemoved?.(ns, hash, 'corrupt');
+      if (res.kind === 'corrupt') await this.#unlink(ns, hash);
     }
     return null;
   }
@@ -374,7 +459,7 @@ export class LocalDiskBackend implements StorageBackend {
       this.#health = 'up';
       this.#index.unreserve(bytes);
       reserved = false;
-      this.#index.add({ key, ns, hash, path, bytes, pins: 0 }, pin);
+      this.#index.add(ns, hash, bytes, { pin });
       return 'stored';
     } catch (err) {
       this.#ioFailed('write', err);
@@ -407,21 +492,23 @@ export class LocalDiskBackend implements StorageBackend {
     if (signal?.aborted === true) throw abortedError(signal, `${this.name} ${op}`);
   }
 
-  /** Deletes an entry's file, after any earlier delete of its key (a later rename must not be undone). */
-  #unlink(e: DiskEntry): Promise<void> {
-    const prev = this.#deletes.get(e.key);
+  /** Deletes the file of (ns, hash), after any earlier delete of its key (a later rename must not be undone). */
+  #unlink(ns: NamespaceId, hash: ChunkHash): Promise<void> {
+    const key = diskKey(ns, hash);
+    const prev = this.#deletes.get(key);
+    const path = this.#files.path(ns, hash);
     const p: Promise<void> = (async () => {
       await prev;
       try {
-        await this.#limit(() => this.#fs.unlink(e.path));
+        await this.#limit(() => this.#fs.unlink(path));
       } catch (err) {
         if (!isNotFound(err)) this.#ioFailed('delete', err);
       }
     })();
-    this.#deletes.set(e.key, p);
+    this.#deletes.set(key, p);
     this.#tasks.track(p);
     void p.then(() => {
-      if (this.#deletes.get(e.key) === p) this.#deletes.delete(e.key);
+      if (this.#deletes.get(key) === p) this.#deletes.delete(key);
     });
     return p;
   }

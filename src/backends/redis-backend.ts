@@ -9,6 +9,7 @@ import {
   type Client,
   clearNode,
   connect,
+  countKeys,
   globEscape,
   type Removed,
   sizeSum,
@@ -52,6 +53,8 @@ export interface RedisBackendStats extends BackendStats {
   readonly corruptObjects: number;
   /** Commands that failed or timed out (connection lost, server error). */
   readonly errors: number;
+  /** Times `chunks` and `bytesUsed` were recounted from Redis (every (re)connection). */
+  readonly recounts: number;
 }
 
 const LOST: readonly string[] = ['reconnecting', 'close', 'end'];
@@ -68,8 +71,10 @@ const LOST: readonly string[] = ['reconnecting', 'close', 'end'];
  * which would put a whole namespace on one node).
  *
  * Outages: the offline queue is off and `maxRetriesPerRequest` is 0, so while Redis is
- * unreachable calls fail at once (`KVT_BACKEND`) or within `timeoutMs` (`KVT_TIMEOUT`) and puts
- * are dropped and counted; ioredis reconnects in the background with capped backoff.
+ * unreachable every call, puts included, fails at once (`KVT_BACKEND`) or within `timeoutMs`
+ * (`KVT_TIMEOUT`), counted in `errors` (the tier's breaker answers them as misses and drops);
+ * ioredis reconnects in the background with capped backoff, and the counts are taken again from
+ * Redis once it is back.
  *
  * Redis evicts on its own (`maxmemory`) and cannot pin against it: `pin` pins nothing.
  */
@@ -89,6 +94,11 @@ export class RedisBackend implements StorageBackend {
   #droppedPuts = 0;
   #chunks = 0;
   #bytes = 0;
+  #recounts = 0;
+  /** `start()` has counted what Redis holds; later connections recount in the background. */
+  #started = false;
+  /** While a recount runs: what this instance stored minus removed since it began. */
+  #delta: { chunks: number; bytes: number } | null = null;
   #closing: Promise<void> | null = null;
   /** Last connection error, for the message of a failed `start()`. */
   #lastError: Error | null = null;
@@ -101,7 +111,7 @@ export class RedisBackend implements StorageBackend {
     this.options = resolveRedisBackendOptions(options);
     this.name = ctx.name;
     this.#onCorrupt = options.onCorrupt;
-    this.#log = options.log ?? createLogger('redis-backend');
+    this.#log = options.log ?? ctx.log ?? createLogger('redis-backend');
     this.capabilities = Object.freeze({
       pinning: false,
       hostMemory: false,
@@ -115,13 +125,49 @@ export class RedisBackend implements StorageBackend {
       this.#lastError = err;
       this.#log.debug('redis connection error', { tier: this.name, err });
     });
+    // What this instance counted is only right until Redis restarts, evicts or is written by
+    // another sidecar: recount on every (re)connection.
+    this.#client.on('ready', () => {
+      if (this.#started) void this.recount();
+    });
   }
 
   /**
-   * Waits until the connection is ready.
+   * Sets `chunks` and `bytesUsed` to what Redis holds under this tier's key prefix now (SCAN and
+   * STRLEN on every master): in `start()`, and in the background of every reconnection, where a
+   * put that lands during the scan may be counted twice. Resolves once done; a failure leaves
+   * the counts as they were.
+   */
+  async recount(): Promise<void> {
+    if (this.#closing !== null || this.#client.status !== 'ready') return;
+    const delta = { chunks: 0, bytes: 0 };
+    this.#delta = delta;
+    try {
+      const n = await countKeys(this.#client, `${globEscape(this.options.keyPrefix)}*`);
+      // Writes during the scan are added on top (a key the scan also saw counts twice).
+      this.#chunks = Math.max(0, n.chunks + delta.chunks);
+      this.#bytes = Math.max(0, n.bytes + delta.bytes);
+      this.#recounts++;
+    } catch (err) {
+      this.#log.debug('redis recount failed', { tier: this.name, err });
+    } finally {
+      if (this.#delta === delta) this.#delta = null;
+    }
+  }
+
+  /**
+   * Waits until the connection is ready, then counts what Redis holds under the key prefix
+   * (see {@link stats}).
    * @throws KvtierError `KVT_BACKEND` if it is not ready within `connectTimeoutMs`; `KVT_CLOSED`.
    */
   async start(): Promise<void> {
+    await this.#connected();
+    if (this.#started) return;
+    await this.recount();
+    this.#started = true;
+  }
+
+  async #connected(): Promise<void> {
     this.#open(undefined, 'start');
     if (this.#client.status === 'ready') return;
     const c = this.#client;
@@ -227,6 +273,11 @@ export class RedisBackend implements StorageBackend {
     return out;
   }
 
+  /**
+   * `SET … NX`. A chunk over `maxChunkBytes` is dropped (counted in `droppedPuts`); while Redis
+   * is unreachable, or when the command fails or times out, the put rejects (`KVT_BACKEND`,
+   * `KVT_TIMEOUT`; counted in `errors`) so that the tier's breaker and metrics see the fault.
+   */
   async put(
     ns: NamespaceId,
     hash: ChunkHash,
@@ -235,9 +286,13 @@ export class RedisBackend implements StorageBackend {
   ): Promise<PutOutcome> {
     this.#open(opts.signal, 'put');
     checkChunk(chunk);
-    if (chunk.data.byteLength > this.options.maxChunkBytes || this.#client.status !== 'ready') {
+    if (chunk.data.byteLength > this.options.maxChunkBytes) {
       this.#droppedPuts++;
       return 'dropped';
+    }
+    if (this.#client.status !== 'ready') {
+      this.#errors++;
+      this.#ready(opts.signal, 'put');
     }
     const key = this.#key(ns, hash);
     const c = this.#client;
@@ -255,15 +310,18 @@ export class RedisBackend implements StorageBackend {
       reply = await this.#bounded('put', opts.signal, command);
     } catch (err) {
       if (this.#closing !== null) throw closedError(`backend ${this.name}`);
-      if (err instanceof KvtierError && err.code === 'KVT_ABORTED') throw err;
-      if (!(err instanceof KvtierError && err.code === 'KVT_TIMEOUT')) this.#errors++;
-      this.#droppedPuts++;
-      this.#log.debug('redis put dropped', { tier: this.name, err: err as Error });
-      return 'dropped';
+      if (err instanceof KvtierError && (err.code === 'KVT_ABORTED' || err.code === 'KVT_TIMEOUT'))
+        throw err;
+      this.#errors++;
+      throw this.#failure('put', err);
     }
     if (reply === null) return 'exists';
     this.#chunks++;
     this.#bytes += set.objectBytes;
+    if (this.#delta !== null) {
+      this.#delta.chunks++;
+      this.#delta.bytes += set.objectBytes;
+    }
     return 'stored';
   }
 
@@ -319,11 +377,11 @@ export class RedisBackend implements StorageBackend {
   }
 
   /**
-   * Counters. `chunks` and `bytesUsed` (object bytes, headers included) are this instance's
-   * view: what it stored minus what it removed (remove, clear, corrupt objects), never below 0.
-   * Redis expires, evicts and is written by other sidecars without telling us, so they are not
-   * the store's size (ask Redis `INFO`/`DBSIZE` for that, off the hot path). `capacityBytes` is
-   * null and `evictions` 0 for the same reason: eviction is Redis's own `maxmemory` policy.
+   * Counters. `chunks` and `bytesUsed` (object bytes, headers included) are what Redis held
+   * under the key prefix when the connection was last (re)made ({@link recount}), plus what this
+   * instance stored since, minus what it removed (remove, clear, corrupt objects), never below 0.
+   * Between connections Redis expires, evicts and is written by other sidecars without telling
+   * us. `capacityBytes` is null and `evictions` 0: eviction is Redis's own `maxmemory` policy.
    */
   stats(): RedisBackendStats {
     this.#open(undefined, 'stats');
@@ -336,6 +394,7 @@ export class RedisBackend implements StorageBackend {
       droppedPuts: this.#droppedPuts,
       corruptObjects: this.#corruptObjects,
       errors: this.#errors,
+      recounts: this.#recounts,
     };
   }
 
@@ -366,12 +425,18 @@ export class RedisBackend implements StorageBackend {
     if (cause instanceof KvtierError) return cause;
     if (this.#closing !== null) return closedError(`backend ${this.name}`);
     const msg = cause instanceof Error ? cause.message : String(cause);
-    return new KvtierError('KVT_BACKEND', `${this.name} ${op}: redis failed: ${msg}`, { cause });
+    // ioredis's own commandTimeout (the same timeoutMs) may fire before ours.
+    const code = msg === 'Command timed out' ? 'KVT_TIMEOUT' : 'KVT_BACKEND';
+    return new KvtierError(code, `${this.name} ${op}: redis failed: ${msg}`, { cause });
   }
 
   #forget(r: Removed): void {
     this.#chunks = Math.max(0, this.#chunks - r.chunks);
     this.#bytes = Math.max(0, this.#bytes - r.bytes);
+    if (this.#delta !== null) {
+      this.#delta.chunks -= r.chunks;
+      this.#delta.bytes -= r.bytes;
+    }
   }
 
   #key(ns: NamespaceId, hash: ChunkHash): string {

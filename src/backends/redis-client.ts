@@ -95,6 +95,31 @@ export async function clearNode(node: Redis, pattern: string): Promise<Removed> 
   return total;
 }
 
+/** SCAN + STRLEN on every master: how many keys match `pattern` and their total size. */
+export async function countKeys(c: Client, pattern: string): Promise<Removed> {
+  const masters = c instanceof Cluster ? c.nodes('master') : [c];
+  const counted = await Promise.all(masters.map((node) => countNode(node, pattern)));
+  return {
+    chunks: counted.reduce((n, r) => n + r.chunks, 0),
+    bytes: counted.reduce((n, r) => n + r.bytes, 0),
+  };
+}
+
+/** SCAN + STRLEN on one node: how many keys match `pattern` and their total size. */
+async function countNode(node: Redis, pattern: string): Promise<Removed> {
+  const total: Removed = { chunks: 0, bytes: 0 };
+  let cursor = '0';
+  do {
+    const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', SCAN_COUNT);
+    cursor = next;
+    const sizes = await Promise.all(keys.map((k) => node.strlen(k)));
+    const r = sizeSum(sizes);
+    total.chunks += r.chunks;
+    total.bytes += r.bytes;
+  } while (cursor !== '0');
+  return total;
+}
+
 export function globEscape(s: string): string {
   return s.replace(/[*?[\]\\]/g, '\\$&');
 }

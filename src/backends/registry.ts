@@ -49,6 +49,11 @@ export interface BackendRegistryOptions {
    * native addon's page-aligned slabs when it is built.
    */
   allocateHostSlab?: (bytes: number) => Uint8Array;
+  /**
+   * Told of every failed or timed-out call a tier's breaker answered as a miss or drop (see
+   * {@link CircuitBreakerOptions.onFailure}), with the tier's name; the sidecar counts them.
+   */
+  onTierFailure?: (tier: string, op: 'contains' | 'get' | 'put', code: string) => void;
 }
 
 /**
@@ -61,9 +66,11 @@ export class BackendRegistry {
   readonly #log: Logger | undefined;
   readonly #configDir: string | undefined;
   readonly #metrics: Registry;
+  readonly #onTierFailure: BackendRegistryOptions['onTierFailure'];
 
   constructor(opts: BackendRegistryOptions = {}) {
     this.#log = opts.log;
+    this.#onTierFailure = opts.onTierFailure;
     this.#configDir = opts.pluginBaseDir;
     this.#metrics = opts.metricsRegistry ?? new Registry();
     if (opts.builtins !== false) {
@@ -165,8 +172,14 @@ export class BackendRegistry {
         }
         try {
           const log = this.#log?.child(cfg.name);
+          const report = this.#onTierFailure;
+          const name = cfg.name;
           built.push(
-            new CircuitBreakerBackend(backend, { ...(cfg.health || {}), ...(log ? { log } : {}) }),
+            new CircuitBreakerBackend(backend, {
+              ...(cfg.health || {}),
+              ...(log ? { log } : {}),
+              ...(report ? { onFailure: (op, code) => report(name, op, code) } : {}),
+            }),
           );
         } catch (err) {
           await backend.close().catch(() => {});

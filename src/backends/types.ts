@@ -71,7 +71,7 @@ export interface BackendStats {
 
 /**
  * Why a tier dropped a chunk by itself: its capacity bound (`evicted`), a stored object found
- * corrupt or gone when read (`corrupt`), or its age (`expired`).
+ * corrupt or gone when read or by a start-up scan (`corrupt`), or its age (`expired`).
  */
 export type SelfRemovalReason = 'evicted' | 'corrupt' | 'expired';
 
@@ -80,6 +80,12 @@ export type SelfRemovalReason = 'evicted' | 'corrupt' | 'expired';
  * stream, docs/events.md). Called synchronously; must not throw or wait.
  */
 export type RemovalListener = (ns: NamespaceId, hash: ChunkHash, reason: SelfRemovalReason) => void;
+
+/**
+ * Hears of each chunk a tier found it holds without a put (a start-up scan indexing a file the
+ * tier's journal did not name). Called synchronously; must not throw or wait.
+ */
+export type FoundListener = (ns: NamespaceId, hash: ChunkHash) => void;
 
 /** Health as seen by the backend itself; remote tiers report 'down' while bypassed. */
 export type BackendHealth = 'up' | 'degraded' | 'down';
@@ -155,6 +161,12 @@ export interface StorageBackend {
    * cannot tell which (a remote store's own expiry), need not.
    */
   setRemovalListener?(listener: RemovalListener | undefined): void;
+
+  /**
+   * Optional: sets the one {@link FoundListener} (undefined removes it). A tier that indexes
+   * chunks it finds in its store while it serves implements it.
+   */
+  setFoundListener?(listener: FoundListener | undefined): void;
 
   /**
    * Optional: the chunks the tier holds now, of `ns` or of every namespace, from an index in

@@ -1,11 +1,11 @@
-import { existsSync } from 'node:fs';
-import { isAbsolute, resolve } from 'node:path';
-import { parseArgs } from 'node:util';
 import { BackendRegistry } from '../backends/registry.ts';
 import { ConfigError, type KvtierConfig, loadConfig } from '../config/config.ts';
+import { configDocumentOf } from '../config/config-output.ts';
+import { checkConfig } from '../config/preflight.ts';
 import type { ConfigProblem } from '../config/schema-kit.ts';
 import { isKvtierError } from '../errors.ts';
-import { redactSecrets } from '../util/log.ts';
+import { CONFIG_CHECK } from './commands.ts';
+import { helpText, parseCommand, UsageError } from './options.ts';
 
 /** Where `kvtier config` writes. */
 export interface ConfigCommandIo {
@@ -17,57 +17,40 @@ export interface ConfigCommandIo {
   env?: NodeJS.ProcessEnv;
 }
 
-export const CONFIG_COMMAND_USAGE = `Usage: kvtier config check FILE
-
-Validates a config file as \`kvtier serve --config FILE\` would load it (with the KVTIER_*
-environment applied) and checks every tier's options with its backend. Valid: prints the resolved
-config as JSON, credentials redacted, and exits 0. Invalid: prints each problem as
-"FILE: key.path: what is wrong and what is allowed" on stderr and exits 1. Usage errors exit 2.
-The JSON Schema for editors is schema/kvtier.config.schema.json (docs/configuration.md).`;
-
-/** The built-in types that keep chunks in host memory: the only ones allowed first. */
-const HOST_MEMORY_TYPES = new Set(['local-cpu']);
+/** `kvtier config check --help`. */
+export const CONFIG_COMMAND_USAGE = helpText(CONFIG_CHECK);
 
 /**
- * Checks what only the backends and the tier order know: every type is registered and its
- * options pass its backend's validator, the first tier keeps chunks in host memory, and a plug-in
- * given by path exists (it is not imported: that would run its code).
+ * Runs `kvtier config ...` (only `check` exists); resolves the exit code: 0 valid (the resolved
+ * config printed, in the file format), 1 invalid (every problem on stderr), 2 on bad usage.
+ * The checks are serve's own (config/preflight.ts), short of binding sockets.
  */
-export function checkTiers(cfg: KvtierConfig): ConfigProblem[] {
-  const problems: ConfigProblem[] = [];
-  const registry = new BackendRegistry({ pluginBaseDir: cfg.baseDir });
-  const builtins = new Set(new BackendRegistry().types());
-  cfg.tiers.forEach((tier, i) => {
-    try {
-      registry.validateTiers([tier]);
-    } catch (err) {
-      problems.push({ path: `tiers[${i}]`, message: (err as Error).message });
-    }
-    const spec = tier.options.module;
-    if (tier.type === 'module' && typeof spec === 'string') {
-      const isPath = spec.startsWith('.') || isAbsolute(spec);
-      if (isPath && !existsSync(resolve(cfg.baseDir, spec)))
-        problems.push({
-          path: `tiers[${i}].module`,
-          message: `plug-in module ${resolve(cfg.baseDir, spec)} does not exist`,
-        });
-    }
-  });
-  const first = cfg.tiers[0];
-  if (first !== undefined && builtins.has(first.type) && !HOST_MEMORY_TYPES.has(first.type))
-    problems.push({
-      path: 'tiers[0].type',
-      message: `the first tier must keep chunks in host memory (local-cpu), got "${first.type}"`,
-    });
-  return problems;
-}
-
-/** Runs `kvtier config ...`; resolves the exit code. */
 export async function runConfigCommand(args: string[], io: ConfigCommandIo): Promise<number> {
-  const { positionals } = parseArgs({ args, options: {}, allowPositionals: true, strict: true });
-  const [sub, file, ...extra] = positionals;
-  if (sub !== 'check' || file === undefined || extra.length > 0) {
+  const [sub, ...rest] = args;
+  if (sub === '--help' || sub === '-h') {
+    io.out(CONFIG_COMMAND_USAGE);
+    return 0;
+  }
+  if (sub !== 'check') {
+    io.err(
+      `kvtier config: expects "check FILE", got ${sub === undefined ? 'nothing' : JSON.stringify(sub)}`,
+    );
     io.err(CONFIG_COMMAND_USAGE);
+    return 2;
+  }
+  let file: string;
+  let offline: boolean;
+  try {
+    const parsed = parseCommand(CONFIG_CHECK, rest);
+    if (parsed.help) {
+      io.out(CONFIG_COMMAND_USAGE);
+      return 0;
+    }
+    file = parsed.positionals[0]!;
+    offline = parsed.values.offline === true;
+  } catch (err) {
+    if (!(err instanceof UsageError)) throw err;
+    io.err(`kvtier config check: ${err.message}`);
     return 2;
   }
   const env: NodeJS.ProcessEnv = { ...(io.env ?? {}) };
@@ -76,21 +59,21 @@ export async function runConfigCommand(args: string[], io: ConfigCommandIo): Pro
   try {
     cfg = await loadConfig({ configPath: file }, env);
   } catch (err) {
-    if (err instanceof ConfigError) {
-      for (const p of err.problems) io.err(`${file}: ${p.path}: ${p.message}`);
-      return 1;
-    }
+    if (err instanceof ConfigError) return report(file, err.problems, io);
     if (isKvtierError(err)) {
       io.err(`${file}: ${err.message}`);
       return 1;
     }
     throw err;
   }
-  const problems = checkTiers(cfg);
-  if (problems.length > 0) {
-    for (const p of problems) io.err(`${file}: ${p.path}: ${p.message}`);
-    return 1;
-  }
-  io.out(JSON.stringify(redactSecrets(cfg, 16), null, 2));
+  const registry = new BackendRegistry({ pluginBaseDir: cfg.baseDir });
+  const problems = await checkConfig(cfg, registry, { offline });
+  if (problems.length > 0) return report(file, problems, io);
+  io.out(JSON.stringify(configDocumentOf(cfg), null, 2));
   return 0;
+}
+
+function report(file: string, problems: readonly ConfigProblem[], io: ConfigCommandIo): number {
+  for (const p of problems) io.err(`${file}: ${p.path}: ${p.message}`);
+  return 1;
 }

@@ -1,4 +1,3 @@
-import { parseArgs } from 'node:util';
 import { isKvtierError } from '../errors.ts';
 import {
   CHUNK_HASHER_DEFAULTS,
@@ -8,6 +7,8 @@ import {
   MAX_CHUNK_SIZE,
 } from '../hashing/chunk-hasher.ts';
 import type { MultiModalSpan } from '../hashing/mm-spans.ts';
+import { HASH } from './commands.ts';
+import { helpText, parseCommand } from './options.ts';
 
 /** What `kvtier hash` reads from and writes to; injected so tests need no process or files. */
 export interface HashCommandIo {
@@ -24,27 +25,8 @@ export interface HashCommandIo {
 /** Exit code for bad flags or bad input. */
 export const EXIT_USAGE = 2;
 
-/** Usage text of `kvtier hash`. */
-export const HASH_COMMAND_USAGE = `Usage: kvtier hash [--tokens FILE] [--chunk-size N] [--salt S] [--lora NAME]
-                   [--mm ID:OFFSET:LENGTH]... [--partial]
-
-Hashes token ids with kvtier's default chunk hasher (docs/protocol.md section 9), so a miss can
-be compared across languages. Reads a JSON array of token ids (integers in [0, 4294967295]) from stdin, or
-from FILE with --tokens. Prints one line per chunk: <start> <end> <hash>, where tokens
-[start, end) form the chunk and <hash> is 64 lowercase hex digits.
-
-Options:
-  --tokens FILE     read token ids from FILE instead of stdin
-  --chunk-size N    tokens per chunk, 1..${MAX_CHUNK_SIZE} (default ${CHUNK_HASHER_DEFAULTS.chunkSize})
-  --salt S          cache salt (default empty)
-  --lora NAME       LoRA adapter name (default none)
-  --mm ID:OFFSET:LENGTH
-                    an extra input (e.g. an image) with id ID (its UTF-8 bytes; may contain
-                    ':') behind prompt tokens [OFFSET, OFFSET+LENGTH); repeatable
-  --partial         also hash a trailing chunk shorter than N
-  --help            print this text
-
-Exit status: 0 on success, 2 on bad flags or input.`;
+/** Usage text of `kvtier hash` (from its definition in commands.ts). */
+export const HASH_COMMAND_USAGE = helpText(HASH);
 
 /**
  * Runs `kvtier hash` with `argv` (the arguments after `hash`). Never throws for bad flags or
@@ -65,31 +47,16 @@ export async function runHashCommand(argv: string[], io: HashCommandIo): Promise
     lora?: string;
     mm?: string[];
     partial?: boolean;
-    help?: boolean;
   };
   try {
-    ({ values } = parseArgs({
-      args: argv,
-      strict: true,
-      allowPositionals: false,
-      options: {
-        tokens: { type: 'string' },
-        'chunk-size': { type: 'string' },
-        salt: { type: 'string' },
-        lora: { type: 'string' },
-        mm: { type: 'string', multiple: true },
-        partial: { type: 'boolean' },
-        help: { type: 'boolean' },
-      },
-    }));
+    const parsed = parseCommand(HASH, argv);
+    if (parsed.help) {
+      for (const line of HASH_COMMAND_USAGE.split('\n')) io.out(line);
+      return 0;
+    }
+    values = parsed.values as typeof values;
   } catch (err) {
-    // parseArgs spreads its hint over several lines; keep it, on one line.
-    const msg = err instanceof Error ? err.message.replace(/\s*\n\s*/g, ' ') : String(err);
-    return fail(`${msg} (see --help)`);
-  }
-  if (values.help === true) {
-    for (const line of HASH_COMMAND_USAGE.split('\n')) io.out(line);
-    return 0;
+    return fail(err instanceof Error ? err.message : String(err));
   }
 
   const opts: ChunkHasherOptions = {

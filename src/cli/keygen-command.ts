@@ -2,7 +2,6 @@
  * `kvtier keygen`: a CurveZMQ key pair for the server or a client (docs/security.md), and the
  * keys the client commands (lookup, stats, ping) connect with.
  */
-import { parseArgs } from 'node:util';
 import { KvtierError } from '../errors.ts';
 import type { ClientCurveKeys } from '../protocol/curve-client.ts';
 import {
@@ -12,6 +11,8 @@ import {
   readKeyFile,
   writeKeyPair,
 } from '../security/curve-keys.ts';
+import { KEYGEN } from './commands.ts';
+import { helpText, parseCommand, stringOption } from './options.ts';
 
 /** Where `kvtier keygen` writes. */
 export interface KeygenIo {
@@ -20,21 +21,28 @@ export interface KeygenIo {
 
 /**
  * `kvtier keygen [--out DIR] [--name NAME]`: without --out, prints the pair as JSON
- * (`{"publicKey","secretKey"}`); with it, writes DIR/NAME.key (secret, mode 0600, never
- * overwritten) and DIR/NAME.pub and prints the public key. Resolves the exit code.
+ * (`{"publicKey","secretKey"}`); with it, creates DIR when missing (mode 0700), writes
+ * DIR/NAME.key (secret, mode 0600, never overwritten) and DIR/NAME.pub and prints the public key.
+ * Resolves the exit code.
+ * @throws UsageError on bad flags; KvtierError KVT_CONFIG when a file exists or cannot be written.
  */
 export async function runKeygenCommand(args: string[], io: KeygenIo): Promise<number> {
-  const { values } = parseArgs({
-    args,
-    options: { out: { type: 'string' }, name: { type: 'string', default: 'kvtier' } },
-    strict: true,
-  });
+  const parsed = parseCommand(KEYGEN, args);
+  if (parsed.help) {
+    io.out(helpText(KEYGEN));
+    return 0;
+  }
+  const out = stringOption(parsed, 'out');
   const pair = generateCurveKeyPair();
-  if (values.out === undefined) {
+  if (out === undefined) {
     io.out(JSON.stringify(pair));
     return 0;
   }
-  const { secretPath, publicPath } = await writeKeyPair(values.out, values.name, pair);
+  const { secretPath, publicPath } = await writeKeyPair(
+    out,
+    stringOption(parsed, 'name') ?? 'kvtier',
+    pair,
+  );
   io.out(`wrote ${secretPath} (secret, mode 0600) and ${publicPath}`);
   io.out(`public key: ${pair.publicKey}`);
   return 0;

@@ -1,6 +1,7 @@
 import { type ChildProcess, spawn } from 'node:child_process';
 import { mkdir } from 'node:fs/promises';
 import { createServer } from 'node:net';
+import { dyingWithParent } from '../util/parent-death.ts';
 
 /**
  * The Redis server `kvtier simulate --fault redis-outage` owns: an outage needs a server the
@@ -48,7 +49,8 @@ export class PrivateRedis {
       '--dir',
       this.dir,
     ];
-    const p = spawn(program, args, { stdio: ['ignore', 'pipe', 'ignore'] });
+    // Killed with this process even when it is killed first (no orphaned servers).
+    const p = spawn(...dyingWithParent(program, args), { stdio: ['ignore', 'pipe', 'ignore'] });
     this.#proc = p;
     await new Promise<void>((resolve, reject) => {
       let out = '';

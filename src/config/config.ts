@@ -8,6 +8,7 @@ import { type ResolvedEventsOptions, resolveEventsOptions } from '../events/even
 import type { ProtocolLimits } from '../protocol/messages.ts';
 import type { LogLevel } from '../util/log.ts';
 import { parseBytes } from './bytes.ts';
+import { jsonErrorOffset, lineColumn } from './json-position.ts';
 import { validateConfigDocument } from './schema.ts';
 import type { ConfigProblem } from './schema-kit.ts';
 import type { ClientConfig } from './security-schema.ts';
@@ -26,6 +27,11 @@ export interface KvtierConfig {
     maxLookups: number;
     /** Bound on the estimated bytes of lookups in flight and pinned (KVT_CAPACITY past it). */
     maxLookupBytes: number;
+    /**
+     * Where the epoch is kept across restarts (relative: against `baseDir`), so that a restarted
+     * sidecar starts above every epoch its clients saw; null: derived from the clock alone.
+     */
+    epochFile: string | null;
     writeThrough: { maxChunks: number; maxBytes: number; concurrency: number };
   };
   server: {
@@ -56,13 +62,30 @@ export function defaultCpuCapacityBytes(): number {
   return Math.max(64 * mib, Math.floor(Math.min(quarter, 8 * 1024 ** 3) / mib) * mib);
 }
 
-/** Where the default disk tier lives: `$XDG_CACHE_HOME/kvtier/chunks`, else `~/.cache/kvtier/chunks`. */
-export function defaultDiskPath(env: NodeJS.ProcessEnv = process.env): string {
+/** kvtier's cache directory: `$XDG_CACHE_HOME/kvtier`, else `~/.cache/kvtier`. */
+function cacheDir(env: NodeJS.ProcessEnv): string {
   const base =
     env.XDG_CACHE_HOME !== undefined && env.XDG_CACHE_HOME !== ''
       ? env.XDG_CACHE_HOME
       : join(homedir(), '.cache');
-  return join(base, 'kvtier', 'chunks');
+  return join(base, 'kvtier');
+}
+
+/** Where the default disk tier lives: `$XDG_CACHE_HOME/kvtier/chunks`, else `~/.cache/kvtier/chunks`. */
+export function defaultDiskPath(env: NodeJS.ProcessEnv = process.env): string {
+  return join(cacheDir(env), 'chunks');
+}
+
+/**
+ * Where a sidecar listening on `listen` keeps its epoch by default: a file per endpoint (what
+ * clients know a server by) under `$XDG_CACHE_HOME/kvtier/epochs/`, else `~/.cache/kvtier/epochs/`,
+ * e.g. `tcp-127.0.0.1-5555`. Sidecars on other endpoints never share it.
+ */
+export function defaultEpochFile(
+  env: NodeJS.ProcessEnv = process.env,
+  listen: string = CONFIG_DEFAULTS.listen,
+): string {
+  return join(cacheDir(env), 'epochs', listen.replace(/[^A-Za-z0-9._-]+/g, '-'));
 }
 
 /**
@@ -95,6 +118,7 @@ export const CONFIG_DEFAULTS = deepFreeze({
     pinTtlMs: 60_000,
     maxLookups: 4096,
     maxLookupBytes: 64 * 1024 ** 2,
+    epochFile: null as string | null,
     writeThrough: { maxChunks: 1024, maxBytes: 1024 ** 3, concurrency: 4 },
   },
   server: { maxSendQueueBytes: 512 * 1024 ** 2 },
@@ -203,12 +227,14 @@ export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()
 }
 
 /**
- * The default config adjusted by the variables that only make sense without a config file:
+ * What `loadConfig` starts from: the default config with the epoch kept in the cache directory,
+ * adjusted by the variables that only make sense without a config file:
  * KVTIER_DISK_PATH and KVTIER_DISK_BYTES move or resize the default disk tier, KVTIER_DISK=off
  * drops it (host memory only).
  */
 function embeddedDefault(env: NodeJS.ProcessEnv): KvtierConfig {
   const cfg = defaultConfig(env);
+  cfg.storage.epochFile = defaultEpochFile(env);
   const disk = cfg.tiers[1]!;
   if (env.KVTIER_DISK === 'off') {
     cfg.tiers = cfg.tiers.slice(0, 1);
@@ -235,6 +261,19 @@ function embeddedDefault(env: NodeJS.ProcessEnv): KvtierConfig {
   return cfg;
 }
 
+/**
+ * "is not valid JSON: unexpected "}" at line L, column C" (or "it ends early at ...") for a
+ * `JSON.parse` error of `text`: Node 20 names a character position for some errors only.
+ */
+export function jsonErrorAt(text: string, err: Error): string {
+  const offset = jsonErrorOffset(text);
+  if (offset < 0) return `is not valid JSON: ${err.message.split('\n', 1)[0]}`;
+  const { line, column } = lineColumn(text, offset);
+  return offset >= text.length
+    ? `is not valid JSON: it ends early, at line ${line}, column ${column}`
+    : `is not valid JSON: unexpected ${JSON.stringify(text[offset])} at line ${line}, column ${column}`;
+}
+
 /** A variable's digits as a number; anything else as given, for the error message. */
 function numeric(s: string): number | string {
   return /^\d+$/.test(s) ? Number(s) : s;
@@ -252,6 +291,7 @@ export async function loadConfig(
   env: NodeJS.ProcessEnv = process.env,
 ): Promise<KvtierConfig> {
   let cfg = embeddedDefault(env);
+  let epochGiven = false;
   const path = overrides.configPath ?? env.KVTIER_CONFIG;
   if (path !== undefined && path !== '') {
     let text: string;
@@ -270,12 +310,15 @@ export async function loadConfig(
     } catch (err) {
       throw new KvtierError(
         'KVT_CONFIG',
-        `config file ${path} is not valid JSON: ${(err as Error).message}`,
-        { cause: err },
+        `config file ${path} ${jsonErrorAt(text, err as Error)}`,
+        {
+          cause: err,
+        },
       );
     }
     cfg = resolveConfig(parsed, cfg);
     cfg.baseDir = dirname(resolvePath(path));
+    epochGiven = (parsed as { storage?: { epochFile?: unknown } }).storage?.epochFile !== undefined;
   }
   // Environment, then flags; a problem names the variable or flag it came from.
   const patch: { listen?: unknown; metrics?: Record<string, unknown>; logLevel?: unknown } = {};
@@ -317,6 +360,8 @@ export async function loadConfig(
     cfg.security.allowUnauthenticated = v === '1' || v === 'true';
   }
   cfg = withEventsOverride(cfg, env, overrides.events);
+  // The default epoch file is the final endpoint's (set by the file, the environment or a flag).
+  if (!epochGiven) cfg.storage.epochFile = defaultEpochFile(env, cfg.listen);
   if (env.KVTIER_CPU_BYTES) {
     const first = cfg.tiers[0]!;
     first.options = {

@@ -82,6 +82,14 @@ export const rootSchema = strict({
           ),
         ),
       ),
+      epochFile: v.optional(
+        v.pipe(
+          v.nullable(str({ nonEmpty: true })),
+          v.description(
+            'Where the epoch is kept across restarts, so a restarted sidecar starts above every epoch its clients saw (relative: to this file); null: from the clock alone. Default: a file per listen endpoint under epochs/ in the kvtier cache directory.',
+          ),
+        ),
+      ),
       writeThrough: v.optional(
         strict({
           maxChunks: v.optional(int(1)),
@@ -132,6 +140,7 @@ export interface ConfigDocument {
     pinTtlMs?: number;
     maxLookups?: number;
     maxLookupBytes?: number;
+    epochFile?: string | null;
     writeThrough?: { maxChunks?: number; maxBytes?: number; concurrency?: number };
   };
   server?: { maxSendQueueBytes?: number };

@@ -131,6 +131,7 @@ const localDisk = tier('local-disk', {
   maxChunkBytes: v.optional(bytes(1)),
   maxChunks: v.optional(int(1, 1 << 24)),
   timeoutMs: v.optional(int(1, HOUR_MS)),
+  journal: v.optional(bool()),
 });
 
 const fs = tier('fs', {

@@ -9,7 +9,6 @@ import type {
   ConnectorRequest,
   LoadIntent,
   RequestEnd,
-  RequestFinishedParams,
   SaveIntent,
   SchedulerStep,
 } from './types.ts';
@@ -33,7 +32,15 @@ export interface SchedulerConnectorOptions {
    */
   partialChunkLoads?: boolean;
   log?: Logger;
+  /** Monotonic clock, ms (the pause after failed loads); default `performance.now`. */
+  now?: () => number;
 }
+
+/** Loads failing in a row (none succeeding in between) after which no load is offered. */
+export const LOAD_FAILURES_BEFORE_PAUSE = 2;
+/** The first pause, ms, doubled with every further failure in a row up to the longest. */
+export const FIRST_PAUSE_MS = 1000;
+export const LONGEST_PAUSE_MS = 60_000;
 
 type LookupState = 'none' | 'pending' | 'answered' | 'consumed';
 
@@ -55,6 +62,12 @@ interface Tracked {
   /** Leading chunks kvtier holds or is saving. */
   storedChunks: number;
   savedAny: boolean;
+  /** First chunk a load of this request failed at: never offered to it again. */
+  failedChunk: number | null;
+  /** An answer kept across a new admission: its pins go once the new lookup answered. */
+  staleLookupId: string;
+  /** Blocks were allocated since the last ask: an ask now is a new admission. */
+  admitted: boolean;
 }
 
 /**
@@ -63,6 +76,11 @@ interface Tracked {
  * boundary (kvtier stores whole chunks, and a chunk is a whole number of blocks), never include
  * the last prompt token, and start where the engine's own prefix cache ends: at a chunk boundary,
  * or inside a chunk at a block boundary, the load then skipping the blocks the engine holds.
+ *
+ * Loads that fail are not offered again: a request whose load failed is never offered the chunks
+ * from the failed one on, and after {@link LOAD_FAILURES_BEFORE_PAUSE} failed loads in a row no
+ * load is offered for {@link FIRST_PAUSE_MS} (doubling, up to {@link LONGEST_PAUSE_MS}) until one
+ * succeeds: a worker that cannot load costs time, never a request that does not finish.
  */
 export class KvtierSchedulerConnector {
   readonly #lookup: ConnectorLookup;
@@ -73,6 +91,9 @@ export class KvtierSchedulerConnector {
   readonly #namespaces: readonly string[] | undefined;
   readonly #partialChunkLoads: boolean;
   readonly #log: Logger;
+  readonly #now: () => number;
+  #failuresInARow = 0;
+  #pausedUntil = 0;
   readonly #requests = new Map<string, Tracked>();
   #ended: RequestEnd[] = [];
   #closing: Promise<void> | undefined;
@@ -102,11 +123,17 @@ export class KvtierSchedulerConnector {
     this.#namespaces = opts.namespaces === undefined ? undefined : [...opts.namespaces];
     this.#partialChunkLoads = requireBoolean('partialChunkLoads', opts.partialChunkLoads ?? true);
     this.#log = opts.log ?? silentLogger;
+    this.#now = opts.now ?? (() => performance.now());
   }
 
   /** Requests the connector currently tracks (for gauges and leak checks). */
   get trackedRequests(): number {
     return this.#requests.size;
+  }
+
+  /** True while no load is offered after failed loads in a row (see the class). */
+  get offersPaused(): boolean {
+    return this.#now() < this.#pausedUntil;
   }
 
   /**
@@ -127,10 +154,20 @@ export class KvtierSchedulerConnector {
     this.#open();
     const t = this.#track(request);
     const computed = requireInt('numComputedTokens', numComputedTokens, 0);
+    // Asked again after an admission (preempted, or recomputing after a failed load): look up
+    // afresh; vLLM may ask before buildConnectorMeta hears of a preemption.
+    if (t.admitted && t.loading === null && t.intent === null) this.#renewLookup(t);
     t.offered = null;
-    const lookupChunks = this.#lookupChunks(t);
+    const lookupChunks = Math.min(this.#lookupChunks(t), t.failedChunk ?? Number.MAX_SAFE_INTEGER);
     const aligned = this.#partialChunkLoads ? this.#blockSize : this.#chunkSize;
-    if (computed % aligned !== 0 || computed >= lookupChunks * this.#chunkSize) return [0, false];
+    if (
+      computed % aligned !== 0 ||
+      computed >= lookupChunks * this.#chunkSize ||
+      this.offersPaused
+    ) {
+      this.#releaseLookup(t);
+      return [0, false];
+    }
     if (t.lookup === 'none' || t.lookup === 'consumed') {
       t.attempt++;
       t.lookupId = `${t.requestId}#${t.attempt}`;
@@ -147,10 +184,11 @@ export class KvtierSchedulerConnector {
       if (answer === null) return [null, false];
       t.lookup = 'answered';
       t.hitTokens = answer;
+      this.#dropStaleLookup(t);
       t.storedChunks = Math.max(t.storedChunks, Math.floor(answer / this.#chunkSize));
       this.#log.debug('lookup answered', { requestId: t.requestId, hitTokens: answer });
     }
-    let claim = Math.min(t.hitTokens, t.promptLength - 1);
+    let claim = Math.min(t.hitTokens, t.promptLength - 1, lookupChunks * this.#chunkSize);
     claim -= claim % this.#blockSize;
     claim -= claim % this.#chunkSize;
     const tokens = claim > computed ? claim - computed : 0;
@@ -181,6 +219,7 @@ export class KvtierSchedulerConnector {
     this.#open();
     const tokens = requireInt('numExternalTokens', numExternalTokens, 0);
     const t = this.#requests.get(request?.requestId);
+    if (t !== undefined) t.admitted = true;
     if (tokens === 0) {
       if (t !== undefined) t.intent = null;
       return;
@@ -265,7 +304,8 @@ export class KvtierSchedulerConnector {
   /**
    * vLLM `update_connector_output`: settles loads reported in `finishedRecving`; a failed load's
    * chunks (from the first invalid block on) are no longer counted as stored, so they are saved
-   * again once the engine recomputes them.
+   * again once the engine recomputes them, and are never offered to that request again. Loads
+   * failing in a row pause all offers (see the class).
    */
   updateConnectorOutput(output: ConnectorOutput): void {
     const invalid = new Set(output.invalidBlockIds ?? []);
@@ -275,53 +315,77 @@ export class KvtierSchedulerConnector {
       if (l === null) continue;
       if (invalid.size > 0) {
         const at = l.blockIds.findIndex((b) => invalid.has(b));
-        if (at >= 0)
-          t.storedChunks = Math.min(
-            t.storedChunks,
-            l.firstChunk + Math.floor((at + (l.skipBlocks ?? 0)) / this.#blocksPerChunk),
-          );
+        if (at >= 0) {
+          const chunk =
+            l.firstChunk + Math.floor((at + (l.skipBlocks ?? 0)) / this.#blocksPerChunk);
+          t.storedChunks = Math.min(t.storedChunks, chunk);
+          t.failedChunk = Math.min(t.failedChunk ?? chunk, chunk);
+        }
       }
-      if (done.has(t.requestId)) t.loading = null;
+      if (done.has(t.requestId)) {
+        t.loading = null;
+        this.#loadSettled(l.blockIds.some((b) => invalid.has(b)));
+      }
     }
+  }
+
+  #loadSettled(failed: boolean): void {
+    if (!failed) {
+      this.#failuresInARow = 0;
+      this.#pausedUntil = 0;
+      return;
+    }
+    this.#failuresInARow++;
+    const over = this.#failuresInARow - LOAD_FAILURES_BEFORE_PAUSE;
+    if (over < 0) return;
+    const pause = Math.min(LONGEST_PAUSE_MS, FIRST_PAUSE_MS * 2 ** Math.min(over, 16));
+    this.#pausedUntil = this.#now() + pause;
+    this.#log.warn('loads failed in a row; no loads are offered for a while (requests compute)', {
+      failures: this.#failuresInARow,
+      pauseMs: pause,
+    });
   }
 
   /**
    * vLLM `request_finished` (terminal free: finished or aborted). Cancels a pending lookup,
    * releases unused pins, drops an unsent load, and queues the release for the workers. Returns
-   * `[delayFree, params]`: `delayFree` is true while the request's blocks may still be read by a
-   * save or written by a load; the engine then frees them when a worker reports the id in
-   * `finishedSending`. `blockIds` is accepted for parity with vLLM (the blocks are known from the
-   * intents).
+   * `[delayFree, null]`: `delayFree` is true while saves may still read the request's blocks;
+   * the engine then frees them when a worker reports the id in `finishedSending`. Never for a
+   * request whose load is in flight: vLLM keeps the blocks of a request finished while loading
+   * until `finishedRecving` names it and frees them then (a delayed free as well would name a
+   * request vLLM already dropped). kvtier hands vLLM no transfer parameters. `blockIds` is
+   * accepted for parity with vLLM (the blocks are known from the intents).
    */
   requestFinished(
     request: ConnectorRequest,
     _blockIds?: readonly number[],
-  ): [delayFree: boolean, params: RequestFinishedParams | null] {
+  ): [delayFree: boolean, params: null] {
     const t = this.#requests.get(request?.requestId);
     if (t === undefined) return [false, null];
     this.#requests.delete(t.requestId);
     this.#releaseLookup(t);
     t.intent = null;
-    const delayFree = t.savedAny || t.loading !== null;
+    const delayFree = t.savedAny && t.loading === null;
     this.#ended.push({
       requestId: t.requestId,
       kind: request.aborted === true ? 'aborted' : 'finished',
       delayFree,
     });
-    const storedTokens = t.storedChunks * this.#chunkSize;
-    return [delayFree, storedTokens > 0 ? { storedTokens } : null];
+    return [delayFree, null];
   }
 
   /**
-   * Preemption (vLLM frees the blocks and requeues the request): nothing is released. Unused pins
-   * stay for the request's next ask; an unsent load is dropped (its blocks are gone). Workers get
-   * the id so they can finish saves that read those blocks before the engine reuses them.
+   * Preemption (vLLM frees the blocks and requeues the request): the next ask looks up afresh
+   * (the request's own chunks saved since its last answer count too); the old answer's pins stay
+   * until the new one is in. An unsent load is dropped (its blocks are gone). Workers get the id
+   * so they can finish saves that read those blocks before the engine reuses them.
    */
   requestPreempted(request: ConnectorRequest): void {
     const t = this.#requests.get(request?.requestId);
     if (t === undefined) return;
     t.intent = null;
     t.offered = null;
+    this.#renewLookup(t);
     this.#ended.push({ requestId: t.requestId, kind: 'preempted', delayFree: false });
   }
 
@@ -381,6 +445,9 @@ export class KvtierSchedulerConnector {
       loading: null,
       storedChunks: 0,
       savedAny: false,
+      failedChunk: null,
+      staleLookupId: '',
+      admitted: false,
     };
     this.#requests.set(id, t);
     return t;
@@ -395,15 +462,31 @@ export class KvtierSchedulerConnector {
     return (intent.blockIds.length + (intent.skipBlocks ?? 0)) / this.#blocksPerChunk;
   }
 
+  /** The next ask starts a new lookup; an answer's pins stay until that one is in. */
+  #renewLookup(t: Tracked): void {
+    t.admitted = false;
+    if (t.lookup !== 'answered') return;
+    this.#dropStaleLookup(t);
+    if (t.hitTokens > 0) t.staleLookupId = t.lookupId;
+    t.lookup = 'none';
+  }
+
+  #dropStaleLookup(t: Tracked): void {
+    if (t.staleLookupId === '') return;
+    this.#cancel(t.staleLookupId);
+    t.staleLookupId = '';
+  }
+
+  #cancel(lookupId: string): void {
+    this.#lookup.cancel(lookupId).catch((err: unknown) => {
+      this.#log.debug('lookup cancel failed; the pin TTL releases it', { lookupId, err });
+    });
+  }
+
   #releaseLookup(t: Tracked): void {
+    this.#dropStaleLookup(t);
     if (t.lookup === 'pending') this.#lookup.forget(t.lookupId);
-    else if (t.lookup === 'answered' && t.hitTokens > 0)
-      this.#lookup.cancel(t.lookupId).catch((err: unknown) => {
-        this.#log.debug('lookup cancel failed; the pin TTL releases it', {
-          lookupId: t.lookupId,
-          err,
-        });
-      });
+    else if (t.lookup === 'answered' && t.hitTokens > 0) this.#cancel(t.lookupId);
     if (t.lookup === 'pending' || t.lookup === 'answered') t.lookup = 'consumed';
   }
 }

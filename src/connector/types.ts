@@ -107,12 +107,6 @@ export interface FinishedTransfers {
   readonly finishedRecving: Set<string>;
 }
 
-/** `requestFinished`'s transfer parameters (vLLM `kv_transfer_params`). */
-export interface RequestFinishedParams {
-  /** Leading prompt tokens kvtier holds (or is saving) for this prompt. */
-  readonly storedTokens: number;
-}
-
 /**
  * The part of `LookupClient` / `MultiLookupClient` the scheduler connector uses. `lookup` must
  * never block: null while pending, then the hit tokens once.

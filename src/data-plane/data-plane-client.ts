@@ -27,6 +27,13 @@ export interface DataPlaneClientOptions {
   unregisterTimeoutMs?: number;
   log?: Logger /** CurveZMQ keys, for a server with CurveZMQ on (docs/security.md); default none. */;
   curve?: ClientCurveKeys;
+  /**
+   * Liveness, ms (see `RequestSocketOptions.livenessTimeoutMs`): a sidecar silent for this long
+   * with requests in flight is probed, and found down when the probe is not answered within this
+   * long again; then every request in flight fails with `KVT_TIMEOUT` and the connection is
+   * replaced. 0 turns it off. Default 5000 (a sidecar event loop busy for seconds is not down).
+   */
+  livenessTimeoutMs?: number;
 }
 
 /** What the sidecar answered to a registration. */
@@ -45,8 +52,39 @@ export interface DataPlaneCallOptions {
   signal?: AbortSignal;
 }
 
-const DEFAULTS = { requestTimeoutMs: 30_000, heartbeatIntervalMs: 5000, unregisterTimeoutMs: 1000 };
+const DEFAULTS = {
+  requestTimeoutMs: 30_000,
+  heartbeatIntervalMs: 5000,
+  unregisterTimeoutMs: 1000,
+  livenessTimeoutMs: 5000,
+};
 const U32_MAX = 0xffffffff;
+/** The sidecar's LOAD deadline when a load names none, ms (docs/protocol.md 4.9). */
+const SERVER_LOAD_DEADLINE_MS = 20_000;
+/**
+ * How long past a LOAD's not-after time a load that got no reply keeps failing back: a chunk
+ * copy the sidecar started just before that time completes within it.
+ */
+export const LOAD_GRACE_MS = 1000;
+
+/** Not-after time `ms` from now on the host's monotonic clock (docs/protocol.md 4.9). */
+function notAfterIn(ms: number): bigint {
+  return process.hrtime.bigint() + BigInt(Math.ceil(ms)) * 1_000_000n;
+}
+
+/**
+ * Rethrows a transfer's error, once the host's monotonic clock has passed `untilNs` when no
+ * reply came (the sidecar may still copy until then): callers reuse the blocks only after.
+ */
+async function failAfter(err: unknown, untilNs: bigint): Promise<never> {
+  const noReply =
+    err instanceof KvtierError && (err.code === 'KVT_TIMEOUT' || err.code === 'KVT_ABORTED');
+  if (noReply) {
+    const left = Number(untilNs - process.hrtime.bigint()) / 1e6;
+    if (left > 0) await new Promise((r) => setTimeout(r, Math.ceil(left)));
+  }
+  throw err;
+}
 
 function blockIdArray(name: string, ids: readonly number[]): Uint32Array {
   if (!Array.isArray(ids))
@@ -65,6 +103,7 @@ function blockIdArray(name: string, ids: readonly number[]): Uint32Array {
  */
 export class DataPlaneClient {
   readonly #rs: RequestSocket;
+  readonly #requestTimeoutMs: number;
   readonly #heartbeatIntervalMs: number;
   readonly #unregisterTimeoutMs: number;
   readonly #log: Logger;
@@ -84,6 +123,7 @@ export class DataPlaneClient {
       opts.requestTimeoutMs ?? DEFAULTS.requestTimeoutMs,
       1,
     );
+    this.#requestTimeoutMs = requestTimeoutMs;
     this.#heartbeatIntervalMs = requireInt(
       'heartbeatIntervalMs',
       opts.heartbeatIntervalMs ?? DEFAULTS.heartbeatIntervalMs,
@@ -101,6 +141,7 @@ export class DataPlaneClient {
       endpoint,
       ...(opts.curve !== undefined ? { curve: opts.curve } : {}),
       requestTimeoutMs,
+      livenessTimeoutMs: opts.livenessTimeoutMs ?? DEFAULTS.livenessTimeoutMs,
       name: 'data plane client',
       log: this.#log,
     });
@@ -151,7 +192,10 @@ export class DataPlaneClient {
   /**
    * Gathers the blocks of the chunks into the sidecar's CPU tier (and on to lower tiers in the
    * background). Chunk `i` owns `blockIds[i * blocksPerChunk ...]`; only the last may be short.
-   * Resolves when the blocks may be reused; the counts add up to the number of chunks.
+   * Resolves when the blocks may be reused; the counts add up to the number of chunks. The SAVE
+   * carries its reply deadline as its not-after time: without a reply it fails only once that
+   * time has passed, after which the sidecar copies nothing (docs/protocol.md 4.9), so the
+   * blocks may be reused whatever the outcome.
    * @throws KvtierError `KVT_INVALID_ARGUMENT` (before `register`, or bad ids/hashes),
    *   `KVT_NOT_FOUND` (the sidecar does not know the engine), `KVT_TOO_LARGE`, `KVT_TIMEOUT`,
    *   `KVT_CLOSED`.
@@ -170,6 +214,7 @@ export class DataPlaneClient {
     },
     opts: DataPlaneCallOptions = {},
   ): Promise<{ saved: number; skipped: number; dropped: number }> {
+    const notAfterNs = notAfterIn(this.#requestTimeoutMs);
     const rep = await this.#call(
       {
         type: 'save',
@@ -179,10 +224,11 @@ export class DataPlaneClient {
         skipChunks: requireInt('skipChunks', a.skipChunks ?? 0, 0, U32_MAX),
         blockIds: blockIdArray('blockIds', a.blockIds),
         chunkHashes: asPackedHashes(a.chunkHashes),
+        notAfterNs,
         ...(a.cudaEvent !== undefined ? { cudaEvent: a.cudaEvent } : {}),
       },
       opts,
-    );
+    ).catch((err: unknown) => failAfter(err, notAfterNs));
     if (rep.type !== 'save-result') throw unexpectedReply(rep);
     return { saved: rep.saved, skipped: rep.skipped, dropped: rep.dropped };
   }
@@ -191,6 +237,9 @@ export class DataPlaneClient {
    * Scatters the chunks pinned by lookup `lookupId` into the blocks. A chunk that could not be
    * loaded (evicted, not pinned, past the deadline) and every chunk after it come back as
    * `invalidBlockIds`; they hold no valid KV and must be recomputed.
+   * The LOAD's not-after time is its deadline (the sidecar's default, or the reply deadline when
+   * shorter): no chunk starts past it; without a reply the load fails only
+   * {@link LOAD_GRACE_MS} after it, so nothing is written into the blocks afterwards.
    * @param a.deadlineMs relative to the sidecar's receipt, ms; default (or 0) the sidecar's.
    * @param a.stateSlot slot of the registered state file the sidecar sets on completion.
    * @param a.skipBlocks leading blocks of the first chunk the engine already holds (its prefix
@@ -213,6 +262,10 @@ export class DataPlaneClient {
     opts: DataPlaneCallOptions = {},
   ): Promise<{ loadedTokens: number; invalidBlockIds: number[] }> {
     const skipBlocks = requireInt('skipBlocks', a.skipBlocks ?? 0, 0, U32_MAX);
+    const deadlineMs = requireInt('deadlineMs', a.deadlineMs ?? 0, 0, U32_MAX);
+    const notAfterNs = notAfterIn(
+      Math.min(deadlineMs || SERVER_LOAD_DEADLINE_MS, this.#requestTimeoutMs),
+    );
     const rep = await this.#call(
       {
         type: 'load',
@@ -220,15 +273,15 @@ export class DataPlaneClient {
         engineId: this.#registered(),
         engineRequestId: a.requestId,
         lookupId: a.lookupId,
-        deadlineMs: requireInt('deadlineMs', a.deadlineMs ?? 0, 0, U32_MAX),
+        deadlineMs,
         stateSlot: requireInt('stateSlot', a.stateSlot ?? -1, -1, 2 ** 31 - 1),
         blockIds: blockIdArray('blockIds', a.blockIds),
         chunkHashes: asPackedHashes(a.chunkHashes),
-        // Sent only when non-zero, so a load without a skip stays readable by older sidecars.
-        ...(skipBlocks > 0 ? { skipBlocks } : {}),
+        skipBlocks,
+        notAfterNs,
       },
       opts,
-    );
+    ).catch((err: unknown) => failAfter(err, notAfterNs + BigInt(LOAD_GRACE_MS) * 1_000_000n));
     if (rep.type !== 'load-result') throw unexpectedReply(rep);
     return { loadedTokens: rep.loadedTokens, invalidBlockIds: Array.from(rep.invalidBlockIds) };
   }

@@ -362,7 +362,8 @@ export function splitBlocks(
   const s = requireInt(`${what}.skipBlocks`, skipBlocks, 0, per - 1);
   if (s > 0 && chunks === 0) throw invalid(`${what}: skipBlocks is ${s} but there are no chunks`);
   const n = blockIds.length;
-  const lo = chunks === 0 ? 0 : Math.max(0, (chunks - 1) * per + 1 - s);
+  // At least one block to write once there is a chunk: M = 0 with N = 1 and s > 0 loads nothing.
+  const lo = chunks === 0 ? 0 : Math.max(1, (chunks - 1) * per + 1 - s);
   const hi = chunks === 0 ? 0 : chunks * per - s;
   if (n < lo || n > hi)
     throw invalid(

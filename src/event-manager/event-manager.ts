@@ -242,6 +242,11 @@ export class EventManager<T> {
     return this.entries.get(id)?.state ?? 'not_found';
   }
 
+  /** The hooks `id` was registered with, while it is tracked (ongoing or done). */
+  hooksOf(id: string): PrefetchHooks<T> | undefined {
+    return this.entries.get(id)?.hooks;
+  }
+
   /** The result of a done entry (lent, not handed over); `undefined` otherwise. */
   result(id: string): T | undefined {
     const e = this.entries.get(id);

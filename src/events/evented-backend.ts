@@ -1,7 +1,8 @@
 /**
  * Tier decorators that report what happens to chunks into the event stream (docs/events.md):
  * a put or an in-place save that stores a chunk, a `remove`, and what the tier drops by itself
- * (through its removal listener: evictions, corrupt objects). `clear` reports nothing here: the
+ * (through its removal listener: evictions, corrupt objects) or finds by itself (a start-up
+ * scan indexing files its journal missed). `clear` reports nothing here: the
  * storage manager reports a CLEAR once, for every tier.
  */
 import { ForwardingBackend } from '../backends/forwarding-backend.ts';
@@ -49,6 +50,7 @@ class EventedBackend<T extends StorageBackend = StorageBackend> extends Forwardi
     this.#existsIsStored = existsIsStored;
     const tier = this.tier;
     inner.setRemovalListener?.((ns, hash, reason) => sink.removed(tier, ns, [hash], reason));
+    inner.setFoundListener?.((ns, hash) => sink.stored(tier, ns, hash));
   }
 
   override async put(
@@ -69,8 +71,11 @@ class EventedBackend<T extends StorageBackend = StorageBackend> extends Forwardi
     return removed;
   }
 
-  /** The wrapper owns the inner tier's listener (set at construction); this is refused. */
+  /** The wrapper owns the inner tier's listeners (set at construction); this is refused. */
   override setRemovalListener(): void {}
+
+  /** As {@link setRemovalListener}. */
+  override setFoundListener(): void {}
 }
 
 class EventedHostTier extends EventedBackend<HostMemoryTier> implements HostMemoryTier {

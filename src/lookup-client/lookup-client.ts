@@ -25,6 +25,13 @@ export interface LookupClientOptions {
   now?: () => number;
   log?: Logger /** CurveZMQ keys, for a server with CurveZMQ on (docs/security.md); default none. */;
   curve?: ClientCurveKeys;
+  /**
+   * Liveness, ms (see `RequestSocketOptions.livenessTimeoutMs`): a server silent this long with
+   * requests in flight is probed and, unanswered this long again, found down: what is in flight
+   * fails at once (lookups answer 0) and the connection is replaced. 0 turns it off. Default 5000
+   * (a sidecar event loop busy for seconds is not down).
+   */
+  livenessTimeoutMs?: number;
 }
 
 /** Packed hashes (32 bytes each) or one 32-byte array per chunk. */
@@ -49,7 +56,7 @@ interface PendingLookup {
   answer: number | undefined;
 }
 
-const DEFAULTS = { lookupTimeoutMs: 2000, requestTimeoutMs: 10_000 };
+const DEFAULTS = { lookupTimeoutMs: 2000, requestTimeoutMs: 10_000, livenessTimeoutMs: 5000 };
 
 /**
  * Scheduler-side client of one lookup server. `lookup()` never blocks or sleeps: it returns
@@ -85,6 +92,7 @@ export class LookupClient {
       endpoint,
       ...(opts.curve !== undefined ? { curve: opts.curve } : {}),
       requestTimeoutMs: this.#requestTimeoutMs,
+      livenessTimeoutMs: opts.livenessTimeoutMs ?? DEFAULTS.livenessTimeoutMs,
       name: 'lookup client',
       log: opts.log ?? silentLogger,
       onReply: (rep) => {

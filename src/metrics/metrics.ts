@@ -1,6 +1,7 @@
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
 import type { BackendHealth, BackendStats } from '../backends/types.ts';
 import { KvtierError } from '../errors.ts';
+import { guard, onObserve } from './prom-helpers.ts';
 
 /**
  * Every kvtier metric, in one module over a registry of its own (never prom-client's global
@@ -55,6 +56,8 @@ export interface MetricSources {
   writeQueueDepth?: () => number;
   /** The server's epoch (bumps on restart or clear). */
   epoch?: () => number;
+  /** Whether the sidecar can serve lookups, and whether it serves with a lower tier not up. */
+  serving?: () => { ready: boolean; degraded: boolean };
 }
 
 /** Options of {@link KvtierMetrics}. */
@@ -99,6 +102,7 @@ interface ScrapeSnapshot {
   readonly pinnedLookups: number | undefined;
   readonly writeQueueDepth: number | undefined;
   readonly epoch: number | undefined;
+  readonly serving: { ready: boolean; degraded: boolean } | undefined;
 }
 
 type Kind = 'gauge' | 'counter';
@@ -155,6 +159,18 @@ const SINGLE: ReadonlyArray<readonly [string, string, Kind, Read<ScrapeSnapshot>
   ['kvtier_pinned_lookups', 'Lookups holding pins.', 'gauge', (s) => s.pinnedLookups],
   ['kvtier_writethrough_queue_depth', 'Write-through queue.', 'gauge', (s) => s.writeQueueDepth],
   ['kvtier_epoch', 'Server epoch.', 'gauge', (s) => s.epoch],
+  [
+    'kvtier_ready',
+    'Whether the sidecar can serve lookups (its host-memory tier is up): 1 or 0, as /readyz.',
+    'gauge',
+    (s) => (s.serving === undefined ? undefined : s.serving.ready ? 1 : 0),
+  ],
+  [
+    'kvtier_degraded',
+    'Whether a tier below host memory is down or degraded (lookups served with fewer hits): 1 or 0.',
+    'gauge',
+    (s) => (s.serving === undefined ? undefined : s.serving.degraded ? 1 : 0),
+  ],
 ];
 
 /**
@@ -444,6 +460,7 @@ export class KvtierMetrics {
       pinnedLookups: this.#read('pinnedLookups', src.pinnedLookups),
       writeQueueDepth: this.#read('writeQueueDepth', src.writeQueueDepth),
       epoch: this.#read('epoch', src.epoch),
+      serving: this.#read('serving', src.serving),
     };
     this.#scrape = snapshot;
     queueMicrotask(() => {
@@ -461,36 +478,5 @@ export class KvtierMetrics {
       this.#sourceErrors.inc({ source });
       return undefined;
     }
-  }
-}
-
-/**
- * Makes `histogram.observe` also report every observed value to a callback. prom-client assigns
- * `observe` per instance in its constructor (it picks the exemplar variant there), so the
- * instance's function is wrapped rather than the class's method overridden. `startTimer()` does
- * not go through `observe` and is not reported.
- */
-function onObserve<T extends string>(histogram: Histogram<T>, report: (value: number) => void) {
-  const observe = histogram.observe.bind(histogram) as (...args: unknown[]) => void;
-  histogram.observe = ((a: unknown, b?: unknown) => {
-    if (b === undefined) observe(a);
-    else observe(a, b);
-    const value =
-      typeof a === 'number' ? a : typeof b === 'number' ? b : (a as { value?: unknown }).value;
-    if (typeof value === 'number') report(value);
-  }) as Histogram<T>['observe'];
-  return histogram;
-}
-
-/** Turns prom-client's duplicate-name Error into a KvtierError with a useful message. */
-function guard<M>(name: string, make: () => M): M {
-  try {
-    return make();
-  } catch (err) {
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `metric ${name} could not be registered (is another KvtierMetrics using this registry?)`,
-      { cause: err },
-    );
   }
 }

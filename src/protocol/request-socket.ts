@@ -1,10 +1,11 @@
 import * as zmq from 'zeromq';
 import { closedError, KvtierError } from '../errors.ts';
-import { Deadline, type DeadlineTimers } from '../util/deadline.ts';
+import { Deadline, type DeadlineTimers, systemTimers } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { decodeReply, encodeRequest } from './codec.ts';
 import { type ClientCurveKeys, curveClientOptions } from './curve-client.ts';
+import { checkClientEndpoint } from './endpoint.ts';
 import type { Reply, Request } from './messages.ts';
 import { SocketSendQueue } from './send-queue.ts';
 
@@ -23,6 +24,14 @@ export interface RequestSocketOptions {
   timers?: DeadlineTimers;
   /** CurveZMQ keys, for a server with CurveZMQ on (docs/security.md); default none. */
   curve?: ClientCurveKeys;
+  /**
+   * Liveness, ms: with requests in flight and nothing heard from the server for this long, a
+   * PING probes it; when nothing is heard within this long again, the server counts as down:
+   * every request in flight fails at once with `KVT_TIMEOUT` and the connection is replaced, so
+   * nothing still queued for it (a SAVE the caller has given up on) ever reaches the server.
+   * Default 0: off (requests only meet their own deadlines).
+   */
+  livenessTimeoutMs?: number;
 }
 
 /** Per-call options of {@link RequestSocket.request}. */
@@ -52,7 +61,15 @@ interface Connection {
   inFlight: number;
   /** Replaced after a refusal as unauthenticated: closed once nothing waits on it. */
   retired: boolean;
+  /** With Curve keys: whether a CurveZMQ handshake has completed on this socket. */
+  handshaken: boolean;
+  /** With Curve keys: whether the server refused this client's key (ZAP). */
+  keyRefused: boolean;
 }
+
+/** What a request that timed out before any CurveZMQ handshake completed says. */
+export const NO_HANDSHAKE_MESSAGE =
+  'no CurveZMQ handshake — wrong server key, or the sidecar is down';
 
 /**
  * Fresh connections opened in a row (no other reply in between) after refusals as
@@ -91,13 +108,21 @@ export class RequestSocket {
   #closed = false;
   #authReconnects = 0;
   #authReconnectsInARow = 0;
+  readonly #livenessMs: number;
+  /** Frames heard from the server since start (liveness compares snapshots of it). */
+  #heard = 0;
+  #livenessDisarm: (() => void) | undefined;
+  #outages = 0;
 
   /**
    * Connects at once (ZMQ connects in the background and reconnects on its own).
    * @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options.
    */
   constructor(opts: RequestSocketOptions) {
-    this.#endpoint = requireString('endpoint', opts.endpoint, { nonEmpty: true });
+    this.#endpoint = checkClientEndpoint(
+      'endpoint',
+      requireString('endpoint', opts.endpoint, { nonEmpty: true }),
+    );
     this.#requestTimeoutMs = requireInt('requestTimeoutMs', opts.requestTimeoutMs ?? 10_000, 1);
     this.#name = opts.name ?? 'client';
     this.#onReply = opts.onReply;
@@ -105,6 +130,7 @@ export class RequestSocket {
     this.#timers = opts.timers;
     curveClientOptions(opts.curve); // validates the keys before anything is opened
     this.#curve = opts.curve;
+    this.#livenessMs = requireInt('livenessTimeoutMs', opts.livenessTimeoutMs ?? 0, 0, 2 ** 31 - 1);
     this.#conn = this.#open();
   }
 
@@ -117,14 +143,34 @@ export class RequestSocket {
       sendHighWaterMark: 100_000,
       receiveHighWaterMark: 100_000,
     });
-    socket.connect(this.#endpoint);
     const conn: Connection = {
       socket,
       sendQueue: new SocketSendQueue(socket, { log: this.#log }),
       loop: Promise.resolve(),
       inFlight: 0,
       retired: false,
+      handshaken: false,
+      keyRefused: false,
     };
+    if (this.#curve !== undefined) {
+      // Only a monitor tells a wrong server key (or no server) from a slow one.
+      socket.events.on('handshake', () => {
+        conn.handshaken = true;
+      });
+      socket.events.on('handshake:error:auth', () => {
+        conn.keyRefused = true;
+      });
+    }
+    try {
+      socket.connect(this.#endpoint);
+    } catch (err) {
+      socket.close();
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `cannot connect to ${this.#endpoint}: ${(err as Error).message}`,
+        { cause: err },
+      );
+    }
     conn.loop = this.#receiveLoop(conn);
     this.#conns.add(conn);
     return conn;
@@ -143,6 +189,11 @@ export class RequestSocket {
   /** Fresh connections opened because a request was refused as unauthenticated (a counter). */
   get authReconnects(): number {
     return this.#authReconnects;
+  }
+
+  /** Times the server was found down by liveness (a counter; see `livenessTimeoutMs`). */
+  get outages(): number {
+    return this.#outages;
   }
 
   /**
@@ -173,10 +224,13 @@ export class RequestSocket {
       });
       this.#pending.set(requestId, entry);
       conn.inFlight++;
+      this.#watch();
       try {
         if (!conn.sendQueue.send(frame))
           throw new KvtierError('KVT_CAPACITY', 'send queue is full');
         return await d.race(reply);
+      } catch (err) {
+        throw d.timedOut ? this.#timeoutError(entry.conn, err) : err;
       } finally {
         this.#pending.delete(requestId);
         this.#release(entry.conn);
@@ -186,11 +240,27 @@ export class RequestSocket {
     }
   }
 
+  /**
+   * A request's deadline error, or, with Curve keys on a connection whose handshake never
+   * completed, one that says what the silence means: the server key is wrong or the server is
+   * not there, or it refused this client's key. Still `KVT_TIMEOUT` (the request was never
+   * served), so callers that branch on the code are unaffected.
+   */
+  #timeoutError(conn: Connection, err: unknown): unknown {
+    if (this.#curve === undefined || conn.handshaken) return err;
+    const where = `${this.#endpoint}, ${(err as Error).message}`;
+    const msg = conn.keyRefused
+      ? `CurveZMQ handshake refused: this client's key is not on the sidecar's allow-list (${where})`
+      : `${NO_HANDSHAKE_MESSAGE} (${where})`;
+    return new KvtierError('KVT_TIMEOUT', msg, { cause: err });
+  }
+
   async #receiveLoop(conn: Connection): Promise<void> {
     try {
       for await (const frames of conn.socket) {
         const frame = frames[frames.length - 1];
         if (frame === undefined) continue;
+        if (conn === this.#conn) this.#heard++;
         let rep: Reply;
         try {
           rep = decodeReply(frame);
@@ -246,6 +316,55 @@ export class RequestSocket {
     return true;
   }
 
+  /** Arms the liveness check while requests are in flight (once; it re-arms itself). */
+  #watch(): void {
+    if (this.#livenessMs === 0 || this.#livenessDisarm !== undefined || this.#closed) return;
+    const heard = this.#heard;
+    this.#livenessDisarm = (this.#timers ?? systemTimers).arm(this.#livenessMs, () => {
+      this.#livenessDisarm = undefined;
+      if (this.#closed || this.#pending.size === 0) return;
+      if (this.#heard !== heard) {
+        this.#watch();
+        return;
+      }
+      this.#probe();
+    });
+  }
+
+  /** Silent for a whole period with requests in flight: a PING; silence for another is down. */
+  #probe(): void {
+    const heard = this.#heard;
+    const requestId = this.#nextId;
+    this.#nextId = this.#nextId >= 0xffffffff ? 1 : this.#nextId + 1;
+    this.#conn.sendQueue.send(encodeRequest({ type: 'ping', requestId }));
+    this.#livenessDisarm = (this.#timers ?? systemTimers).arm(this.#livenessMs, () => {
+      this.#livenessDisarm = undefined;
+      if (this.#closed) return;
+      if (this.#heard === heard && this.#pending.size > 0) this.#markDown();
+      else this.#watch();
+    });
+  }
+
+  #markDown(): void {
+    this.#outages++;
+    this.#log.warn('server did not answer a liveness PING; treated as down, connection replaced', {
+      endpoint: this.#endpoint,
+      livenessTimeoutMs: this.#livenessMs,
+    });
+    const err = new KvtierError(
+      'KVT_TIMEOUT',
+      `server ${this.#endpoint} did not answer a PING within ${this.#livenessMs} ms: treated as down`,
+    );
+    for (const p of [...this.#pending.values()]) p.reject(err);
+    // A fresh connection: what the old ones still queue must never reach the server later.
+    for (const c of this.#conns) {
+      c.retired = true;
+      if (!c.socket.closed) c.socket.close();
+    }
+    this.#conns.clear();
+    this.#conn = this.#open();
+  }
+
   /** One request less waits on `conn`; a retired connection is closed when none does. */
   #release(conn: Connection): void {
     conn.inFlight--;
@@ -259,6 +378,8 @@ export class RequestSocket {
   close(): Promise<void> {
     if (!this.#closed) {
       this.#closed = true;
+      this.#livenessDisarm?.();
+      this.#livenessDisarm = undefined;
       for (const p of [...this.#pending.values()]) p.reject(closedError(this.#name));
       for (const c of this.#conns) c.socket.close();
     }

@@ -3,7 +3,7 @@
  * from a secret one, key files, and key-pair generation for `kvtier keygen`.
  */
 import { createPrivateKey, createPublicKey } from 'node:crypto';
-import { chmod, readFile, stat, writeFile } from 'node:fs/promises';
+import { chmod, mkdir, readFile, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as zmq from 'zeromq';
 import { KvtierError } from '../errors.ts';
@@ -118,7 +118,8 @@ export async function readKeyFile(path: string, what: string, secret: boolean): 
 }
 
 /**
- * Writes `<dir>/<name>.key` (the secret key, mode 0600, never overwritten) and `<dir>/<name>.pub`.
+ * Writes `<dir>/<name>.key` (the secret key, mode 0600, never overwritten) and `<dir>/<name>.pub`,
+ * creating `dir` (and its parents, mode 0700) when missing.
  * @returns the two paths.
  * @throws KvtierError KVT_CONFIG when a file exists or cannot be written.
  */
@@ -135,6 +136,7 @@ export async function writeKeyPair(
   const secretPath = join(dir, `${name}.key`);
   const publicPath = join(dir, `${name}.pub`);
   try {
+    await mkdir(dir, { recursive: true, mode: 0o700 });
     // 'wx': refuse to replace a key someone may still use.
     await writeFile(secretPath, `${pair.secretKey}\n`, { mode: 0o600, flag: 'wx' });
     await chmod(secretPath, 0o600);

@@ -90,6 +90,27 @@ export function checkRole(p: Principal, type: RequestType): void {
 }
 
 /**
+ * Refuses a request that would touch lookup `lookupId` (CANCEL, HOLD, LOAD, or a LOOKUP reusing
+ * its id, which cancels it) when the lookup names a namespace outside the principal's
+ * restriction. `namespaces`: the lookup's, undefined when the server does not know it.
+ * @throws KvtierError KVT_FORBIDDEN naming the lookup and the namespace.
+ */
+export function checkLookup(
+  p: Principal,
+  lookupId: string,
+  namespaces: readonly string[] | undefined,
+): void {
+  const allowed = p.namespaces;
+  if (allowed === undefined || namespaces === undefined) return;
+  for (const ns of namespaces)
+    if (!allowed.has(ns))
+      throw forbidden(
+        p,
+        `may not touch lookup ${JSON.stringify(lookupId)}: it names namespace ${ns}`,
+      );
+}
+
+/**
  * Refuses namespaces outside the principal's restriction; `'all'` is refused for any restricted
  * key. @throws KvtierError KVT_FORBIDDEN naming the first namespace refused.
  */

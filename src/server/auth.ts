@@ -22,6 +22,7 @@ import { KvtierError } from '../errors.ts';
 import type { Request } from '../protocol/messages.ts';
 import { curvePublicKey, isZ85Key, z85Encode } from '../security/curve-keys.ts';
 import {
+  checkLookup,
   checkNamespaces,
   checkRole,
   namespacesOf,
@@ -30,6 +31,7 @@ import {
   type Role,
 } from '../security/policy.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
+import { RateLimitedLog } from '../util/rate-limited-log.ts';
 import { describe, requireInt, requireOneOf } from '../util/validate.ts';
 
 /** One allow-listed client key. */
@@ -62,6 +64,11 @@ export interface ServerAuthOptions {
    * from `KVTIER_TEST_FAIL_FIRST_HANDSHAKES` (auth-config.ts).
    */
   failFirstHandshakes?: number;
+  /**
+   * Refused handshakes are logged at most once per this many ms per reason, with a count of the
+   * ones left out; default 10 000.
+   */
+  refusalLogIntervalMs?: number;
 }
 
 /** ZAP domain of the sidecar server's ROUTER. */
@@ -78,6 +85,9 @@ const MEMO_MAX = 4096;
 /** The namespace of an engine id the data plane has registered, or undefined. */
 export type EngineNamespaceOf = (engineId: string) => string | undefined;
 
+/** The namespaces of a lookup the server tracks, or undefined when it knows no such lookup. */
+export type LookupNamespacesOf = (lookupId: string) => readonly string[] | undefined;
+
 /**
  * The allow-list, the ZAP handler and the per-request checks. Owns its ZMQ context and handler
  * socket; `close()` after the ROUTER is closed.
@@ -90,6 +100,8 @@ export class ServerAuth {
   readonly #macKey = randomBytes(32);
   readonly #memo = new Map<string, Principal>();
   readonly #log: Logger;
+  /** Refused handshakes: anyone who can reach the port can cause them, so rate-limited. */
+  readonly #refusals: RateLimitedLog;
   readonly #context = new zmq.Context();
   #handler: zmq.Reply | undefined;
   #loop: Promise<void> | undefined;
@@ -109,6 +121,9 @@ export class ServerAuth {
     this.#secretKey = opts.secretKey;
     this.publicKey = curvePublicKey(opts.secretKey);
     this.#log = opts.log ?? silentLogger;
+    this.#refusals = new RateLimitedLog(this.#log, {
+      intervalMs: opts.refusalLogIntervalMs ?? 10_000,
+    });
     this.#zapReplyDelayMs = requireInt(
       'zapReplyDelayMs',
       opts.zapReplyDelayMs ?? ZAP_REPLY_DELAY_MS,
@@ -199,13 +214,16 @@ export class ServerAuth {
     if (f.length < 7 || version.toString() !== '1.0') return deny('500', 'malformed ZAP request');
     const address = f[3]!.toString();
     if (f[2]!.toString() !== ZAP_DOMAIN || f[5]!.toString() !== 'CURVE' || f[6]!.length !== 32) {
-      this.#log.warn('connection refused: not a Curve client', { address });
+      this.#refusals.warn('handshake refused: not a CurveZMQ client', { address });
       return deny('400', 'CURVE required');
     }
     const key = z85Encode(f[6]!);
     const p = this.#grants.get(key);
     if (p === undefined) {
-      this.#log.warn('connection refused: key not allowed', { address, publicKey: key });
+      this.#refusals.warn('handshake refused: client key not on the allow-list', {
+        address,
+        publicKey: key,
+      });
       return deny('400', 'key not allowed');
     }
     const ok = [version, requestId, Buffer.from('200'), Buffer.from('OK'), Buffer.from(p.name)];
@@ -220,6 +238,23 @@ export class ServerAuth {
     }
     this.#log.info('client authenticated', { address, client: p.name, role: p.role });
     return [...ok, zmtpProperty('Identity', this.#mint(f[6]!))];
+  }
+
+  /**
+   * Logs the handshakes `router` refuses before the allow-list is consulted (rate-limited): a
+   * client without keys, or one that uses another server's public key. Call once, after binding.
+   */
+  watchHandshakes(router: zmq.Router): void {
+    router.events.on('handshake:error:protocol', (e) => {
+      const code = (e.error as { code?: string } | undefined)?.code;
+      const msg =
+        code === 'ERR_ZMTP_MECHANISM_MISMATCH'
+          ? 'handshake refused: the client has no CurveZMQ keys'
+          : code === 'ERR_ZMTP_CRYPTOGRAPHIC'
+            ? "handshake refused: the client's server key is not this server's public key"
+            : 'handshake refused: protocol error';
+      this.#refusals.warn(msg, { address: e.address, ...(code !== undefined ? { code } : {}) });
+    });
   }
 
   #mint(rawKey: Buffer): Buffer {
@@ -252,12 +287,19 @@ export class ServerAuth {
 
   /**
    * Checks that the connection named by `routingId` may send `req`: its role, then every
-   * namespace the request touches (for data-plane requests, the engine's registered namespace,
-   * and for REGISTER also the namespace it would register).
+   * namespace the request touches: the namespaces it names; for data-plane requests, the
+   * engine's registered namespace (and for REGISTER also the namespace it would register); and
+   * for a request that reaches a tracked lookup by its id (CANCEL, HOLD, LOAD, and LOOKUP, whose
+   * reused id cancels the old lookup), that lookup's namespaces.
    * @throws KvtierError KVT_UNAUTHENTICATED for a connection without a minted id;
-   *   KVT_FORBIDDEN for a wrong role or namespace.
+   *   KVT_FORBIDDEN for a wrong role or namespace (nothing is done then).
    */
-  authorize(routingId: Buffer, req: Request, engineNamespace: EngineNamespaceOf): Principal {
+  authorize(
+    routingId: Buffer,
+    req: Request,
+    engineNamespace: EngineNamespaceOf,
+    lookupNamespaces: LookupNamespacesOf = () => undefined,
+  ): Principal {
     const p = this.principalOf(routingId);
     if (p === undefined)
       throw new KvtierError(
@@ -268,6 +310,8 @@ export class ServerAuth {
     if (p.namespaces === undefined) return p;
     const named = namespacesOf(req);
     checkNamespaces(p, named);
+    if ('lookupId' in req && typeof req.lookupId === 'string')
+      checkLookup(p, req.lookupId, lookupNamespaces(req.lookupId));
     if ('engineId' in req) {
       const ns = engineNamespace(req.engineId);
       if (ns !== undefined) checkNamespaces(p, [ns]);
@@ -289,6 +333,7 @@ export class ServerAuth {
 
   /** Closes the handler and the context's sockets. Idempotent; close the ROUTER first. */
   async close(): Promise<void> {
+    this.#refusals.close();
     this.#handler?.close();
     await this.#loop;
   }

@@ -22,6 +22,7 @@ import type {
 import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
+import { AuditLog } from './audit.ts';
 import type { ServerAuth } from './auth.ts';
 import { resolveLimits, waitForPortFree } from './server-support.ts';
 
@@ -86,6 +87,7 @@ export class SidecarServer {
   readonly #requestTallies = new Map<string, Tally>();
   /** Requests decoded and not yet answered (STATS `server.inflight`). */
   #inflight = 0;
+  readonly #audit: AuditLog;
 
   constructor(opts: SidecarServerOptions) {
     this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', {
@@ -98,6 +100,7 @@ export class SidecarServer {
     this.#info = opts.info ?? (() => ({}));
     this.#dataPlane = opts.dataPlane;
     this.#auth = opts.auth;
+    this.#audit = new AuditLog(this.#log.child('audit'), opts.auth);
     this.#maxSendQueueBytes = opts.maxSendQueueBytes;
     this.#loadDeadlineMs = requireInt(
       'loadDeadlineMs',
@@ -146,6 +149,7 @@ export class SidecarServer {
       );
     }
     this.#router = router;
+    this.#auth?.watchHandshakes(router);
     this.#endpoint = router.lastEndpoint ?? this.#requestedEndpoint;
     this.#sendQueue = new SocketSendQueue(router, {
       log: this.#log,
@@ -192,8 +196,14 @@ export class SidecarServer {
       return;
     }
     try {
-      this.#auth?.authorize(envelope[0]!, req, (id) => this.#dataPlane?.namespaceOf(id));
+      this.#auth?.authorize(
+        envelope[0]!,
+        req,
+        (id) => this.#dataPlane?.namespaceOf(id),
+        (id) => this.#storage.lookupNamespaces(id),
+      );
     } catch (err) {
+      this.#audit.refused(envelope[0], req, err);
       this.#replyError(envelope, req.requestId, err);
       return;
     }
@@ -259,7 +269,14 @@ export class SidecarServer {
         return this.#reply(envelope, { type: 'cancel-result', requestId: req.requestId, found });
       }
       case 'clear': {
-        const epoch = await storage.clear(req.namespaces);
+        let epoch: number;
+        try {
+          epoch = await storage.clear(req.namespaces);
+        } catch (err) {
+          this.#audit.clearFailed(envelope[0], req.namespaces, err);
+          throw err;
+        }
+        this.#audit.cleared(envelope[0], req.namespaces, epoch);
         return this.#reply(envelope, { type: 'clear-result', requestId: req.requestId, epoch });
       }
       case 'ping':

@@ -39,6 +39,8 @@ export class SimScheduler {
   #waiting: Req[] = [];
   #running: Req[] = [];
   readonly #awaitingFree = new Map<string, Req>();
+  /** Requests ended while loading, whose blocks wait for the worker's `finishedRecving`. */
+  readonly #awaitingRecv = new Map<string, Req>();
   readonly #pendingInvalid = new Set<number>();
   readonly #kv: KvChecker;
   step = 0;
@@ -75,9 +77,9 @@ export class SimScheduler {
     return this.#waiting.length + this.#running.length;
   }
 
-  /** Terminal requests whose blocks wait for the worker's `finishedSending`. */
+  /** Terminal requests whose blocks wait for the worker (`finishedSending` or `finishedRecving`). */
   get delayedFrees(): number {
-    return this.#awaitingFree.size;
+    return this.#awaitingFree.size + this.#awaitingRecv.size;
   }
 
   /** Requests waiting for a kvtier load. */
@@ -152,16 +154,19 @@ export class SimScheduler {
       const r = this.#reqs.get(id);
       if (r === undefined) continue;
       if (r.status !== 'waiting_for_remote_kvs' || r.load === null) {
-        // Ended meanwhile (aborted): its blocks are freed through finishedSending.
+        // Ended while loading: the engine kept its blocks until now (as vLLM does), frees them.
         if (r.load !== null) for (const b of r.load.blocks) this.#pendingInvalid.delete(b);
         r.load = null;
+        if (this.#awaitingRecv.delete(id)) this.#freeBlocks(r, true);
         continue;
       }
       this.#settleLoad(r, r.load);
     }
     for (const id of sending) {
       const r = this.#awaitingFree.get(id);
-      if (r === undefined) continue;
+      // vLLM asserts the request is still known: a free the connector delayed, not one it freed.
+      if (r === undefined)
+        throw new Error(`finishedSending names ${id}, which the engine no longer holds`);
       this.#awaitingFree.delete(id);
       this.#freeBlocks(r, true);
     }
@@ -465,10 +470,16 @@ export class SimScheduler {
     if (!r.prefillDone) this.counters.unserved += r.promptLen;
     r.adm = { gpu: 0, tiers: {}, recomputed: 0 };
     r.conn = { ...r.conn, aborted: to !== 'finished' };
+    // Ended while loading: the blocks wait for the load's report (vLLM's finish_requests).
+    const loading = r.status === 'waiting_for_remote_kvs' && r.load !== null;
     const [delayFree] = this.#d.connector.requestFinished(r.conn, r.blocks);
     this.#setStatus(r, to);
     r.pendingLookup = false;
-    if (delayFree) {
+    if (loading && delayFree) throw new Error(`${r.id}: ended while loading, and its free delayed`);
+    if (loading) {
+      r.delayedFree = true;
+      this.#awaitingRecv.set(r.id, r);
+    } else if (delayFree) {
       r.delayedFree = true;
       this.#awaitingFree.set(r.id, r);
     } else this.#freeBlocks(r, false);

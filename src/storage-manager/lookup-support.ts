@@ -11,7 +11,7 @@ import type {
   StorageBackend,
 } from '../backends/types.ts';
 import { abortedError, KvtierError } from '../errors.ts';
-import type { PrefetchHooks } from '../event-manager/event-manager.ts';
+import type { EventManager, PrefetchHooks } from '../event-manager/event-manager.ts';
 import { type CounterTally, type Tally, tallyOf } from '../metrics/counter-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { LazyAbort } from './lazy-abort.ts';
@@ -97,10 +97,17 @@ export class LookupRecorder {
 export class LookupHooks implements PrefetchHooks<PinnedLookup> {
   readonly #abort: LazyAbort;
   readonly #release: (p: PinnedLookup) => void;
+  /** The namespaces the running lookup names (for the servers' namespace rule). */
+  readonly namespaces: readonly NamespaceId[];
 
-  constructor(abort: LazyAbort, release: (p: PinnedLookup) => void) {
+  constructor(
+    abort: LazyAbort,
+    release: (p: PinnedLookup) => void,
+    namespaces: readonly NamespaceId[],
+  ) {
     this.#abort = abort;
     this.#release = release;
+    this.namespaces = namespaces;
   }
 
   abort(): void {
@@ -110,6 +117,17 @@ export class LookupHooks implements PrefetchHooks<PinnedLookup> {
   dispose(p: PinnedLookup): void {
     this.#release(p);
   }
+}
+
+/** The namespaces of lookup `id` while `events` tracks it (running or answered), else undefined. */
+export function namespacesOfLookup(
+  events: Pick<EventManager<PinnedLookup>, 'result' | 'hooksOf'>,
+  id: string,
+): readonly NamespaceId[] | undefined {
+  const done = events.result(id);
+  if (done !== undefined) return done.namespaces;
+  const hooks = events.hooksOf(id);
+  return hooks instanceof LookupHooks ? hooks.namespaces : undefined;
 }
 
 /** An answered lookup: its outcome, pins and hashes, kept packed (hex made when read). */

@@ -17,6 +17,7 @@ import { AsyncSerializer } from '../serializer/async-serializer.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
+import { clockEpoch } from './epoch-file.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
 import type { LookupHashes } from './lookup-hashes.ts';
@@ -25,6 +26,7 @@ import {
   LookupHooks,
   LookupRecorder,
   lookupHashesOf,
+  namespacesOfLookup,
   outcomeOf,
   probeHost,
   walkLookup,
@@ -96,7 +98,7 @@ export class StorageManager {
   readonly #metrics: KvtierMetrics | undefined;
   readonly #recorder: LookupRecorder;
   readonly #log: Logger;
-  readonly #onCleared: StorageManagerOptions['onCleared'];
+  readonly #clearHooks: Pick<StorageManagerOptions, 'onEpoch' | 'onCleared'>;
   /** `releaseLookup`, bound once for every lookup's dispose hook. */
   readonly #release = (p: PinnedLookup): void => this.releaseLookup(p);
   /** The hooks of every lookup {@link lookupNow} answers: its entry is done as soon as it is
@@ -126,13 +128,8 @@ export class StorageManager {
     this.#metrics = opts.metrics;
     this.#recorder = new LookupRecorder(opts.metrics);
     this.#log = opts.log ?? silentLogger;
-    this.#onCleared = opts.onCleared;
-    this.#epoch = requireInt(
-      'initialEpoch',
-      opts.initialEpoch ?? defaultInitialEpoch(),
-      0,
-      2 ** 32 - 2,
-    );
+    this.#epoch = requireInt('initialEpoch', opts.initialEpoch ?? clockEpoch(), 0, 2 ** 32 - 2);
+    this.#clearHooks = { onEpoch: opts.onEpoch, onCleared: opts.onCleared };
     this.#lookupBytes = new LookupByteBudget(opts.maxLookupBytes);
     this.#serializer = new AsyncSerializer({
       capacityChunks: requireInt(
@@ -211,7 +208,10 @@ export class StorageManager {
     );
     let entry: PendingPrefetch;
     try {
-      entry = events.addPending(input.lookupId, new LookupHooks(ac, this.#release));
+      entry = events.addPending(
+        input.lookupId,
+        new LookupHooks(ac, this.#release, input.namespaces),
+      );
     } catch (err) {
       memory.release();
       if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
@@ -328,6 +328,11 @@ export class StorageManager {
     return outcomeOf(pinned);
   }
 
+  /** Namespaces of a tracked lookup (running or answered), for the server's namespace rule. */
+  lookupNamespaces(lookupId: string): readonly NamespaceId[] | undefined {
+    return namespacesOfLookup(this.#events, lookupId);
+  }
+
   /** Cancels a lookup: aborts its prefetch or releases its pins. Returns whether it was known. */
   cancel(lookupId: string): boolean {
     return this.#events.cancel(lookupId);
@@ -415,16 +420,16 @@ export class StorageManager {
   }
 
   /**
-   * Drops the chunks of `namespaces` (all when empty) from every tier and bumps the epoch, so
-   * lookups that were running are answered stale. Returns the new epoch once the clear holds:
-   * no chunk put, saved or prefetched before the call can become visible afterwards. Queued
-   * write-throughs of the namespaces are dropped, running ones are waited for before the tiers
-   * are cleared, and answered lookups of the namespaces lose their pins (a load of one then
-   * reports every block invalid).
+   * Drops the chunks of `namespaces` (all when empty) from every tier and bumps the epoch (and
+   * waits for `onEpoch`), so running lookups are answered stale. Resolves the new epoch once the
+   * clear holds: nothing put, saved or prefetched before the call can become visible afterwards.
+   * Queued write-throughs of the namespaces are dropped, running ones waited for before the tiers
+   * are cleared; answered lookups of them lose their pins (a load of one: every block invalid).
    */
   async clear(namespaces: readonly NamespaceId[] = []): Promise<number> {
     if (this.#closing !== undefined) throw closedError('storage manager');
     this.#epoch = (this.#epoch + 1) >>> 0;
+    const recorded = this.#clearHooks.onEpoch?.(this.#epoch);
     this.#fence.clear(namespaces);
     const only = namespaces.length === 0 ? undefined : new Set(namespaces);
     const cleared = (ns: NamespaceId) => only === undefined || only.has(ns);
@@ -447,7 +452,9 @@ export class StorageManager {
         }
       }),
     );
-    this.#onCleared?.(namespaces, this.#epoch);
+    // Reported before anything else can be: a store after the clear follows it on the stream.
+    this.#clearHooks.onCleared?.(namespaces, this.#epoch);
+    await recorded;
     return this.#epoch;
   }
 
@@ -490,10 +497,4 @@ export class StorageManager {
     })();
     return this.#closing;
   }
-}
-
-const EPOCH_BASE_MS = Date.UTC(2024, 0, 1);
-
-function defaultInitialEpoch(): number {
-  return Math.max(0, Math.floor((Date.now() - EPOCH_BASE_MS) / 1000));
 }

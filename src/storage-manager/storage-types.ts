@@ -40,10 +40,16 @@ export interface StorageManagerOptions {
    */
   onCleared?: (namespaces: readonly NamespaceId[], epoch: number) => void;
   /**
-   * First epoch. Default: seconds since 2024-01-01 UTC, so a restarted sidecar starts above the
-   * epochs its clients saw before (they drop answers older than the highest epoch they know).
+   * First epoch. Default: seconds since 2024-01-01 UTC (epoch-file.ts); the sidecar passes the
+   * larger of that and one above the epoch its predecessor recorded, so that clients (which drop
+   * answers older than the highest epoch they know) never see the epoch go back.
    */
   initialEpoch?: number;
+  /**
+   * Called with the new epoch by every CLEAR, which waits for it before resolving (the sidecar
+   * records the epoch in `storage.epochFile`). Should not reject.
+   */
+  onEpoch?: (epoch: number) => Promise<void>;
 }
 
 /** One lookup as the storage manager sees it. */

@@ -32,11 +32,19 @@ const T = makeTables();
  * the whole. Synchronous: about 1 GB/s, use it for small buffers or when the addon is absent.
  */
 export function crc32c(data: Uint8Array, crc = 0): number {
+  return crc32cRange(data, 0, data.length, crc);
+}
+
+/**
+ * {@link crc32c} of `data[from, to)`, without making a view of it (for many small records in one
+ * buffer: a view per record would cost more than its checksum).
+ */
+export function crc32cRange(data: Uint8Array, from: number, to: number, crc = 0): number {
   const t = T;
   let c = ~crc;
-  let i = 0;
-  const n = data.length;
-  const end8 = n - (n % 8);
+  let i = from;
+  const n = to;
+  const end8 = n - ((n - from) % 8);
   while (i < end8) {
     const lo =
       c ^

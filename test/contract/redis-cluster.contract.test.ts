@@ -16,7 +16,7 @@ describeBackendContract(
     cluster ??= startRedisCluster();
     return redisContractSubject(
       { kind: 'cluster', cluster: await cluster },
-      { timeoutMs: 2000, reconnectMaxDelayMs: 100, maxChunkBytes: 40 * 1024 * 1024 },
+      { timeoutMs: 20_000, reconnectMaxDelayMs: 100, maxChunkBytes: 40 * 1024 * 1024 },
     );
   },
   { downTimeoutMs: 3000 },

@@ -13,7 +13,9 @@ describeBackendContract(
     const srv = await server;
     const subject = await redisContractSubject(
       { kind: 'standalone', server: srv },
-      { timeoutMs: 2000, reconnectMaxDelayMs: 100, maxChunkBytes: 40 * 1024 * 1024 },
+      // Per command: far above the cancellation tests' scaled settle bound, so that only a backend
+      // that honours the signal passes them, and a 32 MiB value on a busy machine is no timeout.
+      { timeoutMs: 20_000, reconnectMaxDelayMs: 100, maxChunkBytes: 40 * 1024 * 1024 },
     );
     // A frozen redis-server (SIGSTOP) keeps its connections and answers nothing.
     let stalled = false;

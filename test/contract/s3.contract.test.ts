@@ -6,7 +6,9 @@ import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 import { type CorruptionKind, describeBackendContract } from './backend.contract.ts';
 
-const timeoutMs = 1000;
+// Per request: generous, so that a 32 MiB round trip on a busy machine is not a timeout (an
+// outage is a refused connection, seen at once).
+const timeoutMs = 30_000;
 // Above 32 MiB so the large-chunk test runs, small enough for the oversized-put test to run too.
 const maxChunkBytes = 48 * 1024 * 1024;
 
@@ -63,5 +65,5 @@ describeBackendContract(
       },
     };
   },
-  { downTimeoutMs: 3 * timeoutMs },
+  { downTimeoutMs: 5000 },
 );

@@ -3,14 +3,16 @@
  * endpoints, the client commands against it, `hash`, SIGTERM, and the exit codes of bad input.
  */
 import assert from 'node:assert/strict';
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
+import type { ChildProcessWithoutNullStreams } from 'node:child_process';
 import { existsSync, mkdtempSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { unwritableDir } from '../../src/config/preflight.ts';
 import { hashChunks, hashToHex } from '../../src/hashing/chunk-hasher.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import {
   freeTcpPort,
   REPO_ROOT,
@@ -22,7 +24,7 @@ import { assertValidPromText } from '../support/prom-text.ts';
 
 const BIN = join(REPO_ROOT, 'bin', 'kvtier.js');
 /** Upper bound on any one CLI run or wait; exceeding it fails the test. */
-const DEADLINE_MS = 20_000;
+const DEADLINE_MS = 120_000;
 
 /** The default disk tier lives under the cache directory: keep the test's in a temp dir. */
 const CACHE_HOME = mkdtempSync(join(tmpdir(), 'kvtier-cli-cache-'));
@@ -36,7 +38,7 @@ function cleanEnv(): NodeJS.ProcessEnv {
 }
 
 function spawnCli(args: string[]): ChildProcessWithoutNullStreams {
-  return spawn(process.execPath, [BIN, ...args], {
+  return spawnGuarded(process.execPath, [BIN, ...args], {
     cwd: REPO_ROOT,
     env: cleanEnv(),
     stdio: ['pipe', 'pipe', 'pipe'],
@@ -270,24 +272,40 @@ describe('kvtier client-side commands and errors', () => {
           storage: { writeThrough: { maxBytes: '64MiB' } },
         }),
       );
-      const res = await runCli(['config', 'check', file]);
+      // --offline: nothing listens at 10.0.0.5; without it the check connects, as serve does.
+      const res = await runCli(['config', 'check', '--offline', file]);
       assert.equal(res.code, 0, res.stderr);
       assert.equal(res.stderr, '');
       assert.doesNotMatch(res.stdout, /hunter2|sekrit/);
       const cfg = JSON.parse(res.stdout) as {
-        tiers: { name: string; options: Record<string, unknown> }[];
+        tiers: Record<string, unknown>[];
         storage: { writeThrough: { maxBytes: number } };
-        baseDir: string;
+        baseDir?: string;
       };
-      assert.equal(cfg.tiers[0]!.options.capacityBytes, 256 * 1024 ** 2);
-      assert.equal(cfg.tiers[1]!.options.url, 'redis://[redacted]@10.0.0.5:6379/0');
-      assert.equal(cfg.tiers[2]!.options.secretAccessKey, '[redacted]');
-      assert.equal(cfg.tiers[2]!.options.accessKeyId, 'AKID');
+      assert.equal(cfg.tiers[0]!.capacityBytes, 256 * 1024 ** 2);
+      assert.equal(cfg.tiers[1]!.url, 'redis://[redacted]@10.0.0.5:6379/0');
+      assert.equal(cfg.tiers[2]!.secretAccessKey, '[redacted]');
+      assert.equal(cfg.tiers[2]!.accessKeyId, 'AKID');
       assert.equal(cfg.storage.writeThrough.maxBytes, 64 * 1024 ** 2);
-      assert.equal(cfg.baseDir, dir);
+      assert.equal(cfg.baseDir, undefined, 'not a config key');
 
-      const deployed = await runCli(['config', 'check', join(REPO_ROOT, 'deploy', 'kvtier.json')]);
-      assert.equal(deployed.code, 0, deployed.stderr);
+      const online = await runCli(['config', 'check', file]);
+      assert.equal(online.code, 1);
+      assert.match(online.stderr, /: tiers\[1\]: tier "remote" \(redis\) failed to start: /);
+
+      const deployed = await runCli([
+        'config',
+        'check',
+        '--offline',
+        join(REPO_ROOT, 'deploy', 'kvtier.json'),
+      ]);
+      // The deployment's paths are under /var/cache/kvtier (the image's volume): writable as root
+      // here, or else the only problems.
+      if ((await unwritableDir('/var/cache/kvtier')) === undefined)
+        assert.equal(deployed.code, 0, deployed.stderr);
+      else
+        for (const line of nonEmptyLines(deployed.stderr))
+          assert.match(line, /\/var\/cache\/kvtier.* not writable/);
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
@@ -332,6 +350,27 @@ describe('kvtier client-side commands and errors', () => {
       assert.equal(missing.code, 1);
       assert.match(missing.stderr, /absent\.json: cannot read config file/);
       assert.equal((await runCli(['config', 'check'])).code, 2);
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a bad endpoint, port or key folder gets one line, not a stack trace', async () => {
+    const stats = await runCli(['stats', '--endpoint', 'localhost:5601']);
+    assert.equal(stats.code, 2);
+    assert.deepEqual(nonEmptyLines(stats.stderr), [
+      'kvtier stats: --endpoint must be a ZMQ endpoint: tcp://HOST:PORT (port 1..65535), ipc://PATH or inproc://NAME, got "localhost:5601" (did you mean "tcp://localhost:5601"?)',
+    ]);
+    const serve = await runCli(['serve', '--metrics-port', 'abc']);
+    assert.equal(serve.code, 2);
+    assert.deepEqual(nonEmptyLines(serve.stderr), [
+      'kvtier serve: --metrics-port must be an integer in [0, 65535], got "abc"',
+    ]);
+    const dir = await mkdtemp(join(tmpdir(), 'kvtier-cli-keys-'));
+    try {
+      const keygen = await runCli(['keygen', '--out', join(dir, 'etc', 'kvtier', 'keys')]);
+      assert.equal(keygen.code, 0, keygen.stderr);
+      assert.ok(existsSync(join(dir, 'etc', 'kvtier', 'keys', 'kvtier.key')));
     } finally {
       await rm(dir, { recursive: true, force: true });
     }

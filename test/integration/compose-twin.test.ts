@@ -23,6 +23,7 @@ import { after, before, describe, it } from 'node:test';
 import { ListObjectsV2Command } from '@aws-sdk/client-s3';
 import { parse, stringify } from 'yaml';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import {
   alertExprs,
   alertRules,
@@ -47,7 +48,7 @@ import { type RedisServer, rawCommand, startRedis } from '../support/redis-serve
 import { type S3Harness, S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 
 /** Upper bound on a sidecar start, a stop, or Prometheus reaching a state; failing, not waiting. */
-const DEADLINE_MS = 30_000;
+const DEADLINE_MS = 120_000;
 const CHUNK_TOKENS = 256;
 const CHUNKS = 3;
 const CHUNK_BYTES = 64 * 1024;
@@ -56,6 +57,7 @@ interface Service {
   command?: string[];
   volumes?: string[];
   environment?: Record<string, string>;
+  healthcheck?: { test: string[] };
 }
 const compose = parse(readFileSync(join(REPO_ROOT, 'docker-compose.yml'), 'utf8')) as {
   services: Record<string, Service>;
@@ -118,6 +120,12 @@ function twinConfig(redisPort: number, s3Endpoint: string, diskRoot: string) {
       rewrites.push(`${t.name}.endpoint`);
     }
   }
+  // The epoch is kept on the volume too, so that a new container starts above the old epochs.
+  const storage = cfg.storage as { epochFile?: string };
+  const epochFile = String(storage.epochFile);
+  assert.ok(epochFile.startsWith(diskMount), 'the epoch file is on the volume');
+  storage.epochFile = join(diskRoot, epochFile.slice(diskMount.length));
+  rewrites.push('storage');
   return { original, cfg, rewrites };
 }
 
@@ -145,7 +153,7 @@ class TwinSidecar {
   stderr = '';
 
   constructor(args: string[], env: NodeJS.ProcessEnv) {
-    this.child = spawn(process.execPath, [join(REPO_ROOT, 'bin', 'kvtier.js'), ...args], {
+    this.child = spawnGuarded(process.execPath, [join(REPO_ROOT, 'bin', 'kvtier.js'), ...args], {
       cwd: REPO_ROOT,
       env,
       stdio: ['ignore', 'ignore', 'pipe'],
@@ -158,7 +166,7 @@ class TwinSidecar {
     });
   }
 
-  /** Resolves when /readyz answers 200: the lookup server is bound and no tier is down. */
+  /** Resolves when /readyz answers 200: the lookup server is bound and host memory is up. */
   async ready(readyUrl: string): Promise<void> {
     const started = this.stderr.includes('kvtier started')
       ? Promise.resolve()
@@ -205,10 +213,14 @@ describe('docker-compose twin: the deployed config end to end with processes', (
   const payloads = hashes.map(() => randomPayload(CHUNK_BYTES));
   const tokenCounts = hashes.map(() => CHUNK_TOKENS);
 
+  const epochs: number[] = [];
+
   async function startSidecar(): Promise<TwinSidecar> {
     const s = new TwinSidecar(args, env);
     sidecar = s;
     await s.ready(`${opsBase}/readyz`);
+    const health = (await (await fetch(`${opsBase}/healthz`)).json()) as { epoch: number };
+    epochs.push(health.epoch);
     return s;
   }
 
@@ -217,6 +229,24 @@ describe('docker-compose twin: the deployed config end to end with processes', (
     const exit = await s.stop();
     assert.deepEqual(exit, { code: 0, signal: null }, `graceful exit:\n${s.stderr}`);
     sidecar = undefined;
+    // Logs are JSON lines, the S3 client's warnings on Node 20 included; only the one start-up
+    // line for people is text.
+    const logged: Record<string, unknown>[] = [];
+    for (const line of s.stderr.split('\n').filter((l) => l.trim() !== '')) {
+      if (line.startsWith('kvtier: serving on ')) continue;
+      assert.doesNotThrow(
+        () => logged.push(JSON.parse(line)),
+        `a log line that is not JSON: ${line}`,
+      );
+    }
+    if (Number(process.versions.node.split('.')[0]) < 22)
+      assert.ok(
+        logged.some(
+          (l) =>
+            l.component === 'kvtier.process' && /NodeVersionSupportWarning/.test(String(l.msg)),
+        ),
+        "the AWS SDK's notice about Node 20 is a log line",
+      );
   }
 
   /** LOOKUP of every chunk (pins released after), then GET of each, byte-exact. */
@@ -383,6 +413,35 @@ describe('docker-compose twin: the deployed config end to end with processes', (
     await roundTrip('s3');
     await stopSidecar();
   });
+
+  it("with Redis down it still serves, and compose's healthcheck passes: degraded, not unhealthy", async () => {
+    rmSync(diskDir, { recursive: true, force: true });
+    await startSidecar();
+    await redis.kill();
+    const healthz = async () =>
+      (await (await fetch(`${opsBase}/healthz`)).json()) as { status: string };
+    for (let i = 0; (await healthz()).status !== 'degraded'; i++)
+      if (i > 600) assert.fail('/healthz never reported degraded with Redis down');
+      else await new Promise((r) => setTimeout(r, 50));
+    await roundTrip('s3');
+    // The compose healthcheck command, run as compose runs it (the port is the twin's).
+    const test = kvSvc.healthcheck?.test ?? [];
+    assert.deepEqual(test.slice(0, 2), ['CMD', 'node']);
+    const argv = test.slice(2).map((a) => a.replace(':9464/', `:${metricsPort}/`));
+    const code = await new Promise<number | null>((resolve) => {
+      const p = spawn(process.execPath, argv, { stdio: 'ignore' });
+      p.once('exit', (c) => resolve(c));
+    });
+    assert.equal(code, 0, 'the healthcheck passes while the sidecar serves');
+    await stopSidecar();
+    await redis.restart();
+  });
+
+  it('every start is at a higher epoch than the one before', () => {
+    assert.ok(epochs.length >= 5, `epochs seen: ${epochs.join(', ')}`);
+    for (let i = 1; i < epochs.length; i++)
+      assert.ok(epochs[i]! > epochs[i - 1]!, `epochs seen: ${epochs.join(', ')}`);
+  });
 });
 
 /**
@@ -407,7 +466,7 @@ async function scrapeWithPrometheus(tmp: string, metricsPort: number): Promise<v
   writeFileSync(join(dir, 'prometheus.yml'), stringify(cfg));
   const port = await freeTcpPort();
   const api = `http://127.0.0.1:${port}/api/v1`;
-  const proc = spawn(
+  const proc = spawnGuarded(
     findPrometheus()!,
     [
       `--config.file=${join(dir, 'prometheus.yml')}`,

@@ -156,7 +156,7 @@ describe('connector end to end', () => {
     );
     await step(prefill);
     assert.equal(worker.stats().chunksSaved, 4);
-    assert.deepEqual(scheduler.requestFinished(a, tableA), [true, { storedTokens: 64 }]);
+    assert.deepEqual(scheduler.requestFinished(a, tableA), [true, null]);
     const freed = await step(scheduler.buildConnectorMeta());
     assert.deepEqual(freed.sending, new Set(['A']), 'A may be freed once its saves are over');
 
@@ -213,7 +213,7 @@ describe('connector end to end', () => {
     );
     await step(recompute);
     assert.equal(worker.stats().chunksSaved, 5, 'already stored chunks are skipped by the sidecar');
-    assert.deepEqual(scheduler.requestFinished(c, tableC), [true, { storedTokens: 64 }]);
+    assert.deepEqual(scheduler.requestFinished(c, tableC), [true, null]);
     await step(scheduler.buildConnectorMeta());
     assert.equal(scheduler.trackedRequests, 0);
   });

@@ -75,7 +75,24 @@ describe('crash safety under fsync: always', { timeout: 300_000 }, () => {
     const m = /metrics at (http:\/\/\S+\/metrics)/.exec(sidecar.output);
     assert.ok(m, sidecar.output);
     const client = new LookupClient({ endpoint, requestTimeoutMs: 10_000 });
+    await untilIndexed(client);
     return { client, metricsUrl: m[1]! };
+  }
+
+  /**
+   * LocalDisk serves at once and indexes its directory in the background, removing temp files on
+   * the way; the checks after a restart are about what the tier holds once that scan is over.
+   */
+  async function untilIndexed(client: LookupClient): Promise<void> {
+    const deadline = Date.now() + 120_000;
+    for (;;) {
+      const tiers = (await client.stats()).tiers as { name: string; indexComplete?: boolean }[];
+      const disk = tiers.find((t) => t.name === 'disk');
+      assert.ok(disk, JSON.stringify(tiers));
+      if (disk.indexComplete === true) return;
+      assert.ok(Date.now() < deadline, `the disk scan is not over: ${JSON.stringify(disk)}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
   }
 
   async function expectServed(client: LookupClient, c: WrittenChunk): Promise<void> {

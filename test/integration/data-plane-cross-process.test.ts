@@ -6,7 +6,6 @@
  * in between comes back as invalid block ids.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -16,6 +15,7 @@ import { defaultConfig } from '../../src/config/config.ts';
 import { LOAD_STATE } from '../../src/data-plane/data-plane.ts';
 import { Sidecar } from '../../src/sidecar.ts';
 import { silentLogger } from '../../src/util/log.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import {
   blockContents,
   CHUNK_TOKENS,
@@ -32,7 +32,7 @@ let sidecar: Sidecar;
 
 /** Runs one engine job in a fresh `node --import tsx` process; resolves its result line. */
 async function engine(job: SaveJob | LoadJob): Promise<EngineResult> {
-  const child = spawn(process.execPath, ['--import', 'tsx', SCRIPT, JSON.stringify(job)], {
+  const child = spawnGuarded(process.execPath, ['--import', 'tsx', SCRIPT, JSON.stringify(job)], {
     cwd: REPO_ROOT,
     stdio: ['ignore', 'pipe', 'pipe'],
   });

@@ -3,7 +3,6 @@
  * against the real engine and sidecar (the engine lives in src/sim/engine.ts).
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -15,6 +14,7 @@ import {
   type SimulationRunOptions,
 } from '../../src/cli/simulate-command.ts';
 import type { SimReport } from '../../src/sim/types.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import { REPO_ROOT, withDeadline } from '../support/fixtures.ts';
 
 const BIN = join(REPO_ROOT, 'bin', 'kvtier.js');
@@ -268,7 +268,7 @@ interface CliResult {
 
 /** Runs `bin/kvtier.js ...args` from the TypeScript sources to completion. */
 async function runCli(args: string[]): Promise<CliResult> {
-  const child = spawn(process.execPath, [BIN, ...args], {
+  const child = spawnGuarded(process.execPath, [BIN, ...args], {
     cwd: REPO_ROOT,
     env: { ...process.env, KVTIER_FROM_SOURCE: '1', KVTIER_LOG_LEVEL: 'error' },
     stdio: ['ignore', 'pipe', 'pipe'],

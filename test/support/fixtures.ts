@@ -1,10 +1,3 @@
-/**
- * Shared helpers of the integration tests: a storage manager over a LocalCPU tier and a
- * {@link GatedBackend}, a lookup server on an ephemeral port, random chunks and hashes, bounded
- * per-event-loop-turn polling (never sleeps), and a handle on a lookup server running in a child
- * process (test/support/server-process.ts).
- */
-import { type ChildProcessWithoutNullStreams, spawn } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { createServer } from 'node:net';
 import { createInterface } from 'node:readline';
@@ -17,6 +10,7 @@ import {
   StorageManager,
   type StorageManagerOptions,
 } from '../../src/storage-manager/storage-manager.ts';
+import { spawnGuarded } from './child-guard.ts';
 import { GatedBackend, type GatedBackendOptions } from './gated-backend.ts';
 
 /** Root of the repository (where package.json and bin/ live). */
@@ -218,19 +212,15 @@ export interface ServerProcess {
 
 /**
  * Spawns `node --import tsx test/support/server-process.ts` and resolves once it prints
- * `ready <endpoint>`. Every wait is bounded by `timeoutMs` (default 20 000) so a broken child
+ * `ready <endpoint>`. Every wait is bounded by `timeoutMs` (default 120 000) so a broken child
  * fails the test instead of hanging it.
  */
-export async function startServerProcess(timeoutMs = 20_000): Promise<ServerProcess> {
+export async function startServerProcess(timeoutMs = 120_000): Promise<ServerProcess> {
   const script = fileURLToPath(new URL('./server-process.ts', import.meta.url));
-  const child: ChildProcessWithoutNullStreams = spawn(
-    process.execPath,
-    ['--import', 'tsx', script],
-    {
-      cwd: REPO_ROOT,
-      stdio: ['pipe', 'pipe', 'pipe'],
-    },
-  );
+  const child = spawnGuarded(process.execPath, ['--import', 'tsx', script], {
+    cwd: REPO_ROOT,
+    stdio: ['pipe', 'pipe', 'pipe'],
+  });
   let stderr = '';
   child.stderr.setEncoding('utf8');
   child.stderr.on('data', (d: string) => {

@@ -3,7 +3,7 @@
  * free loopback ports, without persistence, in temp dirs. Every process this module starts is
  * killed by `stop()`, and (as a backstop for a crashed test) when the test process exits.
  */
-import { type ChildProcess, execFile, spawn } from 'node:child_process';
+import { type ChildProcess, execFile } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
 import { accessSync, constants, mkdtempSync, rmSync } from 'node:fs';
 import { connect, createServer } from 'node:net';
@@ -16,9 +16,10 @@ import { RedisBackend, type RedisBackendOptions } from '../../src/backends/redis
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { silentLogger } from '../../src/util/log.ts';
 import type { ContractSubject, CorruptionKind } from '../contract/backend.contract.ts';
+import { spawnGuarded } from './child-guard.ts';
 
 /** How long a server may take to start answering, and a cluster to agree on its slots (ms). */
-const START_TIMEOUT_MS = 10_000;
+const START_TIMEOUT_MS = 60_000;
 
 const live = new Set<ChildProcess>();
 process.once('exit', () => {
@@ -132,7 +133,7 @@ function serverProcess(port: number, dir: string, args: string[]): ServerProcess
     proc: null,
     async start() {
       if (self.proc !== null) throw new Error(`redis-server on port ${port} is already running`);
-      const p = spawn(
+      const p = spawnGuarded(
         program,
         ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'].concat(
           ['--dir', dir],

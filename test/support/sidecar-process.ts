@@ -3,9 +3,10 @@
  * started, measured (VmRSS from /proc), killed with any signal and restarted on the same config.
  * Used by the flood, crash-safety and soak runs.
  */
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { readFileSync, writeFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
+import { spawnGuarded } from './child-guard.ts';
 
 const BIN = fileURLToPath(new URL('../../bin/kvtier.js', import.meta.url));
 
@@ -29,15 +30,16 @@ export interface SidecarProcess {
 
 /**
  * Writes `config` to `configPath` and starts `kvtier serve` on it; resolves once it prints that
- * it serves. Rejects (and kills the child) when it exits first or after `timeoutMs` (20 000).
+ * it serves. Rejects (and kills the child) when it exits first or after `timeoutMs` (120 000, a
+ * bound on a broken start rather than a slow one: a busy machine takes seconds).
  */
 export async function startSidecarProcess(
   configPath: string,
   config: Record<string, unknown>,
-  timeoutMs = 20_000,
+  timeoutMs = 120_000,
 ): Promise<SidecarProcess> {
   writeFileSync(configPath, JSON.stringify(config, null, 2));
-  const child = spawn(process.execPath, [BIN, 'serve', '--config', configPath], {
+  const child = spawnGuarded(process.execPath, [BIN, 'serve', '--config', configPath], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   live.add(child);

@@ -56,6 +56,29 @@ describe('config', () => {
     new BackendRegistry().validateTiers(cfg.tiers);
   });
 
+  test('the epoch is kept per endpoint in the cache directory, unless the file says where', async () => {
+    const env = { XDG_CACHE_HOME: '/c' };
+    assert.equal(
+      (await loadConfig({}, env)).storage.epochFile,
+      '/c/kvtier/epochs/tcp-127.0.0.1-5555',
+    );
+    assert.equal(
+      (await loadConfig({ listen: 'tcp://127.0.0.1:6001' }, env)).storage.epochFile,
+      '/c/kvtier/epochs/tcp-127.0.0.1-6001',
+    );
+    const dir = await mkdtemp(join(tmpdir(), 'kvtier-config-epoch-'));
+    const given = join(dir, 'given.json');
+    await writeFile(given, JSON.stringify({ storage: { epochFile: null } }));
+    assert.equal((await loadConfig({ configPath: given }, env)).storage.epochFile, null);
+    const other = join(dir, 'other.json');
+    await writeFile(other, JSON.stringify({ listen: 'ipc:///run/kvtier.sock' }));
+    assert.equal(
+      (await loadConfig({ configPath: other }, env)).storage.epochFile,
+      '/c/kvtier/epochs/ipc-run-kvtier.sock',
+    );
+    assert.equal(defaultConfig().storage.epochFile, null, 'programmatic configs opt in');
+  });
+
   test('KVTIER_DISK* move, resize or drop the default disk tier', async () => {
     const moved = await loadConfig({}, { KVTIER_DISK_PATH: '/srv/kv', KVTIER_DISK_BYTES: '1GiB' });
     assert.equal(moved.tiers[1]!.options.path, '/srv/kv');

@@ -62,16 +62,15 @@ function table(n: number, base = 100): number[] {
   return Array.from({ length: n }, (_, i) => base + i * 3);
 }
 
-function setup(partialChunkLoads?: boolean): { lookup: FakeLookup; sc: KvtierSchedulerConnector } {
+function setup(opts: boolean | { now?: () => number } = {}): {
+  lookup: FakeLookup;
+  sc: KvtierSchedulerConnector;
+} {
   const lookup = new FakeLookup();
+  const extra = typeof opts === 'boolean' ? { partialChunkLoads: opts } : opts;
   return {
     lookup,
-    sc: new KvtierSchedulerConnector({
-      lookup,
-      blockSize: BLOCK,
-      chunkSize: CHUNK,
-      ...(partialChunkLoads === undefined ? {} : { partialChunkLoads }),
-    }),
+    sc: new KvtierSchedulerConnector({ lookup, blockSize: BLOCK, chunkSize: CHUNK, ...extra }),
   };
 }
 
@@ -432,29 +431,28 @@ describe('scheduler connector: finished vs preempted', () => {
     const a = prompt('a', 100);
     matched(f, a, 0, 32);
     // Answered but never loaded: the pins are released at once.
-    assert.deepEqual(f.sc.requestFinished({ ...a, aborted: true }, []), [
-      false,
-      { storedTokens: 32 },
-    ]);
+    assert.deepEqual(f.sc.requestFinished({ ...a, aborted: true }, []), [false, null]);
     assert.deepEqual(f.lookup.canceled, [f.lookup.calls[0]!.lookupId]);
     // A pending lookup is forgotten.
     const b = prompt('b', 100);
     assert.deepEqual(f.sc.getNumNewMatchedTokens(b, 0), [null, false]);
     assert.deepEqual(f.sc.requestFinished(b, []), [false, null]);
     assert.deepEqual(f.lookup.forgotten, [f.lookup.calls.at(-1)!.lookupId]);
-    // A request with a load in flight keeps its blocks until the worker reports it.
+    // A request with a load in flight: vLLM keeps its blocks until finishedRecving names it, so
+    // the connector does not delay the free as well (vLLM would meet it in finishedSending after
+    // dropping it).
     const c = prompt('c', 100);
     matched(f, c, 0, 32);
     f.sc.updateStateAfterAlloc(c, table(25), 32);
     const first = f.sc.buildConnectorMeta();
     assert.equal(first.loads.length, 1);
-    assert.deepEqual(f.sc.requestFinished(c, []), [true, { storedTokens: 32 }]);
+    assert.deepEqual(f.sc.requestFinished(c, []), [false, null]);
     assert.deepEqual(
       [...first.finished, ...f.sc.buildConnectorMeta().finished],
       [
         { requestId: 'a', kind: 'aborted', delayFree: false },
         { requestId: 'b', kind: 'finished', delayFree: false },
-        { requestId: 'c', kind: 'finished', delayFree: true },
+        { requestId: 'c', kind: 'finished', delayFree: false },
       ],
     );
     assert.equal(f.sc.trackedRequests, 0);
@@ -468,10 +466,10 @@ describe('scheduler connector: finished vs preempted', () => {
         { request: req, blockIds: table(10), numComputedTokens: 0, numScheduledTokens: 40 },
       ],
     });
-    assert.deepEqual(f.sc.requestFinished(req, table(10)), [true, { storedTokens: 32 }]);
+    assert.deepEqual(f.sc.requestFinished(req, table(10)), [true, null]);
   });
 
-  it('preemption releases nothing; the request asks again and reuses unused pins', () => {
+  it('preemption: the request looks up afresh; the old pins go once the new answer is in', () => {
     const f = setup();
     const req = prompt('a', 100);
     matched(f, req, 0, 32);
@@ -482,11 +480,48 @@ describe('scheduler connector: finished vs preempted', () => {
     const meta = f.sc.buildConnectorMeta();
     assert.deepEqual(meta.loads, [], 'the unsent load died with the freed blocks');
     assert.deepEqual(meta.finished, [{ requestId: 'a', kind: 'preempted', delayFree: false }]);
-    // Asking again uses the cached answer (its pins are still held): no new lookup.
-    const calls = f.lookup.calls.length;
-    assert.deepEqual(f.sc.getNumNewMatchedTokens(req, 0), [32, true]);
-    assert.equal(f.lookup.calls.length, calls);
+    // Asking again looks up afresh (the request's own saved chunks count too).
+    assert.deepEqual(f.sc.getNumNewMatchedTokens(req, 0), [null, false]);
+    const [old, fresh] = [...new Set(f.lookup.calls.map((c) => c.lookupId))];
+    assert.notEqual(fresh, old);
+    assert.deepEqual(f.lookup.canceled, [], 'the old pins stay while the new lookup runs');
+    f.lookup.answers.set(fresh!, 48);
+    assert.deepEqual(f.sc.getNumNewMatchedTokens(req, 0), [48, true]);
+    assert.deepEqual(f.lookup.canceled, [old]);
     assert.equal(f.sc.trackedRequests, 1);
+  });
+
+  it('asked again after an admission (vLLM asks before buildConnectorMeta), it looks up afresh', () => {
+    const f = setup();
+    const req = prompt('a', 100);
+    matched(f, req, 0, 0);
+    f.sc.updateStateAfterAlloc(req, table(25), 0);
+    assert.deepEqual(f.sc.getNumNewMatchedTokens(req, 0), [null, false]);
+    assert.equal(new Set(f.lookup.calls.map((c) => c.lookupId)).size, 2);
+  });
+
+  it('a failed load is never offered again; failed loads in a row pause offers', () => {
+    const now = { ms: 0 };
+    const f = setup({ now: () => now.ms });
+    const fail = (id: string, hit: number) => {
+      const r = prompt(id, 100);
+      matched(f, r, 0, hit);
+      const t = table(25, 1000 + 100 * f.lookup.calls.length);
+      f.sc.updateStateAfterAlloc(r, t, hit);
+      f.sc.buildConnectorMeta();
+      f.sc.updateConnectorOutput({ finishedRecving: [id], invalidBlockIds: t.slice(BPC) });
+      return r;
+    };
+    const x = fail('x', 48);
+    assert.equal(f.sc.offersPaused, false, 'one failure does not pause');
+    assert.deepEqual(f.sc.getNumNewMatchedTokens(x, 0), [null, false]);
+    f.lookup.answers.set(f.lookup.calls.at(-1)!.lookupId, 48);
+    assert.deepEqual(f.sc.getNumNewMatchedTokens(x, 0), [16, true], 'only up to the failed chunk');
+    fail('y', 32);
+    assert.equal(f.sc.offersPaused, true);
+    assert.deepEqual(f.sc.getNumNewMatchedTokens(prompt('z', 100), 0), [0, false]);
+    now.ms += 1500;
+    assert.equal(f.sc.offersPaused, false);
   });
 
   it('after a load consumed the pins, a preempted request looks up afresh', () => {

@@ -65,6 +65,28 @@ describe('Dockerfile', () => {
     assert.ok(existsSync(join(REPO_ROOT, 'dist', 'src', 'cli', 'main.js')));
   });
 
+  it("makes the compose volume's directory and gives it to the node user, before USER node", () => {
+    const compose = readFileSync(join(REPO_ROOT, 'docker-compose.yml'), 'utf8');
+    const mount = /-\s+kvtier-disk:(\S+)/.exec(compose)?.[1];
+    assert.equal(mount, '/var/cache/kvtier', 'the named volume of the kvtier service');
+    const runtime = lines.slice(lines.indexOf(froms[1]!));
+    const made = runtime.findIndex(
+      (l) =>
+        l.startsWith('RUN ') &&
+        l.includes(`mkdir -p ${mount}`) &&
+        new RegExp(`chown node:node ${mount}(\\s|$)`).test(l),
+    );
+    assert.ok(made >= 0, `the runtime stage creates ${mount} owned by node`);
+    assert.ok(made < runtime.indexOf('USER node'), 'as root, before USER node');
+    // What the deployed config writes there.
+    const cfg = JSON.parse(readFileSync(join(REPO_ROOT, 'deploy', 'kvtier.json'), 'utf8')) as {
+      tiers: { type: string; path?: string }[];
+      storage: { epochFile: string };
+    };
+    assert.ok(cfg.tiers.find((t) => t.type === 'local-disk')!.path!.startsWith(`${mount}/`));
+    assert.ok(cfg.storage.epochFile.startsWith(`${mount}/`));
+  });
+
   it('runs as the node user with the sidecar reachable from outside the container', () => {
     assert.ok(lines.includes('USER node'));
     assert.match(dockerfile, /KVTIER_LISTEN=tcp:\/\/0\.0\.0\.0:5555/);

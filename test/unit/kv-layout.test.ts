@@ -305,12 +305,13 @@ describe('skipBlocks: splitting and copy planning of a partial first chunk', () 
       [0, 7],
     ]);
     assert.deepEqual(splitBlocks(layout, [9, 1], 1, 'load', 2), [[9, 1]]);
-    // A short single chunk may leave nothing to load: s + M blocks are stored.
-    assert.deepEqual(splitBlocks(layout, [], 1, 'load', 1), [[]]);
+    // A chunk names at least one block to write: with N = 1 and s > 0, M = 0 is refused.
+    rejects(() => splitBlocks(layout, [], 1, 'load', 1), /skipping 1 need 1\.\.3 block ids, got 0/);
+    rejects(() => splitBlocks(layout, [], 1, 'load', 3), /skipping 3 need 1\.\.1 block ids, got 0/);
     assert.deepEqual(splitBlocks(layout, [9, 1, 5, 3], 1, 'load', 0), [[9, 1, 5, 3]]);
   });
 
-  test('M must lie in ((N-1)*B + 1 - s) .. (N*B - s), s < B, and s > 0 needs a chunk', () => {
+  test('M must lie in max(1, (N-1)*B + 1 - s) .. (N*B - s), s < B, and s > 0 needs a chunk', () => {
     const layout = resolveKvRegistration(reg());
     const ids = (n: number) => Array.from({ length: n }, (_, i) => i % 10);
     // N = 2, B = 4, s = 1: 4..7 ids.
@@ -321,8 +322,9 @@ describe('skipBlocks: splitting and copy planning of a partial first chunk', () 
       /skipping 1 need 4\.\.7 block ids, got 3/,
     );
     rejects(() => splitBlocks(layout, ids(8), 2, 'load', 1), /need 4\.\.7 block ids, got 8/);
-    // N = 1, s = 3: 0..1 ids.
-    rejects(() => splitBlocks(layout, ids(2), 1, 'load', 3), /need 0\.\.1 block ids, got 2/);
+    // N = 1, s = 3: exactly 1 id.
+    assert.equal(splitBlocks(layout, ids(1), 1, 'load', 3).flat().length, 1);
+    rejects(() => splitBlocks(layout, ids(2), 1, 'load', 3), /need 1\.\.1 block ids, got 2/);
     rejects(() => splitBlocks(layout, ids(1), 1, 'load', 4), /load\.skipBlocks must be/);
     rejects(() => splitBlocks(layout, ids(1), 1, 'load', -1), /load\.skipBlocks must be/);
     rejects(() => splitBlocks(layout, ids(1), 1, 'load', 1.5), /load\.skipBlocks must be/);

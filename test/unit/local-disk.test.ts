@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { after, describe, it, mock } from 'node:test';
 import { setImmediate as turn } from 'node:timers/promises';
 import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
+import { JOURNAL_FILE } from '../../src/backends/disk-journal.ts';
 import { type FileSystem, objectPath } from '../../src/backends/file-store.ts';
 import {
   createLocalDiskBackend,
@@ -103,6 +104,7 @@ describe('LocalDiskBackend', () => {
     }
     const b = await open(dir);
     try {
+      assert.equal((await b.indexed())?.tempsDeleted, 1, 'the scan deletes it');
       assert.equal(await exists(stray), false, 'the temp file is deleted');
       for (const f of foreign) assert.equal(await exists(f), true, `${f} is left alone`);
       assert.equal(b.stats().chunks, 0, 'none of them is indexed');
@@ -117,7 +119,7 @@ describe('LocalDiskBackend', () => {
     const n = ns();
     const h = hash();
     assert.equal(await b.put(n, h, chunk(5000)), 'stored');
-    assert.deepEqual(await files(dir), [join(n, h.slice(0, 2), `${h}.kvc`)]);
+    assert.deepEqual(await files(dir), [join(n, h.slice(0, 2), `${h}.kvc`), JOURNAL_FILE]);
     assert.equal((await fsp.stat(objectPath(dir, n, h, 2))).size, obj(5000));
     await b.close();
   });
@@ -215,11 +217,11 @@ describe('LocalDiskBackend', () => {
     await b.close();
   });
 
-  it('a restart keeps recency by mtime and evicts down to a lowered bound', async () => {
+  it('without a journal, a restart keeps recency by mtime and evicts down to a lowered bound', async () => {
     const dir = await tempDir();
     const n = ns();
     const hs = [hash(), hash(), hash()];
-    const first = await open(dir);
+    const first = await open(dir, { journal: false });
     for (const h of hs) await first.put(n, h, chunk(1000));
     await first.close();
     // hs[1] oldest, then hs[2], then hs[0].
@@ -228,13 +230,36 @@ describe('LocalDiskBackend', () => {
       const t = new Date(times[i]! * 1000);
       await fsp.utimes(objectPath(dir, n, h, 2), t, t);
     }
-    const second = await open(dir, { capacityBytes: 2 * obj(1000) });
+    const second = await open(dir, { capacityBytes: 2 * obj(1000), journal: false });
     try {
+      assert.equal((await second.indexed())?.added, 3, 'every file indexed by the scan');
       assert.equal(second.stats().chunks, 2);
       assert.equal(await exists(objectPath(dir, n, hs[1]!, 2)), false, 'the oldest is evicted');
       assert.equal(await second.put(n, hash(), chunk(1000)), 'stored');
       assert.equal(await exists(objectPath(dir, n, hs[2]!, 2)), false, 'then the next oldest');
       assert.equal(await second.batchedContains(n, [hs[0]!]), 1, 'the newest stays');
+    } finally {
+      await second.close();
+    }
+  });
+
+  it('with the journal, a restart keeps the recency order of the last run', async () => {
+    const dir = await tempDir();
+    const n = ns();
+    const hs = [hash(), hash(), hash(), hash()];
+    const first = await open(dir);
+    for (const h of hs) await first.put(n, h, chunk(1000));
+    // Used last to first: hs[3] is now the least recent, hs[0] the most.
+    for (const h of [...hs].reverse()) assert.equal(await first.batchedContains(n, [h]), 1);
+    await first.close();
+    const second = await open(dir, { capacityBytes: 3 * obj(1000) });
+    try {
+      assert.equal(second.stats().chunks, 3, 'the lowered bound applies at once');
+      assert.equal(await exists(objectPath(dir, n, hs[3]!, 2)), false, 'least recent evicted');
+      assert.equal(await second.put(n, hash(), chunk(1000)), 'stored');
+      assert.equal(await exists(objectPath(dir, n, hs[2]!, 2)), false, 'then the next');
+      assert.equal(await second.batchedContains(n, [hs[0]!, hs[1]!]), 2);
+      assert.equal((await second.indexed())?.swept, 0);
     } finally {
       await second.close();
     }
@@ -291,11 +316,13 @@ describe('LocalDiskBackend', () => {
       { name: 'd' },
       slow,
     );
-    await b.put(n, h, chunk(1000));
+    await b.indexed();
     // Timers are mocked from here: the hung read times out when the test moves the clock, and
-    // the real read after it can never time out however loaded this machine is.
+    // the put before it and the real read after it can never time out however loaded this
+    // machine is (a put that outlived its deadline would still finish, and mark the tier up).
     mock.timers.enable({ apis: ['setTimeout'] });
     try {
+      assert.equal(await b.put(n, h, chunk(1000)), 'stored');
       hang = true;
       const hung = b.batchedGet(n, [h]);
       let done = false;

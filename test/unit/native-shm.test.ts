@@ -1,5 +1,5 @@
 import assert from 'node:assert/strict';
-import { type ChildProcess, spawn } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -7,6 +7,7 @@ import { after, before, describe, it } from 'node:test';
 import { pathToFileURL } from 'node:url';
 import { loadNative, type NativeAddon, NativeError } from '../../src/addon/native-addon.ts';
 import { KvtierError } from '../../src/errors.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 
 const loadedNative = loadNative();
 const noAddon = loadedNative.addon === null ? loadedNative.reason : false;
@@ -91,7 +92,7 @@ describe('native addon: shared-memory files', { skip: noAddon }, () => {
     writeFileSync(path, Buffer.alloc(4 * page));
     const mine = new Uint8Array(addon.mapFile(path, { writable: true }));
     assert.equal(mine.length, 4 * page);
-    const child = spawn(
+    const child = spawnGuarded(
       process.execPath,
       [
         '--import',

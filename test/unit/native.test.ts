@@ -362,34 +362,36 @@ describe('copy batches (native and JS fallback)', () => {
     });
   }
 
-  it('native: a multi-threaded batch whose runs straddle the threads’ 1 MiB slices is exact', {
-    skip: noAddon,
-  }, async () => {
-    const a = addon as NativeAddon;
-    const next = rng(7);
-    const src = Buffer.allocUnsafe(48 * 1024 * 1024);
-    fillSeeded(src, 7);
-    const dst = Buffer.alloc(src.length + 4096, 0xee);
-    // Runs of odd lengths (a few bytes to a few MiB), each moved 4096 bytes up, in shuffled
-    // order so that nothing coalesces and slices start and end inside runs.
-    const tuples: number[][] = [];
-    for (let at = 0; at < src.length; ) {
-      const len = Math.min(src.length - at, 1 + Math.floor(next() * 3 * 1024 * 1024));
-      tuples.push([0, at, 1, at + 4096, len]);
-      at += len;
-    }
-    for (let i = tuples.length - 1; i > 0; i--) {
-      const j = Math.floor(next() * (i + 1));
-      [tuples[i], tuples[j]] = [tuples[j]!, tuples[i]!];
-    }
-    const n = await a.copyBatch([src, dst], ops(...tuples), { maxThreads: 4 });
-    assert.ok(n > 4 && n <= tuples.length, `${n} runs after coalescing`);
-    assert.equal(Buffer.compare(dst.subarray(4096), src), 0, 'every byte copied to its place');
-    assert.ok(
-      dst.subarray(0, 4096).every((b) => b === 0xee),
-      'nothing written before the first run',
-    );
-  });
+  for (const threads of [1, 4]) {
+    it(`native: a ${threads}-thread batch of 48 MiB (streaming stores) whose runs straddle the 1 MiB slices is exact`, {
+      skip: noAddon,
+    }, async () => {
+      const a = addon as NativeAddon;
+      const next = rng(7);
+      const src = Buffer.allocUnsafe(48 * 1024 * 1024);
+      fillSeeded(src, 7);
+      const dst = Buffer.alloc(src.length + 4096, 0xee);
+      // Runs of odd lengths (a few bytes to a few MiB), each moved 4096 bytes up, in shuffled
+      // order so that nothing coalesces and slices start and end inside runs.
+      const tuples: number[][] = [];
+      for (let at = 0; at < src.length; ) {
+        const len = Math.min(src.length - at, 1 + Math.floor(next() * 3 * 1024 * 1024));
+        tuples.push([0, at, 1, at + 4096, len]);
+        at += len;
+      }
+      for (let i = tuples.length - 1; i > 0; i--) {
+        const j = Math.floor(next() * (i + 1));
+        [tuples[i], tuples[j]] = [tuples[j]!, tuples[i]!];
+      }
+      const n = await a.copyBatch([src, dst], ops(...tuples), { maxThreads: threads });
+      assert.ok(n > 4 && n <= tuples.length, `${n} runs after coalescing`);
+      assert.equal(Buffer.compare(dst.subarray(4096), src), 0, 'every byte copied to its place');
+      assert.ok(
+        dst.subarray(0, 4096).every((b) => b === 0xee),
+        'nothing written before the first run',
+      );
+    });
+  }
 
   it('native: a 256 MiB batch runs off the event loop', { skip: noAddon }, async () => {
     const a = addon as NativeAddon;

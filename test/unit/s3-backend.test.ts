@@ -41,12 +41,17 @@ after(async () => {
   await s3.close();
 });
 
+/**
+ * A backend on the test server. Requests get 120 s unless a test sets `timeoutMs` (the default
+ * 5 s is crossed on a busy machine by puts queued behind `concurrency`, and by 32 MiB).
+ */
 function backend(extra: Partial<S3BackendOptions> = {}, server: S3Harness = s3): S3Backend {
   const b = new S3Backend(
     {
       bucket: server.bucket,
       endpoint: server.endpoint,
       ...S3RVER_CREDENTIALS,
+      timeoutMs: 120_000,
       ...extra,
     },
     { name: 's3-test' },

@@ -153,7 +153,7 @@ describe('connector state machine', () => {
     assert.deepEqual(
       freed.map((e) => (e as { delayed: boolean }).delayed),
       [true],
-      'freed once, after finishedSending',
+      'freed once, when the worker reported the load (finishedRecving)',
     );
   });
 

@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
+import { cpus, loadavg } from 'node:os';
 import type { TestContext } from 'node:test';
 import type {
   Chunk,
@@ -25,6 +26,24 @@ export const PARTIAL_TOKENS = 37;
 /** Above this, the oversized-chunk test would allocate too much to be worth running. */
 export const OVERSIZE_TEST_MAX_BYTES = 64 * MiB;
 export const OUTCOMES: readonly PutOutcome[] = ['stored', 'exists', 'dropped'];
+
+/**
+ * How many times slower than an idle machine this one runs now: the 1-minute load average per
+ * core, between 1 and 10, or `KVTIER_TEST_TIME_SCALE` when set. The suite's wall-clock bounds
+ * (how long a call may take to settle after its signal, to fail while the service is down, to
+ * recover) are multiplied by it: they catch a backend that hangs or ignores a signal, and must
+ * not fail one that a busy machine (CI, two suites at once) merely runs late.
+ */
+export function timeScale(): number {
+  const fixed = Number(process.env.KVTIER_TEST_TIME_SCALE);
+  if (Number.isFinite(fixed) && fixed > 0) return fixed;
+  return Math.min(10, Math.max(1, (loadavg()[0] ?? 0) / Math.max(1, cpus().length)));
+}
+
+/** `ms` times {@link timeScale}, rounded up. */
+export function scaledMs(ms: number): number {
+  return Math.ceil(ms * timeScale());
+}
 
 /** What one test gets: its fresh subject, the subject's backend, and the suite's options. */
 export interface Ctx {

@@ -14,6 +14,7 @@ import {
   randomHashes,
   randomNs,
   SMALL_BYTES,
+  scaledMs,
   settle,
 } from './context.ts';
 
@@ -60,7 +61,7 @@ export function abortedBefore(
       const fresh = randomHash();
       const r = await settle(
         () => signalled(b, op, ns, hs, fresh, AbortSignal.abort(reason())),
-        o.abortSettleMs ?? 1000,
+        scaledMs(o.abortSettleMs ?? 1000),
         `${op} with an aborted signal`,
       );
       assert.ok(!r.ok, `${op} with an aborted signal resolved; it must reject with ${code}`);
@@ -72,7 +73,7 @@ export function abortedBefore(
 }
 
 export async function abortedDuring({ b, o }: Ctx): Promise<void> {
-  const ms = o.abortSettleMs ?? 1000;
+  const ms = scaledMs(o.abortSettleMs ?? 1000);
   const ns = randomNs();
   const hs = randomHashes(8);
   for (const h of hs) assert.equal(await b.put(ns, h, makeChunk(SMALL_BYTES)), 'stored');
@@ -135,7 +136,7 @@ export function spy(b: StorageBackend, log: { op: string; at: number; error?: un
 
 export async function stalledUnderBreaker({ s, b, o }: Ctx): Promise<void> {
   const timeoutMs = 300;
-  const slack = o.abortSettleMs ?? 1000;
+  const slack = scaledMs(o.abortSettleMs ?? 1000);
   const ns = randomNs();
   const h = randomHash();
   assert.equal(await b.put(ns, h, makeChunk(4 * KiB)), 'stored');
@@ -184,8 +185,8 @@ export async function stalledUnderBreaker({ s, b, o }: Ctx): Promise<void> {
 // ---- outage ----
 
 export async function outage({ s, b, o }: Ctx): Promise<void> {
-  const downMs = o.downTimeoutMs ?? 5000;
-  const recoverMs = o.recoverTimeoutMs ?? 20_000;
+  const downMs = scaledMs(o.downTimeoutMs ?? 5000);
+  const recoverMs = scaledMs(o.recoverTimeoutMs ?? 20_000);
   const ns = randomNs();
   const [a, c, d] = randomHashes(3) as [ChunkHash, ChunkHash, ChunkHash];
   const ca = makeChunk(SMALL_BYTES);

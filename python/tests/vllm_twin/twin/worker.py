@@ -8,8 +8,9 @@ at the current one after it (asynchronous loads only); per layer ``wait_for_laye
 layer's KV writes and ``save_kv_layer``; then ``wait_for_save``, ``get_finished`` (current:
 ``get_transfer_results``), ``get_block_ids_with_load_errors``, ``clear_connector_metadata``.
 
-Before the forward pass every scheduled request's computed tokens are compared with the KV
-they must hold, bit for bit; blocks that kvtier loaded are counted as they are first compared.
+After the forward pass's writes every scheduled request's computed tokens are compared with the
+KV they must hold, bit for bit (what its attention read); blocks that kvtier loaded are counted
+as they are first compared.
 """
 
 from __future__ import annotations
@@ -134,8 +135,8 @@ class TwinWorker:
                 r.table += new
 
     def _expected(self, r: _Req, upto: int) -> np.ndarray:
-        if r.provided is not None:
-            return r.provided[:upto]
+        if r.expected is None and r.provided is not None:
+            r.expected = r.provided  # tokens past the provided ones (generated) get the stand-in's
         have = 0 if r.expected is None else r.expected.shape[0]
         if have < upto:
             more = token_kv(r.tokens.hashes[have:upto], self.layers, 1 if self.mla else 2,
@@ -182,12 +183,15 @@ class TwinWorker:
             self.loaded_blocks.update(load.block_ids)
         c = self.connector
         c.handle_preemptions(meta)
-        self._verify(so, self.loaded_blocks, report)
         current = _twin.is_current()
         c.bind_connector_metadata(meta)
         if not current:
             c.start_load_kv(None)
         sampled = self._forward(so)
+        # What attention read this step: each scheduled request's computed tokens, once the
+        # step's KV writes are in (a local prefix hit may name blocks another request of the
+        # same step computes).
+        self._verify(so, self.loaded_blocks, report)
         if current:
             c.start_load_kv(None)
         c.wait_for_save()

@@ -1,0 +1,94 @@
+/**
+ * Statements in the README and docs/ that code or measurements decide, checked against them: the
+ * start-up numbers against bench/results/startup.json, the vLLM command against docs/vllm.md,
+ * the lookup-memory estimate against LOOKUP_COST, the LOAD bound against the data plane's
+ * splitBlocks, and which refused LOADs write their completion word.
+ */
+import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, it } from 'node:test';
+import { resolveKvRegistration, splitBlocks } from '../../src/data-plane/kv-layout.ts';
+import { LOOKUP_COST } from '../../src/storage-manager/lookup-budget.ts';
+import { testRegistration } from '../support/engine-process.ts';
+import { REPO_ROOT } from '../support/fixtures.ts';
+
+const read = (p: string) => readFileSync(join(REPO_ROOT, p), 'utf8').replace(/\s*\n\s*/g, ' ');
+const readme = read('README.md');
+const protocol = read('docs/protocol.md');
+
+describe('the docs say what the code and the measurements say', () => {
+  it("the README's start-up numbers are bench/results/startup.json's", () => {
+    const r = JSON.parse(
+      readFileSync(join(REPO_ROOT, 'bench', 'results', 'startup.json'), 'utf8'),
+    ) as {
+      machine: { cpus: number; loadAverage1mAtStart: number };
+      nodeStart: { medianMs: number };
+      serve: { medianMs: number; minMs: number; maxMs: number };
+      npxServe: { medianMs: number };
+    };
+    const s = (ms: number, digits = 1) => `${(ms / 1000).toFixed(digits)} s`;
+    assert.ok(
+      readme.includes(
+        `listened after ${s(r.serve.medianMs)} (median; ${s(r.serve.minMs).slice(0, -2)}–${s(r.serve.maxMs)})`,
+      ),
+    );
+    assert.ok(readme.includes(`Node alone starts in ${s(r.nodeStart.medianMs, 2)}`));
+    assert.ok(readme.includes(`${s(r.npxServe.medianMs)} (median of 3) with npm's cache warm`));
+    assert.ok(readme.includes(`${r.machine.cpus}-core machine`));
+    assert.ok(readme.includes(`load average ${r.machine.loadAverage1mAtStart.toFixed(1)}`));
+    assert.doesNotMatch(readme, /about half a second|about 12 s/);
+  });
+
+  it("the README's vLLM command sets the load failure policy docs/vllm.md requires", () => {
+    const configs = [readme, read('docs/vllm.md')].map((text) => {
+      const m = /--kv-transfer-config '(\{.*?\})'/.exec(text);
+      assert.ok(m !== null);
+      return JSON.parse(m[1]!) as Record<string, unknown>;
+    });
+    assert.equal(configs[0]!.kv_load_failure_policy, 'recompute');
+    assert.deepEqual(configs[0], configs[1]);
+  });
+
+  it('the lookup-memory estimate names every term of LOOKUP_COST', () => {
+    const row = read('docs/configuration.md');
+    assert.ok(
+      row.includes(
+        `${LOOKUP_COST.fixed / 1024} KiB + ${LOOKUP_COST.perHash} bytes per chunk hash + ${LOOKUP_COST.perIdByte} bytes per byte of its lookup id`,
+      ),
+    );
+  });
+
+  it("the LOAD bound in protocol.md is the data plane's", () => {
+    assert.ok(protocol.includes('M must lie in `max(1, (N−1) × B + 1 − s) .. N × B − s`'));
+    const layout = resolveKvRegistration(testRegistration('/dev/null', 'e'));
+    const B = layout.blocksPerChunk;
+    const ids = (n: number) => Array.from({ length: n }, (_, i) => i);
+    const ok = (m: number, n: number, s: number) => {
+      try {
+        splitBlocks(layout, ids(m), n, 'load', s);
+        return true;
+      } catch {
+        return false;
+      }
+    };
+    for (let n = 1; n <= 3; n++)
+      for (let s = 0; s < B; s++) {
+        const lo = Math.max(1, (n - 1) * B + 1 - s);
+        const hi = n * B - s;
+        for (let m = 0; m <= hi + 1; m++)
+          assert.equal(ok(m, n, s), m >= lo && m <= hi, `N ${n} s ${s} M ${m}`);
+      }
+  });
+
+  it('the completion word: refusals before the data plane write nothing', () => {
+    const m =
+      /A LOAD refused before it reaches the data plane writes nothing: (.*?)\. The engine/.exec(
+        protocol,
+      );
+    assert.ok(m !== null);
+    for (const code of ['KVT_PROTOCOL', 'KVT_UNAUTHENTICATED', 'KVT_FORBIDDEN', 'KVT_NOT_FOUND'])
+      assert.ok(m[1]!.includes(code), code);
+    assert.doesNotMatch(protocol, /refused for any reason but an unknown engine/);
+  });
+});
