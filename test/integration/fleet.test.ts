@@ -9,7 +9,6 @@
  * verifying readers in this process). Every server this starts dies with the test process.
  */
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import { randomBytes, randomInt } from 'node:crypto';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -22,6 +21,7 @@ import type { ChunkHash, StorageBackend } from '../../src/backends/types.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { hashChunks, hashToHex, packHashes, tokenCounts } from '../../src/hashing/chunk-hasher.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
+import { spawnGuarded } from '../support/child-guard.ts';
 import { chunkBytes, DurableLedger, type WrittenChunk } from '../support/durability.ts';
 import {
   blockContents,
@@ -141,7 +141,7 @@ async function drained(n: Node): Promise<void> {
 }
 
 async function engine(job: SaveJob | LoadJob): Promise<EngineResult> {
-  const child = spawn(process.execPath, ['--import', 'tsx', ENGINE, JSON.stringify(job)], {
+  const child = spawnGuarded(process.execPath, ['--import', 'tsx', ENGINE, JSON.stringify(job)], {
     cwd: REPO_ROOT,
     stdio: ['ignore', 'pipe', 'pipe'],
   });
