@@ -53,7 +53,7 @@ const disk = (path: string, capacityBytes = 64 * 1024 * 1024): TierConfig => ({
 
 async function start(cfg: KvtierConfig) {
   const sidecar = await Sidecar.start({ config: cfg, processMetrics: false, log: silentLogger });
-  const client = new LookupClient({ endpoint: sidecar.server.endpoint, requestTimeoutMs: 10_000 });
+  const client = new LookupClient({ endpoint: sidecar.server.endpoint, requestTimeoutMs: 60_000 });
   return { sidecar, client };
 }
 
@@ -65,7 +65,7 @@ function truth(sidecar: Sidecar, ns: string): Map<string, Set<string>> {
   return out;
 }
 
-/** Pumps the follower until its picture of `ns` equals the tiers' indexes (or fails after 20 s). */
+/** Pumps the follower until its picture of `ns` equals the tiers' indexes (or fails after 60 s). */
 async function converge(f: StreamFollower, sidecar: Sidecar, ns: string, what: string) {
   const same = () => {
     for (const [tier, set] of truth(sidecar, ns)) {
@@ -82,12 +82,12 @@ async function converge(f: StreamFollower, sidecar: Sidecar, ns: string, what: s
         if (same() && f.lastSeq === sidecar.events!.log.lastSeq) return;
       }
     })(),
-    20_000,
+    60_000,
     `${what}: the follower's picture never matched the tiers`,
   );
 }
 
-describe('the event stream', { timeout: 120_000 }, () => {
+describe('the event stream', { timeout: 300_000 }, () => {
   it('reports stores, evictions, removals and CLEAR per tier; a follower ends with the tiers’ picture', async () => {
     // The disk holds 20 chunks of 64 KiB (and their headers): it evicts too.
     const { sidecar, client } = await start(
@@ -158,7 +158,7 @@ describe('the event stream', { timeout: 120_000 }, () => {
       for (const f of [fast, slow])
         await withDeadline(
           f.next().then(() => f.pump()),
-          10_000,
+          60_000,
           'first heartbeat',
         );
       // In step with the stream; from now on it reads nothing.

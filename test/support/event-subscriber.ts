@@ -30,7 +30,7 @@ export class ReplayClient {
   readonly #sock: zmq.Dealer;
 
   constructor(endpoint: string) {
-    this.#sock = new zmq.Dealer({ linger: 0, receiveTimeout: 10_000 });
+    this.#sock = new zmq.Dealer({ linger: 0, receiveTimeout: 60_000 });
     this.#sock.connect(endpoint);
   }
 
