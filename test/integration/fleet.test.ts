@@ -92,7 +92,7 @@ async function startNode(name: string, cpuBytes = '2MiB'): Promise<Node> {
   });
   const m = /metrics at (http:\/\/\S+\/metrics)/.exec(proc.output);
   assert.ok(m, proc.output);
-  const client = new LookupClient({ endpoint, requestTimeoutMs: 15_000, lookupTimeoutMs: 15_000 });
+  const client = new LookupClient({ endpoint, requestTimeoutMs: 60_000, lookupTimeoutMs: 60_000 });
   return { name, proc, endpoint, metricsUrl: m[1]!, client };
 }
 
@@ -135,7 +135,7 @@ async function drained(n: Node): Promise<void> {
         await new Promise((r) => setTimeout(r, 20));
       }
     })(),
-    20_000,
+    120_000,
     `${n.name}: write-through drain`,
   );
 }
