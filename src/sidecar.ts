@@ -117,7 +117,8 @@ export class Sidecar {
           allowUnauthenticated: config.security.allowUnauthenticated,
           registry: metrics.registry,
           log: log.child('events'),
-          tiers: () => storage.tiers,
+          // Not storage.tiers: a snapshot may be asked for before the storage manager exists.
+          tiers: () => tiers,
         });
         tiers = withEvents(tiers, events.log);
       }
