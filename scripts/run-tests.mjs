@@ -12,6 +12,7 @@
 import { spawnSync } from 'node:child_process';
 import { readdirSync, statSync } from 'node:fs';
 import { join, relative } from 'node:path';
+import { checkoutState, leftBehind } from './checkout-state.mjs';
 import { ensurePrerequisites } from './prerequisites.mjs';
 import { sweepTestChildren } from './sweep-test-children.mjs';
 
@@ -55,5 +56,16 @@ const args = [
   `--test-timeout=${timeoutMs}`,
   ...files,
 ];
+// Tests run with the repository as their working directory; what they write belongs in a temp
+// dir. A file that the run left untracked in the checkout fails it, named.
+const before = checkoutState(root);
 const res = spawnSync(process.execPath, args, { cwd: root, stdio: 'inherit' });
+const left = leftBehind(before, checkoutState(root));
+if (left.length > 0) {
+  console.error(
+    `run-tests: the tests left ${left.length} file(s) in the repository (tests write under a temp dir):`,
+  );
+  for (const e of left) console.error(`  ${e}`);
+  process.exit(res.status || 1);
+}
 process.exit(res.status ?? 1);

@@ -5,6 +5,8 @@ import { ConfigError, type KvtierConfig } from './config/config.ts';
 import { staticConfigProblems } from './config/preflight.ts';
 import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
+import type { EventPublisher } from './events/event-publisher.ts';
+import { startSidecarEvents, withEvents } from './events/sidecar-events.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
 import { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 import { instrumentCopyEngine } from './metrics/instrumented-copy-engine.ts';
@@ -45,6 +47,7 @@ export class Sidecar {
   readonly server: SidecarServer;
   readonly ops: OpsHttpServer | undefined;
   readonly #log: Logger;
+  #events: EventPublisher | undefined;
   readonly #watch: TierWatch;
   #closing: Promise<void> | undefined;
 
@@ -97,6 +100,7 @@ export class Sidecar {
     void epochFile?.write(initialEpoch);
     const raw: StorageBackend[] = await registry.createTiers(config.tiers);
     let tiers: StorageBackend[];
+    let events: EventPublisher | undefined;
     try {
       // The host-memory tier keeps its port (in-place saves) through the metrics decorator.
       const [first, ...rest] = raw;
@@ -104,10 +108,27 @@ export class Sidecar {
         instrumentHostTier(asHostMemoryTier(first!), metrics),
         ...rest.map((b) => instrumentBackend(b, metrics)),
       ];
+      if (config.events !== null) {
+        // The event sockets are CurveZMQ servers too when the server has keys.
+        await auth?.start();
+        events = await startSidecarEvents({
+          events: config.events,
+          ...(auth !== undefined ? { curve: auth.routerOptions() } : {}),
+          allowUnauthenticated: config.security.allowUnauthenticated,
+          registry: metrics.registry,
+          log: log.child('events'),
+          // Not storage.tiers: a snapshot may be asked for before the storage manager exists.
+          tiers: () => tiers,
+        });
+        tiers = withEvents(tiers, events.log);
+      }
     } catch (err) {
+      await events?.close();
+      await auth?.close();
       await Promise.all(raw.map((b) => b.close().catch(() => {})));
       throw err;
     }
+    const eventLog = events?.log;
     const storage = new StorageManager({
       tiers,
       prefetchBudgetChunks: config.storage.prefetchBudgetChunks,
@@ -117,6 +138,7 @@ export class Sidecar {
       writeThrough: config.storage.writeThrough,
       metrics,
       log: log.child('storage'),
+      ...(eventLog !== undefined ? { onCleared: eventLog.cleared.bind(eventLog) } : {}),
       initialEpoch,
       ...(epochFile !== undefined ? { onEpoch: (e: number) => epochFile.write(e) } : {}),
     });
@@ -138,7 +160,11 @@ export class Sidecar {
       maxSendQueueBytes: config.server.maxSendQueueBytes,
       metrics,
       log: log.child('server'),
-      info: () => ({ version: KVTIER_VERSION, copyEngine: dataPlane.copyEngineInfo() }),
+      info: () => ({
+        version: KVTIER_VERSION,
+        copyEngine: dataPlane.copyEngineInfo(),
+        events: events?.info() ?? null,
+      }),
       ...(auth !== undefined ? { auth } : {}),
     });
     // Tier state changes in each tier's log; readiness is being able to answer lookups.
@@ -178,6 +204,7 @@ export class Sidecar {
       await server.close();
       await dataPlane.close();
       await storage.close();
+      await events?.close();
       throw err;
     }
     metrics.bindSources({
@@ -192,8 +219,16 @@ export class Sidecar {
       endpoint: server.endpoint,
       metrics: ops === undefined ? null : `http://${config.metrics!.host}:${ops.port}/metrics`,
       tiers: config.tiers.map((t) => ({ name: t.name, type: t.type })),
+      events: events?.info() ?? null,
     });
-    return new Sidecar(config, metrics, storage, dataPlane, server, ops, log, watch);
+    const sidecar = new Sidecar(config, metrics, storage, dataPlane, server, ops, log, watch);
+    sidecar.#events = events;
+    return sidecar;
+  }
+
+  /** The event stream (docs/events.md), or undefined when the config turns it off. */
+  get events(): EventPublisher | undefined {
+    return this.#events;
   }
 
   /** Ops HTTP URL base, or undefined when disabled. */
@@ -214,6 +249,7 @@ export class Sidecar {
       await this.ops?.close();
       this.#watch.close();
       await this.storage.close();
+      await this.#events?.close();
       this.#log.info('kvtier stopped');
     })();
     return this.#closing;

@@ -57,6 +57,14 @@ class KvtierConfig:
     #: CurveZMQ: this engine's secret key file (mode 0600); its public key is on the sidecar's
     #: allow-list. Both keys or neither.
     client_secret_key_file: str | None = None
+    #: Report kvtier's chunks as vLLM KV cache events (docs/events.md); needs the sidecar's event
+    #: stream (its ``events`` config).
+    kv_events: bool = False
+    #: The sidecar's event stream and replay endpoints; default: what its PING says.
+    events_endpoint: str | None = None
+    events_replay_endpoint: str | None = None
+    #: Chunks the event mapping remembers (per worker and in the scheduler).
+    kv_events_max_chunks: int = 65536
 
     @classmethod
     def from_extra(cls, extra: Mapping[str, Any] | None) -> "KvtierConfig":
@@ -115,6 +123,10 @@ def _check(name: str, v: Any) -> Any:
         "shutdown_timeout_ms",
     ):
         return _int(name, v, 1, 3_600_000)
+    if name == "kv_events_max_chunks":
+        return _int(name, v, 1, 1 << 26)
+    if name in ("events_endpoint", "events_replay_endpoint"):
+        return None if v is None else _endpoint(name, v)
     if name == "load_timeout_ms":
         return _int(name, v, 0, 3_600_000)
     if name == "chunk_size":
@@ -137,6 +149,10 @@ def _check(name: str, v: Any) -> Any:
         if s not in ("auto", "flash_attn", "flashinfer", "mla"):
             raise ConfigError(f"kv_connector_extra_config.tensor_layout must be auto, flash_attn, flashinfer or mla, got {v!r}")
         return s
+    if name == "kv_events":
+        if not isinstance(v, bool):
+            raise ConfigError(f"kv_connector_extra_config.kv_events must be true or false, got {v!r}")
+        return v
     if name in ("load", "save"):
         if v is not None and not isinstance(v, bool):
             raise ConfigError(f"kv_connector_extra_config.{name} must be true or false, got {v!r}")

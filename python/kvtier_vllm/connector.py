@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -33,11 +34,23 @@ except ImportError:  # older vLLM: nothing to declare
     class SupportsHMA:  # type: ignore[no-redef]
         pass
 
+try:  # vLLM whose connectors report KV cache events (KVConnectorKVEvents)
+    from vllm.distributed.kv_events import (
+        AllBlocksCleared,
+        BlockRemoved,
+        BlockStored,
+        KVConnectorKVEvents,
+    )
+except ImportError:  # older vLLM: kv_events cannot be reported
+    KVConnectorKVEvents = None  # type: ignore[assignment,misc]
+
 from .client import KvtierClient
 from .config import KvtierConfig
 from .curve import CurveKeys, load_client_keys
+from .errors import ConfigError
 from .connector_types import ConnectorMeta, ConnectorOutput
 from .kv_caches import build_registration
+from .kv_events import BlockEventMapper, ChunkTransitions, open_worker_events
 from .rank_lookup import RankLookup, rank_index, rank_suffix
 from .scheduler import SchedulerConnector
 from .vllm_glue import (
@@ -65,6 +78,32 @@ if TYPE_CHECKING:
 __all__ = ["KvtierConnector", "KvtierConnectorMetadata"]
 
 _log = logging.getLogger("kvtier_vllm.connector")
+
+
+if KVConnectorKVEvents is not None:
+
+    class KvtierKVEvents(ChunkTransitions, KVConnectorKVEvents):  # type: ignore[misc,valid-type]
+        """A worker's chunk transitions in vLLM's container (merged by its output aggregator)."""
+
+
+try:  # how vLLM's own events name a block hash (bytes, or an int with VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES)
+    from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash as _block_hash
+except ImportError:  # a vLLM without it names blocks by their hash bytes
+
+    def _block_hash(h: Any) -> Any:
+        return h
+
+
+def _vllm_event(ev: tuple, block_size: int) -> Any:
+    if ev[0] == "stored":
+        kw = dict(block_hashes=list(ev[1]), parent_block_hash=ev[2], token_ids=[], block_size=block_size, lora_id=None, medium=ev[3])
+        try:
+            return BlockStored(**kw, lora_name=None)
+        except TypeError:  # vLLM before lora_name
+            return BlockStored(**kw)
+    if ev[0] == "removed":
+        return BlockRemoved(block_hashes=list(ev[1]), medium=ev[2])
+    return AllBlocksCleared()
 
 
 class KvtierConnectorMetadata(KVConnectorMetadata):
@@ -145,6 +184,18 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._kv_on_cuda = False
         self._save_event: Any = None
         self._save_event_handle: bytes | None = None
+        # KV cache events (docs/events.md): the workers follow the sidecar's stream, the scheduler
+        # maps chunks to the engine's block hashes.
+        self._events_on = self._cfg.kv_events and KVConnectorKVEvents is not None
+        if self._cfg.kv_events and not self._events_on:
+            _log.error("kvtier: kv_events needs a vLLM with KVConnectorKVEvents; no events are reported")
+        self._worker_events: Any = None
+        self._events_retry_at = 0.0
+        self._event_map = (
+            BlockEventMapper(self._shape.world, self._cfg.chunk_size // self._shape.block_size, self._cfg.kv_events_max_chunks)
+            if self._events_on and role == KVConnectorRole.SCHEDULER
+            else None
+        )
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = self._make_scheduler()
         else:
@@ -330,8 +381,37 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return set()
         return self._worker.get_block_ids_with_load_errors()
 
+    def get_kv_connector_kv_cache_events(self) -> Any:
+        if not self._events_on or self._worker is None:
+            return None
+        if self._worker_events is None:
+            result = self._worker.registration_result
+            if result is None or time.monotonic() < self._events_retry_at:
+                return None
+            try:
+                self._worker_events = open_worker_events(
+                    self._worker._client,
+                    bytes(result.namespace),
+                    rank_index(self._tp_rank, self._pp_rank, self._shape.tp_size),
+                    endpoint=self._cfg.events_endpoint,
+                    replay_endpoint=self._cfg.events_replay_endpoint,
+                    max_chunks=self._cfg.kv_events_max_chunks,
+                    curve=self._curve_keys(),
+                )
+            except ConfigError as err:  # the sidecar publishes no stream
+                _log.error("kvtier: %s; no KV events are reported", err)
+                self._events_on = False
+                return None
+            except Exception as err:  # sidecar unreachable for now: asked again 10 s later
+                _log.warning("kvtier: cannot reach the sidecar's event stream yet (%s)", err)
+                self._events_retry_at = time.monotonic() + 10
+                return None
+        return self._worker_events.take(KvtierKVEvents)
+
     def shutdown(self):
         timeout_s = self._cfg.shutdown_timeout_ms / 1000
+        if self._worker_events is not None:
+            self._worker_events.close()
         if self._worker is not None:
             self._worker.close(timeout_s)
         if self._scheduler is not None:
@@ -359,6 +439,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         table = first_group(blocks)
         self._tables.remember(req, table)
         self._scheduler.update_state_after_alloc(req, table, num_external_tokens)
+        if self._event_map is not None:
+            hashes = [_block_hash(h) for h in getattr(request, "block_hashes", None) or ()]
+            self._event_map.remember(self._scheduler.chunk_hashes(req.request_id), hashes)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         assert self._scheduler is not None
@@ -370,6 +453,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def update_connector_output(self, connector_output: "KVConnectorOutput"):
         if self._scheduler is None:
             return
+        events = getattr(connector_output, "kv_cache_events", None)
+        if self._event_map is not None and isinstance(events, ChunkTransitions):
+            self._event_map.apply(events.get_all_events())
         self._scheduler.update_connector_output(
             ConnectorOutput(
                 finished_sending=getattr(connector_output, "finished_sending", None) or (),
@@ -395,6 +481,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[bool, dict[str, Any] | None]:
         # One KV cache group (checked at start-up): its blocks are the request's.
         return self.request_finished(request, list(block_ids[0]) if block_ids else [])
+
+    def take_events(self):
+        if self._event_map is None:
+            return ()
+        return [_vllm_event(ev, self._shape.block_size) for ev in self._event_map.take()]
 
     def reset_cache(self) -> bool | None:
         if self._scheduler is None:

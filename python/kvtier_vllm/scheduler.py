@@ -144,6 +144,11 @@ class SchedulerConnector:
         once); True when it cannot tell."""
         return bool(getattr(self._lookup, "reachable", True))
 
+    def chunk_hashes(self, request_id: str) -> list[bytes]:
+        """The kvtier hashes of a tracked request's full prompt chunks (empty when untracked)."""
+        t = self._requests.get(request_id)
+        return [] if t is None else list(t.hashes)
+
     @property
     def offers_paused(self) -> bool:
         """True while loads are not offered after failed loads in a row (see the class)."""

@@ -346,13 +346,17 @@ export class DiskIndex {
     return out;
   }
 
-  /** Removes every entry not {@link markVerified} (nor added verified); returns how many. */
-  sweepUnverified(): number {
+  /**
+   * Removes every entry not {@link markVerified} (nor added verified), telling `onSwept` of
+   * each; returns how many.
+   */
+  sweepUnverified(onSwept?: (ns: NamespaceId, hash: ChunkHash) => void): number {
     let n = 0;
     const t = this.#t;
     for (let s = 0; s < t.top; s++) {
       const b = s * STRIDE;
       if (t.rec[b + F.NS] !== 0 && (t.rec[b + F.FLAGS]! & VERIFIED) === 0) {
+        onSwept?.(this.nsOf(s), this.hashOf(s));
         this.#remove(s);
         n++;
       }

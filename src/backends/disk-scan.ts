@@ -42,6 +42,10 @@ export interface ScanTarget {
   readonly stopped: () => boolean;
   /** Batched stat, when the native addon offers it; otherwise one `stat` per file. */
   readonly statMany?: StatMany;
+  /** Hears of each object the scan indexed (the index did not name it). */
+  readonly found?: (ns: NamespaceId, hash: ChunkHash) => void;
+  /** Hears of each entry removed at the end because its file was not found. */
+  readonly swept?: (ns: NamespaceId, hash: ChunkHash) => void;
 }
 
 /** What a scan did. */
@@ -142,12 +146,13 @@ export async function scanStore(t: ScanTarget): Promise<ScanResult> {
       addedSlots.push(slot);
       addedGens.push(index.genOf(slot));
       addedMtimes.push(stats[3 * i + 1]!);
+      t.found?.(ns, hash);
     }
   }
   if (t.stopped()) {
     return { listed, added: addedSlots.length, swept: 0, tempsDeleted, complete: false };
   }
-  const swept = index.sweepUnverified();
+  const swept = index.sweepUnverified(t.swept);
   index.moveToLeastRecent(byMtime(index, addedSlots, addedGens, addedMtimes));
   index.trim();
   return { listed, added: addedSlots.length, swept, tempsDeleted, complete: true };

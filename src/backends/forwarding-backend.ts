@@ -12,10 +12,12 @@ import type {
   Chunk,
   ChunkHash,
   ContainsOptions,
+  FoundListener,
   GetOptions,
   NamespaceId,
   PutOptions,
   PutOutcome,
+  RemovalListener,
   StorageBackend,
 } from './types.ts';
 
@@ -74,6 +76,21 @@ export abstract class ForwardingBackend<T extends StorageBackend = StorageBacken
 
   clear(ns?: NamespaceId): Promise<void> {
     return this.inner.clear(ns);
+  }
+
+  /** Forwarded when the wrapped backend has it; else nothing (it drops nothing by itself). */
+  setRemovalListener(listener: RemovalListener | undefined): void {
+    this.inner.setRemovalListener?.(listener);
+  }
+
+  /** Forwarded when the wrapped backend has it; else nothing (it finds nothing by itself). */
+  setFoundListener(listener: FoundListener | undefined): void {
+    this.inner.setFoundListener?.(listener);
+  }
+
+  /** Forwarded when the wrapped backend has it; else an empty listing. */
+  listChunks(ns?: NamespaceId): Iterable<readonly [NamespaceId, ChunkHash]> {
+    return this.inner.listChunks?.(ns) ?? [];
   }
 
   stats(): BackendStats {

@@ -29,6 +29,7 @@ import type {
   PackedHostIndex,
   PutOptions,
   PutOutcome,
+  RemovalListener,
   ReserveOutcome,
 } from './types.ts';
 
@@ -83,6 +84,7 @@ export class LocalCpuBackend implements HostMemoryTier {
   #evictions = 0;
   #droppedPuts = 0;
   #closing: Promise<void> | null = null;
+  #onRemoved: RemovalListener | undefined;
   readonly #prefault: ReturnType<typeof startPrefault>;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
@@ -310,6 +312,17 @@ export class LocalCpuBackend implements HostMemoryTier {
     }
   }
 
+  /** Hears of every chunk evicted to make room (not of `remove` or `clear`). */
+  setRemovalListener(listener: RemovalListener | undefined): void {
+    this.#onRemoved = listener;
+  }
+
+  /** The chunks indexed now (removed chunks still pinned are not). */
+  *listChunks(ns?: NamespaceId): Generator<readonly [NamespaceId, ChunkHash]> {
+    for (const space of this.#index.spaces(ns))
+      if (space !== undefined) for (const e of space.values()) yield [e.ns, e.hash];
+  }
+
   /** Counters; `bytesUsed` counts whole pages, including removed chunks awaiting their unpin. */
   stats(): BackendStats {
     const arena = this.#open(undefined, 'stats');
@@ -400,6 +413,7 @@ export class LocalCpuBackend implements HostMemoryTier {
     this.#unindex(e);
     arena.free(e.block);
     this.#evictions++;
+    this.#onRemoved?.(e.ns, e.hash, 'evicted');
   }
 
   /** Removes a live entry from the index; frees it now, or on its key's last unpin. */

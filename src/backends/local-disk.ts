@@ -31,10 +31,12 @@ import type {
   Chunk,
   ChunkHash,
   ContainsOptions,
+  FoundListener,
   GetOptions,
   NamespaceId,
   PutOptions,
   PutOutcome,
+  RemovalListener,
   StorageBackend,
 } from './types.ts';
 
@@ -93,6 +95,8 @@ export class LocalDiskBackend implements StorageBackend {
   #ioErrors = 0;
   #health: BackendHealth = 'up';
   #closing: Promise<void> | null = null;
+  #onRemoved: RemovalListener | undefined;
+  #onFound: FoundListener | undefined;
 
   /**
    * Opens the store: creates the directory, reads the index journal back (when there is one)
@@ -132,11 +136,10 @@ export class LocalDiskBackend implements StorageBackend {
       log: this.#log,
       onCorrupt: raw.onCorrupt ?? (() => {}),
     });
-    this.#index = new DiskIndex(
-      o.capacityBytes,
-      o.maxChunks,
-      (e) => void this.#unlink(e.ns, e.hash),
-    );
+    this.#index = new DiskIndex(o.capacityBytes, o.maxChunks, (e) => {
+      this.#onRemoved?.(e.ns, e.hash, 'evicted');
+      void this.#unlink(e.ns, e.hash);
+    });
     this.capabilities = Object.freeze({
       pinning: true,
       hostMemory: false,
@@ -266,6 +269,23 @@ export class LocalDiskBackend implements StorageBackend {
     }
   }
 
+  /** Hears of chunks evicted for room and of objects found corrupt or gone (read, scan). */
+  setRemovalListener(listener: RemovalListener | undefined): void {
+    this.#onRemoved = listener;
+  }
+
+  /** Hears of the objects the start-up scan indexes that the journal did not name. */
+  setFoundListener(listener: FoundListener | undefined): void {
+    this.#onFound = listener;
+  }
+
+  /** The chunks the index holds now (before the start-up scan is over: those indexed so far). */
+  *listChunks(ns?: NamespaceId): Generator<readonly [NamespaceId, ChunkHash]> {
+    for (const slot of this.#index.slots(ns)) {
+      if (this.#index.live(slot)) yield [this.#index.nsOf(slot), this.#index.hashOf(slot)];
+    }
+  }
+
   async clear(ns?: NamespaceId): Promise<void> {
     this.#open(undefined, 'clear');
     const deletes: Promise<void>[] = [];
@@ -361,6 +381,8 @@ export class LocalDiskBackend implements StorageBackend {
         },
         stopped: () => this.#closing !== null,
         statMany: native === null ? undefined : (dir, names) => native.statFiles(dir, names),
+        found: (ns, hash) => this.#onFound?.(ns, hash),
+        swept: (ns, hash) => this.#onRemoved?.(ns, hash, 'corrupt'),
       });
       await Promise.all([...this.#deletes.values()]);
       if (!res.complete) return null;
@@ -407,6 +429,7 @@ export class LocalDiskBackend implements StorageBackend {
     // Deleted behind our back, or corrupt: forget it (unless it was replaced meanwhile).
     if (held) {
       this.#index.forget(slot);
+      this.#onRemoved?.(ns, hash, 'corrupt');
       if (res.kind === 'corrupt') await this.#unlink(ns, hash);
     }
     return null;

@@ -69,6 +69,24 @@ export interface BackendStats {
   readonly prefaultedBytes?: number;
 }
 
+/**
+ * Why a tier dropped a chunk by itself: its capacity bound (`evicted`), a stored object found
+ * corrupt or gone when read or by a start-up scan (`corrupt`), or its age (`expired`).
+ */
+export type SelfRemovalReason = 'evicted' | 'corrupt' | 'expired';
+
+/**
+ * Hears of each chunk a tier dropped by itself, not through `remove` or `clear` (the event
+ * stream, docs/events.md). Called synchronously; must not throw or wait.
+ */
+export type RemovalListener = (ns: NamespaceId, hash: ChunkHash, reason: SelfRemovalReason) => void;
+
+/**
+ * Hears of each chunk a tier found it holds without a put (a start-up scan indexing a file the
+ * tier's journal did not name). Called synchronously; must not throw or wait.
+ */
+export type FoundListener = (ns: NamespaceId, hash: ChunkHash) => void;
+
 /** Health as seen by the backend itself; remote tiers report 'down' while bypassed. */
 export type BackendHealth = 'up' | 'degraded' | 'down';
 
@@ -136,6 +154,25 @@ export interface StorageBackend {
 
   /** Drops every chunk of `ns`, or of all namespaces when `ns` is omitted. */
   clear(ns?: NamespaceId): Promise<void>;
+
+  /**
+   * Optional: sets the one {@link RemovalListener} (undefined removes it). A tier that evicts or
+   * drops corrupt objects on its own implements it; one that never drops chunks by itself, or
+   * cannot tell which (a remote store's own expiry), need not.
+   */
+  setRemovalListener?(listener: RemovalListener | undefined): void;
+
+  /**
+   * Optional: sets the one {@link FoundListener} (undefined removes it). A tier that indexes
+   * chunks it finds in its store while it serves implements it.
+   */
+  setFoundListener?(listener: FoundListener | undefined): void;
+
+  /**
+   * Optional: the chunks the tier holds now, of `ns` or of every namespace, from an index in
+   * memory (never a scan of a remote store): snapshots of the event stream. Synchronous.
+   */
+  listChunks?(ns?: NamespaceId): Iterable<readonly [NamespaceId, ChunkHash]>;
 
   stats(): BackendStats;
 

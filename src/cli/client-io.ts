@@ -96,7 +96,7 @@ export async function openClient(
 
 /**
  * What a failed request says: a timeout names the endpoint and the wait (or, with CurveZMQ, that
- * no handshake completed); a refusal gives the sidecar's code and message.
+ * no handshake completed, or why); a refusal gives the sidecar's code and message.
  */
 export function requestFailure(
   cmd: string,
@@ -104,7 +104,7 @@ export function requestFailure(
   timeoutMs: number,
   err: unknown,
 ): string {
-  if (isKvtierError(err, 'KVT_TIMEOUT') && !err.message.includes('CurveZMQ handshake'))
+  if (isKvtierError(err, 'KVT_TIMEOUT') && !err.message.includes('handshake'))
     return `kvtier ${cmd}: no answer from ${endpoint} within ${timeoutMs} ms (is the sidecar running there?)`;
   if (isKvtierError(err))
     return `kvtier ${cmd}: ${err.code}: ${err.message.replace(/^server: /, '')}`;

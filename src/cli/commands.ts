@@ -84,7 +84,8 @@ $XDG_CACHE_HOME/kvtier/chunks (else ~/.cache/kvtier/chunks; a quarter of the fre
 http://127.0.0.1:9464.
 
 Environment: KVTIER_CONFIG, KVTIER_LISTEN, KVTIER_METRICS_HOST, KVTIER_METRICS_PORT,
-KVTIER_CPU_BYTES (the first tier's size), KVTIER_LOG_LEVEL, KVTIER_ALLOW_UNAUTHENTICATED; without
+KVTIER_CPU_BYTES (the first tier's size), KVTIER_LOG_LEVEL, KVTIER_ALLOW_UNAUTHENTICATED,
+KVTIER_EVENTS_ENDPOINT, KVTIER_EVENTS_REPLAY_ENDPOINT; without
 a config file also KVTIER_DISK=off (host memory only), KVTIER_DISK_PATH, KVTIER_DISK_BYTES.
 Precedence: defaults < config file < environment < flags (docs/configuration.md).`,
   options: [
@@ -110,6 +111,14 @@ Precedence: defaults < config file < environment < flags (docs/configuration.md)
       help: 'port of /metrics, /healthz and /readyz, 0..65535 (0: any free one)',
       default: '9464',
       env: 'KVTIER_METRICS_PORT',
+    },
+    {
+      name: 'events',
+      type: 'string',
+      value: 'ENDPOINT|off',
+      help: "ZMQ endpoint of the event stream's PUB socket (docs/events.md); off turns it off",
+      default: 'off',
+      env: 'KVTIER_EVENTS_ENDPOINT',
     },
   ],
   exit: '0 after a graceful shutdown, 1 when it fails while running, 2 on a bad config or flags.',

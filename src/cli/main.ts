@@ -143,11 +143,13 @@ async function serve(parsed: Parsed, io: CliIo): Promise<number> {
     rawPort === undefined ? undefined : parseIntFlag('--metrics-port', rawPort, 0, 65535);
   const configPath = stringOption(parsed, 'config');
   const listen = stringOption(parsed, 'listen');
+  const events = stringOption(parsed, 'events');
   const config = await loadConfig(
     {
       ...(configPath !== undefined ? { configPath } : {}),
       ...(listen !== undefined ? { listen } : {}),
       ...(metricsPort !== undefined ? { metricsPort } : {}),
+      ...(events !== undefined ? { events } : {}),
     },
     io.env,
   );

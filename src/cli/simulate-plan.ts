@@ -131,7 +131,7 @@ export function parsePlan(argv: string[]): Plan | 'help' {
         ),
         json: { type: 'boolean' },
         'no-partial-chunks': { type: 'boolean' },
-        help: { type: 'boolean' },
+        help: { type: 'boolean', short: 'h' },
       },
     }));
   } catch (err) {

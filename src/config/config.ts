@@ -4,6 +4,7 @@ import { homedir, totalmem } from 'node:os';
 import { dirname, join, resolve as resolvePath } from 'node:path';
 import type { TierConfig } from '../backends/registry.ts';
 import { KvtierError } from '../errors.ts';
+import { type ResolvedEventsOptions, resolveEventsOptions } from '../events/events-options.ts';
 import type { ProtocolLimits } from '../protocol/messages.ts';
 import type { LogLevel } from '../util/log.ts';
 import { parseBytes } from './bytes.ts';
@@ -48,6 +49,8 @@ export interface KvtierConfig {
     /** Serve a non-loopback TCP endpoint without keys instead of refusing to start. */
     allowUnauthenticated: boolean;
   };
+  /** The event stream (docs/events.md); null: off. */
+  events: ResolvedEventsOptions | null;
   /** Directory relative paths in the config (plug-in modules) are resolved against. */
   baseDir: string;
 }
@@ -155,6 +158,7 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfi
       clients: [],
       allowUnauthenticated: d.security.allowUnauthenticated,
     },
+    events: null,
     baseDir: process.cwd(),
   };
 }
@@ -169,6 +173,8 @@ export interface ConfigOverrides {
   configPath?: string;
   listen?: string;
   metricsPort?: number;
+  /** `--events ENDPOINT` (or `off`): the event stream's PUB endpoint. */
+  events?: string;
 }
 
 /**
@@ -215,6 +221,8 @@ export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()
     if (allowUnauthenticated !== undefined)
       cfg.security.allowUnauthenticated = allowUnauthenticated;
   }
+  if (doc.events !== undefined)
+    cfg.events = doc.events === null ? null : resolveEventsOptions(doc.events);
   return cfg;
 }
 
@@ -351,6 +359,7 @@ export async function loadConfig(
       );
     cfg.security.allowUnauthenticated = v === '1' || v === 'true';
   }
+  cfg = withEventsOverride(cfg, env, overrides.events);
   // The default epoch file is the final endpoint's (set by the file, the environment or a flag).
   if (!epochGiven) cfg.storage.epochFile = defaultEpochFile(env, cfg.listen);
   if (env.KVTIER_CPU_BYTES) {
@@ -361,4 +370,34 @@ export async function loadConfig(
     };
   }
   return cfg;
+}
+
+/**
+ * The event stream as KVTIER_EVENTS_ENDPOINT (then `--events`) sets it: an endpoint turns it on
+ * there (the replay socket on KVTIER_EVENTS_REPLAY_ENDPOINT, else the next port), `off` turns it
+ * off. The other settings keep the file's values.
+ * @throws ConfigError naming the variable or flag for a bad endpoint.
+ */
+function withEventsOverride(
+  cfg: KvtierConfig,
+  env: NodeJS.ProcessEnv,
+  flag: string | undefined,
+): KvtierConfig {
+  const from = flag !== undefined ? '--events' : 'KVTIER_EVENTS_ENDPOINT';
+  const endpoint = flag ?? env.KVTIER_EVENTS_ENDPOINT;
+  if (endpoint === undefined || endpoint === '') return cfg;
+  if (endpoint === 'off') return { ...cfg, events: null };
+  const replay = env.KVTIER_EVENTS_REPLAY_ENDPOINT;
+  const { endpoint: _, replayEndpoint: __, ...rest } = cfg.events ?? {};
+  const events: Record<string, unknown> = { ...rest, endpoint };
+  if (replay !== undefined && replay !== '')
+    events.replayEndpoint = replay === 'off' ? null : replay;
+  try {
+    return resolveConfig({ events }, cfg);
+  } catch (err) {
+    if (!(err instanceof ConfigError)) throw err;
+    throw new ConfigError(
+      err.problems.map((p) => ({ path: `${p.path} (from ${from})`, message: p.message })),
+    );
+  }
 }

@@ -6,8 +6,10 @@
 import * as v from 'valibot';
 import { resolveCircuitBreakerOptions } from '../backends/circuit-breaker.ts';
 import type { TierConfig } from '../backends/registry.ts';
+import type { EventsDocument } from '../events/events-options.ts';
 import type { LogLevel } from '../util/log.ts';
 import { BYTE_SIZE_RULE, tryParseBytes } from './bytes.ts';
+import { eventsSchema } from './events-schema.ts';
 import {
   bytes,
   type ConfigProblem,
@@ -120,6 +122,12 @@ export const rootSchema = strict({
   security: v.optional(
     v.pipe(securitySchema, v.description('CurveZMQ keys and client roles (docs/security.md).')),
   ),
+  events: v.optional(
+    v.pipe(
+      eventsSchema,
+      v.description('The event stream of chunks stored and removed (docs/events.md); null: off.'),
+    ),
+  ),
 });
 
 /** A config file after validation: what it gives, sizes as numbers, tiers as the registry takes them. */
@@ -139,6 +147,7 @@ export interface ConfigDocument {
   limits?: { maxChunksPerLookup?: number; maxPayloadBytes?: number; maxTokensPerChunk?: number };
   logLevel?: LogLevel;
   security?: SecurityDocument;
+  events?: EventsDocument | null;
 }
 
 /**

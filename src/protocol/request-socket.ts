@@ -65,11 +65,21 @@ interface Connection {
   handshaken: boolean;
   /** With Curve keys: whether the server refused this client's key (ZAP). */
   keyRefused: boolean;
+  /** Whether a handshake failed because one side uses CurveZMQ and the other does not. */
+  mechanismMismatch: boolean;
 }
 
 /** What a request that timed out before any CurveZMQ handshake completed says. */
 export const NO_HANDSHAKE_MESSAGE =
   'no CurveZMQ handshake — wrong server key, or the sidecar is down';
+
+/** What a request without keys says when it timed out after the server asked for CurveZMQ. */
+export const KEYS_REQUIRED_MESSAGE =
+  'no handshake — the sidecar requires CurveZMQ keys and this client has none (docs/security.md)';
+
+/** What a request with keys says when it timed out after the server turned CurveZMQ down. */
+export const KEYS_UNUSED_MESSAGE =
+  'no CurveZMQ handshake — the sidecar does not use CurveZMQ and this client has keys (docs/security.md)';
 
 /**
  * Fresh connections opened in a row (no other reply in between) after refusals as
@@ -151,9 +161,14 @@ export class RequestSocket {
       retired: false,
       handshaken: false,
       keyRefused: false,
+      mechanismMismatch: false,
     };
+    // Only a monitor tells a wrong server key, a refused key, or keys on one side only, from a
+    // server that is slow or not there.
+    socket.events.on('handshake:error:protocol', (e) => {
+      if (e.error.code === 'ERR_ZMTP_MECHANISM_MISMATCH') conn.mechanismMismatch = true;
+    });
     if (this.#curve !== undefined) {
-      // Only a monitor tells a wrong server key (or no server) from a slow one.
       socket.events.on('handshake', () => {
         conn.handshaken = true;
       });
@@ -189,6 +204,14 @@ export class RequestSocket {
   /** Fresh connections opened because a request was refused as unauthenticated (a counter). */
   get authReconnects(): number {
     return this.#authReconnects;
+  }
+
+  /**
+   * Whether a handshake on the current connection failed because one side uses CurveZMQ and the
+   * other does not (a request that then times out says which).
+   */
+  get keysMismatched(): boolean {
+    return this.#conn.mechanismMismatch;
   }
 
   /** Times the server was found down by liveness (a counter; see `livenessTimeoutMs`). */
@@ -241,17 +264,24 @@ export class RequestSocket {
   }
 
   /**
-   * A request's deadline error, or, with Curve keys on a connection whose handshake never
-   * completed, one that says what the silence means: the server key is wrong or the server is
-   * not there, or it refused this client's key. Still `KVT_TIMEOUT` (the request was never
-   * served), so callers that branch on the code are unaffected.
+   * A request's deadline error, or, on a connection whose handshake never completed, one that
+   * says what the silence means: the server wants CurveZMQ keys this client lacks (or the other
+   * way round), the server key is wrong or the server is not there, or it refused this client's
+   * key. Still `KVT_TIMEOUT` (the request was never served), so callers that branch on the code
+   * are unaffected.
    */
   #timeoutError(conn: Connection, err: unknown): unknown {
-    if (this.#curve === undefined || conn.handshaken) return err;
     const where = `${this.#endpoint}, ${(err as Error).message}`;
+    if (this.#curve === undefined)
+      return conn.mechanismMismatch
+        ? new KvtierError('KVT_TIMEOUT', `${KEYS_REQUIRED_MESSAGE} (${where})`, { cause: err })
+        : err;
+    if (conn.handshaken) return err;
     const msg = conn.keyRefused
       ? `CurveZMQ handshake refused: this client's key is not on the sidecar's allow-list (${where})`
-      : `${NO_HANDSHAKE_MESSAGE} (${where})`;
+      : conn.mechanismMismatch
+        ? `${KEYS_UNUSED_MESSAGE} (${where})`
+        : `${NO_HANDSHAKE_MESSAGE} (${where})`;
     return new KvtierError('KVT_TIMEOUT', msg, { cause: err });
   }
 

@@ -98,18 +98,16 @@ export class StorageManager {
   readonly #metrics: KvtierMetrics | undefined;
   readonly #recorder: LookupRecorder;
   readonly #log: Logger;
+  readonly #clearHooks: Pick<StorageManagerOptions, 'onEpoch' | 'onCleared'>;
   /** `releaseLookup`, bound once for every lookup's dispose hook. */
   readonly #release = (p: PinnedLookup): void => this.releaseLookup(p);
-  /**
-   * The hooks of every lookup {@link lookupNow} answers: its entry is done as soon as it is
-   * made, so there is no work to abort, only pins to release.
-   */
+  /** The hooks of every lookup {@link lookupNow} answers: its entry is done as soon as it is
+   * made, so there is no work to abort, only pins to release. */
   readonly #answeredHooks: PrefetchHooks<PinnedLookup> = {
     abort: () => {},
     dispose: this.#release,
   };
   #epoch: number;
-  readonly #onEpoch: StorageManagerOptions['onEpoch'];
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError KVT_CONFIG when the tier list is empty or the first tier is not host memory. */
@@ -131,7 +129,7 @@ export class StorageManager {
     this.#recorder = new LookupRecorder(opts.metrics);
     this.#log = opts.log ?? silentLogger;
     this.#epoch = requireInt('initialEpoch', opts.initialEpoch ?? clockEpoch(), 0, 2 ** 32 - 2);
-    this.#onEpoch = opts.onEpoch;
+    this.#clearHooks = { onEpoch: opts.onEpoch, onCleared: opts.onCleared };
     this.#lookupBytes = new LookupByteBudget(opts.maxLookupBytes);
     this.#serializer = new AsyncSerializer({
       capacityChunks: requireInt(
@@ -431,7 +429,7 @@ export class StorageManager {
   async clear(namespaces: readonly NamespaceId[] = []): Promise<number> {
     if (this.#closing !== undefined) throw closedError('storage manager');
     this.#epoch = (this.#epoch + 1) >>> 0;
-    const recorded = this.#onEpoch?.(this.#epoch);
+    const recorded = this.#clearHooks.onEpoch?.(this.#epoch);
     this.#fence.clear(namespaces);
     const only = namespaces.length === 0 ? undefined : new Set(namespaces);
     const cleared = (ns: NamespaceId) => only === undefined || only.has(ns);
@@ -454,6 +452,8 @@ export class StorageManager {
         }
       }),
     );
+    // Reported before anything else can be: a store after the clear follows it on the stream.
+    this.#clearHooks.onCleared?.(namespaces, this.#epoch);
     await recorded;
     return this.#epoch;
   }

@@ -35,6 +35,11 @@ export interface StorageManagerOptions {
   /** How often expired pins are swept, ms; 0 disables the timer (call `sweep()`); default 1000. */
   sweepIntervalMs?: number;
   /**
+   * Called when a CLEAR holds (every tier cleared), with its namespaces (every one when empty)
+   * and the new epoch: the event stream reports it (docs/events.md).
+   */
+  onCleared?: (namespaces: readonly NamespaceId[], epoch: number) => void;
+  /**
    * First epoch. Default: seconds since 2024-01-01 UTC (epoch-file.ts); the sidecar passes the
    * larger of that and one above the epoch its predecessor recorded, so that clients (which drop
    * answers older than the highest epoch they know) never see the epoch go back.

@@ -253,37 +253,45 @@ describe('a restricted key and another namespace’s lookup', () => {
 
 describe('refused handshakes', () => {
   it('are logged by reason, one line per reason while they repeat', async () => {
-    const failures = { keyless: 0, wrongServer: 0, stranger: 0 };
-    const attempts = (
-      kind: keyof typeof failures,
-      opts: Partial<zmq.SocketOptions<zmq.Dealer>>,
-    ) => {
-      const s = new zmq.Dealer({
-        linger: 0,
-        reconnectInterval: 20,
-        reconnectMaxInterval: 20,
-        ...opts,
-      });
-      // The client sees its connection dropped once the server has refused the handshake.
-      s.events.on('disconnect', () => failures[kind]++);
-      s.events.on('handshake:error:auth', () => failures[kind]++);
-      s.connect(sidecar.server.endpoint);
-      sockets.push(s);
-    };
+    const ROUNDS = 3;
+    const INTERVAL_MS = 10_000; // the server's default refusal log interval
+    const began = Date.now();
     const wrongServer = generateCurveKeyPair();
-    for (let i = 0; i < 3; i++) {
-      attempts('keyless', {});
-      attempts('wrongServer', {
+    const kinds: Record<string, Partial<zmq.SocketOptions<zmq.Dealer>>> = {
+      keyless: {},
+      wrongServer: {
         curveServerKey: wrongServer.publicKey,
         curvePublicKey: keys.ops!.publicKey,
         curveSecretKey: keys.ops!.secretKey,
-      });
-      attempts('stranger', {
+      },
+      stranger: {
         curveServerKey: keys.server!.publicKey,
         curvePublicKey: keys.stranger!.publicKey,
         curveSecretKey: keys.stranger!.secretKey,
-      });
-    }
+      },
+    };
+    // One fresh socket per attempt, closed once the server has refused it. (A client that sees
+    // the protocol error itself gives up rather than reconnecting, so reconnects of one socket
+    // are not a dependable way to repeat a refusal.)
+    const refusedOnce = async (opts: Partial<zmq.SocketOptions<zmq.Dealer>>) => {
+      const s = new zmq.Dealer({ linger: 0, ...opts });
+      sockets.push(s);
+      let refused = false;
+      for (const e of [
+        'disconnect',
+        'handshake:error:auth',
+        'handshake:error:protocol',
+        'handshake:error:other',
+      ] as const)
+        s.events.on(e, () => {
+          refused = true;
+        });
+      s.connect(sidecar.server.endpoint);
+      await pollUntil(() => refused, 'the server refuses the handshake');
+      s.close();
+    };
+    for (let round = 0; round < ROUNDS; round++)
+      for (const opts of Object.values(kinds)) await refusedOnce(opts);
     const reasons = [
       'handshake refused: the client has no CurveZMQ keys',
       "handshake refused: the client's server key is not this server's public key",
@@ -291,16 +299,19 @@ describe('refused handshakes', () => {
     ];
     const of = (msg: string) => logs.filter((l) => l.msg === msg);
     await pollUntil(
-      () =>
-        reasons.every((r) => of(r).length > 0) &&
-        failures.keyless >= 6 &&
-        failures.wrongServer >= 6 &&
-        failures.stranger >= 3,
-      'a line per reason and repeated refusals',
+      () => reasons.every((r) => of(r).length > 0),
+      () => `a line per reason (lines ${JSON.stringify(reasons.map((r) => of(r).length))})`,
     );
+    // Three refusals of each kind, one line each while they come within the interval (a machine
+    // so loaded that the rounds outlast it may write one more line per interval, never one per
+    // refusal).
+    const allowed = 1 + Math.floor((Date.now() - began) / INTERVAL_MS);
     for (const r of reasons) {
       const lines = of(r);
-      assert.equal(lines.length, 1, `${r}: one line within the interval, got ${lines.length}`);
+      assert.ok(
+        lines.length <= Math.min(allowed, ROUNDS - 1),
+        `${r}: ${lines.length} lines for ${ROUNDS} refusals in ${Date.now() - began} ms`,
+      );
       assert.equal(lines[0]!.level, 'warn', r);
       assert.equal(lines[0]!.component, 'kvtier.auth', r);
       assert.match(String(lines[0]!.address), /127\.0\.0\.1/, r);

@@ -13,6 +13,7 @@ import type { CliIo } from '../../src/cli/client-io.ts';
 import { COMMANDS } from '../../src/cli/commands.ts';
 import { main } from '../../src/cli/main.ts';
 import { parseCommand } from '../../src/cli/options.ts';
+import { runSimulateCommand } from '../../src/cli/simulate-command.ts';
 import { loadConfig } from '../../src/config/config.ts';
 import { hashChunks, hashToHex } from '../../src/hashing/chunk-hasher.ts';
 import { generateCurveKeyPair, writeKeyPair } from '../../src/security/curve-keys.ts';
@@ -69,6 +70,19 @@ describe('kvtier --help', () => {
       const r = await kvtier(argv);
       assert.equal(r.code, 0, argv.join(' '));
       assert.match(r.out, /^Usage: kvtier /, argv.join(' '));
+    }
+    // simulate has its own parser (and writes to the process's stdout through main).
+    for (const flag of ['--help', '-h']) {
+      const out: string[] = [];
+      const err: string[] = [];
+      const code = await runSimulateCommand([flag], {
+        out: (l) => out.push(l),
+        err: (l) => err.push(l),
+        writeFile: async () => {},
+      });
+      assert.equal(code, 0, `simulate ${flag}: ${err.join('\n')}`);
+      assert.deepEqual(err, [], `simulate ${flag}`);
+      assert.match(out[0] ?? '', /^Usage: kvtier simulate /, `simulate ${flag}`);
     }
   });
 
@@ -290,7 +304,7 @@ describe('put, get, clear, ls against a sidecar with CurveZMQ', () => {
     );
   });
 
-  it('a wrong server key, or no sidecar, says no CurveZMQ handshake completed', async () => {
+  it('a wrong server key, no sidecar, or no keys, says which handshake did not complete', async () => {
     const wrong = generateCurveKeyPair().publicKey;
     const r = await kvtier(['ping', '--timeout-ms', '3000'], { env: env('admin', wrong) });
     assert.equal(r.code, 1);
@@ -304,6 +318,17 @@ describe('put, get, clear, ls against a sidecar with CurveZMQ', () => {
     assert.match(
       stranger.err[0] ?? '',
       /CurveZMQ handshake refused: this client's key is not on the sidecar's allow-list/,
+    );
+    // No keys at all: the sidecar's refusal of a handshake without CurveZMQ is named, not taken
+    // for a sidecar that is down.
+    const keyless = await kvtier(['ping', '--timeout-ms', '5000'], {
+      env: { KVTIER_ENDPOINT: endpoint },
+    });
+    assert.equal(keyless.code, 1);
+    assert.deepEqual(keyless.err.length, 1);
+    assert.match(
+      keyless.err[0] ?? '',
+      /^kvtier ping: KVT_TIMEOUT: no handshake — the sidecar requires CurveZMQ keys and this client has none \(docs\/security\.md\) \(tcp:\/\/127\.0\.0\.1:\d+, /,
     );
   });
 

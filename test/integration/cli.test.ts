@@ -4,6 +4,7 @@
  */
 import assert from 'node:assert/strict';
 import type { ChildProcessWithoutNullStreams } from 'node:child_process';
+import { once } from 'node:events';
 import { existsSync, mkdtempSync } from 'node:fs';
 import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -311,6 +312,45 @@ describe('kvtier client-side commands and errors', () => {
     }
   });
 
+  it("process warnings are one line each (the AWS SDK's notice on Node 20 when S3 is built)", async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'kvtier-cli-config-'));
+    try {
+      const file = join(dir, 's3.json');
+      await writeFile(
+        file,
+        JSON.stringify({
+          listen: 'tcp://127.0.0.1:*',
+          metrics: null,
+          storage: { epochFile: null },
+          tiers: [
+            { name: 'cpu', type: 'local-cpu', capacityBytes: '16MiB' },
+            {
+              name: 's3',
+              type: 's3',
+              endpoint: 'http://127.0.0.1:9',
+              bucket: 'kv',
+              region: 'us-east-1',
+              accessKeyId: 'AKID',
+              secretAccessKey: 'sekrit',
+            },
+          ],
+        }),
+      );
+      // The check builds the S3 tier (its client makes no request until used) and closes it.
+      const res = await runCli(['config', 'check', file]);
+      assert.equal(res.code, 0, res.stderr);
+      const lines = nonEmptyLines(res.stderr);
+      for (const line of lines) assert.match(line, /^kvtier: warning: /);
+      if (Number(process.versions.node.split('.')[0]) < 22)
+        assert.ok(
+          lines.some((l) => /^kvtier: warning: NodeVersionSupportWarning: .*node >=22/.test(l)),
+          res.stderr,
+        );
+    } finally {
+      await rm(dir, { recursive: true, force: true });
+    }
+  });
+
   it('config check lists every problem with its key path and exits 1', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'kvtier-cli-config-'));
     try {
@@ -380,5 +420,20 @@ describe('kvtier client-side commands and errors', () => {
     const res = await runCli(['frobnicate']);
     assert.equal(res.code, 2);
     assert.match(res.stderr, /unknown command "frobnicate"/);
+  });
+
+  it('a reader that goes away (kvtier ... | head) ends the command quietly', async () => {
+    for (const args of [['--help'], ['simulate', '--help'], ['version']]) {
+      const child = spawnCli(args);
+      child.stdout.destroy(); // before the command writes anything: every write fails EPIPE
+      let stderr = '';
+      child.stderr.setEncoding('utf8').on('data', (d: string) => {
+        stderr += d;
+      });
+      child.stdin.end();
+      const [code] = await withDeadline(once(child, 'close'), DEADLINE_MS, args.join(' '));
+      assert.equal(stderr, '', `kvtier ${args.join(' ')}`);
+      assert.equal(code, 0, `kvtier ${args.join(' ')}`);
+    }
   });
 });

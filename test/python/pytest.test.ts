@@ -43,7 +43,7 @@ if (missing !== null) {
     });
   });
 } else {
-  await runPytestSuites({
+  const res = await runPytestSuites({
     python: PYTHON,
     args: [
       'python/tests',
@@ -55,5 +55,18 @@ if (missing !== null) {
     ],
     timeoutMs: PYTEST_TIMEOUT_MS,
     label: 'pytest python/tests',
+  });
+  // Figures some tests print for the record (python/tests/test_router_events.py), each listed
+  // with what it must say once the events have propagated: full agreement, events published.
+  const figures = res.output.split('\n').filter((l) => l.startsWith('router events: '));
+  describe('pytest figures', () => {
+    for (const line of figures)
+      it(line, () => {
+        const settled = line.split('(one engine step')[0]!;
+        for (const [, got, of] of settled.matchAll(/(\d+)\/(\d+)/g))
+          assert.equal(got, of, `after propagation: ${line}`);
+        const published = /(\d+) events in/.exec(line);
+        if (published !== null) assert.ok(Number(published[1]) > 0, line);
+      });
   });
 }

@@ -137,11 +137,11 @@ export function nextTurn(): Promise<void> {
 
 /**
  * Checks `predicate` once per event-loop turn until it holds.
- * @throws Error naming `what` when it still fails after `maxTurns` turns.
+ * @throws Error naming `what` (or what `what()` says then) when it still fails after `maxTurns` turns.
  */
 export async function pollUntil(
   predicate: () => boolean,
-  what: string,
+  what: string | (() => string),
   maxTurns = DEFAULT_MAX_TURNS,
 ): Promise<void> {
   for (let turn = 0; turn < maxTurns; turn++) {
@@ -149,7 +149,8 @@ export async function pollUntil(
     await nextTurn();
   }
   if (predicate()) return;
-  throw new Error(`${what}: still not true after ${maxTurns} event-loop turns`);
+  const said = typeof what === 'string' ? what : what();
+  throw new Error(`${said}: still not true after ${maxTurns} event-loop turns`);
 }
 
 /**

@@ -2,15 +2,23 @@
  * RequestSocket's recovery from KVT_UNAUTHENTICATED against a scripted ROUTER over real ZMQ (a
  * CurveZMQ server without a ZAP handler accepts every key, so the script decides which
  * connection is "refused"): with keys, exactly the refused requests are sent again, on a new
- * connection, a bounded number of times; without keys the refusal is surfaced at once.
+ * connection, a bounded number of times; without keys the refusal is surfaced at once. Keys on
+ * one side only (a keyless client at a CurveZMQ server, or the other way round) time out with a
+ * message that says so, not as a server that is down.
  */
 import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import * as zmq from 'zeromq';
 import { decodeRequest, encodeReply } from '../../src/protocol/codec.ts';
 import type { ClientCurveKeys } from '../../src/protocol/curve-client.ts';
-import { MAX_AUTH_RECONNECTS, RequestSocket } from '../../src/protocol/request-socket.ts';
+import {
+  KEYS_REQUIRED_MESSAGE,
+  KEYS_UNUSED_MESSAGE,
+  MAX_AUTH_RECONNECTS,
+  RequestSocket,
+} from '../../src/protocol/request-socket.ts';
 import { generateCurveKeyPair } from '../../src/security/curve-keys.ts';
+import { ManualTimers } from '../support/manual-timers.ts';
 
 type Refuse = (connection: number, requestId: number) => boolean;
 
@@ -113,6 +121,58 @@ describe('RequestSocket and KVT_UNAUTHENTICATED', () => {
       await assert.rejects(rs.request(ping()), { code: 'KVT_UNAUTHENTICATED' });
       assert.equal(rs.authReconnects, 0);
       assert.equal(s.seen.length, 1);
+    } finally {
+      await rs.close();
+    }
+  });
+});
+
+describe('RequestSocket when keys are on one side only', () => {
+  /** Polls (bounded, generous) until `cond` holds: the handshake fails on ZMQ's own schedule. */
+  async function until(cond: () => boolean): Promise<void> {
+    for (let i = 0; i < 6000 && !cond(); i++) await new Promise((r) => setTimeout(r, 10));
+    assert.ok(cond(), 'condition not reached');
+  }
+
+  test('a client without keys at a CurveZMQ server: its timeout says keys are required', async () => {
+    const { server } = curveKeys();
+    const s = await scriptedRouter(() => false, server);
+    const timers = new ManualTimers();
+    const rs = new RequestSocket({ endpoint: s.endpoint, requestTimeoutMs: 1000, timers });
+    try {
+      const p = rs.request(ping());
+      await until(() => rs.keysMismatched);
+      timers.advance(1000);
+      await assert.rejects(p, (err: Error & { code?: string }) => {
+        assert.equal(err.code, 'KVT_TIMEOUT');
+        assert.ok(err.message.startsWith(`${KEYS_REQUIRED_MESSAGE} (${s.endpoint}, `), err.message);
+        return true;
+      });
+      assert.equal(s.seen.length, 0, 'nothing reached the server');
+    } finally {
+      await rs.close();
+    }
+  });
+
+  test('a client with keys at a server without CurveZMQ: its timeout says so', async () => {
+    const { client } = curveKeys();
+    const s = await scriptedRouter(() => false);
+    const timers = new ManualTimers();
+    const rs = new RequestSocket({
+      endpoint: s.endpoint,
+      curve: client,
+      requestTimeoutMs: 1000,
+      timers,
+    });
+    try {
+      const p = rs.request(ping());
+      await until(() => rs.keysMismatched);
+      timers.advance(1000);
+      await assert.rejects(p, (err: Error & { code?: string }) => {
+        assert.equal(err.code, 'KVT_TIMEOUT');
+        assert.ok(err.message.startsWith(`${KEYS_UNUSED_MESSAGE} (${s.endpoint}, `), err.message);
+        return true;
+      });
     } finally {
       await rs.close();
     }

@@ -28,6 +28,7 @@ from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
 from vllm.v1.request import Request, RequestStatus
 
+from .block_pool import block_hashes
 from .checks import TwinAssertionError, check
 from .executor import WorkerPool
 from .scheduler import Scheduler
@@ -151,6 +152,8 @@ class TwinEngine:
 
     def add_request(self, request_id: str, prompt: list[int], max_tokens: int = 4) -> Request:
         req = Request(request_id, prompt, max_tokens)
+        # vLLM's request carries its prompt blocks' hashes (its block hasher runs at creation).
+        req.block_hashes = block_hashes(req.prompt_token_ids, self.spec.block_size)
         self.scheduler.add_request(req)
         return req
 

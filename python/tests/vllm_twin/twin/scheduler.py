@@ -48,6 +48,8 @@ class Scheduler(SchedulerUpdates):
             reverse=reverse_blocks,
         )
         self.requests: dict[str, Request] = {}
+        #: The connector's KV cache events, in the order vLLM would publish them.
+        self.kv_events: list = []
         self.waiting: deque[Request] = deque()
         self.skipped_waiting: deque[Request] = deque()
         self.running: list[Request] = []

@@ -69,6 +69,8 @@ class SchedulerUpdates:
                 outputs.append(EngineCoreOutput(req.request_id, [], req.get_finished_reason(), req.kv_transfer_params))
         if kv_out:
             self._update_from_kv_xfer_finished(kv_out)
+        # What vLLM's scheduler hands its KV event publisher each step (its own events aside).
+        self.kv_events.extend(self.connector.take_events() or ())
         return outputs
 
     # ------------------------------------------------------------------ invalid blocks

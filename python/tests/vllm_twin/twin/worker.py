@@ -202,6 +202,7 @@ class TwinWorker:
             sending, recving = c.get_finished(so.finished_req_ids)
             failed = set()
         invalid = c.get_block_ids_with_load_errors()
+        events = c.get_kv_connector_kv_cache_events()
         c.clear_connector_metadata()
         self.finished_seen |= set(so.finished_req_ids)
         stray = set(sending or ()) - self.finished_seen
@@ -218,6 +219,7 @@ class TwinWorker:
                 finished_recving=set(recving or ()) or None,
                 invalid_block_ids=set(invalid),
                 failed_recving=set(failed),
+                kv_cache_events=events,
             ),
         )
         return out, report

@@ -12,6 +12,8 @@ class KVConnectorOutput:
     finished_recving: set[str] | None = None
     kv_connector_stats: Any = None
     kv_connector_worker_meta: Any = None
+    #: The connector's KV cache events of the step (``get_kv_connector_kv_cache_events``).
+    kv_cache_events: Any = None
     #: Blocks of externally computed tokens that failed to load; their requests recompute them.
     invalid_block_ids: set[int] = field(default_factory=set)
     #: Current revision only: loads that failed (also in ``finished_recving``).

@@ -47,10 +47,17 @@ class KVOutputAggregator:
         sending: set[str] = set()
         recving: set[str] = set()
         invalid: set[int] = set()
+        events = None
         for out in outputs:
             kv = out.kv_connector_output
             if not kv:
                 continue
+            # The first worker's events accumulate the others', as vLLM combines them.
+            if events is None:
+                events = kv.kv_cache_events
+            elif kv.kv_cache_events:
+                events.add_events(kv.kv_cache_events.get_all_events())
+                events.increment_workers(1)
             count(kv.finished_sending, self._send, sending)
             count(kv.finished_recving, self._recv, recving)
             invalid |= set(kv.invalid_block_ids)
@@ -66,6 +73,7 @@ class KVOutputAggregator:
             finished_sending=sending or None,
             finished_recving=recving or None,
             invalid_block_ids=invalid,
+            kv_cache_events=events or None,
             expected_finished_count=self._expected,
             **extra,
         )

@@ -1,0 +1,403 @@
+/**
+ * Fleet figures (docs/fleet.md):
+ * 1. The event stream under a save-heavy run: a `kvtier serve` process (host memory over a disk
+ *    tier) takes SAVEs of small chunks (4 KiB, the most events per byte) from 4 pipelined data-plane
+ *    clients, once without and once with the event stream; a subscriber counts what the stream
+ *    sends. The raw limit is the same run without events: the ratio is the save rate kept.
+ * 2. Cross-node loads: sidecar A saves 64 chunks of 1 MiB through to one Redis Cluster (3 real
+ *    masters) and one S3 bucket (s3rver); sidecar B (host memory over Redis and S3) and sidecar C
+ *    (host memory over S3 only) look them up and load them into their engines' KV files. The raw
+ *    limit is a plain client reading the same stored objects (ioredis cluster `getBuffer`, SDK
+ *    `GetObject`) in the same run.
+ *   npm run bench:fleet          (KVTIER_BENCH_QUICK=1: one round of 3 s per save run instead of
+ *                                 three interleaved rounds of 10 s)
+ * Prints two tables and writes bench/results/fleet.json.
+ */
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { loadavg, tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { GetObjectCommand } from '@aws-sdk/client-s3';
+import { Cluster } from 'ioredis';
+import * as zmq from 'zeromq';
+import { DataPlaneClient } from '../src/data-plane/data-plane-client.ts';
+import type { KvRegistration } from '../src/data-plane/kv-layout.ts';
+import { LookupClient } from '../src/lookup-client/lookup-client.ts';
+import { KV_FILE_BYTES, testRegistration } from '../test/support/engine-process.ts';
+import { freeTcpPort } from '../test/support/fixtures.ts';
+import { startRedisCluster } from '../test/support/redis-server.ts';
+import { S3RVER_CREDENTIALS, startS3 } from '../test/support/s3-server.ts';
+import { type SidecarProcess, startSidecarProcess } from '../test/support/sidecar-process.ts';
+import { printTable, writeResults } from './support/child.ts';
+
+const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
+const SAVE_SECONDS = QUICK ? 3 : 10;
+const ROUNDS = QUICK ? 1 : 3;
+const dir = mkdtempSync(join(tmpdir(), 'kvtier-bench-fleet-'));
+const MiB = 1024 * 1024;
+
+async function serve(name: string, config: Record<string, unknown>) {
+  const listen = `tcp://127.0.0.1:${await freeTcpPort()}`;
+  const proc = await startSidecarProcess(join(dir, `${name}.json`), {
+    listen,
+    metrics: { host: '127.0.0.1', port: 0 },
+    logLevel: 'warn',
+    ...config,
+  });
+  const metrics = /metrics at (http:\/\/\S+\/metrics)/.exec(proc.output)![1]!;
+  const client = new LookupClient({
+    endpoint: listen,
+    requestTimeoutMs: 60_000,
+    lookupTimeoutMs: 60_000,
+  });
+  return { proc, listen, metrics, client };
+}
+
+async function drained(client: LookupClient): Promise<void> {
+  for (;;) {
+    const s = await client.stats();
+    if ((s.writeThrough as { depth: number }).depth === 0) return;
+    await new Promise((r) => setTimeout(r, 10));
+  }
+}
+
+function metric(text: string, name: string): number {
+  const line = text.split('\n').find((l) => l.startsWith(`${name} `));
+  return line === undefined ? 0 : Number(line.slice(name.length + 1));
+}
+
+interface SaveRow {
+  events: boolean;
+  chunksPerS: number;
+  mibPerS: number;
+  batchesPerS: number;
+  chunkEventsPerS: number;
+  streamKiBPerS: number;
+  bufferBytes: number;
+  rssMiB: number;
+}
+
+/** One save-heavy run (see the module doc). */
+async function saveRun(events: boolean): Promise<SaveRow> {
+  const side = await serve(`save-${events}`, {
+    tiers: [
+      { name: 'cpu', type: 'local-cpu', capacityBytes: '64MiB' },
+      {
+        name: 'disk',
+        type: 'local-disk',
+        path: join(dir, `disk-${events}`),
+        capacityBytes: '256MiB',
+        // The stream is measured, not the disk: no fsync per chunk.
+        fsync: 'none',
+      },
+    ],
+    ...(events ? { events: { endpoint: 'tcp://127.0.0.1:*' } } : {}),
+  });
+  let streamBytes = 0;
+  let sub: zmq.Subscriber | undefined;
+  let reading: Promise<void> | undefined;
+  if (events) {
+    const info = (await side.client.ping()).events as { endpoint: string };
+    sub = new zmq.Subscriber({ linger: 0 });
+    sub.connect(info.endpoint);
+    sub.subscribe();
+    reading = (async () => {
+      try {
+        for await (const frames of sub!) for (const f of frames) streamBytes += f.length;
+      } catch {}
+    })();
+    await new Promise((r) => setTimeout(r, 300));
+  }
+  const savers = await Promise.all(
+    [0, 1, 2, 3].map(async (i) => {
+      const kv = join(dir, `save-${events}-${i}.kv`);
+      writeFileSync(kv, randomBytes(KV_FILE_BYTES));
+      const dp = new DataPlaneClient({ endpoint: side.listen, requestTimeoutMs: 30_000 });
+      await dp.register(testRegistration(kv, `saver-${i}`));
+      return dp;
+    }),
+  );
+  const blocks = Array.from({ length: 64 }, (_, i) => i);
+  let chunks = 0;
+  const t0 = performance.now();
+  const until = t0 + SAVE_SECONDS * 1000;
+  const m0 = await (await fetch(side.metrics)).text();
+  const bytes0 = streamBytes;
+  await Promise.all(
+    savers.map(async (dp, i) => {
+      for (let n = 0; performance.now() < until; n++) {
+        const r = await dp.save({
+          requestId: `s${i}-${n}`,
+          blockIds: blocks,
+          chunkHashes: Array.from({ length: 16 }, () => randomBytes(32)),
+        });
+        chunks += r.saved;
+        await dp.requestFinished(`s${i}-${n}`, 'finished');
+      }
+    }),
+  );
+  await drained(side.client);
+  const secs = (performance.now() - t0) / 1000;
+  await new Promise((r) => setTimeout(r, 200));
+  const m1 = await (await fetch(side.metrics)).text();
+  const rss = side.proc.rssBytes();
+  for (const dp of savers) await dp.close();
+  sub?.close();
+  await reading;
+  await side.client.close();
+  await side.proc.kill('SIGTERM');
+  const d = (name: string) => metric(m1, name) - metric(m0, name);
+  return {
+    events,
+    chunksPerS: chunks / secs,
+    mibPerS: (chunks * 4096) / MiB / secs,
+    batchesPerS: d('kvtier_events_batches_total') / secs,
+    chunkEventsPerS: d('kvtier_events_chunks_total') / secs,
+    streamKiBPerS: (streamBytes - bytes0) / 1024 / secs,
+    bufferBytes: metric(m1, 'kvtier_events_buffer_bytes'),
+    rssMiB: rss / MiB,
+  };
+}
+
+/** A model whose chunks are 1 MiB: 8 layers, 16 KiB per block per region, 4 blocks per chunk. */
+function bigModel(kvPath: string, engineId: string, state?: string): KvRegistration {
+  const region = 64 * 16 * 1024;
+  return {
+    engineId,
+    device: 'host',
+    modelId: 'bench/fleet-1mib',
+    dtype: 'bf16',
+    numKvHeads: 8,
+    headDim: 64,
+    tpSize: 1,
+    tpRank: 0,
+    mla: false,
+    numBlocks: 64,
+    blockSize: 16,
+    blockStrideBytes: 16 * 1024,
+    chunkSize: 64,
+    layers: Array.from({ length: 8 }, (_, l) => ({
+      k: { path: kvPath, offsetBytes: 2 * l * region },
+      v: { path: kvPath, offsetBytes: (2 * l + 1) * region },
+    })),
+    ...(state === undefined ? {} : { stateFile: { path: state, slots: 4 } }),
+  };
+}
+
+const BIG_KV = 16 * 64 * 16 * 1024;
+
+async function loadAll(
+  listen: string,
+  client: LookupClient,
+  name: string,
+  groups: Buffer[][],
+): Promise<{ seconds: number; tiers: string }> {
+  const kv = join(dir, `${name}.kv`);
+  const state = join(dir, `${name}.state`);
+  writeFileSync(kv, Buffer.alloc(BIG_KV));
+  writeFileSync(state, Buffer.alloc(16));
+  const dp = new DataPlaneClient({ endpoint: listen, requestTimeoutMs: 60_000 });
+  const reg = await dp.register(bigModel(kv, name, state));
+  const tiers = new Map<string, number>();
+  const t0 = performance.now();
+  for (const [g, hashes] of groups.entries()) {
+    const id = `${name}-${g}`;
+    const answer = await client.lookupAsync(
+      id,
+      hashes,
+      hashes.map(() => 64),
+      {
+        namespaces: [reg.namespace],
+      },
+    );
+    if (answer.hitTokens !== 64 * hashes.length)
+      throw new Error(`${name}: lookup found ${answer.hitTokens}`);
+    for (const t of answer.tiers) tiers.set(t.tier, (tiers.get(t.tier) ?? 0) + t.tokens);
+    const r = await dp.load({
+      requestId: id,
+      lookupId: id,
+      blockIds: Array.from({ length: 64 }, (_, i) => i),
+      chunkHashes: hashes,
+      stateSlot: 1,
+    });
+    if (r.invalidBlockIds.length > 0) throw new Error(`${name}: load failed`);
+    await dp.requestFinished(id, 'finished');
+  }
+  const seconds = (performance.now() - t0) / 1000;
+  await dp.close();
+  return { seconds, tiers: [...tiers].map(([t, n]) => `${t} ${(n / 64) | 0}`).join(', ') };
+}
+
+async function crossNode() {
+  const [cluster, s3] = await Promise.all([
+    startRedisCluster(),
+    startS3({ bucket: 'bench-fleet' }),
+  ]);
+  // Generous deadlines: on a loaded machine a 1 s timeout would open the tiers' breakers.
+  const redis = {
+    name: 'redis',
+    type: 'redis',
+    cluster: { nodes: cluster.nodes },
+    keyPrefix: 'b/',
+    timeoutMs: 20_000,
+  };
+  const s3tier = {
+    name: 's3',
+    type: 's3',
+    endpoint: s3.endpoint,
+    bucket: s3.bucket,
+    region: 'us-east-1',
+    forcePathStyle: true,
+    ...S3RVER_CREDENTIALS,
+    timeoutMs: 30_000,
+  };
+  const cpu = { name: 'cpu', type: 'local-cpu', capacityBytes: '256MiB' };
+  const a = await serve('a', { tiers: [cpu, redis, s3tier] });
+  const b = await serve('b', { tiers: [cpu, redis, s3tier] });
+  const c = await serve('c', { tiers: [cpu, s3tier] });
+  const procs: SidecarProcess[] = [a.proc, b.proc, c.proc];
+  try {
+    const kv = join(dir, 'a.kv');
+    writeFileSync(kv, randomBytes(BIG_KV));
+    const dp = new DataPlaneClient({ endpoint: a.listen, requestTimeoutMs: 60_000 });
+    const reg = await dp.register(bigModel(kv, 'saver'));
+    const groups = Array.from({ length: 4 }, () =>
+      Array.from({ length: 16 }, () => randomBytes(32)),
+    );
+    for (const [g, hashes] of groups.entries()) {
+      await dp.save({
+        requestId: `g${g}`,
+        blockIds: Array.from({ length: 64 }, (_, i) => i),
+        chunkHashes: hashes,
+      });
+      await dp.requestFinished(`g${g}`, 'finished');
+    }
+    await dp.close();
+    await drained(a.client);
+    const ns = reg.namespace;
+    const all = groups.flat().map((h) => h.toString('hex'));
+    const bytes = all.length * MiB;
+    const rc = new Cluster(cluster.nodes, { lazyConnect: false });
+    let t0 = performance.now();
+    for (const h of all) await rc.getBuffer(`b/${ns}:${h}`);
+    const rawRedis = (performance.now() - t0) / 1000;
+    rc.disconnect();
+    const sc = s3.client();
+    t0 = performance.now();
+    for (const h of all) {
+      const got = await sc.send(
+        new GetObjectCommand({ Bucket: s3.bucket, Key: `kvtier/${ns}/${h}` }),
+      );
+      await got.Body!.transformToByteArray();
+    }
+    const rawS3 = (performance.now() - t0) / 1000;
+    const onB = await loadAll(b.listen, b.client, 'b', groups);
+    const againB = await loadAll(b.listen, b.client, 'b2', groups);
+    const onC = await loadAll(c.listen, c.client, 'c', groups);
+    const gbps = (s: number) => bytes / s / 1e9;
+    return [
+      {
+        what: 'B: lookup + load (from Redis)',
+        ...onB,
+        gbps: gbps(onB.seconds),
+        raw: gbps(rawRedis),
+        ratio: rawRedis / onB.seconds,
+      },
+      {
+        what: 'B again (host memory)',
+        ...againB,
+        gbps: gbps(againB.seconds),
+        raw: Number.NaN,
+        ratio: Number.NaN,
+      },
+      {
+        what: 'C: lookup + load (from S3)',
+        ...onC,
+        gbps: gbps(onC.seconds),
+        raw: gbps(rawS3),
+        ratio: rawS3 / onC.seconds,
+      },
+    ];
+  } finally {
+    for (const side of [a, b, c]) await side.client.close();
+    for (const p of procs) await p.kill('SIGTERM');
+    await s3.close();
+    await cluster.stop();
+  }
+}
+
+/** The run with the median save rate. */
+function median(rows: SaveRow[]): SaveRow {
+  return [...rows].sort((x, y) => x.chunksPerS - y.chunksPerS)[rows.length >> 1]!;
+}
+
+const PARTS = (process.env.KVTIER_BENCH_FLEET_PARTS ?? 'events,cross').split(',');
+
+try {
+  const offs: SaveRow[] = [];
+  const ons: SaveRow[] = [];
+  if (PARTS.includes('events')) {
+    // Interleaved rounds, the median of each kept: a shared machine's noise spreads over both.
+    for (let round = 0; round < ROUNDS; round++) {
+      offs.push(await saveRun(false));
+      ons.push(await saveRun(true));
+    }
+    const [off, on] = [median(offs), median(ons)];
+    const ratios = ons.map((r, i) => (r.chunksPerS / offs[i]!.chunksPerS).toFixed(2)).join(', ');
+    console.log(
+      `\nEvent stream under a save-heavy run (4 KiB chunks, 4 savers, ${SAVE_SECONDS} s each, median of ${ROUNDS} rounds)`,
+    );
+    printTable(
+      [
+        'events',
+        'chunks/s',
+        'MiB/s',
+        'batches/s',
+        'chunk events/s',
+        'stream KiB/s',
+        'window bytes',
+        'RSS MiB',
+      ],
+      [off, on].map((r) => [
+        r.events ? 'on' : 'off',
+        r.chunksPerS.toFixed(0),
+        r.mibPerS.toFixed(1),
+        r.batchesPerS.toFixed(0),
+        r.chunkEventsPerS.toFixed(0),
+        r.streamKiBPerS.toFixed(0),
+        r.bufferBytes,
+        r.rssMiB.toFixed(0),
+      ]),
+    );
+    console.log(
+      `save rate with events / without: ${(on.chunksPerS / off.chunksPerS).toFixed(2)} (per round: ${ratios})`,
+    );
+  }
+  let loads: Awaited<ReturnType<typeof crossNode>> = [];
+  if (PARTS.includes('cross')) {
+    loads = await crossNode();
+    console.log(
+      '\nCross-node loads: 64 chunks of 1 MiB saved on A (Redis Cluster + S3), loaded elsewhere',
+    );
+    printTable(
+      ['where', 'seconds', 'GB/s', 'raw GB/s', 'ratio', 'found in (chunks)'],
+      loads.map((l) => [
+        l.what,
+        l.seconds.toFixed(3),
+        l.gbps.toFixed(3),
+        Number.isNaN(l.raw) ? '-' : l.raw.toFixed(3),
+        Number.isNaN(l.ratio) ? '-' : l.ratio.toFixed(2),
+        l.tiers,
+      ]),
+    );
+  }
+  const file = await writeResults('fleet.json', {
+    quick: QUICK,
+    loadAverage: loadavg(),
+    saveRuns: { off: offs, on: ons },
+    crossNode: loads,
+  });
+  console.log(`\nwrote ${file}`);
+} finally {
+  rmSync(dir, { recursive: true, force: true });
+}
