@@ -4,8 +4,9 @@ import { createServer } from 'node:net';
 import { dyingWithParent } from '../util/parent-death.ts';
 
 /**
- * The Redis server `kvtier simulate --fault redis-outage` owns: an outage needs a server the
- * command can kill and restart, so each run starts its own.
+ * The Redis servers `kvtier simulate` owns: a Redis tier of a given size (`maxmemory` with LRU
+ * eviction), and `--fault redis-outage`, which needs a server the command can kill and restart.
+ * Each run starts its own.
  */
 
 /** How long a private redis-server may take to accept connections (ms). */
@@ -21,15 +22,20 @@ export class PrivateRedis {
   private constructor(
     readonly port: number,
     readonly dir: string,
+    readonly maxMemoryBytes: number | undefined,
   ) {}
 
   get url(): string {
     return `redis://127.0.0.1:${this.port}`;
   }
 
-  static async start(dir: string): Promise<PrivateRedis> {
+  /**
+   * Starts a server in `dir`; with `maxMemoryBytes` it holds at most that much and evicts the
+   * least recently used keys (`allkeys-lru`).
+   */
+  static async start(dir: string, maxMemoryBytes?: number): Promise<PrivateRedis> {
     await mkdir(dir, { recursive: true });
-    const r = new PrivateRedis(await freePort(), dir);
+    const r = new PrivateRedis(await freePort(), dir, maxMemoryBytes);
     await r.restart();
     return r;
   }
@@ -48,6 +54,9 @@ export class PrivateRedis {
       'no',
       '--dir',
       this.dir,
+      ...(this.maxMemoryBytes === undefined
+        ? []
+        : ['--maxmemory', String(this.maxMemoryBytes), '--maxmemory-policy', 'allkeys-lru']),
     ];
     // Killed with this process even when it is killed first (no orphaned servers).
     const p = spawn(...dyingWithParent(program, args), { stdio: ['ignore', 'pipe', 'ignore'] });

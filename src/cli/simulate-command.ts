@@ -1,56 +1,46 @@
-import { randomBytes } from 'node:crypto';
-import { mkdtemp, rm, writeFile } from 'node:fs/promises';
-import { tmpdir } from 'node:os';
-import { join } from 'node:path';
+import { writeFile } from 'node:fs/promises';
 import { isKvtierError } from '../errors.ts';
 import { chunkKeyTrace, lruBound } from '../sim/bounds.ts';
-import { formatCapacity, renderHitRateChart } from '../sim/chart.ts';
+import { SIM_ENGINE_DEFAULTS } from '../sim/engine-options.ts';
+import { defaultKvCacheBytes, type EngineSpeed, resolveEngineSpeed } from '../sim/gpu.ts';
 import type { PlannedModel } from '../sim/models.ts';
 import {
-  adviceLine,
-  boundRows,
+  boundFlags,
   chunksIn,
-  cpuTierBytes,
-  diskTierBytes,
+  engineCapacity,
+  gainOver,
   gpuBlocksIn,
+  offeredLoad,
+  overload,
+  type PlanRow,
   type PlanShapes,
+  rowBounds,
+  sustainableScale,
 } from '../sim/planner.ts';
-import { formatPlannerLines, sweepTable } from '../sim/planner-report.ts';
-import { formatReport, hitRateWithGpu, kvtierTokens, reportToJson } from '../sim/report.ts';
-import type { SimReport, SimTierConfig, Workload } from '../sim/types.ts';
-import { PrivateRedis } from './private-redis.ts';
+import { formatPlan, type PlanResult } from '../sim/planner-report.ts';
+import { configurationCost, resolveTierModels } from '../sim/tier-models.ts';
+import { calibrationLine } from '../sim/ttft-model.ts';
+import type { SimReport, Workload } from '../sim/types.ts';
+import { loadWorkload, scaleArrivals } from '../sim/workload-spec.ts';
+import type { SimulateCommandIo } from './simulate-io.ts';
+import { adviceLine, writeChart } from './simulate-output.ts';
 import {
   oneLine,
   type Plan,
   parsePlan,
   SIMULATE_COMMAND_USAGE,
-  type SimulationRunOptions,
   UsageError,
 } from './simulate-plan.ts';
+import {
+  type Configuration,
+  configurations,
+  executeRuns,
+  type RunRequest,
+} from './simulate-runs.ts';
 
-export {
-  DEFAULT_FAULT_STEP,
-  FAULT_NAMES,
-  SIMULATE_COMMAND_USAGE,
-  type SimulationRunOptions,
-} from './simulate-plan.ts';
-
-/** Runs one simulation; the engine's `runSimulation` unless a test injects another. */
-export type SimulationRunner = (opts: SimulationRunOptions) => Promise<SimReport>;
-
-/** What `kvtier simulate` reads from and writes to; injected so tests need no process. */
-export interface SimulateCommandIo {
-  /** Writes one line of output (no trailing newline). */
-  out: (line: string) => void;
-  /** Writes one line of diagnostics (no trailing newline). */
-  err: (line: string) => void;
-  /** Writes a whole file (the chart: SVG text, PNG bytes). */
-  writeFile: (path: string, data: string | Uint8Array) => Promise<void>;
-  /** Runs one simulation; default: the engine in `src/sim/engine.ts`. */
-  runSimulation?: SimulationRunner;
-  /** Aborts the run in progress and skips the rest of a sweep. */
-  signal?: AbortSignal;
-}
+export type { PlannerRunOptions as SimulationRunOptions } from '../sim/planner-run.ts';
+export type { SimulateCommandIo, SimulationRunner } from './simulate-io.ts';
+export { DEFAULT_FAULT_STEP, FAULT_NAMES, SIMULATE_COMMAND_USAGE } from './simulate-plan.ts';
 
 /** Exit code when every run finished with 0 mismatched blocks. */
 export const EXIT_OK = 0;
@@ -59,9 +49,20 @@ export const EXIT_MISMATCH = 1;
 /** Exit code for bad flags. */
 export const EXIT_USAGE = 2;
 
-/** Verification model KV bytes per token (the engine's default small model: 4 x 2 x 2 x 16 x 2). */
-const VERIFICATION_BYTES_PER_TOKEN = 512;
+/**
+ * The verification model whose bytes move and are checked: 1 layer, 1 KV head of dim 2, bf16
+ * (8 bytes per token: a 256-token chunk is 2 KiB), small enough that a 2,000-request trace moves
+ * a few gigabytes, not terabytes, and still checks K and V of every position of every block.
+ */
+export const VERIFICATION_MODEL = Object.freeze({ numLayers: 1, numKvHeads: 1, headDim: 2 });
+const VERIFICATION_BYTES_PER_TOKEN = 2 * 1 * 1 * 2 * 2;
 const BLOCK_TOKENS = 16;
+/**
+ * Runs at once by default: every run of a batch up to this many. More runs than cores still pay:
+ * a run waits on its sidecar part of the time, and equal runs packed on fewer workers leave a
+ * core idle at the end (three runs on two workers take two runs' time).
+ */
+const MAX_WORKERS = 8;
 
 /**
  * Runs `kvtier simulate` with `argv` (the arguments after `simulate`). Never throws for bad
@@ -86,137 +87,166 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
     throw err;
   }
 
-  let workload: Workload;
   let planned: PlannedModel;
+  let workload: Workload;
+  let speed: EngineSpeed;
   try {
     planned = await plan.loadModel();
-    workload = await plan.load(io.signal);
+    speed = resolveEngineSpeed(planned, {
+      ...(plan.gpu.name === undefined ? {} : { gpu: plan.gpu.name }),
+      ...(plan.gpu.gpusPerEngine === undefined ? {} : { gpus: plan.gpu.gpusPerEngine }),
+      ...(plan.gpu.mfu === undefined ? {} : { mfu: plan.gpu.mfu }),
+    });
+    workload = await loadWorkload(plan.workloadSpec, io.signal).catch((err: unknown) => {
+      if (isKvtierError(err) || plan.workloadSpec.kind !== 'trace') throw err;
+      throw new Error(`cannot read trace ${plan.workloadSpec.options.path}: ${oneLine(err)}`);
+    });
   } catch (err) {
     io.err(`kvtier simulate: ${oneLine(err)}`);
     return isKvtierError(err, 'KVT_ABORTED') ? EXIT_MISMATCH : EXIT_USAGE;
   }
+  const tierModels = resolveTierModels(speed.gpu.hostLinkBytesPerSec, plan.tierModels);
   const shapes: PlanShapes = {
     planned,
     verificationBytesPerToken: VERIFICATION_BYTES_PER_TOKEN,
-    chunkTokens: plan.base.model?.chunkSize ?? 256,
+    chunkTokens: plan.model.chunkSize ?? 256,
     blockTokens: BLOCK_TOKENS,
   };
-  const fmt = (n: number) => formatCapacity(n);
-  const runBase = { ...plan.base, planned };
-  if (plan.gpuMemoryBytes !== undefined) {
-    runBase.engine = { ...runBase.engine, numGpuBlocks: gpuBlocksIn(plan.gpuMemoryBytes, shapes) };
-  }
+  const gpuBytes = plan.gpuMemoryBytes ?? defaultKvCacheBytes(planned, speed);
+  const engine = { ...plan.engine };
+  engine.numGpuBlocks ??= gpuBlocksIn(gpuBytes, shapes);
+  const req: RunRequest = {
+    plan,
+    shapes,
+    spec: {
+      workloadSpec: plan.workloadSpec,
+      arrivalScale: 1,
+      kvtier: true,
+      engines: plan.engines,
+      router: plan.router,
+      model: { ...VERIFICATION_MODEL, ...plan.model },
+      engine,
+      planned,
+      speed,
+      tierModels,
+      cpuBytes: 0,
+      cpuTierOptions: {},
+      engineTiers: [],
+      sharedTiers: [],
+      sweepTiers: [],
+    },
+    workload,
+    io,
+    workers: plan.workers ?? MAX_WORKERS,
+  };
+  const configs = configurations(plan);
 
-  const run = io.runSimulation ?? defaultRunner;
-  const capacities = plan.sweep?.capacitiesBytes ?? [plan.cpuBytes];
-  const reports: SimReport[] = [];
-  for (const [i, capacity] of capacities.entries()) {
-    if (plan.sweep !== undefined) {
-      io.err(
-        `kvtier simulate: run ${i + 1}/${capacities.length}: ${plan.sweep.tier} tier ${fmt(capacity)} of ${planned.name} KV (${chunksIn(capacity, shapes).toLocaleString('en-US')} chunks)`,
-      );
+  let result: PlanResult;
+  let json: unknown;
+  try {
+    // Load first: the replay's rate, and the run without kvtier every gain is measured against.
+    const capacity = engineCapacity(
+      workload,
+      planned,
+      speed,
+      engine.numGpuBlocks * BLOCK_TOKENS,
+      engine.maxRunning ?? SIM_ENGINE_DEFAULTS.maxRunning,
+    );
+    const own = offeredLoad(workload, planned, speed, capacity, plan.engines);
+    const sustainable =
+      plan.timeScale === undefined && (plan.workloadSpec.kind === 'trace' || plan.teach);
+    const scale = plan.timeScale ?? (sustainable ? sustainableScale(own, plan.utilization) : 1);
+    const how: PlanResult['replay']['how'] =
+      plan.timeScale !== undefined ? 'given' : sustainable ? 'sustainable' : 'own';
+    let off: SimReport | undefined;
+    const runs = [
+      ...(off === undefined ? [{ config: undefined, kvtier: false, shared: true, scale }] : []),
+      ...configs.flatMap((config) => [
+        ...(plan.engines > 1 ? [{ config, kvtier: true, shared: false, scale }] : []),
+        { config, kvtier: true, shared: true, scale },
+      ]),
+    ];
+    io.err(
+      `kvtier simulate: ${runs.length} runs at time scale ${scale.toFixed(2)} (${configs.map((c) => c.label).join(', ')})`,
+    );
+    const pending = executeRuns(req, runs);
+    // The trace's chunk keys need no engine: made here while the runs go on in worker threads.
+    const trace = chunkKeyTrace(workload, shapes.chunkTokens);
+    const infinite = lruBound(trace, Number.POSITIVE_INFINITY).hitRate;
+    const gpuChunks =
+      Math.floor((engine.numGpuBlocks * BLOCK_TOKENS) / shapes.chunkTokens) * plan.engines;
+    const reports = await pending;
+    if (off === undefined) off = reports.shift() as SimReport;
+    const load = offeredLoad(
+      scaleArrivals(workload, scale),
+      planned,
+      speed,
+      capacity,
+      plan.engines,
+    );
+    const rows: PlanRow[] = [];
+    const nodeLocal: PlanRow[] = [];
+    for (const c of configs) {
+      if (plan.engines > 1)
+        nodeLocal.push(row(c, reports.shift() as SimReport, off, load.spanMs, undefined));
+      const r = reports.shift() as SimReport;
+      const b = rowBounds(trace, r, tierChunks(c, shapes, plan.engines), gpuChunks, infinite);
+      rows.push(row(c, r, off, load.spanMs, b));
     }
-    try {
-      reports.push(await runOnce(plan, runBase, workload, capacity, shapes, run, io.signal));
-    } catch (err) {
-      io.err(`kvtier simulate: run failed: ${oneLine(err)}`);
-      return isKvtierError(err, 'KVT_INVALID_ARGUMENT') || isKvtierError(err, 'KVT_CONFIG')
-        ? EXIT_USAGE
-        : EXIT_MISMATCH;
-    }
-  }
-
-  const trace = chunkKeyTrace(workload, shapes.chunkTokens);
-  if (plan.sweep === undefined) {
-    const report = reports[0] as SimReport;
-    const cpuChunks = chunksIn(plan.cpuBytes, shapes);
-    const bounds = {
-      lru: lruBound(trace, cpuChunks).hitRate,
-      infinite: lruBound(trace, Number.POSITIVE_INFINITY).hitRate,
+    for (const r of [...rows, ...nodeLocal])
+      r.cost = costOf(r.capacities, plan.engines, tierModels);
+    result = {
+      workload: workload.name,
+      planned,
+      speed,
+      engines: plan.engines,
+      ...(plan.engines > 1 ? { router: plan.router } : {}),
+      load,
+      replay: { scale, how, ...(how === 'sustainable' ? { target: plan.utilization } : {}) },
+      overloaded: overload(load, off),
+      off,
+      rows,
+      ...(plan.engines > 1 ? { nodeLocal } : {}),
+      sweep: plan.sweeps.length > 0,
+      target: plan.target,
+      calibration: calibrationLine(planned, speed),
+      advice: '',
     };
-    const advice = adviceLine(trace, report, plan.cpuBytes, shapes, fmt);
-    if (plan.json) {
-      io.out(
-        JSON.stringify(
-          { ...reportToJson(report), cpuCapacityBytes: plan.cpuBytes, bounds, advice },
-          null,
-          2,
-        ),
-      );
-    } else {
-      for (const line of formatReport(report).split('\n')) io.out(line);
-      io.out('');
-      for (const line of formatPlannerLines(report, {
-        planned,
-        cpuBytes: plan.cpuBytes,
-        bounds,
-        fmt,
-      }))
-        io.out(line);
-      io.out(advice);
-    }
-  } else {
-    const { tier, capacitiesBytes } = plan.sweep;
-    const rows = boundRows(trace, capacitiesBytes, reports, shapes);
-    if (plan.json) {
-      const runs = rows.map((r) => ({
-        capacityBytes: r.capacityBytes,
-        chunks: r.chunks,
-        lruHitRate: r.lru,
-        lruWithGpuHitRate: r.lruWithGpu,
-        infiniteHitRate: r.infinite,
-        ...reportToJson(r.report),
-      }));
-      io.out(
-        JSON.stringify({ sweep: { tier, capacitiesBytes, model: planned.name }, runs }, null, 2),
-      );
-    } else {
-      for (const line of sweepTable(tier, rows, planned, fmt)) io.out(line);
-    }
-    if (plan.chart !== undefined) {
-      const svg = renderHitRateChart({
-        title: `kvtier vs LRU and infinite cache — ${planned.name}, ${workload.name.replace(/^trace:/, '')}`,
-        xLabel: `${tier === 'cpu' ? 'CPU' : 'disk'} tier capacity, GiB of ${planned.name} KV`,
-        capacitiesBytes,
-        xTicks: capacitiesBytes.map((c) => `${fmtGiB(c)} GiB`),
-        series: [
-          {
-            name: 'kvtier + GPU prefix cache',
-            values: reports.map(hitRateWithGpu),
-          },
-          {
-            name: 'kvtier alone',
-            values: reports.map((r) => kvtierTokens(r) / Math.max(1, r.promptTokens)),
-          },
-          {
-            name: 'LRU cache, tier + GPU capacity',
-            values: rows.map((r) => r.lruWithGpu),
-            dashed: true,
-          },
-          { name: 'LRU cache, tier capacity', values: rows.map((r) => r.lru), dashed: true },
-          { name: 'infinite cache', values: rows.map((r) => r.infinite), dashed: true },
-        ],
-      });
-      await io.writeFile(plan.chart, svg);
-      const png = `${plan.chart.replace(/\.svg$/i, '')}.png`;
-      try {
-        const { renderPng } = await import('../sim/png.ts');
-        await io.writeFile(png, await renderPng(svg));
-        io.err(`kvtier simulate: chart written to ${plan.chart} and ${png}`);
-      } catch (err) {
-        io.err(`kvtier simulate: chart written to ${plan.chart}; no PNG: ${oneLine(err)}`);
-      }
-    }
+    Object.assign(result, adviceLine(result, trace, shapes));
+    json = {
+      workload: result.workload,
+      model: planned,
+      engine: { ...speed, gpusPerEngine: speed.gpus, kvCacheBytes: gpuBytes },
+      engines: plan.engines,
+      router: result.router,
+      replay: result.replay,
+      load,
+      overloaded: result.overloaded ?? null,
+      baseline: withoutPerRequest(off),
+      runs: rows.map(rowJson),
+      ...(plan.engines > 1 ? { nodeLocal: nodeLocal.map(rowJson) } : {}),
+      target: plan.target ?? null,
+      cheapest: result.cheapest?.label ?? null,
+      tierModels,
+      calibration: result.calibration,
+      advice: result.advice,
+    };
+  } catch (err) {
+    io.err(`kvtier simulate: run failed: ${oneLine(err)}`);
+    return isKvtierError(err, 'KVT_INVALID_ARGUMENT') || isKvtierError(err, 'KVT_CONFIG')
+      ? EXIT_USAGE
+      : EXIT_MISMATCH;
   }
-  const mismatched = reports.reduce((n, r) => n + r.mismatchedBlocks, 0);
+  if (plan.json) io.out(JSON.stringify(json, null, 2));
+  else for (const line of formatPlan(result)) io.out(line);
+  if (plan.chart !== undefined) await writeChart(plan.chart, result, io);
+  const mismatched = [
+    result.off,
+    ...result.rows.map((r) => r.report),
+    ...(result.nodeLocal ?? []).map((r) => r.report),
+  ].reduce((n, r) => n + r.mismatchedBlocks, 0);
   if (mismatched > 0) io.err(`kvtier simulate: ${mismatched} mismatched blocks`);
   return mismatched === 0 ? EXIT_OK : EXIT_MISMATCH;
-}
-
-/** GiB with up to one decimal, for chart ticks in the model's GiB. */
-function fmtGiB(bytes: number): string {
-  const g = bytes / 2 ** 30;
-  return `${Number.isInteger(g) ? g : g.toFixed(g < 10 ? 2 : 1)}`;
 }
 
 /** The IO of the real process: stdout, stderr, files, and SIGINT aborting the run. */
@@ -232,65 +262,58 @@ export function processSimulateIo(): SimulateCommandIo {
   };
 }
 
-const defaultRunner: SimulationRunner = async (opts) => {
-  // Loaded on demand so the other commands never pay for the engine.
-  const { runSimulation } = await import('../sim/engine.ts');
-  return await runSimulation(opts);
-};
+function row(
+  c: Configuration,
+  report: SimReport,
+  off: SimReport,
+  spanMs: number,
+  bounds: PlanRow['bounds'],
+): PlanRow {
+  return {
+    label: c.label,
+    capacities: c.capacities,
+    report,
+    gain: gainOver(off, report, spanMs),
+    ...(bounds === undefined ? {} : { bounds }),
+    flags: bounds === undefined ? [] : boundFlags(report, bounds),
+    cost: 0,
+  };
+}
 
-async function runOnce(
-  plan: Plan,
-  base: Plan['base'],
-  workload: Workload,
-  capacity: number,
-  shapes: PlanShapes,
-  run: SimulationRunner,
-  signal: AbortSignal | undefined,
-): Promise<SimReport> {
-  // Each run gets its own directory and Redis key prefix, so no run sees another's chunks.
-  const workDir = await mkdtemp(join(tmpdir(), 'kvtier-sim-'));
-  let redis: PrivateRedis | undefined;
-  try {
-    const lowerTiers: SimTierConfig[] = [];
-    const diskBytes = plan.sweep?.tier === 'disk' ? capacity : plan.diskBytes;
-    if (diskBytes !== undefined) {
-      lowerTiers.push({
-        name: 'disk',
-        type: 'local-disk',
-        options: { path: join(workDir, 'disk'), capacityBytes: diskTierBytes(diskBytes, shapes) },
-      });
-    }
-    let redisUrl = plan.redisUrl;
-    if (plan.base.faults?.redisOutage !== undefined) {
-      // An outage needs a server this command can kill and restart, so it owns one per run.
-      redis = await PrivateRedis.start(join(workDir, 'redis'));
-      redisUrl = redis.url;
-    }
-    if (redisUrl !== undefined) {
-      lowerTiers.push({
-        name: 'redis',
-        type: 'redis',
-        options: { url: redisUrl, keyPrefix: `kvtier-sim-${randomBytes(6).toString('hex')}:` },
-      });
-    }
-    const cpu = plan.sweep?.tier === 'cpu' ? capacity : plan.cpuBytes;
-    const opts: SimulationRunOptions = {
-      ...base,
-      workload,
-      workDir,
-      lowerTiers,
-      cpuBytes: cpuTierBytes(cpu, shapes),
-      // A virtual clock: the schedule does not depend on how fast this machine is.
-      waitsAdvanceClock: false,
-    };
-    if (redis !== undefined) {
-      const r = redis;
-      opts.hooks = { killRedis: () => r.kill(), restartRedis: () => r.restart() };
-    }
-    if (signal !== undefined) opts.signal = signal;
-    return await run(opts);
-  } finally {
-    await redis?.kill();
-    await rm(workDir, { recursive: true, force: true });
+/** Chunks the configuration's kvtier holds: write-through makes its largest tier the bound. */
+function tierChunks(c: Configuration, s: PlanShapes, engines: number): number {
+  let max = 0;
+  for (const [t, b] of Object.entries(c.capacities)) {
+    const perNode = t === 'cpu' || t === 'disk';
+    max = Math.max(max, chunksIn(b, s) * (perNode ? engines : 1));
   }
+  return max;
+}
+
+function costOf(
+  caps: PlanRow['capacities'],
+  engines: number,
+  models: ReturnType<typeof resolveTierModels>,
+): number {
+  const perNode = { cpu: caps.cpu, disk: caps.disk };
+  const shared = { fs: caps.fs, redis: caps.redis, s3: caps.s3 };
+  return engines * configurationCost(perNode, models) + configurationCost(shared, models);
+}
+
+function rowJson(r: PlanRow): unknown {
+  return {
+    label: r.label,
+    capacities: r.capacities,
+    cost: r.cost,
+    gain: r.gain,
+    bounds: r.bounds ?? null,
+    flags: r.flags,
+    report: withoutPerRequest(r.report),
+  };
+}
+
+/** A report without its per-request figures (thousands of lines of JSON that say little). */
+function withoutPerRequest(r: SimReport): SimReport {
+  const { gpuHitTokens: _, engines, ...rest } = r;
+  return engines === undefined ? rest : { ...rest, engines: engines.map(withoutPerRequest) };
 }

@@ -1,5 +1,6 @@
 import { KvtierError } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';
+import { KeyIndex } from './key-index.ts';
 
 /** Options of {@link BlockAllocator}. */
 export interface BlockAllocatorOptions {
@@ -21,9 +22,14 @@ export interface BlockAllocatorStats {
 
 /**
  * The engine's paged GPU block pool with its own prefix cache (vLLM's `BlockPool`): blocks are
- * reference counted; a full block may carry a content key (`blockKey`) under which later
- * requests share it; blocks with no reference sit in a free queue, least recently freed first,
- * and keep their key until they are handed out again (LRU eviction of the prefix cache).
+ * reference counted; a full block may carry a content key under which later requests share it;
+ * blocks with no reference sit in a free queue, least recently freed first, and keep their key
+ * until they are handed out again (LRU eviction of the prefix cache).
+ *
+ * A block's key is the 64-bit prefix hash at its last token (`kv-model.ts`, two 32-bit lanes):
+ * the first 53 bits key a map (a number, not a string: no allocation per block), the other 11 are
+ * kept beside the block and compared on every hit, so two prefixes that share 53 bits are never
+ * taken for one another.
  */
 export class BlockAllocator {
   readonly numBlocks: number;
@@ -31,8 +37,10 @@ export class BlockAllocator {
   /** Free queue as a doubly linked list; index `numBlocks` is the sentinel. */
   readonly #prev: Int32Array;
   readonly #next: Int32Array;
-  readonly #keyOf: (string | undefined)[];
-  readonly #byKey = new Map<string, number>();
+  /** Each block's map key (NaN: none) and the hash's remaining 11 bits. */
+  readonly #keyOf: Float64Array;
+  readonly #checkOf: Uint16Array;
+  readonly #byKey: KeyIndex;
   #free: number;
   #evictions = 0;
 
@@ -43,7 +51,9 @@ export class BlockAllocator {
     this.#ref = new Int32Array(n);
     this.#prev = new Int32Array(n + 1);
     this.#next = new Int32Array(n + 1);
-    this.#keyOf = new Array<string | undefined>(n).fill(undefined);
+    this.#keyOf = new Float64Array(n).fill(Number.NaN);
+    this.#checkOf = new Uint16Array(n);
+    this.#byKey = new KeyIndex(n);
     this.#prev[n] = n;
     this.#next[n] = n;
     for (let b = 0; b < n; b++) this.#append(b);
@@ -53,6 +63,11 @@ export class BlockAllocator {
   /** Blocks with no reference (free queue length). */
   get freeBlocks(): number {
     return this.#free;
+  }
+
+  /** Cached blocks whose key was dropped because the block was reallocated, so far. */
+  get evictions(): number {
+    return this.#evictions;
   }
 
   /** A snapshot of the counters. */
@@ -65,12 +80,16 @@ export class BlockAllocator {
     };
   }
 
-  /** The longest prefix of `keys` held by cached blocks: their ids, not yet referenced. */
-  findCached(keys: readonly string[]): number[] {
+  /**
+   * The cached blocks holding the longest run of a prompt's first `blocks` blocks of
+   * `blockSize` tokens (`hashes`: the prompt's prefix hashes): their ids, not yet referenced.
+   */
+  findCached(hashes: Uint32Array, blocks: number, blockSize: number): number[] {
     const out: number[] = [];
-    for (const k of keys) {
-      const b = this.#byKey.get(k);
-      if (b === undefined) break;
+    for (let j = 0; j < blocks; j++) {
+      const p = (j + 1) * blockSize - 1;
+      const b = this.#byKey.get(mapKey(hashes, p));
+      if (b < 0 || this.#checkOf[b] !== checkBits(hashes, p)) break;
       out.push(b);
     }
     return out;
@@ -107,10 +126,10 @@ export class BlockAllocator {
       const b = this.#next[s]!;
       this.#unlink(b);
       this.#free--;
-      const key = this.#keyOf[b];
-      if (key !== undefined) {
+      const key = this.#keyOf[b]!;
+      if (!Number.isNaN(key)) {
         this.#byKey.delete(key);
-        this.#keyOf[b] = undefined;
+        this.#keyOf[b] = Number.NaN;
         this.#evictions++;
       }
       this.#ref[b] = 1;
@@ -137,18 +156,22 @@ export class BlockAllocator {
     }
   }
 
-  /** Publishes a full block under `key`; the first block cached under a key keeps it. */
-  cache(block: number, key: string): void {
+  /**
+   * Publishes a full block under the prefix hash at position `lastPos` of `hashes` (its last
+   * token); the first block cached under a key keeps it.
+   */
+  cache(block: number, hashes: Uint32Array, lastPos: number): void {
     this.#check(block);
-    if (this.#keyOf[block] !== undefined || this.#byKey.has(key)) return;
+    const key = mapKey(hashes, lastPos);
+    if (!Number.isNaN(this.#keyOf[block]!) || !this.#byKey.setIfAbsent(key, block)) return;
     this.#keyOf[block] = key;
-    this.#byKey.set(key, block);
+    this.#checkOf[block] = checkBits(hashes, lastPos);
   }
 
   /** Forgets every cache key (vLLM `reset_prefix_cache`); references are untouched. */
   reset(): void {
     this.#byKey.clear();
-    this.#keyOf.fill(undefined);
+    this.#keyOf.fill(Number.NaN);
   }
 
   #check(b: number): void {
@@ -174,4 +197,13 @@ export class BlockAllocator {
     this.#next[p] = n;
     this.#prev[n] = p;
   }
+}
+
+/** The first 53 bits of the 64-bit prefix hash at `p`, as a number (exact in a double). */
+export function mapKey(hashes: Uint32Array, p: number): number {
+  return hashes[2 * p]! * 2 ** 21 + (hashes[2 * p + 1]! >>> 11);
+}
+
+function checkBits(hashes: Uint32Array, p: number): number {
+  return hashes[2 * p + 1]! & 0x7ff;
 }

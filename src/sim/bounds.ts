@@ -1,4 +1,5 @@
 import { KvtierError } from '../errors.ts';
+import { mapKey } from './block-allocator.ts';
 import { prefixHashes } from './kv-model.ts';
 import type { Workload } from './types.ts';
 
@@ -14,8 +15,8 @@ import type { Workload } from './types.ts';
 /** The chunk keys of a workload, in arrival order. */
 export interface ChunkKeyTrace {
   chunkSize: number;
-  /** Per request: its prompt length and the keys of its full chunks (prefix-chained). */
-  requests: { promptTokens: number; keys: string[] }[];
+  /** Per request: its id, prompt length and the keys of its full chunks (prefix-chained, 53-bit numbers). */
+  requests: { id: string; promptTokens: number; keys: Float64Array }[];
   /** Sum of prompt tokens. */
   promptTokens: number;
   /** Distinct chunk keys (the working set of an infinite cache). */
@@ -46,21 +47,19 @@ export function chunkKeyTrace(workload: Workload, chunkSize: number): ChunkKeyTr
   const sorted = workload.requests
     .map((r, i) => ({ r, i }))
     .sort((a, b) => a.r.arrivalMs - b.r.arrivalMs || a.i - b.i);
-  const seen = new Set<string>();
+  const seen = new Set<number>();
   let promptTokens = 0;
   const requests = sorted.map(({ r }) => {
     const n = r.promptTokens.length;
     promptTokens += n;
     const full = Math.floor(n / chunkSize);
     const h = prefixHashes(r.promptTokens.subarray(0, full * chunkSize));
-    const keys: string[] = [];
+    const keys = new Float64Array(full);
     for (let c = 0; c < full; c++) {
-      const p = (c + 1) * chunkSize - 1;
-      const k = `${h[2 * p]!.toString(36)}.${h[2 * p + 1]!.toString(36)}`;
-      keys.push(k);
-      seen.add(k);
+      keys[c] = mapKey(h, (c + 1) * chunkSize - 1);
+      seen.add(keys[c]!);
     }
-    return { promptTokens: n, keys };
+    return { id: r.id, promptTokens: n, keys };
   });
   return { chunkSize, requests, promptTokens, uniqueChunks: seen.size };
 }
@@ -80,24 +79,77 @@ export function lruBound(trace: ChunkKeyTrace, capacityChunks: number): BoundRes
       `capacityChunks must be an integer >= 0 or Infinity, got ${capacityChunks}`,
     );
   const cs = trace.chunkSize;
-  // A Map iterates in insertion order: delete + set moves a key to the most recent end.
-  const lru = new Map<string, true>();
+  const lru = new Lru(capacityChunks);
   let hitTokens = 0;
   for (const r of trace.requests) {
-    const lookup = Math.min(r.keys.length, Math.floor(Math.max(0, r.promptTokens - 1) / cs));
+    const lookup = lookupChunks(r, cs);
     let hits = 0;
     while (hits < lookup && lru.has(r.keys[hits]!)) hits++;
     hitTokens += hits * cs;
-    if (capacityChunks === 0) continue;
-    for (const k of r.keys) {
-      lru.delete(k);
-      lru.set(k, true);
-      if (lru.size > capacityChunks) lru.delete(lru.keys().next().value as string);
-    }
+    for (const k of r.keys) lru.touch(k);
   }
   return {
     capacityChunks,
     hitTokens,
     hitRate: trace.promptTokens > 0 ? hitTokens / trace.promptTokens : 0,
   };
+}
+
+/**
+ * What a tier of `tierChunks` (LRU) serves behind the engine's own GPU prefix cache: each request,
+ * in arrival order, starts where the engine's GPU cache stopped for it (`gpuTokens` by request id,
+ * whole chunks), takes the tier's contiguous run of chunks from there, then every full chunk of
+ * its prompt goes to the tier (kvtier saves what the engine computes). The GPU level is the run's
+ * own, not a model of it: a GPU prefix cache shares blocks that running requests hold, which no
+ * LRU of its size describes. Returns the tier's share of prompt tokens.
+ */
+export function tierBehindGpuBound(
+  trace: ChunkKeyTrace,
+  gpuTokens: Readonly<Record<string, number>>,
+  tierChunks: number,
+): number {
+  const cs = trace.chunkSize;
+  const tier = new Lru(tierChunks);
+  let tierTokens = 0;
+  for (const r of trace.requests) {
+    const lookup = lookupChunks(r, cs);
+    const g = Math.min(lookup, Math.floor((gpuTokens[r.id] ?? 0) / cs));
+    let t = g;
+    while (t < lookup && tier.has(r.keys[t]!)) t++;
+    tierTokens += (t - g) * cs;
+    for (const k of r.keys) tier.touch(k);
+  }
+  return trace.promptTokens > 0 ? tierTokens / trace.promptTokens : 0;
+}
+
+/** Full chunks a request looks up: those that end before its last prompt token. */
+function lookupChunks(r: { promptTokens: number; keys: Float64Array }, cs: number): number {
+  return Math.min(r.keys.length, Math.floor(Math.max(0, r.promptTokens - 1) / cs));
+}
+
+/** An LRU set of chunk keys (Infinity: never evicts). */
+class Lru {
+  // A Map iterates in insertion order: delete + set moves a key to the most recent end.
+  readonly #m = new Map<number, true>();
+  readonly #cap: number;
+
+  constructor(capacity: number) {
+    if (capacity !== Number.POSITIVE_INFINITY && (!Number.isInteger(capacity) || capacity < 0))
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `capacityChunks must be an integer >= 0 or Infinity, got ${capacity}`,
+      );
+    this.#cap = capacity;
+  }
+
+  has(k: number): boolean {
+    return this.#m.has(k);
+  }
+
+  touch(k: number): void {
+    if (this.#cap === 0) return;
+    this.#m.delete(k);
+    this.#m.set(k, true);
+    if (this.#m.size > this.#cap) this.#m.delete(this.#m.keys().next().value as number);
+  }
 }

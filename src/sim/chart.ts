@@ -32,6 +32,8 @@ export interface HitRateChartOptions {
    * formatted in bytes. With labels given, the axis label is `xLabel` as is.
    */
   xTicks?: readonly string[];
+  /** Equally spaced points in the given order (categories), instead of a capacity axis. */
+  linear?: boolean;
   /** Image width in px; default 800. */
   widthPx?: number;
   /** Image height in px; default 480. */
@@ -42,10 +44,11 @@ export interface HitRateChartOptions {
 export const HIT_RATE_CHART_DEFAULTS = Object.freeze({ widthPx: 800, heightPx: 480 });
 
 const COLORS = ['#1f77b4', '#d62728', '#2ca02c', '#ff7f0e', '#9467bd'];
-const MARGIN = { left: 80, right: 60, top: 84, bottom: 70 };
-const LABEL_DX = [0, 0, 8, 8, -8];
-const LABEL_DY = [-9, 17, -6, 14, -6];
-const LABEL_ANCHOR = ['middle', 'middle', 'start', 'start', 'end'];
+const MARGIN = { left: 80, right: 64, top: 84, bottom: 70 };
+/** Vertical room of one value label, px (12 px text and a gap). */
+const LABEL_PITCH = 14;
+/** Width of one character of a value label, px (an upper bound for 12 px sans-serif digits). */
+export const LABEL_CHAR_PX = 7;
 
 /**
  * Renders the chart as a standalone SVG document. Points are placed in capacity order on a
@@ -84,9 +87,10 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
     }
   }
 
-  const order = caps.map((_, i) => i).sort((a, b) => (caps[a] as number) - (caps[b] as number));
-  const log = caps.every((c) => c > 0);
-  const xs = caps.map((c) => (log ? Math.log2(c) : c));
+  const order = caps.map((_, i) => i);
+  if (opts.linear !== true) order.sort((a, b) => (caps[a] as number) - (caps[b] as number));
+  const log = opts.linear !== true && caps.every((c) => c > 0);
+  const xs = caps.map((c, i) => (opts.linear === true ? i : log ? Math.log2(c) : c));
   const xMin = Math.min(...xs);
   const xMax = Math.max(...xs);
   const plotW = width - MARGIN.left - MARGIN.right;
@@ -141,14 +145,9 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
     );
     for (const i of order) {
       const v = s.values[i] as number;
-      const x = fmt(px(i));
-      const y = fmt(py(v));
       const label = `${(v * 100).toFixed(1)}%`;
       out.push(
-        `<circle cx="${x}" cy="${y}" r="4" fill="${color}"><title>${esc(`${s.name}: ${label} at ${tick(i)}`)}</title></circle>`,
-        // Five label places around the point (above, below, right-above, right-below, left), one per
-        // series, so that lines that meet stay readable.
-        `<text x="${fmt(px(i) + LABEL_DX[k % 5]!)}" y="${fmt(py(v) + LABEL_DY[k % 5]!)}" text-anchor="${LABEL_ANCHOR[k % 5]}" fill="${color}">${label}</text>`,
+        `<circle cx="${fmt(px(i))}" cy="${fmt(py(v))}" r="4" fill="${color}"><title>${esc(`${s.name}: ${label} at ${tick(i)}`)}</title></circle>`,
       );
     }
     // Legend in rows of two under the title, above the 100% line.
@@ -159,8 +158,46 @@ export function renderHitRateChart(opts: HitRateChartOptions): string {
       `<text x="${lx + 26}" y="${ly}" dominant-baseline="middle">${esc(s.name)}</text>`,
     );
   }
+  // Value labels right of their points, stacked per capacity so that none overlaps another.
+  for (const i of order) {
+    const labels = opts.series
+      .map((s, k) => ({ k, y: py(s.values[i] as number), v: s.values[i] as number }))
+      .sort((a, b) => a.y - b.y || a.k - b.k);
+    const ys = stack(
+      labels.map((l) => l.y + 4),
+      MARGIN.top + 8,
+      bottom,
+    );
+    for (const [j, l] of labels.entries()) {
+      const text = `${(l.v * 100).toFixed(1)}%`;
+      const x = px(i) + 8;
+      const y = ys[j] as number;
+      out.push(
+        // A white backing keeps a label readable where a line runs under it.
+        `<rect x="${fmt(x - 1)}" y="${fmt(y - 10)}" width="${text.length * LABEL_CHAR_PX + 2}" height="13" fill="#ffffff" fill-opacity="0.85"/>`,
+        `<text class="value" x="${fmt(x)}" y="${fmt(y)}" fill="${COLORS[l.k % COLORS.length]}">${text}</text>`,
+      );
+    }
+  }
   out.push('</svg>');
   return `${out.join('\n')}\n`;
+}
+
+/**
+ * Baselines as close to `want` (ascending) as they can be with at least {@link LABEL_PITCH}
+ * between neighbours, kept within `[top, bottom]` when there is room.
+ */
+function stack(want: readonly number[], top: number, bottom: number): number[] {
+  const ys = [...want];
+  for (let j = 0; j < ys.length; j++) {
+    const lo = j === 0 ? top : (ys[j - 1] as number) + LABEL_PITCH;
+    ys[j] = Math.max(ys[j] as number, lo);
+  }
+  for (let j = ys.length - 1; j >= 0; j--) {
+    const hi = j === ys.length - 1 ? bottom : (ys[j + 1] as number) - LABEL_PITCH;
+    ys[j] = Math.min(ys[j] as number, hi);
+  }
+  return ys;
 }
 
 /**

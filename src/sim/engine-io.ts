@@ -15,6 +15,7 @@ import {
   type LookupClientOptions,
 } from '../lookup-client/lookup-client.ts';
 import type { TierTokens } from '../protocol/messages.ts';
+import type { Sidecar } from '../sidecar.ts';
 
 /**
  * The simulator's I/O pieces: a wake-up signal for the step loop (so an idle engine waits for
@@ -261,6 +262,7 @@ export class KvFile {
   readonly regionBytes: number;
   #fd: number | undefined;
   #map: Uint8Array | undefined;
+  #words: Uint32Array | undefined;
 
   /** Creates (or truncates) the file at its full size. */
   constructor(path: string, shape: KvFileShape) {
@@ -272,8 +274,19 @@ export class KvFile {
     const total = 2 * shape.numLayers * this.regionBytes;
     ftruncateSync(this.#fd, total);
     const native = loadNative();
-    if (native.addon !== null && total <= MAX_MAPPED_BYTES)
-      this.#map = new Uint8Array(native.addon.mapFile(path, { writable: true }));
+    if (native.addon !== null && total <= MAX_MAPPED_BYTES) {
+      const buf = native.addon.mapFile(path, { writable: true });
+      this.#map = new Uint8Array(buf);
+      if (shape.bytesPerTokenPerLayer % 4 === 0) this.#words = new Uint32Array(buf, 0, total >>> 2);
+    }
+  }
+
+  /**
+   * The mapped file as 32-bit words (region, block and token offsets are whole words when the
+   * bytes per token and layer are), or undefined when the file is not mapped.
+   */
+  words(): Uint32Array | undefined {
+    return this.#words;
   }
 
   /** The registration of this file for `DataPlaneClient.register`. */
@@ -333,6 +346,7 @@ export class KvFile {
     this.#fd = undefined;
     // The mapping goes with the ArrayBuffer's collection; nothing may touch it after close.
     this.#map = undefined;
+    this.#words = undefined;
   }
 
   #at(blockId: number, region: number, tokenInBlock: number): number {
@@ -346,5 +360,23 @@ export class KvFile {
   #open(): number {
     if (this.#fd === undefined) throw new KvtierError('KVT_CLOSED', 'KV file is closed');
     return this.#fd;
+  }
+}
+
+/** Corrupt objects the sidecar's tiers found so far. */
+export function corruptOf(s: Sidecar): number {
+  return s.storage.tiers.reduce((n, t) => n + (t.stats().corruptObjects ?? 0), 0);
+}
+
+/**
+ * Runs the capacity sweep of each named tier that has one (the fs backend, under its metrics and
+ * breaker decorators), waiting for each.
+ */
+export async function sweepTiers(s: Sidecar, names: readonly string[]): Promise<void> {
+  for (const name of names) {
+    let b: unknown = s.storage.tiers.find((t) => t.name === name);
+    while (b !== undefined && typeof (b as { sweep?: unknown }).sweep !== 'function')
+      b = (b as { inner?: unknown }).inner;
+    if (b !== undefined) await (b as { sweep(): Promise<unknown> }).sweep();
   }
 }

@@ -1,7 +1,24 @@
 import type { LoadIntent, ScheduledRequest } from '../connector/types.ts';
 import { KvtierError } from '../errors.ts';
-import { attribute, discardAdmission, prefillCompleted } from './engine-accounting.ts';
-import { KvChecker } from './engine-kv.ts';
+import {
+  attribute,
+  computedChunks,
+  crossNodeTokens,
+  discardAdmission,
+  emptyAdmission,
+  finishedTiming,
+  newCounters,
+  prefillCompleted,
+} from './engine-accounting.ts';
+import {
+  type FastForwardLimits,
+  fastForwardDecode,
+  headAdmits,
+  newBlocks,
+  quietWaiting,
+} from './engine-fast-forward.ts';
+import { KvChecker, verifyLoad } from './engine-kv.ts';
+import { newReq, publishPrompt } from './engine-request.ts';
 import type {
   Req,
   SchedulerCounters,
@@ -9,13 +26,11 @@ import type {
   SimRequestStatus,
   SimSchedulerDeps,
 } from './engine-scheduler-types.ts';
-import { blockKey, prefixHashes } from './kv-model.ts';
 import type { SimRequest } from './types.ts';
 
 export type {
-  AdmissionSources,
-  CompletedPrefill,
   LoadAllocInfo,
+  SchedulerConnectorLike,
   SchedulerCounters,
   SimEvent,
   SimRequestStatus,
@@ -30,8 +45,6 @@ export type {
  * worker connector and the worker's output back.
  */
 
-const MAX_MISMATCHES = 20;
-
 /** The scheduler state machine; see the module comment. */
 export class SimScheduler {
   readonly #d: SimSchedulerDeps;
@@ -42,34 +55,16 @@ export class SimScheduler {
   /** Requests ended while loading, whose blocks wait for the worker's `finishedRecving`. */
   readonly #awaitingRecv = new Map<string, Req>();
   readonly #pendingInvalid = new Set<number>();
-  readonly #kv: KvChecker;
+  readonly #kv: KvChecker | undefined;
   step = 0;
+  /** Modeled start and end of the step being run (ms), set by the engine before `schedule`. */
+  readonly clock = { startMs: 0, endMs: 0 };
   readonly counters: SchedulerCounters;
 
   constructor(deps: SimSchedulerDeps, tierNames: readonly string[]) {
     this.#d = deps;
-    this.#kv = new KvChecker(deps.kv, deps.blockSize);
-    this.counters = {
-      gpuPrefixCache: 0,
-      byTier: Object.fromEntries(tierNames.map((n) => [n, 0])),
-      recomputed: 0,
-      unserved: 0,
-      preemptions: 0,
-      preemptionRecomputed: 0,
-      preemptionReloaded: 0,
-      prefills: [],
-      pendingLookups: 0,
-      stepsWaited: 0,
-      verifiedBlocks: 0,
-      mismatchedBlocks: 0,
-      mismatches: [],
-      invalidBlocks: 0,
-      recomputedAfterFailure: 0,
-      failedRequests: 0,
-      failedTooLarge: 0,
-      finished: 0,
-      aborted: 0,
-    };
+    this.#kv = deps.kv === undefined ? undefined : new KvChecker(deps.kv, deps.blockSize);
+    this.counters = newCounters(tierNames);
   }
 
   /** Requests neither terminal nor waiting for a delayed free. */
@@ -84,9 +79,7 @@ export class SimScheduler {
 
   /** Requests waiting for a kvtier load. */
   get loading(): number {
-    let n = 0;
-    for (const r of this.#waiting) if (r.status === 'waiting_for_remote_kvs') n++;
-    return n;
+    return this.#waiting.filter((r) => r.status === 'waiting_for_remote_kvs').length;
   }
 
   /** The status of a request, or undefined when it never arrived. */
@@ -104,30 +97,7 @@ export class SimScheduler {
     if (sim.promptTokens.length === 0)
       throw new KvtierError('KVT_INVALID_ARGUMENT', `request ${sim.id} has an empty prompt`);
     const bs = this.#d.blockSize;
-    const hashes = prefixHashes(sim.promptTokens);
-    const keys: string[] = [];
-    for (let j = 0; (j + 1) * bs <= sim.promptTokens.length; j++)
-      keys.push(blockKey(hashes, (j + 1) * bs - 1));
-    const r: Req = {
-      sim,
-      id: sim.id,
-      conn: { requestId: sim.id, promptTokenIds: sim.promptTokens },
-      hashes,
-      keys,
-      promptLen: sim.promptTokens.length,
-      outputTarget: Math.max(1, sim.outputTokens),
-      status: 'waiting',
-      blocks: [],
-      numComputed: 0,
-      numOutput: 0,
-      numPreemptions: 0,
-      cachedBlocks: 0,
-      pendingLookup: false,
-      load: null,
-      delayedFree: false,
-      adm: { gpu: 0, tiers: {}, recomputed: 0 },
-      prefillDone: false,
-    };
+    const r = newReq(sim);
     this.#reqs.set(r.id, r);
     this.#emit({ type: 'status', step: this.step, requestId: r.id, from: 'new', to: 'waiting' });
     if (Math.ceil((r.promptLen + r.outputTarget) / bs) > this.#d.allocator.numBlocks) {
@@ -245,14 +215,16 @@ export class SimScheduler {
       const end = start + numNew;
       const promptEnd = Math.min(end, r.promptLen);
       if (start < promptEnd) {
-        this.#kv.write(r.hashes, r.blocks, start, promptEnd);
+        this.#kv?.write(r.hashes, r.blocks, start, promptEnd);
         r.adm.recomputed += promptEnd - start;
+        computedChunks(r, this.#d, start, promptEnd);
         if (promptEnd === r.promptLen) prefillCompleted(this.counters, r);
       }
       tokens += numNew;
       r.numComputed = end;
-      this.#publish(r);
+      publishPrompt(r, this.#d.allocator, this.#d.blockSize);
       if (r.numComputed >= r.promptLen + r.numOutput) {
+        if (r.numOutput === 0) r.firstTokenMs ??= this.clock.endMs;
         r.numOutput++;
         if (r.numOutput >= r.outputTarget) this.#end(r, 'finished');
       }
@@ -279,9 +251,43 @@ export class SimScheduler {
     return this.#d.connector.resetPrefixCache();
   }
 
-  /** Whether any waiting request is waiting on its lookup. */
-  get waitingOnLookups(): boolean {
-    return this.#waiting.some((r) => r.pendingLookup);
+  /** The waiting queue and the running list, in order (read-only views for the engine). */
+  get waitingRequests(): readonly Req[] {
+    return this.#waiting;
+  }
+  get runningRequests(): readonly Req[] {
+    return this.#running;
+  }
+
+  /** A request's state, or undefined when it never arrived. */
+  request(requestId: string): Readonly<Req> | undefined {
+    return this.#reqs.get(requestId);
+  }
+
+  /**
+   * Decode-only steps from `clock.startMs` in a tight loop (see `engine-fast-forward.ts`), when no
+   * free is delayed and nothing waits, or (`withWaiting`: the connector answers every lookup at
+   * once, with nothing to load) when no waiting request holds blocks or awaits an answer; the
+   * caller checks that nothing is in flight.
+   */
+  fastForwardDecode(o: Omit<FastForwardLimits, 'nowMs' | 'admits'> & { withWaiting?: boolean }): {
+    steps: number;
+    endMs: number;
+  } {
+    const d = this.#d;
+    const none = { steps: 0, endMs: this.clock.startMs };
+    const run = this.#running;
+    if (this.delayedFrees > 0 || run.length === 0 || run.length > d.maxTokensPerStep) return none;
+    const w = this.#waiting;
+    if (w.length > 0 && (o.withWaiting !== true || !w.every(quietWaiting))) return none;
+    const admits = w.length > 0 ? () => headAdmits(w[0] as Req, run.length, d) : undefined;
+    const r = fastForwardDecode(run, d.allocator, d.blockSize, {
+      ...o,
+      nowMs: this.clock.startMs,
+      admits,
+    });
+    this.step += r.steps;
+    return r;
   }
 
   #scheduleWaiting(budgetIn: number, scheduled: { r: Req; numNew: number }[]): void {
@@ -307,7 +313,7 @@ export class SimScheduler {
       let hits: number[] = [];
       // A request that holds blocks came back from a load: it asks nothing again.
       if (r.blocks.length === 0) {
-        hits = d.allocator.findCached(r.keys.slice(0, Math.floor((r.promptLen - 1) / bs)));
+        hits = d.allocator.findCached(r.hashes, Math.floor((r.promptLen - 1) / bs), bs);
         const local = hits.length * bs;
         const [ext, loadAsync] = d.connector.getNumNewMatchedTokens(r.conn, local);
         if (ext === null) {
@@ -317,6 +323,9 @@ export class SimScheduler {
           stillWaiting.push(r);
           continue;
         }
+        // An answer after a pending lookup is kept by the connector; an immediate 0 may have
+        // sent no lookup at all, and a later ask might.
+        r.answered ||= r.pendingLookup;
         r.pendingLookup = false;
         if (loadAsync && ext > 0) {
           // Blocks for the whole prompt, not just the loaded part: a loaded request that then
@@ -330,6 +339,7 @@ export class SimScheduler {
           this.#takeHits(r, hits);
           this.#ensureBlocks(r, r.promptLen);
           const tokens = this.#allocIntent(r, ext);
+          r.firstHitTokens ??= local + tokens;
           if (tokens > 0) {
             r.load = {
               firstToken: local,
@@ -338,16 +348,18 @@ export class SimScheduler {
               lookupId: '',
             };
             this.#setStatus(r, 'waiting_for_remote_kvs');
+            r.firstScheduledMs ??= this.clock.startMs;
             stillWaiting.push(r);
             continue;
           }
           hits = [];
         }
         computed = local;
+        r.firstHitTokens ??= local;
       }
       const numNew = Math.min(r.promptLen + r.numOutput - computed, budget);
-      const need = Math.ceil((computed + numNew) / bs) - Math.max(r.blocks.length, hits.length);
-      if (!d.allocator.canAllocate(hits, Math.max(0, need))) {
+      const need = newBlocks(r, computed, Math.max(r.blocks.length, hits.length), budget, bs);
+      if (!d.allocator.canAllocate(hits, need)) {
         stop = true;
         stillWaiting.push(r);
         continue;
@@ -357,6 +369,7 @@ export class SimScheduler {
       r.numComputed = computed;
       this.#running.push(r);
       this.#setStatus(r, 'running');
+      r.firstScheduledMs ??= this.clock.startMs;
       scheduled.push({ r, numNew });
       budget -= numNew;
     }
@@ -393,6 +406,8 @@ export class SimScheduler {
   }
 
   #preempt(r: Req): void {
+    r.ownProgress = Math.max(r.ownProgress, r.ownComputedEnd);
+    r.answered = false;
     this.#running = this.#running.filter((x) => x !== r);
     this.#waiting = this.#waiting.filter((x) => x !== r);
     this.#d.allocator.free(r.blocks);
@@ -410,25 +425,11 @@ export class SimScheduler {
   #settleLoad(r: Req, load: NonNullable<Req['load']>): void {
     const d = this.#d;
     const bs = d.blockSize;
-    let valid = load.blocks.length;
-    for (let i = 0; i < load.blocks.length; i++) {
-      if (this.#pendingInvalid.has(load.blocks[i]!)) {
-        valid = Math.min(valid, i);
-        this.#pendingInvalid.delete(load.blocks[i]!);
-      }
-    }
-    const firstBlock = load.firstToken / bs;
-    for (let i = 0; i < valid; i++) {
-      const layer = this.#kv.verify(r.hashes, firstBlock + i, load.blocks[i]!);
-      if (layer < 0) this.counters.verifiedBlocks++;
-      else {
-        this.counters.mismatchedBlocks++;
-        if (this.counters.mismatches.length < MAX_MISMATCHES)
-          this.counters.mismatches.push({ requestId: r.id, block: firstBlock + i, layer });
-      }
-    }
+    const valid = verifyLoad(this.#kv, this.counters, r, load, this.#pendingInvalid);
     const validTokens = valid * bs;
     attribute(r, d.tiersOf(load.lookupId), load.firstToken, validTokens);
+    if (d.ownChunks !== undefined)
+      r.adm.crossNode += crossNodeTokens(r, d.ownChunks, load.firstToken, validTokens, d.chunkSize);
     r.load = null;
     this.#emit({
       type: 'load-done',
@@ -438,7 +439,7 @@ export class SimScheduler {
       validTokens,
     });
     r.numComputed = load.firstToken + validTokens;
-    this.#publish(r);
+    publishPrompt(r, this.#d.allocator, this.#d.blockSize);
     if (valid < load.blocks.length) {
       this.counters.invalidBlocks += load.blocks.length - valid;
       if (d.kvLoadFailurePolicy === 'fail') {
@@ -451,24 +452,14 @@ export class SimScheduler {
     this.#setStatus(r, r.numPreemptions > 0 ? 'preempted' : 'waiting');
   }
 
-  /** Publishes the request's full, computed prompt blocks to the prefix cache. */
-  #publish(r: Req): void {
-    const full = Math.min(
-      Math.floor(Math.min(r.numComputed, r.promptLen) / this.#d.blockSize),
-      r.blocks.length,
-    );
-    for (let j = r.cachedBlocks; j < full; j++) this.#d.allocator.cache(r.blocks[j]!, r.keys[j]!);
-    r.cachedBlocks = Math.max(r.cachedBlocks, full);
-  }
-
   /** Terminal end: the connector decides whether the blocks wait for the worker. */
   #end(r: Req, to: 'finished' | 'failed' | 'aborted'): void {
     this.#running = this.#running.filter((x) => x !== r);
     this.#waiting = this.#waiting.filter((x) => x !== r);
-    if (to === 'finished') this.counters.finished++;
+    if (to === 'finished') finishedTiming(this.counters, r, this.clock.endMs);
     if (to === 'aborted') this.counters.aborted++;
     if (!r.prefillDone) this.counters.unserved += r.promptLen;
-    r.adm = { gpu: 0, tiers: {}, recomputed: 0 };
+    r.adm = emptyAdmission();
     r.conn = { ...r.conn, aborted: to !== 'finished' };
     // Ended while loading: the blocks wait for the load's report (vLLM's finish_requests).
     const loading = r.status === 'waiting_for_remote_kvs' && r.load !== null;

@@ -1,26 +1,17 @@
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setImmediate as nextTurn } from 'node:timers/promises';
-import { defaultConfig, type KvtierConfig } from '../config/config.ts';
-import { KvtierSchedulerConnector } from '../connector/scheduler-connector.ts';
-import { KvtierWorkerConnector } from '../connector/worker-connector.ts';
 import { abortedError, KvtierError } from '../errors.ts';
-import { LookupClient } from '../lookup-client/lookup-client.ts';
-import { Sidecar } from '../sidecar.ts';
-import { BlockAllocator, type BlockAllocatorStats } from './block-allocator.ts';
+import type { Sidecar } from '../sidecar.ts';
+import type { BlockAllocatorStats } from './block-allocator.ts';
 import { FaultInjector, validateFaults } from './engine-faults.ts';
-import { Activity, KvFile, SimDataPlaneClient, SimLookupClient } from './engine-io.ts';
+import { Activity } from './engine-io.ts';
+import { type NodeTiming, SimNode } from './engine-node.ts';
 import { resolveSimOptions } from './engine-options.ts';
-import {
-  type CompletedPrefill,
-  type LoadAllocInfo,
-  type SimEvent,
-  type SimRequestStatus,
-  SimScheduler,
-} from './engine-scheduler.ts';
-import { DEFAULT_MODEL, kvBytesPerToken, modelPreset, type PlannedModel } from './models.ts';
-import { loadSeconds, prefillSeconds } from './ttft-model.ts';
+import { nodeReport } from './engine-report.ts';
+import type { LoadAllocInfo, SimEvent, SimRequestStatus } from './engine-scheduler.ts';
+import { DEFAULT_MODEL, modelPreset, type PlannedModel } from './models.ts';
 import type {
   SimEngineOptions,
   SimFaults,
@@ -30,36 +21,7 @@ import type {
   Workload,
 } from './types.ts';
 
-/** p50, p90 and mean of `values` (0 for none). */
-function summarize(values: number[]): { p50: number; p90: number; mean: number } {
-  const v = [...values].sort((a, b) => a - b);
-  const pct = (p: number) =>
-    v.length === 0 ? 0 : v[Math.min(v.length - 1, Math.ceil(p * v.length) - 1)]!;
-  return {
-    p50: pct(0.5),
-    p90: pct(0.9),
-    mean: v.length === 0 ? 0 : v.reduce((a, b) => a + b, 0) / v.length,
-  };
-}
-
-/** The modeled TTFT of every completed prefill, with kvtier and had kvtier served nothing (ms). */
-function modeledTtft(
-  m: PlannedModel,
-  prefills: readonly CompletedPrefill[],
-  tierTypes: Record<string, string>,
-): { withKvtier: ReturnType<typeof summarize>; withoutKvtier: ReturnType<typeof summarize> } {
-  const withK: number[] = [];
-  const withoutK: number[] = [];
-  for (const p of prefills) {
-    let load = 0;
-    for (const [tier, n] of Object.entries(p.tiers))
-      load += loadSeconds(m, n, tierTypes[tier] ?? tier);
-    withK.push(1000 * (prefillSeconds(m, p.promptTokens - p.recomputed, p.promptTokens) + load));
-    withoutK.push(1000 * prefillSeconds(m, p.gpu, p.promptTokens));
-  }
-  return { withKvtier: summarize(withK), withoutKvtier: summarize(withoutK) };
-}
-
+export type { NodeTiming } from './engine-node.ts';
 export { SIM_ENGINE_DEFAULTS, SIM_MODEL_DEFAULTS } from './engine-options.ts';
 export type { LoadAllocInfo, SimEvent, SimRequestStatus } from './engine-scheduler.ts';
 
@@ -133,23 +95,36 @@ export interface RunSimulationOptions {
    * tests use so that a loaded machine cannot reorder arrivals against saves.
    */
   waitsAdvanceClock?: boolean;
+  /**
+   * The planner's time model: steps last what the GPU model says, a kvtier load is ready only
+   * after its modeled transfer, decode-only phases run in a tight loop (without `hooks.onStep`).
+   * Without it, a step lasts its tokens over `engine.prefillTokensPerSec` (at least 1 ms).
+   */
+  timing?: NodeTiming;
+  /**
+   * Await, before each step, what it depends on (due loads, saves a lookup could find, lookups),
+   * so the schedule does not depend on how fast this machine is. Default false.
+   */
+  settle?: boolean;
+  /** kvtier on (default) or off: the same engine with nothing looked up, loaded or saved. */
+  kvtier?: boolean;
+  /** More options of the CPU tier (`local-cpu`), e.g. `pageBytes`. */
+  cpuTierOptions?: Record<string, unknown>;
+  /** Lower tiers whose capacity a sweep enforces every 60 s of modeled time (fs-backed tiers). */
+  sweepTiers?: readonly string[];
   onProgress?: (step: number, done: number, total: number) => void;
   signal?: AbortSignal;
   hooks?: SimHooks;
 }
 
-const MODEL_ID = 'kvtier-sim/deterministic';
-
 /**
  * Runs a workload through a vLLM-v1-like engine against a real kvtier sidecar started in-process
  * (lookups and the data plane over ZMQ on loopback, a host-device KV file under `workDir`), and
  * verifies every loaded block byte for byte against recomputation. Closes everything it started,
- * also on error.
+ * also on error. With `kvtier: false` the same engine runs without a sidecar.
  *
  * `tokens.byTier` counts tokens loaded valid, credited to the tier each chunk's lookup found it
- * in (the answers' tier breakdown, recorded by the simulator's lookup client). Token sources are
- * counted per admission, so after preemptions or failed loads they add up to more than the
- * prompt tokens.
+ * in (the answers' tier breakdown, recorded by the simulator's lookup client).
  * @throws KvtierError `KVT_INVALID_ARGUMENT` for bad options; `KVT_ABORTED` when `signal` aborts;
  *   `KVT_INTERNAL` if the engine can make no progress (a bug); `KVT_CONFIG` when a tier fails.
  */
@@ -159,6 +134,7 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
   const planned = opts.planned ?? modelPreset(DEFAULT_MODEL);
   const hooks = opts.hooks ?? {};
   const faults = opts.faults ?? {};
+  const kvtier = opts.kvtier ?? true;
   validateFaults(faults, o.lowerTiers.at(-1), hooks);
   const started = performance.now();
   const ownDir = opts.workDir === undefined;
@@ -169,114 +145,35 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
       ? { ...t, options: { ...t.options, path: join(dir, t.name) } }
       : t,
   );
-  const config: KvtierConfig = {
-    ...defaultConfig(),
-    listen: 'tcp://127.0.0.1:*',
-    metrics: null,
-    tiers: [
-      { name: 'cpu', type: 'local-cpu', options: { capacityBytes: o.cpuBytes } },
-      ...lowerTiers,
-    ],
-    logLevel: 'silent',
-  };
-  const bptl = model.numKvHeads * model.headDim * 2;
-  const tokenBytes = 2 * model.numLayers * bptl;
   const activity = new Activity();
-  let sidecar: Sidecar | undefined;
-  let kv: KvFile | undefined;
-  let worker: KvtierWorkerConnector | undefined;
-  let connector: KvtierSchedulerConnector | undefined;
-  let admin: LookupClient | undefined;
-  let corruptSeen = 0;
-  let shmDir: string | undefined;
+  let node: SimNode | undefined;
   try {
-    sidecar = await Sidecar.start({ config, processMetrics: false });
-    const endpoint = sidecar.server.endpoint;
-    // tmpfs when there is one: the engine's KV cache is memory, never written back to a disk.
-    shmDir = existsSync('/dev/shm') ? mkdtempSync('/dev/shm/kvtier-sim-') : undefined;
-    kv = new KvFile(join(shmDir ?? dir, 'kv.bin'), {
-      numBlocks: engine.numGpuBlocks,
-      numLayers: model.numLayers,
-      blockSize: model.blockSize,
-      bytesPerTokenPerLayer: bptl,
-    });
-    const dp = new SimDataPlaneClient({
-      endpoint,
-      heartbeatIntervalMs: 0,
-      activity,
-      chunkBytes: model.chunkSize * tokenBytes,
-      tokenBytes,
-    });
-    worker = new KvtierWorkerConnector({ client: dp });
-    const registration = kv.registration({
+    node = await SimNode.start({
       engineId: 'sim-engine-0',
-      modelId: MODEL_ID,
-      numKvHeads: model.numKvHeads,
-      headDim: model.headDim,
-      chunkSize: model.chunkSize,
-    });
-    const reg = await worker.registerKvCaches(registration);
-    let skewMs = 0;
-    const lookup = new SimLookupClient({
-      endpoint,
-      namespaces: [reg.namespace],
-      lookupTimeoutMs: engine.lookupTimeoutMs,
-      now: () => Date.now() + skewMs,
+      model,
+      engine,
+      kvtier,
+      cpuTier: { ...opts.cpuTierOptions, capacityBytes: o.cpuBytes },
+      lowerTiers,
+      dir,
       activity,
+      ...(opts.timing === undefined ? {} : { timing: opts.timing }),
+      settle: opts.settle === true,
+      ...(opts.sweepTiers === undefined || opts.sweepTiers.length === 0
+        ? {}
+        : { sweepTiers: opts.sweepTiers }),
+      ...(hooks.onEvent === undefined ? {} : { onEvent: hooks.onEvent }),
+      ...(hooks.onLoadAlloc === undefined ? {} : { onLoadAlloc: hooks.onLoadAlloc }),
     });
-    connector = new KvtierSchedulerConnector({
-      lookup,
-      blockSize: reg.blockSize,
-      chunkSize: reg.chunkSize,
-      partialChunkLoads: engine.partialChunkLoads,
-    });
-    admin = new LookupClient({ endpoint });
-    const allocator = new BlockAllocator({ numBlocks: engine.numGpuBlocks });
-    const sched = new SimScheduler(
-      {
-        connector,
-        allocator,
-        kv,
-        blockSize: model.blockSize,
-        chunkSize: model.chunkSize,
-        maxTokensPerStep: engine.maxTokensPerStep,
-        maxRunning: engine.maxRunning,
-        kvLoadFailurePolicy: engine.kvLoadFailurePolicy,
-        tiersOf: (id) => {
-          // Asked once, when the lookup's load settles.
-          const t = lookup.tiersByLookup.get(id);
-          lookup.tiersByLookup.delete(id);
-          return t;
-        },
-        ...(hooks.onEvent === undefined ? {} : { onEvent: hooks.onEvent }),
-        ...(hooks.onLoadAlloc === undefined ? {} : { onLoadAlloc: hooks.onLoadAlloc }),
-      },
-      config.tiers.map((t) => t.name),
-    );
-    const w = worker;
-    const corruptOf = (s: Sidecar) =>
-      s.storage.tiers.reduce((n, t) => n + (t.stats().corruptObjects ?? 0), 0);
+    const n = node;
+    const sched = n.sched;
     const injector = new FaultInjector(faults, lowerTiers.at(-1), {
-      sidecar: () => sidecar!,
-      restartSidecar: async () => {
-        // A graceful restart: transfers drain first, the lower tiers must bring the data back.
-        await w.whenIdle();
-        corruptSeen += corruptOf(sidecar!);
-        await sidecar!.close();
-        sidecar = await Sidecar.start({
-          config: { ...config, listen: endpoint },
-          processMetrics: false,
-        });
-        const again = await w.registerKvCaches(registration);
-        if (again.namespace !== reg.namespace)
-          throw new KvtierError('KVT_INTERNAL', 'namespace changed across a sidecar restart');
-      },
-      admin,
-      namespace: () => reg.namespace,
-      skewLookupClock: (ms) => {
-        skewMs += ms;
-      },
-      pendingLookups: () => lookup.pendingLookups,
+      sidecar: () => n.sidecar as Sidecar,
+      restartSidecar: () => n.restartSidecar(),
+      admin: n.admin as NonNullable<typeof n.admin>,
+      namespace: () => n.namespace,
+      skewLookupClock: (ms) => n.skewLookupClock(ms),
+      pendingLookups: () => n.lookup?.pendingLookups ?? 0,
       lookupTimeoutMs: engine.lookupTimeoutMs,
       ...(hooks.killRedis === undefined ? {} : { killRedis: () => hooks.killRedis!() }),
       ...(hooks.restartRedis === undefined ? {} : { restartRedis: () => hooks.restartRedis!() }),
@@ -294,16 +191,18 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
       abort: (id) => sched.abort(id),
       resetPrefixCache: () => sched.resetPrefixCache(),
       status: (id) => sched.status(id),
-      blockStats: () => allocator.stats(),
+      blockStats: () => n.allocator.stats(),
       get trackedRequests() {
-        return connector!.trackedRequests;
+        return n.connector.trackedRequests;
       },
       get sidecar() {
-        return sidecar!;
+        return n.sidecar as Sidecar;
       },
     };
     const clockMs = () =>
       o.timeScale > 0 ? (performance.now() - started) / o.timeScale : modelNowMs;
+    const fastForward =
+      opts.timing !== undefined && hooks.onStep === undefined && o.timeScale === 0;
 
     for (;;) {
       if (opts.signal?.aborted) throw abortedError(opts.signal, 'simulation');
@@ -313,61 +212,53 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
       await hooks.onStep?.(step, ctl);
       await injector.beforeStep(step);
       let admitted = 0;
-      for (
-        const now = clockMs();
-        next < total && requests[next]!.arrivalMs <= now;
-        next++, admitted++
-      )
+      const now = clockMs();
+      for (; next < total && requests[next]!.arrivalMs <= now; next++, admitted++)
         sched.admit(requests[next]!);
-
-      const { finishedSending, finishedRecving } = w.getFinished();
-      const invalid = w.getBlockIdsWithLoadErrors();
-      connector.updateConnectorOutput({
-        finishedSending,
-        finishedRecving,
-        invalidBlockIds: invalid,
+      const res = await n.step(now, {
+        afterSchedule: () => injector.afterSchedule(step),
+        beforeLoads: (loads) => injector.beforeLoads(step, loads),
       });
-      sched.processWorkerOutput(finishedSending, finishedRecving, invalid);
-
-      const { scheduled } = sched.schedule();
-      const meta = connector.buildConnectorMeta({ scheduled: sched.connectorStep(scheduled) });
-      sched.noteLoads(meta.loads);
-      const stall = injector.afterSchedule(step);
-      await injector.beforeLoads(step, meta.loads);
-      const preempted = meta.finished.filter((e) => e.kind === 'preempted').map((e) => e.requestId);
-      // Blocks of preempted requests are reused this step: no save may still read them.
-      if (preempted.length > 0) await w.handlePreemptions(preempted);
-      w.startLoadKv(meta);
-      const computed = sched.forward(scheduled);
-      w.waitForSave();
-      if (computed > 0) modelNowMs += Math.max(1, (computed * 1000) / engine.prefillTokensPerSec);
+      if (o.timeScale === 0) modelNowMs = now + res.stepMs;
+      if (fastForward) {
+        const until = next < total ? requests[next]!.arrivalMs : Number.POSITIVE_INFINITY;
+        modelNowMs = n.fastForward(modelNowMs, until);
+        step = sched.step;
+      }
       const c = sched.counters;
       opts.onProgress?.(step, c.finished + c.aborted + c.failedRequests + c.failedTooLarge, total);
 
-      if (next >= total && sched.liveRequests === 0 && sched.delayedFrees === 0) break;
-      if (stall) continue;
-      const progress =
-        scheduled.length > 0 ||
-        admitted > 0 ||
-        meta.loads.length + meta.saves.length + meta.finished.length > 0 ||
-        finishedSending.size + finishedRecving.size > 0;
-      if (progress || activity.count !== seen) {
+      if (next >= total && n.done) break;
+      if (res.stall) continue;
+      if (res.progress || admitted > 0) {
         await nextTurn();
         continue;
       }
-      // Idle: wait for a lookup answer, a transfer, a lookup deadline or the next arrival.
+      if (activity.count !== seen) {
+        await nextTurn();
+        continue;
+      }
+      // Idle: wait for a lookup answer, a transfer, a lookup deadline, a due load or the next arrival.
       const waits: number[] = [];
-      const deadline = lookup.nextDeadline();
-      if (deadline !== undefined) waits.push(deadline - lookup.clock());
-      const inFlight = deadline !== undefined || dp.inFlight > 0;
-      if (next < total) {
-        const due = requests[next]!.arrivalMs;
-        if (o.timeScale > 0) waits.push(due * o.timeScale - (performance.now() - started));
-        else if (!inFlight) {
-          modelNowMs = Math.max(modelNowMs, due);
+      const deadline = n.lookup?.nextDeadline();
+      if (deadline !== undefined)
+        waits.push(deadline - (n.lookup as NonNullable<typeof n.lookup>).clock());
+      const inFlight = n.inFlight;
+      const due = n.nextDueMs();
+      if (o.timeScale === 0 && !inFlight) {
+        const at = Math.min(
+          due ?? Number.POSITIVE_INFINITY,
+          next < total ? requests[next]!.arrivalMs : Number.POSITIVE_INFINITY,
+        );
+        if (Number.isFinite(at)) {
+          modelNowMs = Math.max(modelNowMs, at);
           continue;
         }
       }
+      if (next < total && o.timeScale > 0)
+        waits.push(requests[next]!.arrivalMs * o.timeScale - (performance.now() - started));
+      if (due !== undefined && o.timeScale > 0)
+        waits.push(due * o.timeScale - (performance.now() - started));
       if (!inFlight && waits.length === 0)
         throw new KvtierError(
           'KVT_INTERNAL',
@@ -384,79 +275,18 @@ export async function runSimulation(opts: RunSimulationOptions): Promise<SimRepo
     }
 
     await hooks.onFinish?.(ctl);
-    const c = sched.counters;
-    corruptSeen += corruptOf(sidecar);
-    const tierTypes = Object.fromEntries(config.tiers.map((t) => [t.name, t.type]));
-    const ttft = modeledTtft(planned, c.prefills, tierTypes);
-    const plannedBytes = kvBytesPerToken(planned);
-    const faultsInjected = injector.fired.map((f) => `${f.kind}@step ${f.step}: ${f.detail}`);
-    if (lookup.timedOut > 0)
-      faultsInjected.push(
-        `lookups past their deadline: ${lookup.timedOut} (answered 0, recomputed)`,
-      );
-    if (corruptSeen > 0)
-      faultsInjected.push(
-        `corrupt chunks detected by the sidecar: ${corruptSeen} (treated as misses, removed)`,
-      );
-    if (c.invalidBlocks > 0)
-      faultsInjected.push(
-        `failed loads: ${c.invalidBlocks} invalid blocks (${engine.kvLoadFailurePolicy === 'recompute' ? `${c.recomputedAfterFailure} tokens recomputed` : `${c.failedRequests} requests failed`})`,
-      );
-    const stats = w.stats();
-    if (stats.savesFailed > 0)
-      faultsInjected.push(`saves failed: ${stats.savesFailed} (only future hits lost)`);
-    return {
-      workload: opts.workload.name,
-      requests: total,
-      finished: c.finished,
-      failed: c.failedRequests + c.failedTooLarge,
-      aborted: c.aborted,
-      promptTokens: requests.reduce((n, r) => n + r.promptTokens.length, 0),
-      tokens: {
-        gpuPrefixCache: c.gpuPrefixCache,
-        byTier: c.byTier,
-        recomputed: c.recomputed,
-        unserved: c.unserved,
-      },
-      preemption: {
-        preemptions: c.preemptions,
-        recomputedTokens: c.preemptionRecomputed,
-        reloadedTokens: c.preemptionReloaded,
-      },
-      model: {
-        name: planned.name,
-        kvBytesPerToken: plannedBytes,
-        verificationBytesPerToken: tokenBytes,
-        gpuCacheTokens: engine.numGpuBlocks * model.blockSize,
-        chunkTokens: model.chunkSize,
-      },
-      bytes: { saved: dp.bytesSaved, loaded: dp.bytesLoaded },
-      modelBytes: {
-        saved: (dp.bytesSaved / tokenBytes) * plannedBytes,
-        loaded: (dp.bytesLoaded / tokenBytes) * plannedBytes,
-      },
-      pendingLookups: { lookups: c.pendingLookups, stepsWaited: c.stepsWaited },
-      verifiedBlocks: c.verifiedBlocks,
-      mismatchedBlocks: c.mismatchedBlocks,
-      mismatches: c.mismatches,
-      failures: {
-        invalidBlocks: c.invalidBlocks,
-        recomputedAfterFailure: c.recomputedAfterFailure,
-        failedRequests: c.failedRequests,
-        faultsInjected,
-      },
-      modeledTtftMs: ttft.withKvtier,
-      modeledTtftWithoutKvtierMs: ttft.withoutKvtier,
+    return nodeReport(n, {
+      workload: opts.workload,
+      requests,
+      planned,
+      model,
+      endMs: clockMs(),
       wallMs: performance.now() - started,
-      steps: step,
-    };
+      faultsInjected: injector.fired.map((f) => `${f.kind}@step ${f.step}: ${f.detail}`),
+      kvLoadFailurePolicy: engine.kvLoadFailurePolicy,
+    });
   } finally {
-    await connector?.close().catch(() => {});
-    await worker?.close().catch(() => {});
-    await admin?.close().catch(() => {});
-    await sidecar?.close().catch(() => {});
-    kv?.close();
-    if (shmDir !== undefined) rmSync(shmDir, { recursive: true, force: true });
+    await node?.close();
     if (ownDir) rmSync(dir, { recursive: true, force: true });
   }
 }

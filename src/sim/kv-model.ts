@@ -115,7 +115,8 @@ export function fillKv(
   let w = 0;
   for (let p = start; p < end; p++) {
     let x = fmix32(hashes[2 * p]! ^ salt);
-    let y = fmix32(hashes[2 * p + 1]! ^ x) | 1;
+    // The second lane is a mixed hash already: a Weyl start, no second finalizer needed.
+    let y = (hashes[2 * p + 1]! ^ x) | 1;
     for (let i = 0; i < words; i++) {
       // xorshift32 on one lane, Weyl sequence on the other: cheap, and never stuck at zero.
       x ^= x << 13;
@@ -126,4 +127,65 @@ export function fillKv(
     }
   }
   if (!aligned) out.set(new Uint8Array(view.buffer, 0, n * bytesPerTokenPerLayer));
+}
+
+/**
+ * {@link fillKv} into 32-bit words: writes the words of positions `[start, end)` of region
+ * (`layer`, `kind`) at `out[at]` on, `words` per token (`bytesPerTokenPerLayer / 4`). The words are
+ * those `fillKv` writes, so a byte view of `out` holds the same bytes on this machine. No range
+ * checks: the engine's hot path calls it with ranges it computed.
+ */
+export function fillKvWords(
+  hashes: Uint32Array,
+  start: number,
+  end: number,
+  layer: number,
+  kind: 0 | 1,
+  words: number,
+  out: Uint32Array,
+  at: number,
+): void {
+  const salt = Math.imul(2 * layer + kind + 1, 0x9e3779b9);
+  let w = at;
+  for (let p = start; p < end; p++) {
+    let x = fmix32(hashes[2 * p]! ^ salt);
+    let y = (hashes[2 * p + 1]! ^ x) | 1;
+    for (let i = 0; i < words; i++) {
+      x ^= x << 13;
+      x ^= x >>> 17;
+      x ^= x << 5;
+      y = (y + 0x6d2b79f5) | 0;
+      out[w++] = (x ^ y) >>> 0;
+    }
+  }
+}
+
+/**
+ * Whether `out[at...]` holds the words {@link fillKvWords} would write for positions
+ * `[start, end)` of region (`layer`, `kind`).
+ */
+export function kvWordsEqual(
+  hashes: Uint32Array,
+  start: number,
+  end: number,
+  layer: number,
+  kind: 0 | 1,
+  words: number,
+  out: Uint32Array,
+  at: number,
+): boolean {
+  const salt = Math.imul(2 * layer + kind + 1, 0x9e3779b9);
+  let w = at;
+  for (let p = start; p < end; p++) {
+    let x = fmix32(hashes[2 * p]! ^ salt);
+    let y = (hashes[2 * p + 1]! ^ x) | 1;
+    for (let i = 0; i < words; i++) {
+      x ^= x << 13;
+      x ^= x >>> 17;
+      x ^= x << 5;
+      y = (y + 0x6d2b79f5) | 0;
+      if (out[w++] !== (x ^ y) >>> 0) return false;
+    }
+  }
+  return true;
 }

@@ -22,8 +22,12 @@ export interface PlannedModel {
   dtypeBytes: number;
   /** Multi-head latent attention: one latent vector per token and layer instead of K and V. */
   mla: boolean;
-  /** Parameters used per token (MoE: the active ones), for the prefill FLOPs of the TTFT model. */
+  /** Parameters used per token (MoE: the active ones), for the FLOPs of a step. */
   activeParams: number;
+  /** Every parameter (MoE: all experts), for the weights' memory; default `activeParams`. */
+  totalParams?: number;
+  /** Bytes per weight as served (bf16 2, FP8 1); default 2. */
+  weightBytesPerParam?: number;
   /** Width of the attention score and value products per layer (heads x head dim), for the n² term. */
   attentionWidth: number;
   /** Where the numbers come from. */
@@ -99,6 +103,9 @@ export const MODEL_PRESETS: Readonly<Record<string, Readonly<PlannedModel>>> = O
     dtypeBytes: 2,
     mla: true,
     activeParams: 37e9,
+    // 671B parameters, served in the FP8 the checkpoint ships.
+    totalParams: 671e9,
+    weightBytesPerParam: 1,
     // 128 heads; scores over qk_nope 128 + rope 64, values over v_head_dim 128: mean 160.
     attentionWidth: 128 * 160,
     source: `${HF}/deepseek-ai/DeepSeek-V3/blob/main/config.json`,
@@ -182,6 +189,12 @@ export function modelFromHfConfig(config: unknown, name: string): PlannedModel {
         : 4 * hidden;
   const attnParams = hidden * heads * headDim * 2 + hidden * numKvHeads * headDim * 2;
   const activeParams = numLayers * (attnParams + 3 * hidden * ffn) + 2 * vocab * hidden;
+  const experts = typeof c.n_routed_experts === 'number' ? c.n_routed_experts : c.num_local_experts;
+  const totalParams =
+    typeof c.moe_intermediate_size === 'number' && typeof experts === 'number'
+      ? numLayers * (attnParams + 3 * hidden * c.moe_intermediate_size * experts) +
+        2 * vocab * hidden
+      : activeParams;
   return {
     name,
     numLayers,
@@ -190,6 +203,7 @@ export function modelFromHfConfig(config: unknown, name: string): PlannedModel {
     dtypeBytes,
     mla,
     activeParams,
+    totalParams: Math.max(totalParams, activeParams),
     attentionWidth: heads * headDim,
     source: `${name} (config.json)`,
   };

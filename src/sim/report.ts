@@ -14,6 +14,23 @@ export function kvtierTokens(report: SimReport): number {
   return n;
 }
 
+/** Tokens of a preempted request's own prefix found again (GPU prefix cache and kvtier). */
+export function selfReuseTokens(report: SimReport): number {
+  const s = report.tokens.selfReuse;
+  return s === undefined ? 0 : s.gpu + s.kvtier;
+}
+
+/**
+ * Every source of prompt tokens summed: GPU prefix cache, each kvtier tier, self-reuse,
+ * recomputed and unserved. Equals the prompt tokens of a run whose accounting adds up.
+ */
+export function sourceTokens(report: SimReport): number {
+  const t = report.tokens;
+  return (
+    t.gpuPrefixCache + kvtierTokens(report) + selfReuseTokens(report) + t.recomputed + t.unserved
+  );
+}
+
 /**
  * Hit rate of kvtier: tokens kvtier served (all tiers) / prompt tokens, in [0, 1]; 0 when the
  * workload had no prompt tokens.
@@ -41,6 +58,32 @@ export interface SimReportJson extends SimReport {
 /** The report with its hit rates, ready for `JSON.stringify`. */
 export function reportToJson(report: SimReport): SimReportJson {
   return { ...report, hitRate: hitRate(report), hitRateWithGpu: hitRateWithGpu(report) };
+}
+
+/**
+ * Formats a size in binary units with three significant digits: "512 MiB", "7.45 GiB",
+ * "1.5 TiB", "32 GiB" (whole numbers without decimals).
+ */
+export function formatSize(bytes: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB', 'PiB'];
+  let v = bytes;
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  const digits =
+    Number.isInteger(v) || i === 0 ? 0 : Math.abs(v) < 10 ? 2 : Math.abs(v) < 100 ? 1 : 0;
+  return `${Number(v.toFixed(digits))} ${units[i]}`;
+}
+
+/** Formats a duration in ms: "0.4 ms", "523 ms", "5.27 s", "2.4 min". */
+export function formatDuration(ms: number): string {
+  if (!Number.isFinite(ms)) return 'n/a';
+  if (ms < 10) return `${Number(ms.toFixed(1))} ms`;
+  if (ms < 1000) return `${Math.round(ms)} ms`;
+  if (ms < 100_000) return `${Number((ms / 1000).toFixed(ms < 10_000 ? 2 : 1))} s`;
+  return `${Number((ms / 60_000).toFixed(1))} min`;
 }
 
 /** Formats a fraction in [0, 1] as a percentage with one decimal, e.g. 0.4567 → "45.7%". */
@@ -133,12 +176,6 @@ export function formatReport(report: SimReport): string {
       ['  modeled TTFT p50', fmtMs(report.modeledTtftMs.p50)],
       ['  modeled TTFT p90', fmtMs(report.modeledTtftMs.p90)],
       ['  modeled TTFT mean', fmtMs(report.modeledTtftMs.mean)],
-      ...(report.modeledTtftWithoutKvtierMs === undefined
-        ? []
-        : [
-            ['  without kvtier, p50', fmtMs(report.modeledTtftWithoutKvtierMs.p50)],
-            ['  without kvtier, p90', fmtMs(report.modeledTtftWithoutKvtierMs.p90)],
-          ]),
     ]),
     '',
     `Wall time (measured): ${fmtMs(report.wallMs)}`,

@@ -83,13 +83,20 @@ export interface SimFaults {
 
 /**
  * Prompt tokens by where they came from, each counted once: by the admission that completed the
- * request's prefill. `gpuPrefixCache + sum(byTier) + recomputed + unserved` is the prompt tokens.
+ * request's prefill. `gpuPrefixCache + sum(byTier) + selfReuse.gpu + selfReuse.kvtier +
+ * recomputed + unserved` is the prompt tokens.
  */
 export interface TokenSources {
-  /** Served by the engine's own GPU prefix cache. */
+  /** Served by the engine's own GPU prefix cache from other requests' prefixes. */
   gpuPrefixCache: number;
-  /** Served by kvtier, by tier name (host memory, disk, remote...). */
+  /** Served by kvtier from other requests' prefixes, by tier name (host memory, disk, remote...). */
   byTier: Record<string, number>;
+  /**
+   * A preempted request's own prefix found again (positions it had computed itself before the
+   * preemption, beyond what its first admission found cached): in the GPU prefix cache, or in
+   * kvtier, which saved them. Absent from older producers (read as 0).
+   */
+  selfReuse?: { gpu: number; kvtier: number };
   /** Recomputed by the engine. */
   recomputed: number;
   /** Prompt tokens of requests that ended (failed, aborted) before their prefill completed. */
@@ -118,6 +125,23 @@ export interface SimPlannedModel {
   gpuCacheTokens: number;
   /** Tokens a chunk holds. */
   chunkTokens: number;
+}
+
+/** The modeled timeline of a run (ms on the modeled clock). */
+export interface SimTimeline {
+  /** Arrival to first scheduled (compute or a kvtier load), over finished requests. */
+  queueMs: { p50: number; p90: number; mean: number };
+  /** Time the GPU spent in steps that computed tokens. */
+  busyMs: number;
+  /**
+   * GPU blocks held by requests, on average over that time: the rest of the GPU KV cache is
+   * what its prefix cache really has.
+   */
+  meanBlocksInUse?: number;
+  /** First arrival to the last request's end. */
+  makespanMs: number;
+  /** busyMs / makespanMs. */
+  utilization: number;
 }
 
 /** Everything a run measured. Times marked "modeled" are computed, not measured. */
@@ -153,14 +177,28 @@ export interface SimReport {
     faultsInjected: string[];
   };
   /**
-   * MODELED time to first token (ms) of the planned model, per request from the admission that
-   * completed its prefill: its recomputed tokens after the cached prefix (src/sim/ttft-model.ts)
-   * plus its kvtier tokens at each tier's bandwidth; no queueing.
+   * MODELED time to first token (ms) of finished requests on the run's modeled clock: arrival to
+   * the end of the step that sampled the first token, so queueing, kvtier loads and the prefill
+   * are all in it. With the planner's timing model the clock is the GPU model's (src/sim/gpu.ts);
+   * without it, tokens over `prefillTokensPerSec`.
    */
   modeledTtftMs: { p50: number; p90: number; mean: number };
-  /** The same requests had kvtier served nothing: its tokens recomputed too. */
-  modeledTtftWithoutKvtierMs?: { p50: number; p90: number; mean: number };
+  /** The modeled timeline: queueing, GPU busy time, utilisation. Absent from older producers. */
+  timeline?: SimTimeline;
+  /** kvtier tokens in chunks another engine of a fleet computed (0 for one engine). */
+  crossNodeTokens?: number;
+  /** Whether kvtier was on (false: the baseline run of the same engine without kvtier). */
+  kvtier?: boolean;
   /** Wall time of the run (ms), measured. */
   wallMs: number;
   steps: number;
+  /** Of `steps`, decode-only steps run in a tight loop (same outcome, fewer engine-loop turns). */
+  fastForwardedSteps?: number;
+  /**
+   * Tokens each request's completing admission found in the GPU prefix cache from other requests'
+   * prefixes, by request id (the GPU level of the tier-behind-GPU bound).
+   */
+  gpuHitTokens?: Record<string, number>;
+  /** A fleet's report adds up its engines; here is each engine's own. */
+  engines?: SimReport[];
 }

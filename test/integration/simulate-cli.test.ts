@@ -8,11 +8,13 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
 import {
   runSimulateCommand,
   type SimulateCommandIo,
   type SimulationRunOptions,
 } from '../../src/cli/simulate-command.ts';
+import { sourceTokens } from '../../src/sim/report.ts';
 import type { SimReport } from '../../src/sim/types.ts';
 import { spawnGuarded } from '../support/child-guard.ts';
 import { REPO_ROOT, withDeadline } from '../support/fixtures.ts';
@@ -51,11 +53,12 @@ function capture(report?: (opts: SimulationRunOptions) => SimReport): Captured {
 
 /**
  * A report whose kvtier hit rate grows with the sidecar's CPU tier (capped at 80%): 4 MiB of the
- * verification model is 32 chunks, 1 GiB of Llama-3.1-8B.
+ * CPU tier (one 4 KiB page per chunk) is 1,024 chunks, 32 GiB of Llama-3.1-8B. A run without
+ * kvtier serves nothing from kvtier.
  */
 function fakeReport(opts: SimulationRunOptions, mismatchedBlocks = 0): SimReport {
   const prompt = opts.workload.requests.reduce((n, r) => n + r.promptTokens.length, 0);
-  const cpu = Math.min(0.8, (opts.cpuBytes ?? 0) / 2 ** 22);
+  const cpu = opts.kvtier ? Math.min(0.8, (opts.cpuBytes ?? 0) / 2 ** 22) : 0;
   const served = Math.floor(prompt * cpu);
   return {
     workload: opts.workload.name,
@@ -65,7 +68,8 @@ function fakeReport(opts: SimulationRunOptions, mismatchedBlocks = 0): SimReport
     promptTokens: prompt,
     tokens: {
       gpuPrefixCache: 0,
-      byTier: { cpu: served },
+      byTier: opts.kvtier ? { cpu: served } : {},
+      selfReuse: { gpu: 0, kvtier: 0 },
       recomputed: prompt - served,
       unserved: 0,
     },
@@ -80,7 +84,14 @@ function fakeReport(opts: SimulationRunOptions, mismatchedBlocks = 0): SimReport
       failedRequests: 0,
       faultsInjected: [],
     },
-    modeledTtftMs: { p50: 1, p90: 2, mean: 1.5 },
+    modeledTtftMs: { p50: 100 * (1 - cpu), p90: 200 * (1 - cpu), mean: 150 },
+    timeline: {
+      queueMs: { p50: 0, p90: 0, mean: 0 },
+      busyMs: 1000,
+      makespanMs: 2000,
+      utilization: 0.5,
+    },
+    kvtier: opts.kvtier,
     wallMs: 5,
     steps: 3,
   };
@@ -98,6 +109,8 @@ describe('kvtier simulate: flags', () => {
     [['--model', 'gpt-9'], /--model must be one of llama-3\.1-8b, /],
     [['--model', 'qwen2.5-7b', '--model-config', 'c.json'], /--model and --model-config/],
     [['--gpu-memory', '8G', '--gpu-blocks', '64'], /--gpu-memory and --gpu-blocks/],
+    [['--gpu', 'tpu'], /--gpu must be one of h100, h200, a100, l40s/],
+    [['--mfu', '2'], /--mfu must be in \(0, 1\]/],
     [['--workload', 'chat'], /--workload must be multi-round, long-doc or trace/],
     [['--workload', 'multi-round', '--users', 'two'], /--users must be an integer >= 1/],
     [['--workload', 'multi-round', '--users', '0'], /--users must be an integer >= 1/],
@@ -105,14 +118,31 @@ describe('kvtier simulate: flags', () => {
       ['--workload', 'multi-round', '--documents', '3'],
       /--documents applies to --workload long-doc/,
     ],
+    [
+      ['--workload', 'multi-round', '--time-scale', '2'],
+      /--time-scale applies to --workload trace/,
+    ],
     [['--workload', 'trace'], /--workload trace needs --trace FILE/],
+    [
+      ['--workload', 'trace', '--trace', 't', '--time-scale', '2', '--utilization', '0.5'],
+      /--time-scale and --utilization both set the replay rate/,
+    ],
     [['--workload', 'multi-round', '--cpu', 'lots'], /--cpu must be a byte size/],
     [['--workload', 'multi-round', '--policy', 'retry'], /--policy must be recompute or fail/],
     [['--workload', 'multi-round', '--fault', 'meteor'], /--fault must be one of/],
-    [['--workload', 'multi-round', '--sweep', 'gpu=1G'], /--sweep must look like cpu=/],
+    [['--workload', 'multi-round', '--sweep', 'gpu=1G'], /--sweep must look like TIER=SIZES/],
     [['--workload', 'multi-round', '--sweep', 'cpu=1G,x'], /--sweep must be a byte size/],
+    [['--sweep', 'cpu=1G', '--sweep', 'cpu=2G'], /--sweep cpu=\.\.\. is given twice/],
     [['--workload', 'multi-round', '--chart', 'c.svg'], /--chart FILE needs --sweep/],
     [['--workload', 'multi-round', '--cpu', '1G', '--sweep', 'cpu=1G'], /--cpu and --sweep cpu/],
+    [['--disk', '1T', '--sweep', 'disk=2T'], /--disk and --sweep disk/],
+    [['--redis', 'localhost'], /--redis must be a size or a redis:\/\/ URL/],
+    [['--bandwidth', 'disk=fast'], /--bandwidth must give a rate > 0 such as 3GB\/s/],
+    [['--latency', 'tape=1ms'], /--latency must look like TIER=VALUE with TIER one of cpu/],
+    [['--target', 'fast'], /--target must be saved=TOKENS_PER_S, share=PERCENT%/],
+    [['--router', 'least-loaded'], /--router needs --engines N/],
+    [['--engines', '2', '--router', 'random'], /--router must be one of round-robin/],
+    [['--engines', '2', '--fault', 'deadline'], /--fault applies to one engine/],
     [['--workload', 'multi-round', '--frobnicate'], /Unknown option '--frobnicate'/],
   ];
   for (const [argv, message] of bad) {
@@ -136,7 +166,7 @@ describe('kvtier simulate: flags', () => {
     assert.match(c.err.join('\n'), /cannot read trace \/nonexistent\/t\.jsonl/);
   });
 
-  it('passes sizes, tiers, policy and faults to the engine', async () => {
+  it('runs the engine without kvtier, then with it, passing sizes, tiers, policy and faults', async () => {
     const c = capture((o) => fakeReport(o));
     const code = await runSimulateCommand(
       [
@@ -167,15 +197,22 @@ describe('kvtier simulate: flags', () => {
       c.io,
     );
     assert.equal(code, 0, c.err.join('\n'));
-    const [run] = c.runs;
-    assert.ok(run !== undefined, 'one run');
+    const [off, run] = c.runs;
+    assert.ok(off !== undefined && run !== undefined, 'two runs');
+    assert.equal(c.runs.length, 2);
+    assert.equal(off.kvtier, false);
+    assert.equal(off.faults, undefined, 'faults go to the run with kvtier');
+    assert.deepEqual(off.engineTiers, [[]]);
+    assert.equal(run.kvtier, true);
     assert.equal(run.workload.requests.length, 4);
+    assert.equal(run.arrivalScale, 1, 'long-doc keeps its own timing');
     // 256 MB of Llama-3.1-8B is 15 chunks of 128 tokens (16 MiB each); a verification chunk of
-    // 64 KiB is one arena page.
-    assert.equal(run.cpuBytes, 15 * 64 * 1024);
-    assert.equal(run.planned?.name, 'Llama-3.1-8B');
-    assert.equal(run.waitsAdvanceClock, false, 'a virtual clock');
-    assert.deepEqual(run.model, { chunkSize: 128 });
+    // 1 KiB takes one 4 KiB arena page.
+    assert.equal(run.cpuBytes, 15 * 4096);
+    assert.deepEqual(run.cpuTierOptions, { pageBytes: 4096 });
+    assert.equal(run.planned.name, 'Llama-3.1-8B');
+    assert.equal(run.speed.gpu.name, 'NVIDIA H100 SXM');
+    assert.deepEqual(run.model, { numLayers: 1, numKvHeads: 1, headDim: 2, chunkSize: 128 });
     assert.deepEqual(run.engine, {
       numGpuBlocks: 64,
       kvLoadFailurePolicy: 'fail',
@@ -185,21 +222,27 @@ describe('kvtier simulate: flags', () => {
       corruptChunks: { atStep: 7, count: 2 },
       lookupDeadlineAtStep: 5,
     });
-    assert.equal(run.lowerTiers?.length, 1);
-    assert.equal(run.lowerTiers?.[0]?.type, 'local-disk');
-    // 1 GiB of Llama-3.1-8B: 64 chunks, each one object of header + 64 KiB.
-    assert.equal(run.lowerTiers?.[0]?.options.capacityBytes, 64 * (128 + 64 * 1024));
+    const disk = run.engineTiers[0]?.[0];
+    assert.equal(disk?.type, 'local-disk');
+    // 1 GiB of Llama-3.1-8B: 64 chunks, each one object of header + 1 KiB.
+    assert.equal(disk?.options.capacityBytes, 64 * (CHUNK_HEADER_BYTES + 1024));
     assert.equal(typeof run.workDir, 'string');
     assert.equal(
       existsSync(run.workDir as string),
       false,
       'the run directory is removed afterwards',
     );
-    assert.match(c.out.join('\n'), /kvtier simulation report — workload long-doc-qa/);
+    const out = c.out.join('\n');
+    assert.match(out, /^kvtier simulate — long-doc-qa, 4 requests, Llama-3\.1-8B$/m);
+    assert.match(out, /^Load \(MODELED engine and clock/m);
+    assert.match(out, /^Gain over the same engine without kvtier/m);
+    assert.match(out, /kvtier tier "cpu", other requests' prefixes\s+—\s+\d/);
+    assert.match(out, /^Calibration \(.*not a check\): MFU 0\.33/m);
+    assert.match(out, /^Advice: /m);
   });
 
-  it('sweeps capacities in order, prints the table, writes the chart, and exits 1 on mismatches', async () => {
-    const c = capture((o) => fakeReport(o, o.cpuBytes === 2 ** 21 ? 3 : 0));
+  it('sweeps capacities in order against one run without kvtier, prints the table and chart, exits 1 on mismatches', async () => {
+    const c = capture((o) => fakeReport(o, o.kvtier && o.cpuBytes === 2 ** 21 ? 3 : 0));
     const code = await runSimulateCommand(
       [
         '--workload',
@@ -209,7 +252,7 @@ describe('kvtier simulate: flags', () => {
         '--rounds',
         '2',
         '--sweep',
-        'cpu=1GiB,128MiB,512MiB',
+        'cpu=16GiB,4GiB,8GiB',
         '--chart',
         'out.svg',
       ],
@@ -217,18 +260,21 @@ describe('kvtier simulate: flags', () => {
     );
     assert.equal(code, 1, 'a run with mismatches fails the command');
     assert.deepEqual(
-      c.runs.map((r) => r.cpuBytes),
-      [2 ** 19, 2 ** 21, 2 ** 22],
+      c.runs.map((r) => (r.kvtier ? r.cpuBytes : 'off')),
+      ['off', 2 ** 19, 2 ** 20, 2 ** 21],
       'sidecar capacities hold as many verification chunks as the sizes hold Llama-3.1-8B chunks',
     );
-    assert.equal(new Set(c.runs.map((r) => r.workDir)).size, 3, 'a fresh directory per run');
+    assert.equal(new Set(c.runs.map((r) => r.workDir)).size, 4, 'a fresh directory per run');
+    const at = c.out.findIndex((l) => l.startsWith('configuration'));
     assert.match(
-      c.out[0] as string,
-      /^cpu tier \(Llama-3\.1-8B\)\s+chunks\s+kvtier\s+GPU cache\s+kvtier\+GPU\s+LRU\s+LRU \+GPU\s+infinite\s+recomputed\s+unserved\s+preempt\. recompute\s+mismatched$/,
+      c.out[at] as string,
+      /^configuration\s+kvtier\s+\+GPU\s+self-reuse\s+bound: tier>GPU\s+LRU\+GPU\s+infinite\s+saved tok\/s\s+TTFT p50\s+TTFT p90\s+busy\s+cost$/,
     );
-    assert.match(c.out[2] as string, /^128 MiB\s+4\s+12\.5%/);
-    assert.match(c.out[3] as string, /^512 MiB\s+16\s+50\.0%.*\s3$/);
-    assert.match(c.out[4] as string, /^1 GiB\s+32\s+80\.0%/);
+    assert.match(c.out[at + 2] as string, /^kvtier off\s+—/);
+    assert.match(c.out[at + 3] as string, /^cpu 4 GiB\s+12\.5%/);
+    assert.match(c.out[at + 4] as string, /^cpu 8 GiB\s+25\.0%/);
+    assert.match(c.out[at + 5] as string, /^cpu 16 GiB\s+50\.0%.*\$64$/);
+    assert.match(c.out.join('\n'), /Verified 30 loaded blocks byte for byte: 3 mismatched\./);
     assert.deepEqual(polylinePoints(c.files.get('out.svg')), [3, 3, 3, 3, 3]);
     const png = c.files.get('out.png');
     assert.ok(png instanceof Uint8Array, 'PNG written beside the SVG');
@@ -236,27 +282,88 @@ describe('kvtier simulate: flags', () => {
     assert.match(c.err.join('\n'), /3 mismatched blocks/);
   });
 
-  it('prints a sweep as JSON with --json', async () => {
+  it('names the cheapest configuration reaching a target, and warns at the top when overloaded', async () => {
+    const c = capture((o) => fakeReport(o));
+    const argv = ['--workload', 'multi-round', '--users', '4', '--rounds', '2'];
+    let code = await runSimulateCommand(
+      [...argv, '--sweep', 'cpu=4GiB,8GiB,16GiB', '--target', 'ttft-p90=160ms'],
+      c.io,
+    );
+    assert.equal(code, 0, c.err.join('\n'));
+    const out = c.out.join('\n');
+    assert.match(
+      out,
+      /^Target TTFT p90 ≤ 160 ms: the cheapest configuration reaching it is cpu 8 GiB \(\$32\)/m,
+    );
+    assert.doesNotMatch(out, /OVERLOADED/);
+    const fast = capture((o) => fakeReport(o));
+    code = await runSimulateCommand([...argv, '--interval-ms', '1'], fast.io);
+    assert.equal(code, 0);
+    assert.match(
+      fast.out[1] as string,
+      /^OVERLOADED: requests arrive at \d+% of the engine's capacity/,
+    );
+    assert.match(fast.out.join('\n'), /^Advice: size the engines first/m);
+  });
+
+  it('a fleet: node-local and shared runs, each engine its own CPU tier, one shared fs tier', async () => {
     const c = capture((o) => fakeReport(o));
     const code = await runSimulateCommand(
-      ['--workload', 'multi-round', '--json', '--sweep', 'cpu=256M,512M'],
+      ['--workload', 'multi-round', '--engines', '2', '--fs', '1GiB', '--json'],
+      c.io,
+    );
+    assert.equal(code, 0, c.err.join('\n'));
+    const [off, local, shared] = c.runs;
+    assert.equal(c.runs.length, 3);
+    assert.equal(off?.kvtier, false);
+    const paths = (r: SimulationRunOptions | undefined) =>
+      r?.engineTiers.map((t) => [t[0]?.options.path, t[0]?.options.capacityBytes]);
+    const [l0, l1] = paths(local) ?? [];
+    assert.notEqual(l0?.[0], l1?.[0], 'node-local: a directory per engine');
+    assert.equal(l0?.[1], 16 * (CHUNK_HEADER_BYTES + 2048), 'node-local: half of 32 chunks each');
+    const [s0, s1] = paths(shared) ?? [];
+    assert.deepEqual(s0, s1, 'shared: one directory');
+    assert.equal(s0?.[1], 32 * (CHUNK_HEADER_BYTES + 2048), '1 GiB: 32 chunks of 32 MiB');
+    assert.deepEqual(shared?.sharedTiers, ['fs']);
+    assert.equal(shared?.engines, 2);
+    const json = JSON.parse(c.out.join('\n')) as {
+      engines: number;
+      runs: unknown[];
+      nodeLocal: unknown[];
+    };
+    assert.equal(json.engines, 2);
+    assert.equal(json.runs.length, 1);
+    assert.equal(json.nodeLocal.length, 1);
+  });
+
+  it('prints the plan as JSON with --json', async () => {
+    const c = capture((o) => fakeReport(o));
+    const code = await runSimulateCommand(
+      ['--workload', 'multi-round', '--json', '--sweep', 'cpu=8GiB,16GiB'],
       c.io,
     );
     assert.equal(code, 0);
     const json = JSON.parse(c.out.join('\n')) as {
-      sweep: { tier: string };
-      runs: { capacityBytes: number; hitRate: number }[];
+      baseline: SimReport;
+      runs: {
+        label: string;
+        capacities: { cpu: number };
+        gain: { savedShare: number };
+        bounds: unknown;
+      }[];
+      advice: string;
     };
-    assert.equal(json.sweep.tier, 'cpu');
+    assert.equal(json.baseline.kvtier, false);
     assert.deepEqual(
-      json.runs.map((r) => r.capacityBytes),
-      [256e6, 512e6],
+      json.runs.map((r) => [r.label, r.capacities.cpu]),
+      [
+        ['cpu 8 GiB', 8 * 2 ** 30],
+        ['cpu 16 GiB', 16 * 2 ** 30],
+      ],
     );
-    assert.equal(
-      json.runs[1]!.hitRate > json.runs[0]!.hitRate,
-      true,
-      'hit rate grows with capacity',
-    );
+    assert.ok((json.runs[1]?.gain.savedShare ?? 0) > (json.runs[0]?.gain.savedShare ?? 0));
+    assert.ok(json.runs.every((r) => r.bounds !== null));
+    assert.match(json.advice, /^Advice: /);
   });
 });
 
@@ -321,22 +428,19 @@ describe('kvtier simulate: against the real engine', {
       '--json',
     ]);
     assert.equal(r.code, 0, r.stderr);
-    const report = JSON.parse(r.stdout) as SimReport & { hitRate: number };
-    assert.equal(report.requests, 4);
-    assert.equal(report.finished, 4);
-    assert.equal(report.mismatchedBlocks, 0);
-    // 1024 system + 64 question (round 0) and + 128 answer + 64 question (round 1), per user.
-    assert.equal(report.promptTokens, 2 * (1088 + 1280));
-    const sources =
-      report.tokens.gpuPrefixCache +
-      Object.values(report.tokens.byTier).reduce((a, b) => a + b, 0) +
-      report.tokens.recomputed +
-      report.tokens.unserved;
-    assert.equal(sources, report.promptTokens, 'every prompt token has one source');
-    assert.equal(typeof report.hitRate, 'number');
+    const plan = JSON.parse(r.stdout) as { baseline: SimReport; runs: { report: SimReport }[] };
+    for (const report of [plan.baseline, plan.runs[0]?.report as SimReport]) {
+      assert.equal(report.requests, 4);
+      assert.equal(report.finished, 4);
+      assert.equal(report.mismatchedBlocks, 0);
+      // 1024 system + 64 question (round 0) and + 128 answer + 64 question (round 1), per user.
+      assert.equal(report.promptTokens, 2 * (1088 + 1280));
+      assert.equal(sourceTokens(report), report.promptTokens, 'every prompt token has one source');
+    }
+    assert.equal(plan.baseline.kvtier, false);
   });
 
-  it('a tiny CPU sweep prints the table and writes the chart', async () => {
+  it('a tiny CPU sweep in worker threads prints the table and writes the chart', async () => {
     const chart = join(dir, 'sweep.svg');
     const c = capture();
     const code = await withDeadline(
@@ -351,7 +455,9 @@ describe('kvtier simulate: against the real engine', {
           '--gpu-blocks',
           '128',
           '--sweep',
-          'cpu=64MiB,256MiB',
+          'cpu=1GiB,4GiB',
+          '--workers',
+          '2',
           '--chart',
           chart,
         ],
@@ -361,23 +467,44 @@ describe('kvtier simulate: against the real engine', {
       'sweep',
     );
     assert.equal(code, 0, c.err.join('\n'));
-    assert.match(c.out[0] as string, /^cpu tier \(Llama-3\.1-8B\)\s+chunks\s+kvtier/);
-    assert.equal(c.out.length, 5, 'header, rule, two rows, the note');
+    const at = c.out.findIndex((l) => l.startsWith('configuration'));
+    assert.ok(at > 0, c.out.join('\n'));
+    assert.match(c.out[at + 3] as string, /^cpu 1 GiB\s/);
+    assert.match(c.out[at + 4] as string, /^cpu 4 GiB\s/);
+    assert.match(c.out.join('\n'), /Verified [\d,]+ loaded blocks byte for byte: 0 mismatched\./);
+    assert.match(c.err.join('\n'), /run 3\/3 done/);
     const svg = c.files.get(chart);
     assert.deepEqual(polylinePoints(svg), [2, 2, 2, 2, 2]);
-    assert.match(svg as string, /CPU tier capacity, GiB of Llama-3\.1-8B KV \(log scale\)/);
+    assert.match(svg as string, /cpu tier capacity \(Llama-3\.1-8B KV\) \(log scale\)/);
     assert.ok(c.files.get(join(dir, 'sweep.png')) instanceof Uint8Array, 'PNG written');
   });
 
-  it('with no flags: a teaching run that prints sources, TTFT with and without kvtier, the check and advice', async () => {
+  it('with no flags: a teaching run at a sustainable rate, with its gain, sources, bounds and advice', async () => {
     const r = await runCli(['simulate']);
     assert.equal(r.code, 0, r.stderr);
-    assert.match(r.stdout, /workload multi-round-qa/);
-    assert.match(r.stdout, /kvtier tier "cpu"\s+[1-9][\d,]*\s/, 'kvtier served tokens');
-    assert.match(r.stdout, /GPU KV cache\s+1 GiB/);
-    assert.match(r.stdout, /with kvtier\s+\d+ ms/);
-    assert.match(r.stdout, /without kvtier\s+\d+ ms/);
-    assert.match(r.stdout, /TTFT model check \(Llama-3\.1-8B, 10,000 tokens.*recompute 0\.5\d s/);
-    assert.match(r.stdout, /^Advice \(Llama-3\.1-8B\): 1 GiB of host memory served \d/m);
+    const out = r.stdout;
+    assert.match(out, /^kvtier simulate — multi-round-qa, 32 requests, Llama-3\.1-8B$/m);
+    assert.doesNotMatch(out, /OVERLOADED/);
+    assert.match(
+      out,
+      /replay\s+time scale [\d.]+ \(chosen for requests at 80% of the engine's capacity\)/,
+    );
+    assert.match(
+      out,
+      /kvtier tier "cpu", other requests' prefixes\s+—\s+[1-9]\d?\.\d%/,
+      'kvtier served tokens',
+    );
+    assert.match(out, /prefill saved\s+[1-9][\d,]* prompt tokens\/s/);
+    assert.match(out, /TTFT p90\s+\d+ ms → \d+ ms \(−\d+%\)/);
+    assert.match(
+      out,
+      /kvtier alone\s+\d+\.\d% {3}bound: an LRU tier behind the run's own GPU cache, \d+\.\d%/,
+    );
+    assert.match(out, /GPU KV cache 1 GiB \(8,192 tokens/);
+    assert.match(
+      out,
+      /^Calibration .*10,000-token Llama-3\.1-8B prefill on NVIDIA H100 SXM 0\.5\d s/m,
+    );
+    assert.match(out, /^Advice: cpu 4 GiB saves [\d,]+ prompt tokens\/s/m);
   });
 });

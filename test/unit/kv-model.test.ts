@@ -1,6 +1,13 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import { blockKey, fillKv, prefixHashes, resolveKvModelShape } from '../../src/sim/kv-model.ts';
+import {
+  blockKey,
+  fillKv,
+  fillKvWords,
+  kvWordsEqual,
+  prefixHashes,
+  resolveKvModelShape,
+} from '../../src/sim/kv-model.ts';
 
 const BPTL = 64;
 
@@ -71,5 +78,20 @@ describe('kv-model', () => {
       numLayers: 2,
       bytesPerTokenPerLayer: 8,
     });
+  });
+});
+
+describe("kv-model in 32-bit words (the engine's mapped fast path)", () => {
+  it('writes the words fillKv writes, and finds a flipped word', () => {
+    const h = prefixHashes(base);
+    const bytes = Buffer.alloc(10 * BPTL);
+    fillKv(h, 3, 13, 1, 1, BPTL, bytes);
+    const words = new Uint32Array(5 + 10 * (BPTL / 4));
+    fillKvWords(h, 3, 13, 1, 1, BPTL / 4, words, 5);
+    assert.deepEqual(Buffer.from(words.buffer, 20, 10 * BPTL), bytes);
+    assert.equal(kvWordsEqual(h, 3, 13, 1, 1, BPTL / 4, words, 5), true);
+    assert.equal(kvWordsEqual(h, 3, 13, 1, 0, BPTL / 4, words, 5), false, 'the other region');
+    words[5 + 7 * (BPTL / 4) + 2]! ^= 1;
+    assert.equal(kvWordsEqual(h, 3, 13, 1, 1, BPTL / 4, words, 5), false, 'one bit flipped');
   });
 });

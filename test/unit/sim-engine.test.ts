@@ -6,8 +6,10 @@
  */
 import assert from 'node:assert/strict';
 import { after, before, describe, it } from 'node:test';
-import { BlockAllocator } from '../../src/sim/block-allocator.ts';
+import { BlockAllocator, mapKey } from '../../src/sim/block-allocator.ts';
 import { runSimulation, type SimControl } from '../../src/sim/engine.ts';
+import { prefixHashes } from '../../src/sim/kv-model.ts';
+import { sourceTokens } from '../../src/sim/report.ts';
 import type { SimReport, SimRequest } from '../../src/sim/types.ts';
 import { type RedisServer, startRedis } from '../support/redis-server.ts';
 
@@ -57,11 +59,10 @@ function sum(o: Record<string, number>): number {
 
 /** The invariants every run must keep. */
 function assertClean(rep: SimReport, what: string): void {
-  const t = rep.tokens;
   assert.equal(
-    t.gpuPrefixCache + sum(t.byTier) + t.recomputed + t.unserved,
+    sourceTokens(rep),
     rep.promptTokens,
-    `${what}: every prompt token has one source: ${JSON.stringify(t)}`,
+    `${what}: every prompt token has one source: ${JSON.stringify(rep.tokens)}`,
   );
   assert.equal(rep.mismatchedBlocks, 0, `${what}: mismatches ${JSON.stringify(rep.mismatches)}`);
   assert.deepEqual(rep.mismatches, []);
@@ -93,11 +94,13 @@ const TOKEN_BYTES = 2 * 4 * 2 * 16 * 2;
 describe('BlockAllocator', () => {
   it('refcounts, shares cached blocks and evicts the least recently freed first', () => {
     const a = new BlockAllocator({ numBlocks: 4 });
+    // Blocks of one token: the key of block j is the prefix hash at position j.
+    const h = prefixHashes(Uint32Array.from([7, 8, 9]));
     const x = a.allocate(2)!;
     assert.deepEqual(x, [0, 1]);
-    a.cache(0, 'k0');
-    a.cache(1, 'k1');
-    assert.deepEqual(a.findCached(['k0', 'k1', 'k2']), [0, 1]);
+    a.cache(0, h, 0);
+    a.cache(1, h, 1);
+    assert.deepEqual(a.findCached(h, 3, 1), [0, 1]);
     a.touch([0]);
     a.free(x);
     assert.deepEqual(a.stats(), { usedBlocks: 1, freeBlocks: 3, cachedBlocks: 2, evictions: 0 });
@@ -105,14 +108,25 @@ describe('BlockAllocator', () => {
     assert.equal(a.canAllocate([1], 3), false, 'touching free block 1 takes it from the queue');
     // Blocks 2 and 3 were never used; block 1 was freed last, so it is evicted last.
     assert.deepEqual(a.allocate(3), [2, 3, 1]);
-    assert.deepEqual(a.findCached(['k0', 'k1']), [0], 'k1 was evicted with its block');
+    assert.deepEqual(a.findCached(h, 2, 1), [0], 'block 1 was evicted with its key');
     assert.equal(a.stats().evictions, 1);
     assert.equal(a.allocate(1), null, 'nothing free');
     a.reset();
-    assert.deepEqual(a.findCached(['k0']), []);
+    assert.deepEqual(a.findCached(h, 1, 1), []);
     a.free([0]);
     assert.throws(() => a.free([0]), { code: 'KVT_INTERNAL' });
     assert.throws(() => a.touch([9]), { code: 'KVT_INVALID_ARGUMENT' });
+  });
+
+  it('never takes one prefix for another that shares the map key', () => {
+    const a = new BlockAllocator({ numBlocks: 2 });
+    // Positions 0 and 1 agree in the first 53 bits of their hash and differ in the last one.
+    const h = Uint32Array.from([0x12345678, 0x9abcdef0, 0x12345678, 0x9abcdef1]);
+    assert.equal(mapKey(h, 0), mapKey(h, 1));
+    a.allocate(1);
+    a.cache(0, h, 0);
+    assert.deepEqual(a.findCached(h, 1, 1), [0]);
+    assert.deepEqual(a.findCached(h.subarray(2), 1, 1), [], 'the other prefix misses');
   });
 });
 

@@ -1,15 +1,52 @@
 /**
  * The capacity planner's pieces without an engine: model presets and Hugging Face configs, the
- * LRU and infinite bounds on chunk keys, the TTFT model against its published figure, and the
- * conversion of planned capacities into verification-model capacities.
+ * bounds on chunk keys (LRU, infinite, a tier behind the run's own GPU cache) and the flags of a
+ * figure above its bound, the GPU model and its calibration, the tier models against the
+ * benchmark results they come from, load, gain, targets and capacities.
  */
 import assert from 'node:assert/strict';
+import { readFileSync } from 'node:fs';
 import { describe, it } from 'node:test';
-import { chunkKeyTrace, lruBound } from '../../src/sim/bounds.ts';
-import { kvBytesPerToken, MODEL_PRESETS, modelFromHfConfig } from '../../src/sim/models.ts';
-import { chunksIn, cpuTierBytes, gpuBlocksIn, type PlanShapes } from '../../src/sim/planner.ts';
-import { prefillSeconds, TTFT_CHECK, ttftCheck } from '../../src/sim/ttft-model.ts';
-import type { SimRequest } from '../../src/sim/types.ts';
+import { chunkKeyTrace, lruBound, tierBehindGpuBound } from '../../src/sim/bounds.ts';
+import {
+  decodeStepSeconds,
+  defaultGpusPerEngine,
+  defaultKvCacheBytes,
+  GPU_PRESETS,
+  prefillSeconds,
+  resolveEngineSpeed,
+  stepSeconds,
+} from '../../src/sim/gpu.ts';
+import {
+  kvBytesPerToken,
+  MODEL_PRESETS,
+  modelFromHfConfig,
+  modelPreset,
+} from '../../src/sim/models.ts';
+import {
+  boundFlags,
+  cheapestReaching,
+  chunksIn,
+  cpuTier,
+  engineCapacity,
+  gainOver,
+  gpuBlocksIn,
+  offeredLoad,
+  overload,
+  type PlanRow,
+  type PlanShapes,
+  sustainableScale,
+} from '../../src/sim/planner.ts';
+import { formatSize } from '../../src/sim/report.ts';
+import {
+  loadDurationSeconds,
+  PLANNER_TIERS,
+  resolveTierModels,
+  TIER_MODEL_DEFAULTS,
+} from '../../src/sim/tier-models.ts';
+import { calibrationLine, TTFT_CALIBRATION, tenThousandTokens } from '../../src/sim/ttft-model.ts';
+import type { SimReport, SimRequest } from '../../src/sim/types.ts';
+import { REPO_ROOT } from '../support/fixtures.ts';
 
 const KiB = 1024;
 
@@ -111,29 +148,262 @@ describe('bounds from chunk keys', () => {
   });
 });
 
-describe('TTFT model', () => {
-  it('reproduces the published figure within 10% and prints the check', () => {
-    const m = MODEL_PRESETS[TTFT_CHECK.model]!;
-    const c = ttftCheck(m);
-    assert.ok(Math.abs(c.recomputeSeconds / TTFT_CHECK.recomputeSeconds - 1) < 0.1, c.line);
-    assert.ok(Math.abs(c.hostLoadSeconds / TTFT_CHECK.hostLoadSeconds - 1) < 0.1, c.line);
-    assert.match(c.line, /^TTFT model check \(Llama-3\.1-8B, 10,000 tokens/);
-    assert.ok(prefillSeconds(m, 5_000, 10_000) < prefillSeconds(m, 0, 5_000) * 1.5);
-    assert.equal(prefillSeconds(m, 10, 10), 0);
+/** A report with the fields the planner reads; `over` replaces any of them. */
+function report(over: Partial<SimReport> = {}): SimReport {
+  return {
+    workload: 'w',
+    requests: 10,
+    finished: 10,
+    failed: 0,
+    promptTokens: 10_000,
+    tokens: {
+      gpuPrefixCache: 0,
+      byTier: {},
+      selfReuse: { gpu: 0, kvtier: 0 },
+      recomputed: 10_000,
+      unserved: 0,
+    },
+    preemption: { preemptions: 0, recomputedTokens: 0, reloadedTokens: 0 },
+    bytes: { saved: 0, loaded: 0 },
+    pendingLookups: { lookups: 0, stepsWaited: 0 },
+    verifiedBlocks: 0,
+    mismatchedBlocks: 0,
+    mismatches: [],
+    failures: {
+      invalidBlocks: 0,
+      recomputedAfterFailure: 0,
+      failedRequests: 0,
+      faultsInjected: [],
+    },
+    modeledTtftMs: { p50: 1000, p90: 4000, mean: 1500 },
+    timeline: {
+      queueMs: { p50: 0, p90: 0, mean: 0 },
+      busyMs: 50_000,
+      makespanMs: 100_000,
+      utilization: 0.5,
+    },
+    wallMs: 1,
+    steps: 1,
+    ...over,
+  };
+}
+
+describe('a tier behind the GPU cache, and flags above a bound', () => {
+  const tok = (seed: number, n: number) =>
+    Uint32Array.from({ length: n }, (_, i) => seed * 1000 + i);
+  const req = (id: string, at: number, prompt: Uint32Array): SimRequest => ({
+    id,
+    arrivalMs: at,
+    promptTokens: prompt,
+    outputTokens: 1,
+  });
+  const a = tok(1, 64);
+  const trace = chunkKeyTrace(
+    {
+      name: 'w',
+      requests: [
+        req('a', 0, a),
+        req('a2', 1, Uint32Array.from([...a, 7])),
+        req('a3', 2, Uint32Array.from([...a, 8])),
+      ],
+    },
+    16,
+  );
+
+  it("starts where the run's own GPU cache stopped for each request", () => {
+    // a2 and a3 can find a's 4 chunks; total prompt tokens 64 + 65 + 65.
+    assert.equal(tierBehindGpuBound(trace, {}, 8), 128 / 194);
+    // The GPU served a2 fully and 2 chunks of a3: the tier is left a3's last 2 chunks.
+    assert.equal(tierBehindGpuBound(trace, { a2: 64, a3: 40 }, 8), 32 / 194);
+    // A tier of 1 chunk keeps only a's last chunk, which no lookup can reach first.
+    assert.equal(tierBehindGpuBound(trace, {}, 1), 0);
+  });
+
+  it('flags each figure above its bound, self-reuse left out', () => {
+    const r = report({
+      tokens: {
+        gpuPrefixCache: 3_000,
+        byTier: { cpu: 2_000 },
+        selfReuse: { gpu: 1_000, kvtier: 2_000 },
+        recomputed: 2_000,
+        unserved: 0,
+      },
+    });
+    const b = { lru: 0.9, tierBehindGpu: 0.2, lruWithGpu: 0.5, infinite: 0.6 };
+    assert.deepEqual(boundFlags(r, b), [], 'kvtier 20% and kvtier + GPU 50% are at their bounds');
+    const flags = boundFlags(r, { ...b, tierBehindGpu: 0.15, lruWithGpu: 0.45, infinite: 0.48 });
+    assert.equal(flags.length, 3, flags.join('; '));
+    assert.match(flags[0] as string, /^kvtier alone 20\.0% > tier-behind-GPU bound 15\.0%/);
+    assert.match(flags[1] as string, /^kvtier \+ GPU 50\.0% > LRU \+GPU bound 45\.0%/);
+    assert.match(flags[2] as string, /^kvtier \+ GPU 50\.0% > infinite-cache bound 48\.0%/);
   });
 });
 
-describe('planned capacities', () => {
-  const s: PlanShapes = {
-    planned: MODEL_PRESETS['llama-3.1-8b']!,
-    verificationBytesPerToken: 512,
-    chunkTokens: 256,
-    blockTokens: 16,
+describe('engine speed from the model and the GPU', () => {
+  const llama = modelPreset('llama-3.1-8b');
+  const h100 = resolveEngineSpeed(llama, { gpu: 'h100' });
+
+  it('has the four presets, and places a 70B and DeepSeek-V3 on enough GPUs', () => {
+    assert.deepEqual(Object.keys(GPU_PRESETS), ['h100', 'h200', 'a100', 'l40s']);
+    assert.equal(defaultGpusPerEngine(llama, GPU_PRESETS.h100!), 1);
+    assert.equal(defaultGpusPerEngine(modelPreset('llama-3.1-70b'), GPU_PRESETS.h100!), 4);
+    assert.equal(defaultGpusPerEngine(modelPreset('deepseek-v3'), GPU_PRESETS.h200!), 8);
+    assert.throws(() => resolveEngineSpeed(llama, { gpu: 'tpu' }), /--gpu must be one of h100/);
+    // 90% of 80 GB less 16 GB of weights.
+    assert.equal(defaultKvCacheBytes(llama, h100), 0.9 * 80e9 - 8.03e9 * 2);
+  });
+
+  it('prefill is compute-bound and grows with the model and the context; decode is memory-bound', () => {
+    const at = (m: string, g: string) =>
+      prefillSeconds(
+        modelPreset(m),
+        resolveEngineSpeed(modelPreset(m), { gpu: g, gpus: 1 }),
+        0,
+        8192,
+      );
+    assert.ok(at('llama-3.1-70b', 'h100') > 8 * at('llama-3.1-8b', 'h100'));
+    assert.ok(at('llama-3.1-8b', 'a100') > 3 * at('llama-3.1-8b', 'h100'));
+    assert.equal(at('llama-3.1-8b', 'h200'), at('llama-3.1-8b', 'h100'), 'same FLOPs');
+    // One long prefill chunk: compute time; one decode token: the weights over HBM bandwidth.
+    const chunk = stepSeconds(llama, h100, [{ start: 0, end: 8192 }]);
+    assert.equal(chunk, prefillSeconds(llama, h100, 0, 8192));
+    const decode = decodeStepSeconds(llama, h100, 1, 1000);
+    assert.ok(Math.abs(decode / ((8.03e9 * 2 + 1001 * 131072) / (3.35e12 * 0.75)) - 1) < 1e-9);
+    assert.equal(decode, stepSeconds(llama, h100, [{ start: 1000, end: 1001 }]));
+    const h200 = resolveEngineSpeed(llama, { gpu: 'h200' });
+    assert.ok(decodeStepSeconds(llama, h200, 1, 1000) < decode, 'more HBM bandwidth');
+  });
+
+  it("prints its calibration: the constants reproduce the published figure, and this run's numbers", () => {
+    const c = tenThousandTokens(modelPreset(TTFT_CALIBRATION.model), h100);
+    assert.ok(Math.abs(c.prefillSeconds / TTFT_CALIBRATION.recomputeSeconds - 1) < 0.05);
+    assert.ok(Math.abs(c.hostLoadSeconds / TTFT_CALIBRATION.hostLoadSeconds - 1) < 0.1);
+    const seventy = modelPreset('llama-3.1-70b');
+    const line = calibrationLine(seventy, resolveEngineSpeed(seventy, { gpu: 'a100' }));
+    assert.match(
+      line,
+      /^MFU 0\.33 and a 22 GB\/s host link give a 10,000-token Llama-3\.1-8B prefill/,
+    );
+    assert.match(line, /This run, Llama-3\.1-70B on 4 × NVIDIA A100 SXM 80GB at MFU 0\.33: /);
+  });
+});
+
+describe('tier models', () => {
+  it('take their defaults from bench/results/summary.json', () => {
+    const summary = JSON.parse(readFileSync(`${REPO_ROOT}/bench/results/summary.json`, 'utf8')) as {
+      figures: { id: string; value: { median: number } }[];
+    };
+    const median = (id: string) => summary.figures.find((f) => f.id === id)?.value.median;
+    for (const t of PLANNER_TIERS) {
+      const d = TIER_MODEL_DEFAULTS[t];
+      if (d.benchIds === undefined) continue;
+      assert.ok(
+        Math.abs(d.readBytesPerSec / ((median(d.benchIds.bandwidth) ?? 0) * 1e9) - 1) < 1e-9,
+        t,
+      );
+      const floor = (2 * 2 ** 20) / ((median(d.benchIds.floor) ?? 0) * 1e9);
+      assert.ok(Math.abs(d.floorSeconds / floor - 1) < 1e-9, t);
+    }
+  });
+
+  it("time a load as each lower tier's read then the host link, and take overrides", () => {
+    const m = resolveTierModels(22e9, { disk: { readBytesPerSec: 2e9 } });
+    assert.equal(m.cpu.readBytesPerSec, 22e9);
+    assert.equal(loadDurationSeconds({ cpu: 22e9 }, m), 1);
+    assert.equal(loadDurationSeconds({ disk: 2e9 }, m), 1 + 2e9 / 22e9);
+    // A small read takes the tier's floor.
+    assert.equal(loadDurationSeconds({ s3: 1000 }, m), m.s3.floorSeconds + m.cpu.floorSeconds);
+    assert.throws(() => resolveTierModels(22e9, { fs: { readBytesPerSec: 0 } }), /positive number/);
+  });
+});
+
+describe('load, gain, targets and capacities', () => {
+  const llama = modelPreset('llama-3.1-8b');
+  const speed = resolveEngineSpeed(llama);
+  const prompt = new Uint32Array(4096);
+  const w = {
+    name: 'w',
+    requests: Array.from({ length: 11 }, (_, i) => ({
+      id: `r${i}`,
+      arrivalMs: i * 100,
+      promptTokens: prompt,
+      outputTokens: 100,
+    })),
   };
-  it('keep the chunk count between the planned and the verification model', () => {
+
+  it('offered load against capacity, and the time scale of a sustainable rate', () => {
+    const cap = engineCapacity(w, llama, speed, 400_000, 64);
+    assert.equal(cap.batch, 64, 'the KV cache holds more than maxRunning requests');
+    assert.ok(Math.abs(cap.prefillSeconds / prefillSeconds(llama, speed, 0, 4096) - 1) < 1e-12);
+    const load = offeredLoad(w, llama, speed, cap);
+    assert.equal(load.requestsPerSec, 10);
+    assert.ok(Math.abs(load.rho - 10 / cap.requestsPerSec) < 1e-9);
+    const s = sustainableScale(load, 0.8);
+    const slow = offeredLoad(
+      { name: 'w', requests: w.requests.map((r) => ({ ...r, arrivalMs: r.arrivalMs * s })) },
+      llama,
+      speed,
+      cap,
+    );
+    assert.ok(Math.abs(slow.rho - 0.8) < 1e-9);
+    assert.match(
+      overload(load, report()) ?? '',
+      /requests arrive at \d+% of the engine's capacity/,
+    );
+    assert.equal(overload(slow, report()), undefined);
+    const thrashing = report({
+      preemption: { preemptions: 9, recomputedTokens: 2_000, reloadedTokens: 0 },
+    });
+    assert.match(overload(slow, thrashing) ?? '', /preemption threw away 20% of the prompt work/);
+  });
+
+  it('gain over the run without kvtier counts preemption recompute, and the cheapest row reaching a target', () => {
+    const off = report({
+      preemption: { preemptions: 1, recomputedTokens: 1_000, reloadedTokens: 0 },
+    });
+    const on = report({
+      tokens: {
+        gpuPrefixCache: 0,
+        byTier: { cpu: 3_000 },
+        selfReuse: { gpu: 0, kvtier: 0 },
+        recomputed: 7_000,
+        unserved: 0,
+      },
+      modeledTtftMs: { p50: 600, p90: 2000, mean: 900 },
+    });
+    const g = gainOver(off, on, 10_000);
+    assert.equal(g.savedTokensPerSec, 400, '(10,000 + 1,000 - 7,000) tokens over 10 s');
+    assert.equal(g.savedShare, 0.4);
+    assert.deepEqual(g.ttftP90, [4000, 2000]);
+    const row = (label: string, cost: number, saved: number): PlanRow => ({
+      label,
+      capacities: { cpu: 1 },
+      report: on,
+      gain: { ...g, savedTokensPerSec: saved },
+      flags: [],
+      cost,
+    });
+    const rows = [row('big', 100, 500), row('small', 10, 300), row('tiny', 1, 100)];
+    assert.equal(cheapestReaching(rows, { kind: 'saved', tokensPerSec: 250 })?.label, 'small');
+    assert.equal(cheapestReaching(rows, { kind: 'saved', tokensPerSec: 600 }), undefined);
+    assert.equal(cheapestReaching(rows, { kind: 'ttft-p90', ms: 2000 })?.label, 'tiny');
+  });
+
+  it('keep the chunk count between the planned and the verification model, and print sizes', () => {
+    const s: PlanShapes = {
+      planned: llama,
+      verificationBytesPerToken: 16,
+      chunkTokens: 256,
+      blockTokens: 16,
+    };
     assert.equal(chunksIn(8 * 2 ** 30, s), 256);
-    // 256 chunks of 128 KiB (two 64 KiB arena pages each).
-    assert.equal(cpuTierBytes(8 * 2 ** 30, s), 256 * 128 * KiB);
+    // 256 chunks of 4 KiB (one arena page each).
+    assert.deepEqual(cpuTier(8 * 2 ** 30, s), { capacityBytes: 256 * 4096, pageBytes: 4096 });
     assert.equal(gpuBlocksIn(32 * 2 ** 30, s), 16_384);
+    assert.equal(formatSize(8e9), '7.45 GiB');
+    assert.equal(formatSize(2125673267.2), '1.98 GiB');
+    assert.equal(formatSize(32 * 2 ** 30), '32 GiB');
+    assert.equal(formatSize(1.5 * 2 ** 40), '1.5 TiB');
+    assert.equal(formatSize(300 * 2 ** 20), '300 MiB');
   });
 });

@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { isKvtierError } from '../../src/errors.ts';
-import { formatCapacity, renderHitRateChart } from '../../src/sim/chart.ts';
+import { formatCapacity, LABEL_CHAR_PX, renderHitRateChart } from '../../src/sim/chart.ts';
 import {
   formatReport,
   formatTable,
@@ -203,6 +203,33 @@ describe('renderHitRateChart', () => {
     }
     // Log scale: 64M → 256M → 1G are equal steps (factors of 4).
     assert.equal(Math.abs(xs[1]! - xs[0]! - (xs[2]! - xs[1]!)) < 0.2, true, 'even log steps');
+  });
+
+  it('never lets two value labels overlap, even where the lines meet', () => {
+    // Five series, three of them equal at every capacity and two a hair apart: the worst case.
+    const svg = renderHitRateChart({
+      title: 't',
+      xLabel: 'cpu tier capacity',
+      capacitiesBytes: Array.from({ length: 8 }, (_, i) => 2 ** (30 + i)),
+      series: [0.294, 0.294, 0.294, 0.05, 0.051].map((v, k) => ({
+        name: `s${k}`,
+        values: Array.from({ length: 8 }, (_, i) => v + i * 0.001),
+      })),
+    });
+    const boxes = [
+      ...svg.matchAll(/<text class="value" x="([\d.]+)" y="([\d.]+)"[^>]*>([^<]*)</g),
+    ].map((m) => {
+      const x = Number(m[1]);
+      const y = Number(m[2]);
+      // 12 px text: the glyphs sit in [y - 10, y + 2]; a digit is at most 7 px wide.
+      return { x0: x, x1: x + (m[3] as string).length * LABEL_CHAR_PX, y0: y - 10, y1: y + 2 };
+    });
+    assert.equal(boxes.length, 40, 'a label per point');
+    for (const [i, a] of boxes.entries())
+      for (const b of boxes.slice(i + 1)) {
+        const apart = a.x1 <= b.x0 || b.x1 <= a.x0 || a.y1 <= b.y0 || b.y1 <= a.y0;
+        assert.ok(apart, `labels overlap: ${JSON.stringify([a, b])}`);
+      }
   });
 
   it('refuses a series without one value per capacity', () => {
