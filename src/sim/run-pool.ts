@@ -23,6 +23,7 @@ export async function runInWorkers(
   if (specs.length === 0) return out;
   const pool = Array.from({ length: Math.max(1, Math.min(workers, specs.length)) }, startWorker);
   let next = 0;
+  const busy = new Set<Worker>();
   try {
     await new Promise<void>((resolve, reject) => {
       let done = 0;
@@ -32,10 +33,12 @@ export async function runInWorkers(
       const feed = (w: Worker) => {
         if (next >= specs.length) return;
         const id = next++;
+        busy.add(w);
         w.postMessage({ id, spec: specs[id] as PlannerRunSpec } satisfies RunRequest);
       };
       for (const w of pool) {
         w.on('message', (a: RunAnswer) => {
+          busy.delete(w);
           if (!a.ok) {
             reject(
               new KvtierError((a.error.code ?? 'KVT_INTERNAL') as 'KVT_INTERNAL', a.error.message),
@@ -63,9 +66,37 @@ export async function runInWorkers(
       }
     });
   } finally {
-    await Promise.all(pool.map((w) => w.terminate()));
+    await Promise.all(pool.map((w) => stopWorker(w, busy.has(w))));
   }
   return out;
+}
+
+/** How long an idle worker asked to stop may take to end on its own before it is terminated. */
+const STOP_GRACE_MS = 30_000;
+
+/**
+ * Ends a worker. An idle one is asked to stop and ends when its event loop drains, so what its
+ * runs closed (sockets, and the monitors the clients keep on them) finishes closing while the
+ * thread can still run JavaScript; terminating it instead can catch a native callback
+ * mid-teardown, which aborts the process. A busy worker, or one not gone within
+ * {@link STOP_GRACE_MS}, is terminated.
+ */
+async function stopWorker(w: Worker, busy: boolean): Promise<void> {
+  if (busy || w.threadId < 0) {
+    await w.terminate();
+    return;
+  }
+  const exited = new Promise<void>((resolve) => w.once('exit', () => resolve()));
+  w.postMessage({ stop: true } satisfies RunRequest);
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<'late'>((resolve) => {
+    timer = setTimeout(() => resolve('late'), STOP_GRACE_MS);
+  });
+  try {
+    if ((await Promise.race([exited, late])) === 'late') await w.terminate();
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 /**

@@ -9,11 +9,8 @@ import { loadWorkload, scaleArrivals, type WorkloadSpec } from './workload-spec.
  * the report or the error.
  */
 
-/** A message from the pool. */
-export interface RunRequest {
-  id: number;
-  spec: PlannerRunSpec;
-}
+/** A message from the pool: a run to make, or the request to end once idle. */
+export type RunRequest = { id: number; spec: PlannerRunSpec } | { stop: true };
 
 /** The answer to a {@link RunRequest}. */
 export type RunAnswer =
@@ -29,6 +26,11 @@ async function workloadOf(spec: WorkloadSpec): Promise<Workload> {
 }
 
 parentPort?.on('message', (m: RunRequest) => {
+  if ('stop' in m) {
+    // No more runs: the thread ends once what the last run closed has finished closing.
+    parentPort?.close();
+    return;
+  }
   void (async () => {
     try {
       if (m.spec.workloadSpec === undefined) throw new Error('a worker run needs a workload spec');
