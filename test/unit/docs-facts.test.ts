@@ -10,6 +10,7 @@ import assert from 'node:assert/strict';
 import { readdirSync, readFileSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import { describe, it } from 'node:test';
+import { runHashCommand } from '../../src/cli/hash-command.ts';
 import { resolveKvRegistration, splitBlocks } from '../../src/data-plane/kv-layout.ts';
 import { LOOKUP_COST } from '../../src/storage-manager/lookup-budget.ts';
 import { testRegistration } from '../support/engine-process.ts';
@@ -170,5 +171,24 @@ describe('the docs say what the code and the measurements say', () => {
         files.some((f) => f.startsWith(`${dir}/`)),
         `docs/architecture.md names ${dir}/, which holds no file`,
       );
+  });
+
+  it("hashing.md's worked example is what kvtier hash prints", async () => {
+    const doc = readFileSync(join(REPO_ROOT, 'docs', 'hashing.md'), 'utf8');
+    const runs = [
+      ...doc.matchAll(/^\$ echo '(\[[^']*\])' \| kvtier hash (.*)\n((?:[^$`].*\n)*)/gm),
+    ];
+    assert.ok(runs.length >= 7, `found ${runs.length} runs`);
+    for (const [, tokens, args, shown] of runs) {
+      const lines: string[] = [];
+      const code = await runHashCommand(args!.split(' '), {
+        stdin: async () => tokens!,
+        readFile: async () => '',
+        out: (l) => lines.push(l),
+        err: (l) => lines.push(l),
+      });
+      assert.deepEqual(lines, shown!.trimEnd().split('\n'), `kvtier hash ${args}`);
+      assert.equal(code, lines[0]!.startsWith('kvtier hash:') ? 2 : 0);
+    }
   });
 });
