@@ -1,8 +1,8 @@
 /**
- * The stored chunk format (design decision 5): every chunk below the CPU tier is one object, a
- * fixed 128-byte header followed by the payload. The byte layout, checksum parameters and reader
- * rules are specified in docs/storage-format.md; keep the two in step (a test checks the doc's
- * worked example against this encoder).
+ * The stored chunk format (design decision 5, docs/architecture.md): every chunk below the CPU
+ * tier is one object, a fixed 128-byte header followed by the payload. The byte layout, checksum
+ * parameters and reader rules are specified in docs/storage-format.md; keep the two in step (a
+ * test checks the doc's worked example against this encoder).
  */
 import { crc32 } from 'node:zlib';
 import { KvtierError } from '../errors.ts';

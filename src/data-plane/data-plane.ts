@@ -45,8 +45,9 @@ export {
 const DEFAULTS = { heartbeatTimeoutMs: 30_000, sweepIntervalMs: 5000 };
 
 /**
- * The worker-side data plane (design decision 6): engines register their KV caches, saves gather
- * blocks into the CPU tier and write them through, loads scatter pinned chunks into blocks.
+ * The worker-side data plane (design decision 6, docs/architecture.md): engines register their
+ * KV caches, saves gather blocks into the CPU tier and write them through, loads scatter pinned
+ * chunks into blocks.
  * Pins are released on terminal request end (finished or aborted), never on preemption, and
  * all of an engine's pins and mappings when it goes away.
  */

@@ -17,7 +17,7 @@ import {
 import { normalizeDeviceUuid } from './device-uuid.ts';
 
 /**
- * KV cache registration and address math (design decision 6).
+ * KV cache registration and address math (design decision 6, docs/architecture.md).
  *
  * Chunk payload layout (layout version 1), independent of the engine's block ids and strides:
  * regions in registration order (layer 0 K, layer 0 V, layer 1 K, ...; MLA: one latent region per

@@ -4,9 +4,18 @@
  * wire decoder builds it straight from frame bytes (no check needed, bytes always have a hex
  * form), text entry points (CLI, client API, plug-in tests) validate once with {@link chunkHash}.
  * Everything after the edge (storage manager, tiers, data plane) trusts the type and never
- * re-checks or re-converts it. A hex string rather than bytes because JavaScript maps key by
- * value only for primitives, and every tier below host memory needs the hex name anyway (file
- * paths, Redis and S3 keys, logs, JSON).
+ * re-checks it. A hex string rather than bytes because JavaScript maps key by value only for
+ * primitives, and every tier below host memory needs the hex name anyway (file paths, Redis and
+ * S3 keys, logs, JSON).
+ *
+ * It is one of three forms of a hash, and parts convert between them where each needs its own: a
+ * LOOKUP stays packed bytes as far as host memory's packed index and is made hex only for the
+ * tiers below it (storage-manager/tier-walk.ts), for pins recorded by hex and when a LOAD reads
+ * the answered lookup (storage-manager/pin-ledger.ts, lookup-hashes.ts); SAVE and LOAD are made
+ * hex whole in the server (server/sidecar-server.ts); stored headers, events and the journal
+ * take the bytes back, and the host and disk indexes take eight int32 words
+ * (backends/packed-key-index.ts, backends/hash-words.ts). docs/architecture.md, "Hash forms",
+ * lists every conversion.
  */
 import { KvtierError } from '../errors.ts';
 import { describe } from '../util/validate.ts';

@@ -16,10 +16,11 @@ import {
 } from './mm-spans.ts';
 
 /**
- * The default kvtier chunk hasher (design decision 1). A chunk's key is a 32-byte SHA-256 chained
- * over the whole prefix before it, so equal keys mean equal prefixes. The exact byte-level spec,
- * with test vectors and a reference script, is in docs/protocol.md section 9; any change here is a
- * protocol change and must bump the domain tag.
+ * The default kvtier chunk hasher (design decision 1 in docs/architecture.md). A chunk's key is a
+ * 32-byte SHA-256 chained over the whole prefix before it, so equal keys mean equal prefixes. The
+ * exact byte-level spec, with test vectors and a reference script, is in docs/protocol.md section
+ * 9 (explained with a worked example in docs/hashing.md); any change here is a protocol change and
+ * must bump the domain tag.
  */
 
 /** Domain tag hashed into the seed; versioned so a future scheme can never collide with this one. */

@@ -3,10 +3,11 @@ import { KvtierError } from '../errors.ts';
 import { describe, requireBoolean, requireInt, requireString } from '../util/validate.ts';
 
 /**
- * Namespaces (design decision 2). Every stored chunk belongs to a namespace that captures
- * everything that changes its bytes. The id is derived from the engine's configuration, never
- * typed by hand, so two engines share KV exactly when their KV bytes are interchangeable. The
- * canonical encoding is specified in docs/hashing.md; changing it is a protocol change.
+ * Namespaces (design decision 2, docs/architecture.md). Every stored chunk belongs to a namespace
+ * that captures everything that changes its bytes. The id is derived from the engine's
+ * configuration, never typed by hand, so two engines share KV exactly when their KV bytes are
+ * interchangeable. The canonical encoding is specified in docs/protocol.md section 9.2; changing
+ * it is a protocol change.
  */
 
 /** Version tag: the first line of the canonical encoding. */

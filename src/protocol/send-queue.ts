@@ -10,8 +10,9 @@ export interface SendableSocket {
 export const DEFAULT_SEND_QUEUE_BYTES = 512 * 1024 * 1024;
 
 /**
- * The single owner of a socket's sends (design decision 7b): zeromq allows one pending send per
- * socket and answers EBUSY to a second, so every send goes through this FIFO. Bounded: when
+ * The single owner of a socket's sends (design decision 7b, docs/architecture.md): zeromq allows
+ * one pending send per socket and answers EBUSY to a second, so every send goes through this
+ * FIFO. Bounded: when
  * `maxDepth` messages or `maxBytes` bytes wait, new ones are dropped and counted (a message
  * larger than `maxBytes` still goes when nothing else waits).
  *

@@ -69,9 +69,9 @@ const DEFAULTS = {
 };
 
 /**
- * Runs lookups over the tiers (design decision 3), prefetches lower-tier hits into the CPU tier
- * under the serializer, tracks each lookup in the event manager, and writes puts and saves
- * through to the lower tiers. It owns the tiers it is given and closes them; nothing else
+ * Runs lookups over the tiers (design decision 3, docs/architecture.md), prefetches lower-tier
+ * hits into the CPU tier under the serializer, tracks each lookup in the event manager, and
+ * writes puts and saves through to the lower tiers. It owns the tiers it is given and closes them; nothing else
  * writes to them, queues write-throughs or keeps their counters (the data plane saves through
  * {@link StorageManager.reserve} and reads through {@link StorageManager.hostChunks}).
  */

@@ -30,7 +30,8 @@ const DEFAULTS = { maxChunks: 1024, maxBytes: 1024 ** 3, concurrency: 4 };
 
 /**
  * Bounded write-through queue to the tiers below host memory. Enqueue never waits: a job that
- * does not fit is refused and the caller drops it (stores never wait, design decision 4).
+ * does not fit is refused and the caller drops it (stores never wait: design decision 4,
+ * docs/architecture.md).
  */
 export class WriteThroughQueue<J extends WriteJob = WriteJob> {
   readonly #maxChunks: number;

@@ -1,39 +1,18 @@
 // The module graph of src/ (relative imports, type-only ones included): no import cycles, and no
-// arrow from a lower layer to a higher one that issue 9 removed.
+// import from a lower layer to a higher one (the layer list is test/support/layers.ts, which
+// docs/architecture.md states).
 import assert from 'node:assert/strict';
-import { readdirSync, readFileSync } from 'node:fs';
-import { dirname, join, relative } from 'node:path';
 import { test } from 'node:test';
-
-const root = join(import.meta.dirname, '../..');
-const src = join(root, 'src');
-
-function sourceFiles(dir: string): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) => {
-    const p = join(dir, e.name);
-    if (e.isDirectory()) return sourceFiles(p);
-    return e.name.endsWith('.ts') && !e.name.endsWith('.d.ts') ? [p] : [];
-  });
-}
-
-/** Module graph keyed by path relative to the repository root (`src/x/y.ts`). */
-function graph(): Map<string, string[]> {
-  const g = new Map<string, string[]>();
-  const re =
-    /(?:^|\n)\s*(?:import|export)\s[^'";]*?from\s*'(\.[^']+)'|import\(\s*'(\.[^']+)'\s*\)/g;
-  for (const file of sourceFiles(src)) {
-    const deps = new Set<string>();
-    for (const m of readFileSync(file, 'utf8').matchAll(re)) {
-      const spec = (m[1] ?? m[2])!.replace(/\.js$/, '.ts');
-      deps.add(relative(root, join(dirname(file), spec)));
-    }
-    g.set(relative(root, file), [...deps]);
-  }
-  return g;
-}
+import {
+  moduleGraph as graph,
+  LAYERS,
+  type ModuleGraph,
+  unmatchedEntries,
+  upwardImports,
+} from '../support/layers.ts';
 
 /** Strongly connected components of more than one module (or a module importing itself). */
-function cycles(g: Map<string, string[]>): string[][] {
+function cycles(g: ModuleGraph): string[][] {
   let next = 0;
   const index = new Map<string, number>();
   const low = new Map<string, number>();
@@ -80,15 +59,32 @@ test('the protocol frame and the copy-engine port are leaves of their layers', (
   assert.deepEqual(g.get('src/data-plane/copy-engine-types.ts'), []);
 });
 
-test('backends import nothing of native/ (the copy engines); the addon loader below both stays a leaf', () => {
+test('no module imports one of a higher layer, and every layer entry names modules', () => {
   const g = graph();
-  for (const [file, deps] of g) {
-    if (!file.startsWith('src/backends/')) continue;
-    for (const d of deps)
-      assert.ok(!d.startsWith('src/native/'), `${file} imports ${d} (native/ is above backends)`);
-  }
+  assert.deepEqual(upwardImports(g), []);
+  assert.deepEqual(
+    unmatchedEntries(g),
+    [],
+    'update test/support/layers.ts and docs/architecture.md',
+  );
+});
+
+test('the layer check reports an upward import and an entry that names nothing', () => {
+  const g = new Map([
+    ['src/backends/x.ts', ['src/native/copy-engine.ts', 'src/util/validate.ts']],
+    ['src/native/copy-engine.ts', ['src/backends/x.ts']],
+  ]);
+  assert.deepEqual(upwardImports(g), [
+    `src/backends/x.ts -> src/native/copy-engine.ts (layer 3 imports layer 6)`,
+  ]);
+  assert.ok(unmatchedEntries(g).includes('src/sidecar.ts'));
+  assert.ok(LAYERS.flat().includes('src/backends/') && LAYERS.flat().includes('src/native/'));
+});
+
+test('the addon loader below the backends and the copy engines stays a leaf', () => {
+  const g = graph();
   const addonDeps = g.get('src/addon/native-addon.ts')!;
-  assert.deepEqual(addonDeps.sort(), [
+  assert.deepEqual([...addonDeps].sort(), [
     'src/addon/file-io.ts',
     'src/errors.ts',
     'src/util/validate.ts',

@@ -47,7 +47,7 @@ function assertInvalid(fn: () => unknown, pattern: RegExp): void {
 }
 
 describe('deriveNamespace worked examples', () => {
-  // Ids computed independently with Python's hashlib (script in docs/hashing.md).
+  // Ids computed independently with Python's hashlib (the reference script in docs/protocol.md section 9.3).
   test('Llama-3-8B tp2 rank 0', () => {
     const ns = deriveNamespace(LLAMA);
     assert.equal(ns.id, '48f3d9651eaf7e9014cf0c0d7bc30fba');
