@@ -1,3 +1,4 @@
+import { setMaxListeners } from 'node:events';
 import { abortedError, closedError } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';
 import { WeightedSemaphore } from './weighted-semaphore.ts';
@@ -87,6 +88,8 @@ export class AsyncSerializer {
     const release = await this.sem.acquire(weight, opts);
     const callerSignal = opts.signal;
     const ac = new AbortController();
+    // A prefetch hands it to every tier read it makes: many listeners by design.
+    setMaxListeners(0, ac.signal);
     const onAbort = (): void => ac.abort(callerSignal?.reason);
     callerSignal?.addEventListener('abort', onAbort, { once: true });
     this.running.add(ac);

@@ -1,3 +1,5 @@
+import { setMaxListeners } from 'node:events';
+
 /**
  * An abort flag whose AbortSignal is created only when someone needs one. Lookups answered from
  * host memory never hand a signal to a slow tier, and an AbortController per lookup is a
@@ -20,6 +22,8 @@ export class LazyAbort {
   get signal(): AbortSignal {
     if (this.#controller === undefined) {
       this.#controller = new AbortController();
+      // One signal for every tier read of a lookup's prefetch: many listeners by design.
+      setMaxListeners(0, this.#controller.signal);
       if (this.#aborted) this.#controller.abort(this.#reason);
     }
     return this.#controller.signal;

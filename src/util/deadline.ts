@@ -17,6 +17,7 @@
  * source aborts: 100 MB after 1.8 M calls on one long-lived signal such as an owner's close
  * signal). Sources get one listener each, removed when the deadline is disposed.
  */
+import { setMaxListeners } from 'node:events';
 import { abortedError, KvtierError } from '../errors.ts';
 
 /**
@@ -119,6 +120,8 @@ export class Deadline {
   get signal(): AbortSignal {
     if (this.#ac === undefined) {
       this.#ac = new AbortController();
+      // Shared by every piece of work under this deadline: many listeners by design.
+      setMaxListeners(0, this.#ac.signal);
       if (this.#error !== undefined) this.#ac.abort(this.#error);
     }
     return this.#ac.signal;
