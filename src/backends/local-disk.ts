@@ -10,11 +10,11 @@ import { type IndexJournal, openJournal } from './disk-journal.ts';
 import { type ScanResult, scanStore } from './disk-scan.ts';
 import {
   type FileSystem,
-  isNotFound,
   objectDir,
   realFileSystem,
   requireStorableNamespace,
 } from './file-store.ts';
+import { KeyedUnlinks } from './keyed-unlinks.ts';
 import {
   type LocalDiskOptions,
   localDiskOptionsFromConfig,
@@ -40,13 +40,7 @@ import type {
   StorageBackend,
 } from './types.ts';
 
-export {
-  LOCAL_DISK_DEFAULTS,
-  type LocalDiskOptions,
-  localDiskOptionsFromConfig,
-  type ResolvedLocalDiskOptions,
-  resolveLocalDiskOptions,
-} from './local-disk-options.ts';
+export type { LocalDiskOptions } from './local-disk-options.ts';
 
 /** LocalDisk stats: the interface's plus counters of its own. */
 export interface LocalDiskStats extends BackendStats {
@@ -85,7 +79,7 @@ export class LocalDiskBackend implements StorageBackend {
   readonly #log: Logger;
   readonly #index: DiskIndex;
   readonly #writes = new Map<string, Promise<PutOutcome>>();
-  readonly #deletes = new Map<string, Promise<void>>();
+  readonly #deletes: KeyedUnlinks;
   readonly #tasks = new TaskSet();
   #journal: IndexJournal | null = null;
   #scan: Promise<ScanResult | null> = Promise.resolve(null);
@@ -124,6 +118,12 @@ export class LocalDiskBackend implements StorageBackend {
     this.name = ctx.name;
     this.#fs = fs;
     this.#limit = pLimit(o.ioConcurrency);
+    this.#deletes = new KeyedUnlinks({
+      fs,
+      run: this.#limit,
+      tasks: this.#tasks,
+      onError: (err) => this.#ioFailed('delete', err),
+    });
     this.#log = raw.log ?? silentLogger;
     this.#files = new ChunkFiles({
       fs,
@@ -356,7 +356,7 @@ export class LocalDiskBackend implements StorageBackend {
     });
     // The bound may have been lowered since the journal was written.
     this.#index.trim();
-    await Promise.all([...this.#deletes.values()]);
+    await this.#deletes.allSettled();
     this.#log.info('local disk index loaded', {
       tier: this.name,
       chunks: this.#index.size,
@@ -384,7 +384,7 @@ export class LocalDiskBackend implements StorageBackend {
         found: (ns, hash) => this.#onFound?.(ns, hash),
         swept: (ns, hash) => this.#onRemoved?.(ns, hash, 'corrupt'),
       });
-      await Promise.all([...this.#deletes.values()]);
+      await this.#deletes.allSettled();
       if (!res.complete) return null;
       this.#indexComplete = true;
       this.#log.info('local disk scan complete', {
@@ -447,7 +447,7 @@ export class LocalDiskBackend implements StorageBackend {
     let reserved = true;
     try {
       // A delete of the previous file of this key must not land after our rename.
-      await this.#deletes.get(key);
+      await this.#deletes.settled(key);
       const path = this.#files.path(ns, hash);
       const dir = objectDir(this.options.path, ns, hash, this.options.shardChars);
       await this.#limit(() =>
@@ -492,25 +492,9 @@ export class LocalDiskBackend implements StorageBackend {
     if (signal?.aborted === true) throw abortedError(signal, `${this.name} ${op}`);
   }
 
-  /** Deletes the file of (ns, hash), after any earlier delete of its key (a later rename must not be undone). */
+  /** Deletes the file of (ns, hash), after any earlier delete of its key. */
   #unlink(ns: NamespaceId, hash: ChunkHash): Promise<void> {
-    const key = diskKey(ns, hash);
-    const prev = this.#deletes.get(key);
-    const path = this.#files.path(ns, hash);
-    const p: Promise<void> = (async () => {
-      await prev;
-      try {
-        await this.#limit(() => this.#fs.unlink(path));
-      } catch (err) {
-        if (!isNotFound(err)) this.#ioFailed('delete', err);
-      }
-    })();
-    this.#deletes.set(key, p);
-    this.#tasks.track(p);
-    void p.then(() => {
-      if (this.#deletes.get(key) === p) this.#deletes.delete(key);
-    });
-    return p;
+    return this.#deletes.unlink(diskKey(ns, hash), this.#files.path(ns, hash));
   }
 }
 

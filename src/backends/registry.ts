@@ -6,7 +6,8 @@ import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-bre
 import { createFsBackend, fsOptionsFromConfig } from './fs-backend.ts';
 import { localCpuFactory } from './local-cpu.ts';
 import { localCpuOptionsFromConfig } from './local-cpu-options.ts';
-import { createLocalDiskBackend, localDiskOptionsFromConfig } from './local-disk.ts';
+import { createLocalDiskBackend } from './local-disk.ts';
+import { localDiskOptionsFromConfig } from './local-disk-options.ts';
 import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
 import { createModuleBackendFactory } from './plugin.ts';
 import { createPluginContext } from './plugin-context.ts';

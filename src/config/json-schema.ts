@@ -9,7 +9,7 @@ import { CIRCUIT_BREAKER_DEFAULTS } from '../backends/circuit-breaker.ts';
 import { FS_BACKEND_DEFAULTS } from '../backends/fs-backend.ts';
 import { DEFAULT_PAGE_BYTES } from '../backends/host-arena.ts';
 import { DEFAULT_PREFAULT } from '../backends/host-prefault.ts';
-import { LOCAL_DISK_DEFAULTS } from '../backends/local-disk.ts';
+import { LOCAL_DISK_DEFAULTS } from '../backends/local-disk-options.ts';
 import { REDIS_BACKEND_DEFAULTS } from '../backends/redis-backend.ts';
 import { S3_BACKEND_DEFAULTS } from '../backends/s3-backend.ts';
 import { CONFIG_DEFAULTS } from './config.ts';

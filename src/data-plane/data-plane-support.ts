@@ -2,12 +2,13 @@
  * The data plane's small pieces: request checks and the load completion word (see
  * `DataPlane.load`), kept apart from its save and load paths.
  */
-import type { ChunkHash } from '../backends/types.ts';
+import type { Chunk, ChunkHash } from '../backends/types.ts';
 import { KvtierError } from '../errors.ts';
 import type { Logger } from '../util/log.ts';
 import { describe } from '../util/validate.ts';
 import type { CopyEngine, DeviceSurface } from './copy-engine-types.ts';
 import { LOAD_STATE, type LoadRequest, type LoadResult } from './data-plane-types.ts';
+import { chunkPayloadBytes, type KvLayout } from './kv-layout.ts';
 
 /**
  * Sets a load's completion word: `DONE` when every chunk loaded, else `FAILED` (also when the
@@ -58,4 +59,40 @@ export function hasRepeat(chunks: readonly Uint32Array[]): boolean {
       seen.add(id);
     }
   return false;
+}
+
+/**
+ * The chunks a LOAD can copy: every one up to the first that is not pinned (`ready`), gone from
+ * host memory (`found`), or does not match the layout for its blocks (logged). Only the first
+ * chunk may start with `skipBlocks` blocks the engine already holds.
+ */
+export function loadablePrefix(
+  layout: KvLayout,
+  hashes: readonly ChunkHash[],
+  chunks: readonly Uint32Array[],
+  skipBlocks: number,
+  ready: ReadonlySet<ChunkHash>,
+  found: ReadonlyMap<ChunkHash, Chunk | null>,
+  log: Logger,
+): Chunk[] {
+  const loadable: Chunk[] = [];
+  for (let i = 0; i < hashes.length; i++) {
+    const hash = hashes[i]!;
+    const chunk = ready.has(hash) ? found.get(hash) : undefined;
+    if (chunk == null) break;
+    const blocks = (i === 0 ? skipBlocks : 0) + chunks[i]!.length;
+    if (
+      chunk.tokens !== blocks * layout.blockSize ||
+      chunk.data.byteLength !== chunkPayloadBytes(layout, blocks)
+    ) {
+      log.warn('stored chunk does not match the layout; reported invalid', {
+        hash,
+        tokens: chunk.tokens,
+        bytes: chunk.data.byteLength,
+      });
+      break;
+    }
+    loadable.push(chunk);
+  }
+  return loadable;
 }

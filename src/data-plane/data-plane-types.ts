@@ -98,3 +98,23 @@ export interface LoadResult {
   /** Blocks not written with valid KV: those of the first chunk that failed and every later chunk. */
   invalidBlockIds: number[];
 }
+
+/** {@link DataPlane.stats}: a JSON-friendly snapshot of the data plane. */
+export interface DataPlaneStats {
+  /** Engines registered now. */
+  engines: number;
+  /** Requests with state (held lookups or loads under way) now. */
+  requests: number;
+  /** Lookups held for a later LOAD now. */
+  heldLookups: number;
+  /** Chunks the write-through to lower tiers dropped since start. */
+  writeThroughDropped: number;
+  /** SAVEs handled (answered or failed) since start. */
+  saves: number;
+  /** LOADs handled since start. */
+  loads: number;
+  /** SAVEs cut short by their not-after time (nothing stored). */
+  lateSaves: number;
+  /** LOADs cut short by their not-after time (the chunks from there on invalid). */
+  lateLoads: number;
+}

@@ -1,4 +1,4 @@
-import type { Chunk, ChunkHash } from '../backends/types.ts';
+import type { ChunkHash } from '../backends/types.ts';
 import { closedError, KvtierError } from '../errors.ts';
 import type {
   PinnedLookup,
@@ -9,9 +9,10 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
 import type { CopyEngine } from './copy-engine-types.ts';
 import { COPY_GROUP_BYTES, COPY_GROUPS_IN_FLIGHT, copyChunks } from './copy-groups.ts';
-import { checkHashes, hasRepeat, writeLoadState } from './data-plane-support.ts';
+import { checkHashes, hasRepeat, loadablePrefix, writeLoadState } from './data-plane-support.ts';
 import type {
   DataPlaneOptions,
+  DataPlaneStats,
   LoadRequest,
   LoadResult,
   SaveRequest,
@@ -35,6 +36,7 @@ import {
 export type { CopyEngine, CopySurface, DeviceSurface } from './copy-engine-types.ts';
 export {
   type DataPlaneOptions,
+  type DataPlaneStats,
   LOAD_STATE,
   type LoadRequest,
   type LoadResult,
@@ -330,27 +332,7 @@ export class DataPlane {
         : new Set<ChunkHash>();
     const wanted = hashes.filter((h) => ready.has(h));
     const found = wanted.length === 0 ? new Map() : await this.#storage.hostChunks(ns, wanted);
-    // The loadable prefix: every chunk up to the first that is not pinned, gone or malformed.
-    const loadable: Chunk[] = [];
-    for (let i = 0; i < hashes.length; i++) {
-      const hash = hashes[i]!;
-      const chunk = ready.has(hash) ? found.get(hash) : undefined;
-      if (chunk == null) break;
-      // Only the first chunk may start with blocks the engine already holds.
-      const blocks = (i === 0 ? skipBlocks : 0) + chunks[i]!.length;
-      if (
-        chunk.tokens !== blocks * layout.blockSize ||
-        chunk.data.byteLength !== chunkPayloadBytes(layout, blocks)
-      ) {
-        this.#log.warn('stored chunk does not match the layout; reported invalid', {
-          hash,
-          tokens: chunk.tokens,
-          bytes: chunk.data.byteLength,
-        });
-        break;
-      }
-      loadable.push(chunk);
-    }
+    const loadable = loadablePrefix(layout, hashes, chunks, skipBlocks, ready, found, this.#log);
     // Copied in groups of chunks, a few in flight; the request's end, its engine going away, the
     // signal, the deadline and the not-after time are checked before each group (a group being
     // copied completes).
@@ -442,16 +424,7 @@ export class DataPlane {
    * handled (answered or failed) since start, and those cut short by their not-after time
    * (`lateSaves`: nothing stored; `lateLoads`: the chunks from there on invalid).
    */
-  stats(): {
-    engines: number;
-    requests: number;
-    heldLookups: number;
-    writeThroughDropped: number;
-    saves: number;
-    loads: number;
-    lateSaves: number;
-    lateLoads: number;
-  } {
+  stats(): DataPlaneStats {
     let requests = 0;
     let heldLookups = 0;
     for (const e of this.#engines.values()) {

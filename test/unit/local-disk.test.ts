@@ -12,9 +12,11 @@ import {
   createLocalDiskBackend,
   LocalDiskBackend,
   type LocalDiskOptions,
+} from '../../src/backends/local-disk.ts';
+import {
   localDiskOptionsFromConfig,
   resolveLocalDiskOptions,
-} from '../../src/backends/local-disk.ts';
+} from '../../src/backends/local-disk-options.ts';
 import type { Chunk } from '../../src/backends/types.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
