@@ -86,9 +86,11 @@ test('the addon loader below the backends and the copy engines stays a leaf', ()
   const addonDeps = g.get('src/addon/native-addon.ts')!;
   assert.deepEqual([...addonDeps].sort(), [
     'src/addon/file-io.ts',
+    'src/addon/native-error.ts',
     'src/errors.ts',
     'src/util/validate.ts',
   ]);
-  // Its file-function declarations are as much a leaf.
+  // Its file-function declarations and its errors are as much a leaf.
   assert.deepEqual(g.get('src/addon/file-io.ts'), ['src/util/validate.ts']);
+  assert.deepEqual(g.get('src/addon/native-error.ts'), ['src/errors.ts']);
 });
