@@ -12,9 +12,10 @@ export { NativeError, type NativeErrorCode } from './native-error.ts';
 
 /**
  * The one declaration of the `native-cuda` addon's surface (`kvtier_native.node`) and its
- * loader; a leaf module (it imports only errors, its own error mapping and validation). The data plane's copy engine on
- * the addon is `copy-engine.ts`; without the addon the sidecar copies with
- * `data-plane/fs-copy-engine.ts` (positional file I/O), and host slabs come from Node buffers.
+ * loader; a leaf module (it imports only errors, its own error mapping and validation). The
+ * data plane's copy engine on the addon is `copy-engine.ts`; without the addon the sidecar
+ * copies with `data-plane/fs-copy-engine.ts` (positional file I/O), and host slabs come from
+ * Node buffers.
  */
 
 /** Numbers per copy op in an ops array: `[srcIndex, srcOffset, dstIndex, dstOffset, length]`. */
