@@ -34,10 +34,13 @@ function listenMany(signal: AbortSignal): () => number {
 }
 
 describe('signals shared by many reads', () => {
-  test('a plain AbortSignal warns at 11 listeners (what the others are compared with)', async () => {
+  test('a plain AbortSignal warns at 11 listeners (what the others are compared with)', async (t) => {
     const warnings = await warningsWhile(async () => {
       listenMany(new AbortController().signal);
     });
+    // Node 20 and 22 warn; newer releases may not, and then the cases below hold trivially.
+    if (warnings.length === 0 && Number(process.versions.node.split('.')[0]) > 22)
+      return t.skip(`Node ${process.version} does not warn for an AbortSignal's listeners`);
     assert.equal(warnings.length, 1, JSON.stringify(warnings));
   });
 
