@@ -10,12 +10,10 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { defaultConfig } from '../../src/config/config.ts';
 import { LOAD_STATE } from '../../src/data-plane/data-plane.ts';
 import { Sidecar } from '../../src/sidecar.ts';
 import { silentLogger } from '../../src/util/log.ts';
-import { spawnGuarded } from '../support/child-guard.ts';
 import {
   blockContents,
   CHUNK_TOKENS,
@@ -24,38 +22,15 @@ import {
   type LoadJob,
   type SaveJob,
 } from '../support/engine-process.ts';
-import { REPO_ROOT, randomHashes, withDeadline } from '../support/fixtures.ts';
+import { runEngineJob } from '../support/engine-runner.ts';
+import { randomHashes } from '../support/fixtures.ts';
 
-const SCRIPT = fileURLToPath(new URL('../support/engine-process.ts', import.meta.url));
 const dir = mkdtempSync(join(tmpdir(), 'kvtier-dp-xproc-'));
 let sidecar: Sidecar;
 
 /** Runs one engine job in a fresh `node --import tsx` process; resolves its result line. */
-async function engine(job: SaveJob | LoadJob): Promise<EngineResult> {
-  const child = spawnGuarded(process.execPath, ['--import', 'tsx', SCRIPT, JSON.stringify(job)], {
-    cwd: REPO_ROOT,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  let err = '';
-  child.stdout.setEncoding('utf8').on('data', (d: string) => {
-    out += d;
-  });
-  child.stderr.setEncoding('utf8').on('data', (d: string) => {
-    err += d;
-  });
-  const code = await withDeadline(
-    new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c))),
-    30_000,
-    `engine process (${job.mode})`,
-  ).catch((e: unknown) => {
-    child.kill('SIGKILL');
-    throw e;
-  });
-  assert.equal(code, 0, `engine process (${job.mode}) failed:\n${err}`);
-  const line = out.split('\n').find((l) => l.startsWith('result '));
-  assert.ok(line !== undefined, `engine process printed no result; stdout: ${out}\nstderr: ${err}`);
-  return JSON.parse(line.slice('result '.length)) as EngineResult;
+function engine(job: SaveJob | LoadJob): Promise<EngineResult> {
+  return runEngineJob(job, 30_000);
 }
 
 before(async () => {

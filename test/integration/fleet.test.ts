@@ -14,14 +14,12 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { fileURLToPath } from 'node:url';
 import { RedisBackend } from '../../src/backends/redis-backend.ts';
 import { S3Backend } from '../../src/backends/s3-backend.ts';
 import type { ChunkHash, StorageBackend } from '../../src/backends/types.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { hashChunks, hashToHex, packHashes, tokenCounts } from '../../src/hashing/chunk-hasher.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
-import { spawnGuarded } from '../support/child-guard.ts';
 import { chunkBytes, DurableLedger, type WrittenChunk } from '../support/durability.ts';
 import {
   blockContents,
@@ -30,18 +28,12 @@ import {
   type LoadJob,
   type SaveJob,
 } from '../support/engine-process.ts';
-import {
-  freeTcpPort,
-  REPO_ROOT,
-  randomHashes,
-  randomNamespace,
-  withDeadline,
-} from '../support/fixtures.ts';
+import { runEngineJob } from '../support/engine-runner.ts';
+import { freeTcpPort, randomHashes, randomNamespace, withDeadline } from '../support/fixtures.ts';
 import { type RedisCluster, startRedisCluster } from '../support/redis-server.ts';
 import { type S3Harness, S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 import { type SidecarProcess, startSidecarProcess } from '../support/sidecar-process.ts';
 
-const ENGINE = fileURLToPath(new URL('../support/engine-process.ts', import.meta.url));
 const KEY_PREFIX = 'fleet/';
 const dir = mkdtempSync(join(tmpdir(), 'kvtier-fleet-'));
 
@@ -140,31 +132,8 @@ async function drained(n: Node): Promise<void> {
   );
 }
 
-async function engine(job: SaveJob | LoadJob): Promise<EngineResult> {
-  const child = spawnGuarded(process.execPath, ['--import', 'tsx', ENGINE, JSON.stringify(job)], {
-    cwd: REPO_ROOT,
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let out = '';
-  let err = '';
-  child.stdout.setEncoding('utf8').on('data', (d: string) => {
-    out += d;
-  });
-  child.stderr.setEncoding('utf8').on('data', (d: string) => {
-    err += d;
-  });
-  const code = await withDeadline(
-    new Promise<number | null>((resolve) => child.once('exit', (c) => resolve(c))),
-    60_000,
-    `engine process (${job.mode})`,
-  ).catch((e: unknown) => {
-    child.kill('SIGKILL');
-    throw e;
-  });
-  assert.equal(code, 0, `engine process (${job.mode}) failed:\n${err}`);
-  const line = out.split('\n').find((l) => l.startsWith('result '));
-  assert.ok(line !== undefined, `no result line: ${out}\n${err}`);
-  return JSON.parse(line.slice('result '.length)) as EngineResult;
+function engine(job: SaveJob | LoadJob): Promise<EngineResult> {
+  return runEngineJob(job, 60_000);
 }
 
 /** Tokens of `hashes` (16 each) a node can give back now, and from which tiers. */
