@@ -1,12 +1,14 @@
 /**
- * Options of the LocalDisk tier: {@link LocalDiskOptions}, their defaults in one place, the
- * resolver that validates them and the reader of a tier's config object.
+ * Declarations of the LocalDisk tier: its options ({@link LocalDiskOptions}), their defaults in
+ * one place, the resolver that validates them, the reader of a tier's config object, and the
+ * shape of its stats.
  */
 import type { Logger } from '../util/log.ts';
 import { requireBoolean, requireInt, requireOneOf, requireString } from '../util/validate.ts';
 import { CHUNK_HEADER_BYTES } from './chunk-format.ts';
 import { optionsFromConfig } from './config-options.ts';
 import { FSYNC_POLICIES, type FsyncPolicy, MAX_SHARD_CHARS } from './file-store.ts';
+import type { BackendStats } from './types.ts';
 
 /** Options of {@link LocalDiskBackend}. */
 export interface LocalDiskOptions {
@@ -107,4 +109,16 @@ export function localDiskOptionsFromConfig(
   tier = 'local-disk',
 ): LocalDiskOptions {
   return optionsFromConfig(raw, tier, 'local-disk', OPTION_KEYS, resolveLocalDiskOptions);
+}
+
+/** LocalDisk stats: the interface's plus counters of its own. */
+export interface LocalDiskStats extends BackendStats {
+  /** Objects found corrupt on read (each was a miss and was deleted). */
+  readonly corruptObjects: number;
+  /** Object files written since start. */
+  readonly filesWritten: number;
+  /** Reads or writes that failed with an I/O error or timed out. */
+  readonly ioErrors: number;
+  /** Whether the start-up scan has finished (until then, chunks it has not reached miss). */
+  readonly indexComplete: boolean;
 }

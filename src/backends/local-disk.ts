@@ -17,6 +17,7 @@ import {
 import { KeyedUnlinks } from './keyed-unlinks.ts';
 import {
   type LocalDiskOptions,
+  type LocalDiskStats,
   localDiskOptionsFromConfig,
   type ResolvedLocalDiskOptions,
   resolveLocalDiskOptions,
@@ -27,7 +28,6 @@ import type {
   BackendContext,
   BackendFactory,
   BackendHealth,
-  BackendStats,
   Chunk,
   ChunkHash,
   ContainsOptions,
@@ -40,19 +40,7 @@ import type {
   StorageBackend,
 } from './types.ts';
 
-export type { LocalDiskOptions } from './local-disk-options.ts';
-
-/** LocalDisk stats: the interface's plus counters of its own. */
-export interface LocalDiskStats extends BackendStats {
-  /** Objects found corrupt on read (each was a miss and was deleted). */
-  readonly corruptObjects: number;
-  /** Object files written since start. */
-  readonly filesWritten: number;
-  /** Reads or writes that failed with an I/O error or timed out. */
-  readonly ioErrors: number;
-  /** Whether the start-up scan has finished (until then, chunks it has not reached miss). */
-  readonly indexComplete: boolean;
-}
+export type { LocalDiskOptions, LocalDiskStats } from './local-disk-options.ts';
 
 /**
  * A byte-bounded chunk store in a local directory, one file per chunk in the stored chunk
