@@ -14,13 +14,13 @@ import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { setImmediate as turn } from 'node:timers/promises';
 import { crc32 } from 'node:zlib';
 import { loadNative } from '../src/addon/native-addon.ts';
-import { CHECKSUM_XXH64, crc32cEngine, payloadChecksum } from '../src/backends/checksum.ts';
+import { CHECKSUM_XXH64, crc32cEngine, payloadChecksum } from '../src/backends/format/checksum.ts';
 import {
   CHUNK_HEADER_BYTES,
   decodeChunkObjectAsync,
   encodeChunkObject,
   encodeChunkObjectIntoAsync,
-} from '../src/backends/chunk-format.ts';
+} from '../src/backends/format/chunk-format.ts';
 import { chunkHash } from '../src/hashing/chunk-hash.ts';
 import { crc32c } from '../src/util/crc32c.ts';
 import { printTable, writeResults } from './support/child.ts';

@@ -9,7 +9,7 @@
  */
 import pLimit from 'p-limit';
 import PQueue from 'p-queue';
-import type { Chunk, StorageBackend } from '../src/backends/types.ts';
+import type { Chunk, StorageBackend } from '../src/backends/core/types.ts';
 import { chunkHash } from '../src/hashing/chunk-hash.ts';
 import { SocketSendQueue } from '../src/protocol/send-queue.ts';
 import { WriteThroughQueue } from '../src/storage-manager/write-through.ts';

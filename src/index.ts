@@ -9,50 +9,13 @@ export {
   type NativeAddon,
   type NativeProbe,
 } from './addon/native-addon.ts';
-export { STORAGE_BACKEND_METHODS, storageBackendProblems } from './backends/backend-check.ts';
-export {
-  CHUNK_FORMAT_VERSION,
-  CHUNK_HEADER_BYTES,
-  CHUNK_MAGIC,
-  CHUNK_MAX_PAYLOAD_BYTES,
-  type ChunkDecodeFailure,
-  type ChunkHeader,
-  chunkObjectBytes,
-  decodeChunkHeader,
-  decodeChunkObject,
-  decodeChunkObjectAsync,
-  encodeChunkHeader,
-  encodeChunkHeaderAsync,
-  encodeChunkObject,
-  encodeChunkObjectAsync,
-  encodeChunkObjectInto,
-  encodeChunkObjectIntoAsync,
-  verifyChunkPayload,
-  verifyChunkPayloadAsync,
-} from './backends/chunk-format.ts';
+export { STORAGE_BACKEND_METHODS, storageBackendProblems } from './backends/core/backend-check.ts';
 export {
   CIRCUIT_BREAKER_DEFAULTS,
   CircuitBreakerBackend,
   type CircuitBreakerOptions,
-} from './backends/circuit-breaker.ts';
-export { ForwardingBackend } from './backends/forwarding-backend.ts';
-export { FsBackend, type FsBackendOptions } from './backends/fs-backend.ts';
-export { LocalCpuBackend, type LocalCpuOptions } from './backends/local-cpu.ts';
-export { LocalDiskBackend, type LocalDiskOptions } from './backends/local-disk.ts';
-export { MemoryBackend, type MemoryBackendOptions } from './backends/memory.ts';
-export {
-  createPluginContext,
-  type PluginContextOptions,
-  raceAbort,
-  throwIfAborted,
-} from './backends/plugin-context.ts';
-export { RedisBackend, type RedisBackendOptions } from './backends/redis-backend.ts';
-export {
-  BackendRegistry,
-  type BackendRegistryOptions,
-  type TierConfig,
-} from './backends/registry.ts';
-export { S3Backend, type S3BackendOptions } from './backends/s3-backend.ts';
+} from './backends/core/circuit-breaker.ts';
+export { ForwardingBackend } from './backends/core/forwarding-backend.ts';
 // Backends: the interface, the stored format, the built-in tiers, plug-in support
 export type {
   AbortHelpers,
@@ -76,7 +39,44 @@ export type {
   PutOutcome,
   ReserveOutcome,
   StorageBackend,
-} from './backends/types.ts';
+} from './backends/core/types.ts';
+export {
+  CHUNK_FORMAT_VERSION,
+  CHUNK_HEADER_BYTES,
+  CHUNK_MAGIC,
+  CHUNK_MAX_PAYLOAD_BYTES,
+  type ChunkDecodeFailure,
+  type ChunkHeader,
+  chunkObjectBytes,
+  decodeChunkHeader,
+  decodeChunkObject,
+  decodeChunkObjectAsync,
+  encodeChunkHeader,
+  encodeChunkHeaderAsync,
+  encodeChunkObject,
+  encodeChunkObjectAsync,
+  encodeChunkObjectInto,
+  encodeChunkObjectIntoAsync,
+  verifyChunkPayload,
+  verifyChunkPayloadAsync,
+} from './backends/format/chunk-format.ts';
+export { FsBackend, type FsBackendOptions } from './backends/fs/fs-backend.ts';
+export { LocalCpuBackend, type LocalCpuOptions } from './backends/local-cpu/local-cpu.ts';
+export { LocalDiskBackend, type LocalDiskOptions } from './backends/local-disk/local-disk.ts';
+export { MemoryBackend, type MemoryBackendOptions } from './backends/memory/memory.ts';
+export {
+  createPluginContext,
+  type PluginContextOptions,
+  raceAbort,
+  throwIfAborted,
+} from './backends/plugin/plugin-context.ts';
+export { RedisBackend, type RedisBackendOptions } from './backends/redis/redis-backend.ts';
+export {
+  BackendRegistry,
+  type BackendRegistryOptions,
+  type TierConfig,
+} from './backends/registry.ts';
+export { S3Backend, type S3BackendOptions } from './backends/s3/s3-backend.ts';
 export { formatBytes, parseBytes } from './config/bytes.ts';
 // Configuration, metrics, logging
 export {
@@ -162,12 +162,12 @@ export {
 } from './lookup-client/lookup-client.ts';
 export { MultiLookupClient } from './lookup-client/multi-lookup-client.ts';
 // Worker side
-export { SidecarServer, type SidecarServerOptions } from './server/sidecar-server.ts';
+export { SidecarServer, type SidecarServerOptions } from './lookup-server/sidecar-server.ts';
 
 import {
   SidecarServer as SidecarServerClass,
   type SidecarServerOptions as SidecarServerOptionsType,
-} from './server/sidecar-server.ts';
+} from './lookup-server/sidecar-server.ts';
 
 /**
  * The sidecar's server under its old name (it serves lookups, PUT/GET/CLEAR/STATS and the data

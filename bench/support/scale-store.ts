@@ -6,9 +6,9 @@
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/chunk-format.ts';
-import { objectDir, objectPath } from '../../src/backends/file-store.ts';
-import type { Chunk } from '../../src/backends/types.ts';
+import type { Chunk } from '../../src/backends/core/types.ts';
+import { objectDir, objectPath } from '../../src/backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/format/chunk-format.ts';
 import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 
 /** The namespace every bench:scale chunk is stored under. */

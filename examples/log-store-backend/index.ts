@@ -12,14 +12,6 @@
  */
 import { type FileHandle, mkdir, open, readdir, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
-// A published plug-in imports these from the `kvtier` package instead of by relative path.
-import {
-  CHUNK_HEADER_BYTES,
-  CHUNK_MAX_PAYLOAD_BYTES,
-  decodeChunkHeader,
-  decodeChunkObject,
-  encodeChunkObject,
-} from '../../src/backends/chunk-format.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -34,7 +26,15 @@ import type {
   PutOptions,
   PutOutcome,
   StorageBackend,
-} from '../../src/backends/types.ts';
+} from '../../src/backends/core/types.ts';
+// A published plug-in imports these from the `kvtier` package instead of by relative path.
+import {
+  CHUNK_HEADER_BYTES,
+  CHUNK_MAX_PAYLOAD_BYTES,
+  decodeChunkHeader,
+  decodeChunkObject,
+  encodeChunkObject,
+} from '../../src/backends/format/chunk-format.ts';
 import { parseBytes } from '../../src/config/bytes.ts';
 import { abortedError, closedError, KvtierError } from '../../src/errors.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';

@@ -25,8 +25,8 @@ import {
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { parseArgs } from 'node:util';
-import { decodeChunkObject } from '../../src/backends/chunk-format.ts';
-import { objectPath } from '../../src/backends/file-store.ts';
+import { objectPath } from '../../src/backends/files/file-store.ts';
+import { decodeChunkObject } from '../../src/backends/format/chunk-format.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { chunkBytes, DurableLedger } from '../../test/support/durability.ts';

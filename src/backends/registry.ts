@@ -1,19 +1,19 @@
 import { Registry } from 'prom-client';
 import { KvtierError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { closeQuietly, storageBackendProblems, withoutTierPrefix } from './backend-check.ts';
-import { CircuitBreakerBackend, type CircuitBreakerOptions } from './circuit-breaker.ts';
-import { createFsBackend, fsOptionsFromConfig } from './fs-backend.ts';
-import { localCpuFactory } from './local-cpu.ts';
-import { localCpuOptionsFromConfig } from './local-cpu-options.ts';
-import { createLocalDiskBackend } from './local-disk.ts';
-import { localDiskOptionsFromConfig } from './local-disk-options.ts';
-import { createMemoryBackend, memoryOptionsFromConfig } from './memory.ts';
-import { createModuleBackendFactory } from './plugin.ts';
-import { createPluginContext } from './plugin-context.ts';
-import { createRedisBackend, redisOptionsFromConfig } from './redis-backend.ts';
-import { createS3Backend, s3OptionsFromConfig } from './s3-backend.ts';
-import type { PluginFactory, StorageBackend } from './types.ts';
+import { closeQuietly, storageBackendProblems, withoutTierPrefix } from './core/backend-check.ts';
+import { CircuitBreakerBackend, type CircuitBreakerOptions } from './core/circuit-breaker.ts';
+import type { PluginFactory, StorageBackend } from './core/types.ts';
+import { createFsBackend, fsOptionsFromConfig } from './fs/fs-backend.ts';
+import { localCpuFactory } from './local-cpu/local-cpu.ts';
+import { localCpuOptionsFromConfig } from './local-cpu/local-cpu-options.ts';
+import { createLocalDiskBackend } from './local-disk/local-disk.ts';
+import { localDiskOptionsFromConfig } from './local-disk/local-disk-options.ts';
+import { createMemoryBackend, memoryOptionsFromConfig } from './memory/memory.ts';
+import { createModuleBackendFactory } from './plugin/plugin.ts';
+import { createPluginContext } from './plugin/plugin-context.ts';
+import { createRedisBackend, redisOptionsFromConfig } from './redis/redis-backend.ts';
+import { createS3Backend, s3OptionsFromConfig } from './s3/s3-backend.ts';
 
 /** One tier as the config lists it: a unique name, a backend type and that backend's options. */
 export interface TierConfig {

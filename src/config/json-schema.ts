@@ -5,13 +5,13 @@
  * it needs the dev dependency `@valibot/to-json-schema`, so nothing at run time imports it.
  */
 import { toJsonSchema } from '@valibot/to-json-schema';
-import { CIRCUIT_BREAKER_DEFAULTS } from '../backends/circuit-breaker.ts';
-import { FS_BACKEND_DEFAULTS } from '../backends/fs-backend.ts';
-import { DEFAULT_PAGE_BYTES } from '../backends/host-arena.ts';
-import { DEFAULT_PREFAULT } from '../backends/host-prefault.ts';
-import { LOCAL_DISK_DEFAULTS } from '../backends/local-disk-options.ts';
-import { REDIS_BACKEND_DEFAULTS } from '../backends/redis-backend.ts';
-import { S3_BACKEND_DEFAULTS } from '../backends/s3-backend.ts';
+import { DEFAULT_PAGE_BYTES } from '../backends/arena/host-arena.ts';
+import { DEFAULT_PREFAULT } from '../backends/arena/host-prefault.ts';
+import { CIRCUIT_BREAKER_DEFAULTS } from '../backends/core/circuit-breaker.ts';
+import { FS_BACKEND_DEFAULTS } from '../backends/fs/fs-backend.ts';
+import { LOCAL_DISK_DEFAULTS } from '../backends/local-disk/local-disk-options.ts';
+import { REDIS_BACKEND_DEFAULTS } from '../backends/redis/redis-backend.ts';
+import { S3_BACKEND_DEFAULTS } from '../backends/s3/s3-backend.ts';
 import { CONFIG_DEFAULTS } from './config.ts';
 import { rootSchema } from './schema.ts';
 import { type AnySchema, JSON_SCHEMA_OVERRIDES } from './schema-kit.ts';

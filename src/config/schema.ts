@@ -4,7 +4,7 @@
  * here: `resolveConfig` merges what a file gives over `defaultConfig()`.
  */
 import * as v from 'valibot';
-import { resolveCircuitBreakerOptions } from '../backends/circuit-breaker.ts';
+import { resolveCircuitBreakerOptions } from '../backends/core/circuit-breaker.ts';
 import type { TierConfig } from '../backends/registry.ts';
 import type { EventsDocument } from '../events/events-options.ts';
 import type { LogLevel } from '../util/log.ts';

@@ -6,9 +6,13 @@
  * defaults stay in the backends (`*_DEFAULTS`), and the JSON Schema reports them from there.
  */
 import * as v from 'valibot';
-import { CHUNK_HEADER_BYTES, CHUNK_MAX_PAYLOAD_BYTES } from '../backends/chunk-format.ts';
-import { FSYNC_POLICIES, MAX_SHARD_CHARS } from '../backends/file-store.ts';
-import { DEFAULT_PAGE_BYTES, MAX_SLAB_BYTES, MIN_PAGE_BYTES } from '../backends/host-arena.ts';
+import {
+  DEFAULT_PAGE_BYTES,
+  MAX_SLAB_BYTES,
+  MIN_PAGE_BYTES,
+} from '../backends/arena/host-arena.ts';
+import { FSYNC_POLICIES, MAX_SHARD_CHARS } from '../backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES, CHUNK_MAX_PAYLOAD_BYTES } from '../backends/format/chunk-format.ts';
 import { describe } from '../util/validate.ts';
 import {
   type AnySchema,

@@ -2,7 +2,7 @@
  * The data plane's small pieces: request checks and the load completion word (see
  * `DataPlane.load`), kept apart from its save and load paths.
  */
-import type { Chunk, ChunkHash } from '../backends/types.ts';
+import type { Chunk, ChunkHash } from '../backends/core/types.ts';
 import { KvtierError } from '../errors.ts';
 import type { Logger } from '../util/log.ts';
 import { describe } from '../util/validate.ts';

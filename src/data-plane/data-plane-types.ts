@@ -1,5 +1,5 @@
 /** The data plane's options and the requests and results of its saves and loads. */
-import type { ChunkHash } from '../backends/types.ts';
+import type { ChunkHash } from '../backends/core/types.ts';
 import type { StorageManager } from '../storage-manager/storage-manager.ts';
 import type { Logger } from '../util/log.ts';
 import type { CopyEngine } from './copy-engine-types.ts';

@@ -1,4 +1,4 @@
-import type { ChunkHash } from '../backends/types.ts';
+import type { ChunkHash } from '../backends/core/types.ts';
 import { closedError, KvtierError } from '../errors.ts';
 import type {
   PinnedLookup,

@@ -4,7 +4,7 @@
  * by batch count and bytes. No sockets here (event-publisher.ts sends what this makes).
  */
 import { randomBytes } from 'node:crypto';
-import type { ChunkHash, NamespaceId } from '../backends/types.ts';
+import type { ChunkHash, NamespaceId } from '../backends/core/types.ts';
 import { requireInt } from '../util/validate.ts';
 import type { ChunkEventSink, EventTier, RemovalReason, SnapshotGroup } from './event-types.ts';
 import { encodeMsgpack, type MsgpackValue } from './msgpack.ts';

@@ -3,7 +3,7 @@
  * tier no longer holds, and CLEARs. The storage manager and the tier decorators report into a
  * {@link ChunkEventSink}; the stream turns the reports into numbered batches.
  */
-import type { BackendCapabilities, ChunkHash, NamespaceId } from '../backends/types.ts';
+import type { BackendCapabilities, ChunkHash, NamespaceId } from '../backends/core/types.ts';
 
 /**
  * Where a tier keeps its chunks, as the stream names it (vLLM's `medium` vocabulary): `CPU` for

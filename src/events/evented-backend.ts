@@ -5,7 +5,7 @@
  * scan indexing files its journal missed). `clear` reports nothing here: the
  * storage manager reports a CLEAR once, for every tier.
  */
-import { ForwardingBackend } from '../backends/forwarding-backend.ts';
+import { ForwardingBackend } from '../backends/core/forwarding-backend.ts';
 import type {
   Chunk,
   ChunkHash,
@@ -17,7 +17,7 @@ import type {
   PutOutcome,
   ReserveOutcome,
   StorageBackend,
-} from '../backends/types.ts';
+} from '../backends/core/types.ts';
 import { type ChunkEventSink, type EventTier, mediumOf } from './event-types.ts';
 
 /**

@@ -5,10 +5,10 @@
  */
 import type { Registry } from 'prom-client';
 import type * as zmq from 'zeromq';
-import type { HostMemoryTier, NamespaceId, StorageBackend } from '../backends/types.ts';
+import type { HostMemoryTier, NamespaceId, StorageBackend } from '../backends/core/types.ts';
 import { KvtierError } from '../errors.ts';
+import { isLocalEndpoint } from '../lookup-server/auth-config.ts';
 import { EventMetrics } from '../metrics/event-metrics.ts';
-import { isLocalEndpoint } from '../server/auth-config.ts';
 import type { Logger } from '../util/log.ts';
 import { EventPublisher } from './event-publisher.ts';
 import { type ChunkEventSink, mediumOf, type SnapshotGroup } from './event-types.ts';

@@ -12,9 +12,9 @@
  * LOOKUP stays packed bytes as far as host memory's packed index and is made hex only for the
  * tiers below it (storage-manager/tier-walk.ts), for pins recorded by hex and when a LOAD reads
  * the answered lookup (storage-manager/pin-ledger.ts, lookup-hashes.ts); SAVE and LOAD are made
- * hex whole in the server (server/sidecar-server.ts); stored headers, events and the journal
+ * hex whole in the server (lookup-server/sidecar-server.ts); stored headers, events and the journal
  * take the bytes back, and the host and disk indexes take eight int32 words
- * (backends/packed-key-index.ts, backends/hash-words.ts). docs/architecture.md, "Hash forms",
+ * (backends/index/packed-key-index.ts, backends/index/hash-words.ts). docs/architecture.md, "Hash forms",
  * lists every conversion.
  */
 import { KvtierError } from '../errors.ts';

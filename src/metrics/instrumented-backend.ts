@@ -1,5 +1,5 @@
 import type { Counter, Histogram } from 'prom-client';
-import { ForwardingBackend } from '../backends/forwarding-backend.ts';
+import { ForwardingBackend } from '../backends/core/forwarding-backend.ts';
 import type {
   Chunk,
   ChunkHash,
@@ -13,7 +13,7 @@ import type {
   PutOutcome,
   ReserveOutcome,
   StorageBackend,
-} from '../backends/types.ts';
+} from '../backends/core/types.ts';
 import { KvtierError } from '../errors.ts';
 import type { BackendOp, KvtierMetrics } from './metrics.ts';
 

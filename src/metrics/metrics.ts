@@ -1,5 +1,5 @@
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
-import type { BackendHealth, BackendStats } from '../backends/types.ts';
+import type { BackendHealth, BackendStats } from '../backends/core/types.ts';
 import { KvtierError } from '../errors.ts';
 import { guard, onObserve } from './prom-helpers.ts';
 

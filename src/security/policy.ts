@@ -1,7 +1,7 @@
 /**
  * Who may send what: client roles, the message types each role may send, and the namespaces a
  * key may touch. Pure functions over decoded requests; the sidecar server's auth layer
- * (src/server/auth.ts) applies them before a request reaches storage or the data plane.
+ * (src/lookup-server/auth.ts) applies them before a request reaches storage or the data plane.
  * See docs/security.md.
  */
 import { KvtierError } from '../errors.ts';

@@ -1,8 +1,8 @@
 import { closeSync, openSync, readdirSync, readSync, statSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { CHUNK_HEADER_BYTES } from '../backends/chunk-format.ts';
-import { OBJECT_SUFFIX } from '../backends/file-store.ts';
+import { OBJECT_SUFFIX } from '../backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES } from '../backends/format/chunk-format.ts';
 import type { LoadIntent } from '../connector/types.ts';
 import { KvtierError } from '../errors.ts';
 import { chunkHashesFromPacked } from '../hashing/chunk-hash.ts';

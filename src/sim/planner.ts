@@ -1,4 +1,4 @@
-import { CHUNK_HEADER_BYTES } from '../backends/chunk-format.ts';
+import { CHUNK_HEADER_BYTES } from '../backends/format/chunk-format.ts';
 import { type ChunkKeyTrace, lruBound, tierBehindGpuBound } from './bounds.ts';
 import { decodeStepSeconds, type EngineSpeed, prefillRate, prefillSeconds } from './gpu.ts';
 import { kvBytesPerToken, type PlannedModel } from './models.ts';

@@ -1,4 +1,4 @@
-import type { NamespaceId } from '../backends/types.ts';
+import type { NamespaceId } from '../backends/core/types.ts';
 
 /**
  * Orders writes against CLEAR. A writer takes a stamp when it starts (a PUT, a save's

@@ -9,7 +9,7 @@ import type {
   NamespaceId,
   PackedHostIndex,
   StorageBackend,
-} from '../backends/types.ts';
+} from '../backends/core/types.ts';
 import { abortedError, KvtierError } from '../errors.ts';
 import type { EventManager, PrefetchHooks } from '../event-manager/event-manager.ts';
 import { type CounterTally, type Tally, tallyOf } from '../metrics/counter-tally.ts';

@@ -1,4 +1,9 @@
-import type { ChunkHash, NamespaceId, PackedHostIndex, StorageBackend } from '../backends/types.ts';
+import type {
+  ChunkHash,
+  NamespaceId,
+  PackedHostIndex,
+  StorageBackend,
+} from '../backends/core/types.ts';
 import type { LookupHashes } from './lookup-hashes.ts';
 
 interface PinRun {

@@ -6,7 +6,7 @@ import type {
   NamespaceId,
   PutOutcome,
   StorageBackend,
-} from '../backends/types.ts';
+} from '../backends/core/types.ts';
 import { closedError, KvtierError } from '../errors.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { ClearFence } from './clear-fence.ts';

@@ -5,7 +5,7 @@ import type {
   NamespaceId,
   PutOutcome,
   StorageBackend,
-} from '../backends/types.ts';
+} from '../backends/core/types.ts';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import {
   EventManager,

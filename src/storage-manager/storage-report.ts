@@ -2,7 +2,7 @@
  * The storage manager's read-only views (STATS, the metrics' scrape-time sources) and its
  * GET across the tiers, kept apart from the lookup and save paths.
  */
-import type { Chunk, ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
+import type { Chunk, ChunkHash, NamespaceId, StorageBackend } from '../backends/core/types.ts';
 import type { EventManager } from '../event-manager/event-manager.ts';
 import type { MetricSources } from '../metrics/metrics.ts';
 import type { AsyncSerializer } from '../serializer/async-serializer.ts';

@@ -2,7 +2,12 @@
  * The storage manager's public types: its options, a lookup's input and outcome, an answered
  * lookup's pins, and a save's reservation.
  */
-import type { BackendHealth, ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
+import type {
+  BackendHealth,
+  ChunkHash,
+  NamespaceId,
+  StorageBackend,
+} from '../backends/core/types.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { Logger } from '../util/log.ts';
 import type { LookupBytesHold } from './lookup-budget.ts';

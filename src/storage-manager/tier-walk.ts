@@ -5,7 +5,7 @@ import {
   type NamespaceId,
   releaseChunks,
   type StorageBackend,
-} from '../backends/types.ts';
+} from '../backends/core/types.ts';
 import { abortedError } from '../errors.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { AsyncSerializer } from '../serializer/async-serializer.ts';

@@ -1,4 +1,4 @@
-import type { Chunk, ChunkHash, NamespaceId, StorageBackend } from '../backends/types.ts';
+import type { Chunk, ChunkHash, NamespaceId, StorageBackend } from '../backends/core/types.ts';
 import { KvtierError } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';
 

@@ -2,7 +2,7 @@
  * CRC-32C (Castagnoli; reflected polynomial 0x82F63B78, init and final XOR 0xFFFFFFFF) in plain
  * JavaScript: the payload checksum of stored chunk format version 2 when the native addon is
  * not loaded. The addon (native-cuda/src/crc32c.cc) computes the same values, faster and off
- * the event loop; `src/backends/checksum.ts` picks one. `crc32c('123456789') = 0xE3069283`.
+ * the event loop; `src/backends/format/checksum.ts` picks one. `crc32c('123456789') = 0xE3069283`.
  */
 
 const POLY = 0x82f63b78;

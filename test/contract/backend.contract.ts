@@ -15,7 +15,7 @@
  * `opts.skip`) are reported as skipped, never as passed.
  */
 import { describe, it } from 'node:test';
-import type { StorageBackend } from '../../src/backends/types.ts';
+import type { StorageBackend } from '../../src/backends/core/types.ts';
 import { KvtierError } from '../../src/errors.ts';
 import {
   boundedEviction,

@@ -2,9 +2,12 @@ import { randomBytes } from 'node:crypto';
 import { mkdtemp, open, rm, truncate, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/chunk-format.ts';
-import { objectPath } from '../../src/backends/file-store.ts';
-import { LocalDiskBackend, type LocalDiskOptions } from '../../src/backends/local-disk.ts';
+import { objectPath } from '../../src/backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/format/chunk-format.ts';
+import {
+  LocalDiskBackend,
+  type LocalDiskOptions,
+} from '../../src/backends/local-disk/local-disk.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { type CorruptionKind, describeBackendContract } from './backend.contract.ts';

@@ -1,7 +1,7 @@
 import { GetObjectCommand, PutObjectCommand } from '@aws-sdk/client-s3';
-import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/chunk-format.ts';
-import { S3Backend } from '../../src/backends/s3-backend.ts';
-import type { StorageBackend } from '../../src/backends/types.ts';
+import type { StorageBackend } from '../../src/backends/core/types.ts';
+import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/format/chunk-format.ts';
+import { S3Backend } from '../../src/backends/s3/s3-backend.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 import { type CorruptionKind, describeBackendContract } from './backend.contract.ts';

@@ -19,8 +19,8 @@ import {
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
-import { objectPath, TEMP_SUFFIX } from '../../src/backends/file-store.ts';
+import { objectPath, TEMP_SUFFIX } from '../../src/backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES } from '../../src/backends/format/chunk-format.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { chunkBytes, DurableLedger, type WrittenChunk } from '../support/durability.ts';

@@ -9,7 +9,7 @@ import { isKvtierError } from '../../src/errors.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { LookupClient, type LookupClientOptions } from '../../src/lookup-client/lookup-client.ts';
 import { MultiLookupClient } from '../../src/lookup-client/multi-lookup-client.ts';
-import type { SidecarServer } from '../../src/server/sidecar-server.ts';
+import type { SidecarServer } from '../../src/lookup-server/sidecar-server.ts';
 import {
   createTestStack,
   nextTurn,

@@ -8,7 +8,7 @@ import { mkdtemp, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
+import { CHUNK_HEADER_BYTES } from '../../src/backends/format/chunk-format.ts';
 import {
   runSimulateCommand,
   type SimulateCommandIo,

@@ -2,10 +2,13 @@ import { randomBytes } from 'node:crypto';
 import { createServer } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
-import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
-import type { ChunkHash } from '../../src/backends/types.ts';
+import type { ChunkHash } from '../../src/backends/core/types.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
-import { SidecarServer, type SidecarServerOptions } from '../../src/server/sidecar-server.ts';
+import {
+  SidecarServer,
+  type SidecarServerOptions,
+} from '../../src/lookup-server/sidecar-server.ts';
 import {
   StorageManager,
   type StorageManagerOptions,

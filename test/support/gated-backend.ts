@@ -6,7 +6,6 @@
  * then a number" are deterministic. Faults are plain fields the test flips at any time.
  */
 
-import { MemoryBackend } from '../../src/backends/memory.ts';
 import type {
   BackendCapabilities,
   BackendHealth,
@@ -19,7 +18,8 @@ import type {
   PutOptions,
   PutOutcome,
   StorageBackend,
-} from '../../src/backends/types.ts';
+} from '../../src/backends/core/types.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory.ts';
 import { abortedError, closedError, KvtierError } from '../../src/errors.ts';
 
 interface Waiter {

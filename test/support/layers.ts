@@ -21,7 +21,7 @@ export const LAYERS: readonly (readonly string[])[] = [
   ['src/backends/', 'src/protocol/', 'src/security/'],
   ['src/storage-manager/', 'src/lookup-client/'],
   ['src/data-plane/'],
-  ['src/native/', 'src/server/', 'src/connector/'],
+  ['src/native/', 'src/lookup-server/', 'src/connector/'],
   ['src/events/'],
   ['src/sidecar.ts'],
   ['src/index.ts', 'src/cli/', 'src/sim/'],

@@ -8,6 +8,7 @@ import { after, describe, it } from 'node:test';
 import { crc32 } from 'node:zlib';
 import xxhash from 'xxhash-wasm';
 import { loadNative } from '../../src/addon/native-addon.ts';
+import { objectPath } from '../../src/backends/files/file-store.ts';
 import {
   CHECKSUM_CRC32C,
   CHECKSUM_SYNC_MAX_BYTES,
@@ -16,7 +17,7 @@ import {
   crc32cEngine,
   payloadChecksum,
   payloadChecksumAsync,
-} from '../../src/backends/checksum.ts';
+} from '../../src/backends/format/checksum.ts';
 import {
   CHUNK_HEADER_BYTES,
   type ChunkDecodeFailure,
@@ -28,9 +29,8 @@ import {
   encodeChunkObjectAsync,
   encodeChunkObjectIntoAsync,
   verifyChunkPayloadAsync,
-} from '../../src/backends/chunk-format.ts';
-import { objectPath } from '../../src/backends/file-store.ts';
-import { FsBackend } from '../../src/backends/fs-backend.ts';
+} from '../../src/backends/format/chunk-format.ts';
+import { FsBackend } from '../../src/backends/fs/fs-backend.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { crc32c } from '../../src/util/crc32c.ts';
 

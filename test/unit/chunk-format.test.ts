@@ -20,7 +20,7 @@ import {
   encodeChunkObject,
   encodeChunkObjectInto,
   verifyChunkPayload,
-} from '../../src/backends/chunk-format.ts';
+} from '../../src/backends/format/chunk-format.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 

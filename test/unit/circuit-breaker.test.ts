@@ -2,9 +2,9 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { getEventListeners } from 'node:events';
 import { afterEach, beforeEach, describe, mock, test } from 'node:test';
-import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
-import { ForwardingBackend } from '../../src/backends/forwarding-backend.ts';
-import type { Chunk, PutOutcome, StorageBackend } from '../../src/backends/types.ts';
+import { CircuitBreakerBackend } from '../../src/backends/core/circuit-breaker.ts';
+import { ForwardingBackend } from '../../src/backends/core/forwarding-backend.ts';
+import type { Chunk, PutOutcome, StorageBackend } from '../../src/backends/core/types.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { GatedBackend } from '../support/gated-backend.ts';
 

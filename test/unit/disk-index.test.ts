@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { describe, it } from 'node:test';
-import { DiskIndex, type EvictedEntry } from '../../src/backends/disk-index.ts';
-import { hashOfWords, hashWordsInto } from '../../src/backends/hash-words.ts';
+import { hashOfWords, hashWordsInto } from '../../src/backends/index/hash-words.ts';
+import { DiskIndex, type EvictedEntry } from '../../src/backends/local-disk/disk-index.ts';
 import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 
 const ns = () => randomBytes(16).toString('hex');

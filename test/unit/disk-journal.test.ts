@@ -9,12 +9,16 @@ import * as fsp from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
-import { DiskIndex } from '../../src/backends/disk-index.ts';
-import { IndexJournal, JOURNAL_FILE, replayJournal } from '../../src/backends/disk-journal.ts';
-import { objectPath, realFileSystem } from '../../src/backends/file-store.ts';
-import { LocalDiskBackend } from '../../src/backends/local-disk.ts';
-import type { Chunk } from '../../src/backends/types.ts';
+import type { Chunk } from '../../src/backends/core/types.ts';
+import { objectPath, realFileSystem } from '../../src/backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES } from '../../src/backends/format/chunk-format.ts';
+import { DiskIndex } from '../../src/backends/local-disk/disk-index.ts';
+import {
+  IndexJournal,
+  JOURNAL_FILE,
+  replayJournal,
+} from '../../src/backends/local-disk/disk-journal.ts';
+import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk.ts';
 import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { silentLogger } from '../../src/util/log.ts';
 

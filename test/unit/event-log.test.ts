@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import type { ChunkHash } from '../../src/backends/types.ts';
+import type { ChunkHash } from '../../src/backends/core/types.ts';
 import { EventLog } from '../../src/events/event-log.ts';
 import type { EventTier } from '../../src/events/event-types.ts';
 import { defaultReplayEndpoint } from '../../src/events/events-options.ts';

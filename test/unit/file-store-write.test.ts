@@ -9,7 +9,7 @@ import {
   EARLY_HEADER_MAX_BYTES,
   realFileSystem,
   writeChunkFileAtomic,
-} from '../../src/backends/file-store.ts';
+} from '../../src/backends/files/file-store.ts';
 import { KvtierError } from '../../src/errors.ts';
 
 const root = mkdtempSync(join(tmpdir(), 'kvtier-file-store-'));

@@ -5,16 +5,16 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it, mock } from 'node:test';
 import { setImmediate as turn } from 'node:timers/promises';
-import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
-import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
-import { type FileSystem, objectPath } from '../../src/backends/file-store.ts';
+import { CircuitBreakerBackend } from '../../src/backends/core/circuit-breaker.ts';
+import type { Chunk } from '../../src/backends/core/types.ts';
+import { type FileSystem, objectPath } from '../../src/backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES } from '../../src/backends/format/chunk-format.ts';
 import {
   createFsBackend,
   FsBackend,
   type FsBackendOptions,
   fsOptionsFromConfig,
-} from '../../src/backends/fs-backend.ts';
-import type { Chunk } from '../../src/backends/types.ts';
+} from '../../src/backends/fs/fs-backend.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 

@@ -4,7 +4,7 @@ import {
   type ArenaBlock,
   HostArena,
   resolveHostArenaOptions,
-} from '../../src/backends/host-arena.ts';
+} from '../../src/backends/arena/host-arena.ts';
 import { isKvtierError } from '../../src/errors.ts';
 
 const PAGE = 4096;

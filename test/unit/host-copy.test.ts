@@ -5,8 +5,8 @@ import {
   copyHostBytes,
   copyHostBytesSliced,
   HOST_COPY_SYNC_MAX_BYTES,
-} from '../../src/backends/host-copy.ts';
-import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
+} from '../../src/backends/arena/host-copy.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 

@@ -9,7 +9,7 @@ import type {
   NamespaceId,
   PutOutcome,
   StorageBackend,
-} from '../../src/backends/types.ts';
+} from '../../src/backends/core/types.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { instrumentBackend } from '../../src/metrics/instrumented-backend.ts';

@@ -1,11 +1,11 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
+import type { Chunk } from '../../src/backends/core/types.ts';
 import {
   type ChunkReservation,
   createLocalCpuBackend,
   LocalCpuBackend,
-} from '../../src/backends/local-cpu.ts';
-import type { Chunk } from '../../src/backends/types.ts';
+} from '../../src/backends/local-cpu/local-cpu.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 

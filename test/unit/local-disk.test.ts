@@ -5,19 +5,19 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it, mock } from 'node:test';
 import { setImmediate as turn } from 'node:timers/promises';
-import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
-import { JOURNAL_FILE } from '../../src/backends/disk-journal.ts';
-import { type FileSystem, objectPath } from '../../src/backends/file-store.ts';
+import type { Chunk } from '../../src/backends/core/types.ts';
+import { type FileSystem, objectPath } from '../../src/backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES } from '../../src/backends/format/chunk-format.ts';
+import { JOURNAL_FILE } from '../../src/backends/local-disk/disk-journal.ts';
 import {
   createLocalDiskBackend,
   LocalDiskBackend,
   type LocalDiskOptions,
-} from '../../src/backends/local-disk.ts';
+} from '../../src/backends/local-disk/local-disk.ts';
 import {
   localDiskOptionsFromConfig,
   resolveLocalDiskOptions,
-} from '../../src/backends/local-disk-options.ts';
-import type { Chunk } from '../../src/backends/types.ts';
+} from '../../src/backends/local-disk/local-disk-options.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 

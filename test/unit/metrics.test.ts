@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import { Gauge, register as globalRegistry, Registry } from 'prom-client';
-import type { BackendHealth, BackendStats } from '../../src/backends/types.ts';
+import type { BackendHealth, BackendStats } from '../../src/backends/core/types.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import {
   KvtierMetrics,

@@ -12,7 +12,7 @@ import {
   decodeChunkObject,
   encodeChunkHeader,
   encodeChunkHeaderTemplate,
-} from '../../src/backends/chunk-format.ts';
+} from '../../src/backends/format/chunk-format.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { crc32c } from '../../src/util/crc32c.ts';

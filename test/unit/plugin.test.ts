@@ -4,13 +4,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { Registry } from 'prom-client';
-import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
+import { CircuitBreakerBackend } from '../../src/backends/core/circuit-breaker.ts';
+import type { StorageBackend } from '../../src/backends/core/types.ts';
 import { BackendRegistry } from '../../src/backends/registry.ts';
-import type { StorageBackend } from '../../src/backends/types.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { createLogger } from '../../src/util/log.ts';
 
-const memoryUrl = new URL('../../src/backends/memory.ts', import.meta.url).href;
+const memoryUrl = new URL('../../src/backends/memory/memory.ts', import.meta.url).href;
 const MEMORY = `import { MemoryBackend } from ${JSON.stringify(memoryUrl)};\n`;
 
 /** A temp directory holding `files` (path relative to the directory → contents). */
@@ -97,7 +97,7 @@ describe('plug-in backends (type: module)', () => {
 
   test('the factory context: logger at the configured level, config directory, abort helpers, metrics registry', async () => {
     const dir = await pluginDir({
-      'ctx.ts': `${MEMORY}import type { PluginFactory } from ${JSON.stringify(new URL('../../src/backends/types.ts', import.meta.url).href)};
+      'ctx.ts': `${MEMORY}import type { PluginFactory } from ${JSON.stringify(new URL('../../src/backends/core/types.ts', import.meta.url).href)};
 export const seen: Record<string, unknown> = {};
 export const createBackend: PluginFactory = async (_o, ctx) => {
   ctx.log.info('info line from the plug-in');

@@ -4,21 +4,25 @@ import * as fsp from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { ChunkFiles, type FileOp, POOLED_READ_MIN_BYTES } from '../../src/backends/chunk-files.ts';
-import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
-import { realFileSystem } from '../../src/backends/file-store.ts';
-import { ForwardingBackend } from '../../src/backends/forwarding-backend.ts';
-import { FsBackend } from '../../src/backends/fs-backend.ts';
-import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
-import { LocalDiskBackend } from '../../src/backends/local-disk.ts';
-import { MemoryBackend } from '../../src/backends/memory.ts';
+import { ForwardingBackend } from '../../src/backends/core/forwarding-backend.ts';
 import type {
   Chunk,
   ChunkHash,
   GetOptions,
   NamespaceId,
   StorageBackend,
-} from '../../src/backends/types.ts';
+} from '../../src/backends/core/types.ts';
+import {
+  ChunkFiles,
+  type FileOp,
+  POOLED_READ_MIN_BYTES,
+} from '../../src/backends/files/chunk-files.ts';
+import { realFileSystem } from '../../src/backends/files/file-store.ts';
+import { CHUNK_HEADER_BYTES } from '../../src/backends/format/chunk-format.ts';
+import { FsBackend } from '../../src/backends/fs/fs-backend.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { StorageManager } from '../../src/storage-manager/storage-manager.ts';
 import { silentLogger } from '../../src/util/log.ts';

@@ -1,6 +1,6 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
-import { RecencyList, type RecencyNode } from '../../src/backends/recency-list.ts';
+import { RecencyList, type RecencyNode } from '../../src/backends/index/recency-list.ts';
 
 interface Item extends RecencyNode<Item> {
   id: number;

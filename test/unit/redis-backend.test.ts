@@ -8,7 +8,7 @@ import {
   type RedisBackendOptions,
   redisOptionsFromConfig,
   resolveRedisBackendOptions,
-} from '../../src/backends/redis-backend.ts';
+} from '../../src/backends/redis/redis-backend.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import {

@@ -9,16 +9,16 @@ import {
   PutObjectCommand,
   type S3Client,
 } from '@aws-sdk/client-s3';
-import { CHUNK_HEADER_BYTES } from '../../src/backends/chunk-format.ts';
-import { CircuitBreakerBackend } from '../../src/backends/circuit-breaker.ts';
+import { CircuitBreakerBackend } from '../../src/backends/core/circuit-breaker.ts';
+import { CHUNK_HEADER_BYTES } from '../../src/backends/format/chunk-format.ts';
 import {
   createS3Backend,
   resolveS3BackendOptions,
   S3Backend,
   type S3BackendOptions,
   s3OptionsFromConfig,
-} from '../../src/backends/s3-backend.ts';
-import { readBody } from '../../src/backends/s3-requests.ts';
+} from '../../src/backends/s3/s3-backend.ts';
+import { readBody } from '../../src/backends/s3/s3-requests.ts';
 import { isKvtierError, type KvtierError } from '../../src/errors.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { crc32c } from '../../src/util/crc32c.ts';

@@ -11,6 +11,8 @@ import { after, describe, test } from 'node:test';
 import { runKeygenCommand } from '../../src/cli/keygen-command.ts';
 import { defaultConfig, loadConfig, resolveConfig } from '../../src/config/config.ts';
 import { isKvtierError } from '../../src/errors.ts';
+import { ServerAuth } from '../../src/lookup-server/auth.ts';
+import { isLocalEndpoint, serverAuthFromConfig } from '../../src/lookup-server/auth-config.ts';
 import {
   curvePublicKey,
   generateCurveKeyPair,
@@ -20,8 +22,6 @@ import {
   z85Encode,
 } from '../../src/security/curve-keys.ts';
 import { allowedTypes, roleFor } from '../../src/security/policy.ts';
-import { ServerAuth } from '../../src/server/auth.ts';
-import { isLocalEndpoint, serverAuthFromConfig } from '../../src/server/auth-config.ts';
 import { silentLogger } from '../../src/util/log.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'kvtier-sec-'));

@@ -4,9 +4,9 @@
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { afterEach, describe, test } from 'node:test';
-import { LocalCpuBackend } from '../../src/backends/local-cpu.ts';
-import { MemoryBackend } from '../../src/backends/memory.ts';
-import type { StorageBackend } from '../../src/backends/types.ts';
+import type { StorageBackend } from '../../src/backends/core/types.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { instrumentHostTier } from '../../src/metrics/instrumented-backend.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';

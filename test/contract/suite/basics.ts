@@ -1,6 +1,6 @@
 /** The contract's data-path tests: basics, pins, eviction, corruption, lifecycle, persistence. */
 import assert from 'node:assert/strict';
-import type { Chunk, ChunkHash } from '../../../src/backends/types.ts';
+import type { Chunk, ChunkHash } from '../../../src/backends/core/types.ts';
 import type { CorruptionKind } from '../backend.contract.ts';
 import {
   assertChunk,

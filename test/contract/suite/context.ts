@@ -12,7 +12,7 @@ import type {
   NamespaceId,
   PutOutcome,
   StorageBackend,
-} from '../../../src/backends/types.ts';
+} from '../../../src/backends/core/types.ts';
 import { isKvtierError, type KvtierErrorCode } from '../../../src/errors.ts';
 import { chunkHashFromBytes } from '../../../src/hashing/chunk-hash.ts';
 import type { ContractOptions, ContractSubject } from '../backend.contract.ts';

@@ -1,8 +1,8 @@
 /** The contract's fault tests: cancellation (signals, the breaker over a stalled backend) and outage. */
 import assert from 'node:assert/strict';
 import { setTimeout as delay } from 'node:timers/promises';
-import { CircuitBreakerBackend } from '../../../src/backends/circuit-breaker.ts';
-import type { ChunkHash, NamespaceId, StorageBackend } from '../../../src/backends/types.ts';
+import { CircuitBreakerBackend } from '../../../src/backends/core/circuit-breaker.ts';
+import type { ChunkHash, NamespaceId, StorageBackend } from '../../../src/backends/core/types.ts';
 import { isKvtierError, type KvtierErrorCode } from '../../../src/errors.ts';
 import {
   assertChunk,

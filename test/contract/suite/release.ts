@@ -4,7 +4,12 @@
  * are never reused), and for a host-memory tier, whose views are kept valid by a pin.
  */
 import assert from 'node:assert/strict';
-import type { Chunk, ChunkHash, NamespaceId, StorageBackend } from '../../../src/backends/types.ts';
+import type {
+  Chunk,
+  ChunkHash,
+  NamespaceId,
+  StorageBackend,
+} from '../../../src/backends/core/types.ts';
 import { assertChunk, type Ctx, MiB, makeChunk, randomHashes, randomNs } from './context.ts';
 
 /** Large enough for a pooled read buffer (the file tiers pool objects from 64 KiB). */

@@ -1,0 +1,98 @@
+/**
+ * Watches every tier's health and says when it changes, in the log of the tier itself
+ * (`kvtier.tier.<name>`): down or degraded at warn, back up at info, with how long it was out.
+ * Also what readiness and /healthz report: the sidecar can serve lookups while its host-memory
+ * tier is up, and is degraded (not unready) while a tier below it is not up.
+ */
+import type { BackendHealth } from '../backends/core/types.ts';
+import type { Logger } from '../util/log.ts';
+
+/** A tier as the watch reads it. */
+export interface WatchedTier {
+  readonly name: string;
+  health(): BackendHealth;
+}
+
+/** Options of {@link TierWatch}. */
+export interface TierWatchOptions {
+  /** Tiers in config order; the first is host memory. */
+  tiers: readonly WatchedTier[];
+  /** The tiers' parent logger: each tier logs through `log.child(<name>)`. */
+  log: Logger;
+  /** How often health is read, ms; default 1000. 0: only when {@link TierWatch.check} is called. */
+  intervalMs?: number;
+  /** Clock, ms; default `Date.now`. */
+  now?: () => number;
+}
+
+/** The sidecar's state as readiness and health report it. */
+export interface ServingState {
+  /** Lookups can be answered: the host-memory tier is not down. */
+  ready: boolean;
+  /** A tier below host memory is down or degraded: served, with fewer hits. */
+  degraded: boolean;
+  /** Every tier's health, in order. */
+  tiers: { name: string; health: BackendHealth }[];
+}
+
+const MESSAGES: Readonly<Record<BackendHealth, string>> = {
+  down: 'tier is down: lookups skip it and its writes are dropped until it is back',
+  degraded: 'tier is degraded: some of its calls fail or time out',
+  up: 'tier is back up',
+};
+
+/** See the module comment. `close()` stops the timer. */
+export class TierWatch {
+  readonly #tiers: readonly WatchedTier[];
+  readonly #logs: readonly Logger[];
+  readonly #last: BackendHealth[];
+  readonly #since: number[];
+  readonly #now: () => number;
+  readonly #timer: NodeJS.Timeout | undefined;
+
+  constructor(opts: TierWatchOptions) {
+    this.#tiers = opts.tiers;
+    this.#logs = opts.tiers.map((t) => opts.log.child(t.name));
+    this.#now = opts.now ?? Date.now;
+    this.#last = opts.tiers.map(() => 'up');
+    this.#since = opts.tiers.map(() => this.#now());
+    this.check();
+    const every = opts.intervalMs ?? 1000;
+    if (every > 0) {
+      this.#timer = setInterval(() => this.check(), every);
+      this.#timer.unref();
+    }
+  }
+
+  /** Reads every tier's health now and logs what changed. Returns the state. */
+  check(): ServingState {
+    const tiers = this.#tiers.map((t, i) => {
+      let health: BackendHealth;
+      try {
+        health = t.health();
+      } catch {
+        health = 'down';
+      }
+      const was = this.#last[i]!;
+      if (health !== was) {
+        const now = this.#now();
+        const fields = { tier: t.name, health, was, forMs: now - this.#since[i]! };
+        if (health === 'up') this.#logs[i]!.info(MESSAGES.up, fields);
+        else this.#logs[i]!.warn(MESSAGES[health], fields);
+        this.#last[i] = health;
+        this.#since[i] = now;
+      }
+      return { name: t.name, health };
+    });
+    return {
+      ready: tiers.length > 0 && tiers[0]!.health !== 'down',
+      degraded: tiers.slice(1).some((t) => t.health !== 'up'),
+      tiers,
+    };
+  }
+
+  /** Stops the timer. Idempotent. */
+  close(): void {
+    if (this.#timer !== undefined) clearInterval(this.#timer);
+  }
+}
