@@ -64,6 +64,7 @@ export { FsBackend, type FsBackendOptions } from './backends/fs/fs-backend.ts';
 export { LocalCpuBackend, type LocalCpuOptions } from './backends/local-cpu/local-cpu.ts';
 export { LocalDiskBackend, type LocalDiskOptions } from './backends/local-disk/local-disk.ts';
 export { MemoryBackend, type MemoryBackendOptions } from './backends/memory/memory.ts';
+export { type KvtierInstance, kvtierInstances } from './backends/plugin/instance.ts';
 export {
   createPluginContext,
   type PluginContextOptions,
@@ -77,6 +78,25 @@ export {
   type TierConfig,
 } from './backends/registry.ts';
 export { S3Backend, type S3BackendOptions } from './backends/s3/s3-backend.ts';
+export {
+  checkNamespace,
+  type KvStore,
+  type KvStoreInfo,
+  type StoreCallOptions,
+  type StoredValue,
+  type StoreGetOptions,
+  type StoreKey,
+  type StorePutOptions,
+  type StoreTally,
+  storeKey,
+  storeKeyParts,
+  storeKeyPrefix,
+} from './backends/store/kv-store.ts';
+export {
+  StoreBackend,
+  type StoreBackendOptions,
+  type StoreBackendStats,
+} from './backends/store/store-backend.ts';
 export { formatBytes, parseBytes } from './config/bytes.ts';
 // Configuration, metrics, logging
 export {

@@ -42,6 +42,7 @@ import {
 } from './suite/basics.ts';
 import { type Case, type Ctx, OVERSIZE_TEST_MAX_BYTES } from './suite/context.ts';
 import { abortedBefore, abortedDuring, outage, stalledUnderBreaker } from './suite/faults.ts';
+import { invalidUtf8Hashes, oneByteApart, readAfterClear, readAfterRemove } from './suite/keys.ts';
 import { corruptNeverServed, heldIsNeverReused, reuseAfterRelease } from './suite/release.ts';
 
 /** Ways a subject can damage a stored object below the backend's API. */
@@ -79,12 +80,26 @@ export interface ContractSubject {
   cleanup(): Promise<void>;
 }
 
-/** Test groups that `ContractOptions.skip` can turn off, with a reason. */
+/**
+ * Test groups that `ContractOptions.skip` can turn off, with a reason:
+ * - `pins`: refcounted pins, pins taken by contains and put, a pinned chunk under eviction;
+ * - `eviction`: `bytesUsed` within `capacityBytes`, old chunks evicted (needs `capacityBytes`);
+ * - `corruption`: each {@link CorruptionKind} is a miss, never data, then removed;
+ * - `cancellation`: aborted and timed-out signals, a stalled service under the breaker;
+ * - `release`: `Chunk.release` (a get's buffer given back for reuse) never lets one chunk's
+ *   bytes show up in another: released buffers give way to later gets that stay byte-exact, a
+ *   chunk not released is never overwritten, a corrupt object read into a released buffer is
+ *   never served. It holds for a backend without the hook too (nothing is reused); skip it only
+ *   while a reuse scheme is being written, with the reason;
+ * - `outage`: calls while the service is down settle, and it serves again after `up()`;
+ * - `persistence`: a fresh instance reads what another wrote, a shared store shows both.
+ */
 export type ContractGroup =
   | 'pins'
   | 'eviction'
   | 'corruption'
   | 'cancellation'
+  | 'release'
   | 'outage'
   | 'persistence';
 
@@ -207,6 +222,10 @@ const SECTIONS: readonly (readonly [string, readonly Case[]])[] = [
       k('a 32 MiB chunk round-trips byte-exact', largeChunk, undefined, noLarge),
       k('a partial chunk (37 tokens) round-trips next to a full one', partialChunk),
       k('a chunk over maxChunkBytes is never stored', oversizedChunk, oversizable),
+      k('a get or contains after remove misses (no stale read)', readAfterRemove),
+      k('a get or contains after clear(ns) and clear() misses', readAfterClear),
+      k('hashes whose bytes are not UTF-8 each round-trip to their own chunk', invalidUtf8Hashes),
+      k('hashes one byte apart round-trip to their own chunks', oneByteApart),
     ],
   ],
   [

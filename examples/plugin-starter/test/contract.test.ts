@@ -1,5 +1,6 @@
-// The kvtier contract suite against this plug-in, loaded the way a sidecar loads it: through
-// kvtier's BackendRegistry as a `type: "module"` tier. Run: npm test (builds, then node --test).
+// The kvtier contract suite against both plug-ins of this package (the four-method store in
+// src/index.ts, the full StorageBackend in src/full-backend.ts), each loaded the way a sidecar
+// loads it: through kvtier's BackendRegistry as a `type: "module"` tier. Run: npm test.
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -14,10 +15,13 @@ import {
 } from 'kvtier';
 import { type CorruptionKind, describeBackendContract } from 'kvtier/testing';
 
-const plugin = fileURLToPath(new URL('../src/index.js', import.meta.url));
+const plugins = {
+  'dir-kv (four-method store)': fileURLToPath(new URL('../src/index.js', import.meta.url)),
+  'dir-store (full StorageBackend)': fileURLToPath(new URL('../src/full-backend.js', import.meta.url)),
+};
 
-/** One tier named "dirs" whose config file would live in `configDir`. */
-async function load(configDir: string): Promise<StorageBackend> {
+/** One tier named "dirs" of `plugin` whose config file would live in `configDir`. */
+async function load(plugin: string, configDir: string): Promise<StorageBackend> {
   const registry = new BackendRegistry({ pluginBaseDir: configDir });
   const [tier] = await registry.createTiers([
     {
@@ -51,11 +55,12 @@ function damage(obj: Buffer, ns: string, kind: CorruptionKind): Buffer {
   }
 }
 
+for (const [name, plugin] of Object.entries(plugins)) {
 describeBackendContract(
-  'dir-store plug-in contract',
+  `${name} plug-in contract`,
   async () => {
     const dir = await mkdtemp(join(tmpdir(), 'dir-store-'));
-    const backend = await load(dir);
+    const backend = await load(plugin, dir);
     const others: StorageBackend[] = [];
     return {
       backend,
@@ -64,7 +69,7 @@ describeBackendContract(
         await writeFile(file, damage(await readFile(file), ns, kind));
       },
       reopen: async () => {
-        const b = await load(dir);
+        const b = await load(plugin, dir);
         others.push(b);
         return b;
       },
@@ -76,3 +81,4 @@ describeBackendContract(
   },
   { skip: { outage: 'a local directory cannot be taken down for real here' } },
 );
+}

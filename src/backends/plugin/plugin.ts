@@ -9,6 +9,7 @@ import type {
   PluginContext,
   PluginFactory,
 } from '../core/types.ts';
+import { kvtierInstanceCount, OWN_KVTIER, otherKvtierSince } from './instance.ts';
 import { createPluginContext } from './plugin-context.ts';
 
 /**
@@ -51,6 +52,7 @@ export function createModuleBackendFactory(baseDir: string = process.cwd()): Bac
         `"options" of plug-in module "${spec}" must be an object`,
       );
     }
+    const copies = kvtierInstanceCount();
     const factory = await loadPluginFactory(spec, baseDir);
     const pctx = isPluginContext(ctx)
       ? ctx
@@ -59,6 +61,7 @@ export function createModuleBackendFactory(baseDir: string = process.cwd()): Bac
     try {
       backend = await factory(options as Record<string, unknown>, pctx);
     } catch (err) {
+      warnOtherKvtier(spec, copies, pctx);
       const msg = err instanceof Error ? err.message : String(err);
       throw new KvtierError(
         'KVT_CONFIG',
@@ -66,6 +69,7 @@ export function createModuleBackendFactory(baseDir: string = process.cwd()): Bac
         { cause: err },
       );
     }
+    warnOtherKvtier(spec, copies, pctx);
     const problems = storageBackendProblems(backend, ctx.name);
     if (problems.length > 0) {
       await closeQuietly(backend);
@@ -76,6 +80,19 @@ export function createModuleBackendFactory(baseDir: string = process.cwd()): Bac
     }
     return backend as Awaited<ReturnType<BackendFactory>>;
   };
+}
+
+/**
+ * Warns (on the tier's logger) when loading plug-in `spec` or running its factory loaded a copy of
+ * kvtier other than the host's: its errors are then another `KvtierError` class.
+ */
+function warnOtherKvtier(spec: string, since: number, ctx: PluginContext): void {
+  for (const other of otherKvtierSince(since)) {
+    ctx.log.warn(
+      `plug-in module "${spec}" loaded a second copy of kvtier (${other.root}), not the host's (${OWN_KVTIER.root}): its KvtierError is another class, so instanceof checks between the two fail; make kvtier a peerDependency of the plug-in and install the plug-in where it resolves the host's kvtier (docs/backends.md §14)`,
+      { tier: ctx.name, module: spec, pluginKvtier: other.root, hostKvtier: OWN_KVTIER.root },
+    );
+  }
 }
 
 /**

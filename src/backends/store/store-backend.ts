@@ -1,0 +1,526 @@
+/**
+ * {@link StoreBackend}: a full `StorageBackend` over a four-method {@link KvStore}. It owns what
+ * every remote or simple tier needs and none should write again: the stored chunk format and its
+ * checksum, verification on every read (a corrupt or misplaced object is a miss, deleted and
+ * counted), stats, batched calls built from single-key calls under a concurrency bound, one
+ * deadline per call, puts of one key serialized, closed and aborted calls, capabilities.
+ */
+import { abortedError, closedError, KvtierError } from '../../errors.ts';
+import { Deadline } from '../../util/deadline.ts';
+import { type Logger, silentLogger } from '../../util/log.ts';
+import { requireInt } from '../../util/validate.ts';
+import { BufferPool } from '../arena/buffer-pool.ts';
+import { checkChunk } from '../core/chunk-check.ts';
+import type {
+  BackendCapabilities,
+  BackendContext,
+  BackendHealth,
+  BackendStats,
+  Chunk,
+  ChunkHash,
+  ContainsOptions,
+  GetOptions,
+  NamespaceId,
+  PutOptions,
+  PutOutcome,
+  RemovalListener,
+  StorageBackend,
+} from '../core/types.ts';
+import {
+  CHUNK_HEADER_BYTES,
+  CHUNK_MAX_PAYLOAD_BYTES,
+  chunkObjectBytes,
+  decodeChunkObjectAsync,
+  encodeChunkObjectIntoAsync,
+} from '../format/chunk-format.ts';
+import { settleBounded } from './bounded.ts';
+import {
+  checkNamespace,
+  type KvStore,
+  type StoreKey,
+  type StoreTally,
+  storeKey,
+  storeKeyPrefix,
+} from './kv-store.ts';
+
+/** Options of {@link StoreBackend}. */
+export interface StoreBackendOptions {
+  /** Backend type named in metrics and messages, e.g. 'redis'. */
+  kind: string;
+  /** Largest chunk payload in bytes; a larger put is dropped and counted. Default and most 2 GiB. */
+  maxChunkBytes?: number;
+  /**
+   * Deadline of each call (ms), the whole batch of a batched call included: it then rejects with
+   * `KVT_TIMEOUT` (counted in `errors`) while the store's calls run on. Default none (the store
+   * bounds its own requests).
+   */
+  timeoutMs?: number;
+  /** Most store calls one batched call has in flight; default 16. */
+  concurrency?: number;
+  /** Expire chunks this long after they are written (ms); needs a store with `info.ttl`. */
+  ttlMs?: number | null;
+  /** Called with the reason whenever a stored object fails verification (it is then deleted). */
+  onCorrupt?: (reason: string) => void;
+  /** Logger; default the context's, else silent. */
+  log?: Logger;
+}
+
+/** Counters of a {@link StoreBackend}; the store's own counters are added to these. */
+export interface StoreBackendStats extends BackendStats {
+  /** Objects that failed verification, were treated as misses and deleted. */
+  readonly corruptObjects: number;
+  /** Store calls that failed, and calls that ran past `timeoutMs`. */
+  readonly errors: number;
+}
+
+const DEFAULT_CONCURRENCY = 16;
+
+/**
+ * A `StorageBackend` over a {@link KvStore} (see the file's comment). Capabilities: no pins (the
+ * store is not asked to hold anything: `pin` pins nothing and returns 0), no host memory;
+ * persistent, shared and evicts as the store's `info` says. `stats().chunks` and `bytesUsed`
+ * count object bytes (headers included) that this instance stored minus what it removed, never
+ * below 0, reset by {@link recount} when the store can `count`: a shared store is written by
+ * other sidecars without telling us. `capacityBytes` is null and `evictions` 0.
+ */
+export class StoreBackend implements StorageBackend {
+  readonly name: string;
+  readonly kind: string;
+  readonly capabilities: BackendCapabilities;
+  /** The store this tier is built on; owned (closed by `close`). */
+  readonly store: KvStore;
+
+  readonly #timeoutMs: number | undefined;
+  readonly #concurrency: number;
+  readonly #ttlMs: number | undefined;
+  readonly #onCorrupt: ((reason: string) => void) | undefined;
+  readonly #log: Logger;
+  /** Object buffers for puts, reused once a store `put` has resolved. */
+  readonly #pool = new BufferPool();
+  /** Latest put per key, so that a second put of the key waits and then finds it. */
+  readonly #putting = new Map<StoreKey, Promise<PutOutcome>>();
+  #removalListener: RemovalListener | undefined;
+  #corruptObjects = 0;
+  #errors = 0;
+  #droppedPuts = 0;
+  #chunks = 0;
+  #bytes = 0;
+  #recounts = 0;
+  /** While a recount runs: what this instance stored minus removed since it began. */
+  #delta: { chunks: number; bytes: number } | null = null;
+  #started = false;
+  #closing: Promise<void> | null = null;
+
+  /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. Call {@link start} before use. */
+  constructor(store: KvStore, options: StoreBackendOptions, ctx: BackendContext) {
+    this.store = store;
+    this.name = ctx.name;
+    this.kind = options.kind;
+    const max = options.maxChunkBytes ?? CHUNK_MAX_PAYLOAD_BYTES;
+    requireInt('maxChunkBytes', max, 0, CHUNK_MAX_PAYLOAD_BYTES);
+    this.#concurrency = requireInt(
+      'concurrency',
+      options.concurrency ?? DEFAULT_CONCURRENCY,
+      1,
+      1 << 20,
+    );
+    if (options.timeoutMs !== undefined) requireInt('timeoutMs', options.timeoutMs, 1, 600_000);
+    this.#timeoutMs = options.timeoutMs;
+    const ttl = options.ttlMs ?? undefined;
+    if (ttl !== undefined) {
+      requireInt('ttlMs', ttl, 1);
+      if (!store.info.ttl)
+        throw new KvtierError('KVT_INVALID_ARGUMENT', `ttlMs: the ${this.kind} store has no TTLs`);
+    }
+    this.#ttlMs = ttl;
+    this.#onCorrupt = options.onCorrupt;
+    this.#log = options.log ?? ctx.log ?? silentLogger;
+    this.capabilities = Object.freeze({
+      pinning: false,
+      hostMemory: false,
+      persistent: store.info.persistent,
+      shared: store.info.shared,
+      evicts: store.info.evicts,
+      maxChunkBytes: max,
+    });
+  }
+
+  /** Whether {@link start} has finished. */
+  get started(): boolean {
+    return this.#started;
+  }
+
+  /** Times `chunks` and `bytesUsed` were taken from the store ({@link recount}). */
+  get recounts(): number {
+    return this.#recounts;
+  }
+
+  /**
+   * Starts the store, then counts what it holds ({@link recount}).
+   * @throws what the store's `start` throws; `KVT_CLOSED`.
+   */
+  async start(): Promise<void> {
+    this.#open(undefined, 'start');
+    await this.store.start?.();
+    if (this.#started) return;
+    await this.recount();
+    this.#started = true;
+  }
+
+  /**
+   * Sets `chunks` and `bytesUsed` to what the store holds now (its `count`; nothing without one).
+   * Puts that land during the count may be counted twice. A failure leaves the counts as they
+   * were (logged at debug).
+   */
+  async recount(): Promise<void> {
+    const count = this.store.count;
+    if (this.#closing !== null || count === undefined) return;
+    const delta = { chunks: 0, bytes: 0 };
+    this.#delta = delta;
+    try {
+      const n = await count.call(this.store, '', {});
+      this.#chunks = Math.max(0, n.keys + delta.chunks);
+      this.#bytes = Math.max(0, n.bytes + delta.bytes);
+      this.#recounts++;
+    } catch (err) {
+      this.#log.debug(`${this.kind} recount failed`, { tier: this.name, err });
+    } finally {
+      if (this.#delta === delta) this.#delta = null;
+    }
+  }
+
+  async batchedContains(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    opts: ContainsOptions = {},
+  ): Promise<number> {
+    this.#open(opts.signal, 'contains');
+    checkNamespace(ns);
+    if (hashes.length === 0) return 0;
+    return this.#bounded('contains', opts.signal, async (signal) => {
+      let firstMiss = hashes.length;
+      // Calls behind a known miss are skipped when their turn comes, not sent.
+      const results = await settleBounded(
+        hashes,
+        this.#concurrency,
+        async (h, i) => {
+          const present = await this.store.has(storeKey(ns, h), { signal });
+          if (!present) firstMiss = Math.min(firstMiss, i);
+          return present;
+        },
+        (i) => i > firstMiss,
+      );
+      let k = 0;
+      for (const r of results) {
+        if (!r.ok) {
+          if ('skipped' in r) break;
+          this.#errors++;
+          if (k === 0) throw this.#failure('contains', r.error);
+          break;
+        }
+        if (!r.value) break;
+        k++;
+      }
+      return k;
+    });
+  }
+
+  /**
+   * Gets and verifies whole objects. A key whose store call fails is a miss as long as another
+   * key's call succeeded; when every one failed the call rejects, so that an outage is not
+   * mistaken for misses.
+   */
+  async batchedGet(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+    opts: GetOptions = {},
+  ): Promise<Map<ChunkHash, Chunk | null>> {
+    this.#open(opts.signal, 'get');
+    checkNamespace(ns);
+    const unique = [...new Set(hashes)];
+    const out = new Map<ChunkHash, Chunk | null>();
+    if (unique.length === 0) return out;
+    const maxBytes = CHUNK_HEADER_BYTES + this.capabilities.maxChunkBytes;
+    return this.#bounded('get', opts.signal, async (signal) => {
+      const read = async (hash: ChunkHash): Promise<Chunk | null> => {
+        const key = storeKey(ns, hash);
+        const v = await this.store.get(key, { signal, maxBytes, crc32cFrom: CHUNK_HEADER_BYTES });
+        if (v === null) return null;
+        const bytes = v instanceof Uint8Array ? v : v.bytes;
+        const crc = v instanceof Uint8Array ? undefined : v.crc32c;
+        const decoded = await decodeChunkObjectAsync(ns, hash, bytes, crc);
+        if (decoded.ok) return decoded.chunk;
+        await this.#corrupt(ns, hash, key, decoded.reason, bytes.byteLength);
+        return null;
+      };
+      const results = await settleBounded(unique, this.#concurrency, read);
+      let failed = 0;
+      let firstError: unknown;
+      results.forEach((r, i) => {
+        if (r.ok) return void out.set(unique[i]!, r.value);
+        this.#errors++;
+        if (failed++ === 0) firstError = r.error;
+        out.set(unique[i]!, null);
+      });
+      if (failed === unique.length) throw this.#failure('get', firstError);
+      return out;
+    });
+  }
+
+  /**
+   * Encodes the chunk object and writes it with the store's put-if-absent. Puts of one key through
+   * this instance run one after another. A payload over `maxChunkBytes` is dropped and counted.
+   * @throws KvtierError `KVT_BACKEND`/`KVT_TIMEOUT` when the store fails (counted in `errors`);
+   *   `KVT_INVALID_ARGUMENT` for a malformed chunk or namespace; `KVT_CLOSED`; the abort error.
+   */
+  async put(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    chunk: Chunk,
+    opts: PutOptions = {},
+  ): Promise<PutOutcome> {
+    this.#open(opts.signal, 'put');
+    checkNamespace(ns);
+    checkChunk(chunk);
+    if (chunk.data.byteLength > this.capabilities.maxChunkBytes) {
+      this.#droppedPuts++;
+      return 'dropped';
+    }
+    const key = storeKey(ns, hash);
+    const prev = this.#putting.get(key);
+    const once = () => this.#putOnce(key, ns, hash, chunk, opts.signal);
+    const mine = prev === undefined ? once() : prev.then(once, once);
+    this.#putting.set(key, mine);
+    try {
+      return await mine;
+    } finally {
+      if (this.#putting.get(key) === mine) this.#putting.delete(key);
+    }
+  }
+
+  async #putOnce(
+    key: StoreKey,
+    ns: NamespaceId,
+    hash: ChunkHash,
+    chunk: Chunk,
+    signal: AbortSignal | undefined,
+  ): Promise<PutOutcome> {
+    this.#open(signal, 'put');
+    const bytes = chunkObjectBytes(chunk.data.byteLength);
+    const putOpts = { signal, ttlMs: this.#ttlMs };
+    const lent = this.store.valueBuffer?.(key, bytes, putOpts);
+    const value = lent ?? this.#pool.acquire(bytes);
+    try {
+      await encodeChunkObjectIntoAsync(value, ns, hash, chunk);
+    } catch (err) {
+      if (lent === undefined) this.#pool.release(value as Buffer);
+      throw err;
+    }
+    let stored: boolean;
+    try {
+      stored = await this.#bounded('put', signal, (s) => {
+        const p = this.store.put(key, value, { signal: s, ttlMs: this.#ttlMs });
+        // Reused only once the store is done with it; after a failure it may still be sending.
+        if (lent === undefined) p.then(() => this.#pool.release(value as Buffer), () => {});
+        return p;
+      });
+    } catch (err) {
+      if (this.#closing !== null) throw closedError(`backend ${this.name}`);
+      if (err instanceof KvtierError && (err.code === 'KVT_ABORTED' || err.code === 'KVT_TIMEOUT'))
+        throw err;
+      this.#errors++;
+      throw this.#failure('put', err);
+    }
+    if (!stored) return 'exists';
+    this.#count(1, bytes);
+    return 'stored';
+  }
+
+  /** Deletes each key (bounded); returns how many existed. */
+  async remove(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
+    this.#open(undefined, 'remove');
+    checkNamespace(ns);
+    const unique = [...new Set(hashes)];
+    return this.#bounded('remove', undefined, async (signal) => {
+      const results = await settleBounded(unique, this.#concurrency, (h) =>
+        this.store.delete(storeKey(ns, h), { signal }),
+      );
+      let removed = 0;
+      let bytes = 0;
+      for (const r of results) {
+        if (!r.ok) {
+          this.#errors++;
+          throw this.#failure('remove', r.error);
+        }
+        if (r.value === false) continue;
+        removed++;
+        if (typeof r.value === 'number') bytes += r.value;
+      }
+      this.#count(-removed, -bytes);
+      return removed;
+    });
+  }
+
+  /** The store cannot hold chunks for a caller: pins nothing, returns 0. */
+  pin(_ns: NamespaceId, _hashes: readonly ChunkHash[]): number {
+    this.#open(undefined, 'pin');
+    return 0;
+  }
+
+  /** No-op (nothing is ever pinned). */
+  unpin(_ns: NamespaceId, _hashes: readonly ChunkHash[]): void {
+    this.#open(undefined, 'unpin');
+  }
+
+  /**
+   * Deletes every chunk of `ns`, or all, with the store's `clear`, else by `list` and `delete`.
+   * Not bounded by `timeoutMs` as a whole; keys written meanwhile may survive.
+   * @throws KvtierError `KVT_BACKEND` when the store fails or can neither clear nor list.
+   */
+  async clear(ns?: NamespaceId): Promise<void> {
+    this.#open(undefined, 'clear');
+    if (ns !== undefined) checkNamespace(ns);
+    const prefix = storeKeyPrefix(ns);
+    try {
+      const removed = await this.#clearPrefix(prefix);
+      if (ns === undefined) this.#count(-this.#chunks, -this.#bytes);
+      else this.#count(-removed.keys, -removed.bytes);
+    } catch (err) {
+      this.#errors++;
+      throw this.#failure('clear', err);
+    }
+  }
+
+  async #clearPrefix(prefix: string): Promise<StoreTally> {
+    if (this.store.clear !== undefined) return this.store.clear(prefix, {});
+    if (this.store.list === undefined)
+      throw new KvtierError('KVT_BACKEND', `the ${this.kind} store can neither clear nor list`);
+    let keys = 0;
+    let bytes = 0;
+    let batch: StoreKey[] = [];
+    const flush = async () => {
+      const rs = await settleBounded(batch, this.#concurrency, (k) => this.store.delete(k, {}));
+      batch = [];
+      for (const r of rs) {
+        if (!r.ok) throw r.error;
+        if (r.value === false) continue;
+        keys++;
+        if (typeof r.value === 'number') bytes += r.value;
+      }
+    };
+    for await (const e of this.store.list(prefix, {})) {
+      batch.push(e.key);
+      if (batch.length >= 256) await flush();
+    }
+    await flush();
+    return { keys, bytes };
+  }
+
+  /** Sets the one listener told of each corrupt object this tier deletes (reason `corrupt`). */
+  setRemovalListener(listener: RemovalListener | undefined): void {
+    this.#removalListener = listener;
+  }
+
+  /** Counters (see the class comment), then the store's own. */
+  stats(): StoreBackendStats {
+    this.#open(undefined, 'stats');
+    return {
+      chunks: this.#chunks,
+      bytesUsed: this.#bytes,
+      capacityBytes: null,
+      pinnedChunks: 0,
+      evictions: 0,
+      droppedPuts: this.#droppedPuts,
+      corruptObjects: this.#corruptObjects,
+      errors: this.#errors,
+      ...this.store.stats?.(),
+    };
+  }
+
+  /** The store's own view; 'up' when it has none. */
+  health(): BackendHealth {
+    this.#open(undefined, 'health');
+    return this.store.health?.() ?? 'up';
+  }
+
+  /** Closes the store (calls in flight reject with `KVT_CLOSED`); idempotent, one promise. */
+  close(): Promise<void> {
+    this.#closing ??= Promise.resolve().then(() => this.store.close());
+    return this.#closing;
+  }
+
+  async #corrupt(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    key: StoreKey,
+    reason: string,
+    bytes: number,
+  ): Promise<void> {
+    this.#corruptObjects++;
+    this.#log.warn(`corrupt ${this.kind} object: a miss, deleted`, {
+      tier: this.name,
+      ns,
+      hash,
+      reason,
+    });
+    try {
+      const gone = await this.store.delete(key, {});
+      if (gone !== false) this.#count(-1, -(typeof gone === 'number' ? gone : bytes));
+    } catch (err) {
+      this.#errors++;
+      this.#log.debug(`${this.kind} delete of a corrupt object failed`, { tier: this.name, err });
+    }
+    try {
+      this.#onCorrupt?.(reason);
+      this.#removalListener?.(ns, hash, 'corrupt');
+    } catch (err) {
+      this.#log.warn('corrupt-object callback threw', { tier: this.name, err });
+    }
+  }
+
+  #count(chunks: number, bytes: number): void {
+    this.#chunks = Math.max(0, this.#chunks + chunks);
+    this.#bytes = Math.max(0, this.#bytes + bytes);
+    if (this.#delta !== null) {
+      this.#delta.chunks += chunks;
+      this.#delta.bytes += bytes;
+    }
+  }
+
+  /** The error a failed call rejects with: KVT_CLOSED once closing, a KvtierError as is, else KVT_BACKEND. */
+  #failure(op: string, cause: unknown): KvtierError {
+    if (this.#closing !== null) return closedError(`backend ${this.name}`);
+    if (cause instanceof KvtierError) return cause;
+    const msg = cause instanceof Error ? cause.message : String(cause);
+    return new KvtierError('KVT_BACKEND', `${this.name} ${op}: ${this.kind} failed: ${msg}`, {
+      cause,
+    });
+  }
+
+  #open(signal: AbortSignal | undefined, op: string): void {
+    if (this.#closing !== null) throw closedError(`backend ${this.name}`);
+    if (signal?.aborted === true) throw abortedError(signal, `${this.name} ${op}`);
+  }
+
+  /**
+   * Runs `work` under one deadline (`timeoutMs` and the caller's signal): settles with it, or
+   * rejects when the deadline ends first (a timeout is counted in `errors`). `work` gets the
+   * deadline's signal for its store calls, which are not waited for.
+   */
+  async #bounded<T>(
+    op: string,
+    signal: AbortSignal | undefined,
+    work: (signal: AbortSignal | undefined) => Promise<T>,
+  ): Promise<T> {
+    if (this.#timeoutMs === undefined && signal === undefined) return work(undefined);
+    const d = new Deadline({ what: `${this.name} ${op}`, timeoutMs: this.#timeoutMs, signal });
+    try {
+      return await d.race(work(d.signal));
+    } catch (err) {
+      if (d.timedOut) this.#errors++;
+      throw err;
+    } finally {
+      d.dispose();
+    }
+  }
+}
