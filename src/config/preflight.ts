@@ -9,10 +9,10 @@ import { constants } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { BackendRegistry, type TierConfig } from '../backends/registry.ts';
-import { serverAuthFromConfig } from '../lookup-server/auth-config.ts';
 import { silentLogger } from '../util/log.ts';
 import type { KvtierConfig } from './config.ts';
 import type { ConfigProblem } from './schema-kit.ts';
+import { serverAuthFromConfig } from './server-auth.ts';
 
 /** The built-in types that keep chunks in host memory: the only ones allowed first. */
 const HOST_MEMORY_TYPES = new Set(['local-cpu']);

@@ -21,6 +21,9 @@ import { resolveKvRegistration } from '../data-plane/kv-layout.ts';
 import { KvtierError } from '../errors.ts';
 import type { Request } from '../protocol/messages.ts';
 import { curvePublicKey, isZ85Key, z85Encode } from '../security/curve-keys.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { RateLimitedLog } from '../util/rate-limited-log.ts';
+import { describe, requireInt, requireOneOf } from '../util/validate.ts';
 import {
   checkLookup,
   checkNamespaces,
@@ -29,10 +32,7 @@ import {
   type Principal,
   ROLES,
   type Role,
-} from '../security/policy.ts';
-import { type Logger, silentLogger } from '../util/log.ts';
-import { RateLimitedLog } from '../util/rate-limited-log.ts';
-import { describe, requireInt, requireOneOf } from '../util/validate.ts';
+} from './policy.ts';
 
 /** One allow-listed client key. */
 export interface ClientGrant {
