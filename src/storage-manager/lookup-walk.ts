@@ -28,7 +28,11 @@ import type {
   PrefetchHooks,
 } from '../event-manager/event-manager.ts';
 import { LazyAbort } from './lazy-abort.ts';
-import { estimateLookupBytes, type LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
+import {
+  estimateLookupBytes,
+  type LookupByteBudget,
+  type LookupBytesHold,
+} from './lookup-budget.ts';
 import { AnsweredLookup, LookupHooks, outcomeOf } from './lookup-entry.ts';
 import { LookupHashes } from './lookup-hashes.ts';
 import { LookupRecorder } from './lookup-metrics.ts';
@@ -64,7 +68,10 @@ export class LookupWalk {
   readonly #release = (p: PinnedLookup): void => this.release(p);
   /** The hooks of every lookup `lookupNow` answers: its entry is done as soon as it is made, so
    * there is no work to abort, only pins to release. */
-  readonly #answeredHooks: PrefetchHooks<PinnedLookup> = { abort: () => {}, dispose: this.#release };
+  readonly #answeredHooks: PrefetchHooks<PinnedLookup> = {
+    abort: () => {},
+    dispose: this.#release,
+  };
 
   constructor(parts: LookupWalkParts) {
     this.#parts = parts;
