@@ -77,7 +77,6 @@ export {
   type TierConfig,
 } from './backends/registry.ts';
 export { S3Backend, type S3BackendOptions } from './backends/s3/s3-backend.ts';
-export { formatBytes, parseBytes } from './config/bytes.ts';
 // Configuration, metrics, logging
 export {
   CONFIG_DEFAULTS,
@@ -87,7 +86,6 @@ export {
   loadConfig,
   resolveConfig,
 } from './config/config.ts';
-export type { ConfigProblem } from './config/schema-kit.ts';
 export { KvtierSchedulerConnector } from './connector/scheduler-connector.ts';
 export type {
   ConnectorMeta,
@@ -163,6 +161,8 @@ export {
 export { MultiLookupClient } from './lookup-client/multi-lookup-client.ts';
 // Worker side
 export { SidecarServer, type SidecarServerOptions } from './lookup-server/sidecar-server.ts';
+export { formatBytes, parseBytes } from './util/bytes.ts';
+export type { ConfigProblem } from './util/schema-kit.ts';
 
 import {
   SidecarServer as SidecarServerClass,
