@@ -80,7 +80,7 @@ export interface BuiltinTier {
   readonly check: 'static' | 'remote' | 'build';
   /** The option naming a directory that must be writable (`check: 'static'`). */
   readonly dirOption?: string;
-  /** Keeps chunks in host memory, so it may be (and the first tier must be such a) tier. */
+  /** Keeps chunks in host memory: the first tier must be of such a type. */
   readonly hostMemory?: boolean;
 }
 
