@@ -77,7 +77,6 @@ export {
   type TierConfig,
 } from './backends/registry.ts';
 export { S3Backend, type S3BackendOptions } from './backends/s3/s3-backend.ts';
-export { formatBytes, parseBytes } from './config/bytes.ts';
 // Configuration, metrics, logging
 export {
   CONFIG_DEFAULTS,
@@ -87,7 +86,6 @@ export {
   loadConfig,
   resolveConfig,
 } from './config/config.ts';
-export type { ConfigProblem } from './config/schema-kit.ts';
 export { KvtierSchedulerConnector } from './connector/scheduler-connector.ts';
 export type {
   ConnectorMeta,
@@ -169,6 +167,8 @@ export {
   type SidecarServerOptions as LookupServerOptions,
   type SidecarServerOptions,
 } from './lookup-server/sidecar-server.ts';
+export { formatBytes, parseBytes } from './util/bytes.ts';
+export type { ConfigProblem } from './util/schema-kit.ts';
 export { OpsHttpServer, type OpsServerOptions } from './metrics/http-server.ts';
 export { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 export { KvtierMetrics, type KvtierMetricsOptions } from './metrics/metrics.ts';

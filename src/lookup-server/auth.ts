@@ -61,7 +61,7 @@ export interface ServerAuthOptions {
    * Test fault, not a config key: the first `n` handshakes of each allow-listed key are accepted
    * with a reply that mints no routing id, as when the reply loses the race, so every request
    * on those connections is refused with KVT_UNAUTHENTICATED. Default 0. The sidecar sets it
-   * from `KVTIER_TEST_FAIL_FIRST_HANDSHAKES` (auth-config.ts).
+   * from `KVTIER_TEST_FAIL_FIRST_HANDSHAKES` (config/server-auth.ts).
    */
   failFirstHandshakes?: number;
   /**
