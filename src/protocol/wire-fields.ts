@@ -1,0 +1,437 @@
+/**
+ * How each field kind of the protocol table (`wire-table.ts`) is checked, sized, written and
+ * read. `fieldOps` turns one table field into these four steps once, at load; `wire-codec.ts`
+ * runs them in wire order. Encoding checks throw `KVT_INVALID_ARGUMENT` / `KVT_TOO_LARGE`
+ * (`KVT_INTERNAL`, from the writer, for a reply integer that does not fit); decoding throws `KVT_PROTOCOL` /
+ * `KVT_TOO_LARGE` / `KVT_INVALID_ARGUMENT` naming the field and, for framing, the byte offset.
+ */
+import { KVTIER_ERROR_CODES, KvtierError } from '../errors.ts';
+import { chunkHashFromBytes } from '../hashing/chunk-hash.ts';
+import { type Reader, strSize, type Writer } from './frame.ts';
+import { HASH_BYTES, NAMESPACE_BYTES, type ProtocolLimits } from './messages.ts';
+import type { Field, Max } from './wire-table.ts';
+
+/** A message object as the codec sees it. */
+export type Msg = Record<string, unknown>;
+
+/** The steps of one field: `prep` checks a value and returns what `size` and `write` take. */
+export interface FieldOps {
+  readonly key: string;
+  prep(v: unknown, m: Msg): unknown;
+  size(p: unknown): number;
+  write(w: Writer, p: unknown): void;
+  read(r: Reader, limits: ProtocolLimits, out: Msg): void;
+  /** Bytes of a fixed-size field (trailing optional fields); 0 for variable ones. */
+  readonly fixed: number;
+}
+
+const NS_RE = /^[0-9a-f]{32}$/;
+const ENCODE = new TextEncoder();
+const UTF8_LENIENT = new TextDecoder('utf-8');
+const LE = new Uint8Array(Uint32Array.of(1).buffer)[0] === 1;
+const ERROR_CODES: ReadonlySet<string> = new Set(KVTIER_ERROR_CODES);
+
+/** A `KVT_INVALID_ARGUMENT` error. */
+export const invalid = (text: string): KvtierError => new KvtierError('KVT_INVALID_ARGUMENT', text);
+const tooLarge = (text: string): KvtierError => new KvtierError('KVT_TOO_LARGE', text);
+
+/** The wire maximum of `max` (what an encoder allows). */
+const wireMax = (max: Max): number => (typeof max === 'number' ? max : max.wire);
+/** The maximum a decoder applies under `limits`. */
+const readMax = (max: Max, limits: ProtocolLimits): number =>
+  typeof max === 'number' ? max : limits[max.limit];
+
+/** The hashes in a packed field's value, for count rules. */
+export const hashCount = (v: unknown): number => (v as Uint8Array).length / HASH_BYTES;
+
+function checkU32(name: string, v: unknown): number {
+  if (typeof v === 'number' && Number.isInteger(v) && v >= 0 && v <= 0xffffffff) return v;
+  throw invalid(`${name} must be an integer in [0, 4294967295], got ${String(v)}`);
+}
+
+function truncateUtf8(s: string, maxBytes: number): string {
+  if (Buffer.byteLength(s, 'utf8') <= maxBytes) return s;
+  return Buffer.from(s, 'utf8')
+    .subarray(0, maxBytes)
+    .toString('utf8')
+    .replace(/\uFFFD$/, '');
+}
+
+function readU32s(r: Reader, n: number, label: string, range?: [number, number]): Uint32Array {
+  r.need(n * 4, label);
+  const out = new Uint32Array(n);
+  const buf = r.buf;
+  let off = r.off;
+  for (let i = 0; i < n; i++, off += 4) {
+    const v = buf.readUInt32LE(off);
+    if (range !== undefined && (v < range[0] || v > range[1]))
+      throw invalid(`${label} of element ${i} is ${v}, allowed ${range[0]}..${range[1]}`);
+    out[i] = v;
+  }
+  r.off = off;
+  return out;
+}
+
+function writeU32s(w: Writer, ids: Uint32Array): void {
+  if (LE) {
+    w.bytes(new Uint8Array(ids.buffer, ids.byteOffset, ids.byteLength));
+    return;
+  }
+  for (let i = 0; i < ids.length; i++) w.u32(ids[i]!);
+}
+
+function parseJson(f: Extract<Field, { kind: 'json' }>, label: string, text: string): Msg {
+  let v: unknown;
+  try {
+    v = JSON.parse(text);
+  } catch {
+    throw new KvtierError('KVT_PROTOCOL', `${label} is not valid JSON`);
+  }
+  if (typeof v !== 'object' || v === null || Array.isArray(v)) {
+    if (f.object === 'coerce') return {};
+    throw invalid(`${label} must be a JSON object`);
+  }
+  const o = v as Msg;
+  if (f.booleans === undefined) return o;
+  const out: Msg = {};
+  for (const k of f.booleans) {
+    if (o[k] === undefined) continue;
+    if (typeof o[k] !== 'boolean') throw invalid(`${label} "${k}" must be a boolean`);
+    out[k] = o[k];
+  }
+  return out;
+}
+
+/** The four steps of field `f` of a message labelled `what` ('lookup', 'save result', ...). */
+export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
+  const key = f.key;
+  const label = f.label ?? key;
+  const base = { key, fixed: 0 };
+  switch (f.kind) {
+    case 'bool':
+      return {
+        ...base,
+        fixed: 1,
+        prep: (v) => (v ? 1 : 0),
+        size: () => 1,
+        write: (w, p) => w.u8(p as number),
+        read: (r, _l, out) => {
+          out[key] = r.u8(label) === 1;
+        },
+      };
+    case 'u32':
+      return {
+        ...base,
+        fixed: 4,
+        // An absent optional field before a present one is written as 0.
+        prep: (v) => (reply ? v : checkU32(key, f.optional ? (v ?? 0) : v)),
+        size: () => 4,
+        write: (w, p) => w.u32(p as number),
+        read: (r, limits, out) => {
+          const v = r.u32(label);
+          if (f.range !== undefined) {
+            const hi = readMax(f.range[1], limits);
+            if (v < f.range[0] || v > hi)
+              throw invalid(`${label} is ${v}, allowed ${f.range[0]}..${hi}`);
+          }
+          out[key] = v;
+        },
+      };
+    case 'i32':
+      return {
+        ...base,
+        fixed: 4,
+        prep: (v) => {
+          if (typeof v === 'number' && Number.isInteger(v) && v >= f.min && v <= 0x7fffffff)
+            return v;
+          throw invalid(`${key} must be an integer in [${f.min}, 2^31), got ${String(v)}`);
+        },
+        size: () => 4,
+        write: (w, p) => {
+          w.buf.writeInt32LE(p as number, w.off);
+          w.off += 4;
+        },
+        read: (r, _l, out) => {
+          r.need(4, label);
+          const v = r.buf.readInt32LE(r.off);
+          r.off += 4;
+          if (v < f.min) throw invalid(`${label} must be at least ${f.min}, got ${v}`);
+          out[key] = v;
+        },
+      };
+    case 'u64':
+      return {
+        ...base,
+        fixed: 8,
+        prep: (v) => {
+          const x = v ?? 0n; // absent before a present optional field: 0
+          if (typeof x === 'bigint' && x >= 0n && x <= 0xffffffffffffffffn) return x;
+          throw invalid(`${key} must be a bigint in [0, 2^64), got ${String(v)}`);
+        },
+        size: () => 8,
+        write: (w, p) => w.u64(p as bigint),
+        read: (r, _l, out) => {
+          out[key] = r.u64(label);
+        },
+      };
+    case 'enum':
+      return {
+        ...base,
+        fixed: 1,
+        prep: (v) => {
+          const i = f.names.indexOf(v as string);
+          if (i < 0) throw invalid(`${key} must be one of ${f.names.join(', ')}, got ${String(v)}`);
+          return i;
+        },
+        size: () => 1,
+        write: (w, p) => w.u8(p as number),
+        read: (r, _l, out) => {
+          const code = r.u8(label);
+          const name = f.names[code];
+          if (name === undefined) {
+            const allowed = f.names.map((n, i) => `${i} (${n})`).join(', ');
+            throw new KvtierError(f.unknown, `unknown ${label} ${code}; allowed ${allowed}`);
+          }
+          out[key] = name;
+        },
+      };
+    case 'str':
+      return {
+        ...base,
+        prep: (v) => {
+          if (typeof v !== 'string' || (f.nonEmpty && v.length === 0))
+            throw invalid(`${label} must be a${f.nonEmpty ? ' non-empty' : ''} string`);
+          if (f.truncateTo !== undefined) return truncateUtf8(v, f.truncateTo);
+          if (v.length > f.max / 3 && Buffer.byteLength(v, 'utf8') > f.max)
+            throw tooLarge(`${label} is longer than ${f.max} bytes`);
+          return v;
+        },
+        size: (p) => strSize(p as string),
+        write: (w, p) => w.str(p as string),
+        read: (r, _l, out) => {
+          const s = r.str(label, f.max);
+          if (f.nonEmpty && s.length === 0) throw invalid(`${label} must not be empty`);
+          out[key] = f.known === 'errorCodes' && !ERROR_CODES.has(s) ? 'KVT_INTERNAL' : s;
+        },
+      };
+    case 'ns':
+    case 'hash': {
+      const n = f.kind === 'ns' ? NAMESPACE_BYTES : HASH_BYTES;
+      return {
+        ...base,
+        fixed: n,
+        prep: (v) => {
+          if (f.kind === 'ns' && !(typeof v === 'string' && NS_RE.test(v)))
+            throw invalid(`namespace id must be 32 lowercase hex digits, got ${JSON.stringify(v)}`);
+          return v;
+        },
+        size: () => n,
+        write: (w, p) => w.hex(p as string, n),
+        read: (r, _l, out) => {
+          out[key] =
+            f.kind === 'ns'
+              ? r.hex(n, 'namespace id')
+              : chunkHashFromBytes(r.bytes(n, 'chunk hash'));
+        },
+      };
+    }
+    case 'nsList':
+      return {
+        ...base,
+        prep: (v) => {
+          const list = v as string[];
+          if (list.length > 255)
+            throw tooLarge(`${what} names ${list.length} namespaces, at most 255 fit`);
+          if (list.length < f.min || list.length > f.max)
+            throw invalid(`${what} needs ${f.min}..${f.max} namespaces, got ${list.length}`);
+          for (const ns of list)
+            if (!NS_RE.test(ns))
+              throw invalid(
+                `namespace id must be 32 lowercase hex digits, got ${JSON.stringify(ns)}`,
+              );
+          return list;
+        },
+        size: (p) => 1 + NAMESPACE_BYTES * (p as string[]).length,
+        write: (w, p) => {
+          const list = p as string[];
+          w.u8(list.length);
+          for (const ns of list) w.hex(ns, NAMESPACE_BYTES);
+        },
+        read: (r, _l, out) => {
+          const n = r.u8('namespace count');
+          if (n < f.min || n > f.max)
+            throw invalid(`${what} needs ${f.min}..${f.max} namespaces, got ${n}`);
+          const list: string[] = [];
+          for (let i = 0; i < n; i++) list.push(r.hex(NAMESPACE_BYTES, 'namespace id'));
+          out[key] = list;
+        },
+      };
+    case 'hashes':
+      return {
+        ...base,
+        prep: (v) => {
+          const b = v as Uint8Array;
+          if (!(b instanceof Uint8Array) || b.length % HASH_BYTES !== 0)
+            throw invalid(
+              `${what}.${key} must be a multiple of ${HASH_BYTES} bytes, got ${b?.length}`,
+            );
+          const n = b.length / HASH_BYTES;
+          if (n > wireMax(f.max))
+            throw tooLarge(`${what} has ${n} chunks, the wire allows ${wireMax(f.max)}`);
+          return b;
+        },
+        size: (p) => 4 + (p as Uint8Array).length,
+        write: (w, p) => {
+          const b = p as Uint8Array;
+          w.u32(b.length / HASH_BYTES);
+          w.bytes(b);
+        },
+        read: (r, limits, out) => {
+          const n = r.u32('chunk count');
+          const max = readMax(f.max, limits);
+          if (n > max) throw tooLarge(`${what} has ${n} chunks, the limit is ${max}`);
+          out[key] = r.bytes(n * HASH_BYTES, label === key ? 'chunk hashes' : label);
+        },
+      };
+    case 'u32s': {
+      const own = f.countOf === undefined;
+      return {
+        ...base,
+        prep: (v, m) => {
+          const a = v as Uint32Array;
+          if (!(a instanceof Uint32Array)) throw invalid(`${what}.${key} must be a Uint32Array`);
+          if (!own) {
+            const n = hashCount(m[f.countOf!]);
+            if (a.length !== n)
+              throw invalid(`${what} has ${a.length} ${label}s for ${n} chunks (need ${n})`);
+          } else if (f.max !== undefined && a.length > wireMax(f.max))
+            throw tooLarge(`${what} has ${a.length} ${label}, the limit is ${wireMax(f.max)}`);
+          return a;
+        },
+        size: (p) => (own ? 4 : 0) + 4 * (p as Uint32Array).length,
+        write: (w, p) => {
+          const a = p as Uint32Array;
+          if (own) w.u32(a.length);
+          writeU32s(w, a);
+        },
+        read: (r, limits, out) => {
+          let n: number;
+          if (own) {
+            n = r.u32(`${label} count`);
+            const max = f.max === undefined ? undefined : readMax(f.max, limits);
+            if (max !== undefined && n > max)
+              throw tooLarge(`${what} has ${n} ${label}, the limit is ${max}`);
+          } else n = hashCount(out[f.countOf!]);
+          const range = f.range && ([f.range[0], readMax(f.range[1], limits)] as [number, number]);
+          out[key] = readU32s(r, n, label, range);
+        },
+      };
+    }
+    case 'json':
+      return {
+        ...base,
+        prep: (v) => {
+          if (typeof v !== 'object' || v === null) throw invalid(`${label} must be an object`);
+          if (f.omitEmpty && Object.keys(v).length === 0) return EMPTY;
+          const json = ENCODE.encode(JSON.stringify(v));
+          if (f.max !== undefined && json.length > f.max)
+            throw tooLarge(`${label} JSON is ${json.length} bytes, the limit is ${f.max}`);
+          return json;
+        },
+        size: (p) => 4 + (p as Uint8Array).length,
+        write: (w, p) => {
+          w.u32((p as Uint8Array).length);
+          w.bytes(p as Uint8Array);
+        },
+        read: (r, _l, out) => {
+          const n = r.u32(`${label} length`);
+          if (f.max !== undefined && n > f.max)
+            throw tooLarge(`${label} is ${n} bytes, the limit is ${f.max}`);
+          if (n === 0 && f.omitEmpty) {
+            out[key] = {};
+            return;
+          }
+          const text = f.lenient ? UTF8_LENIENT.decode(r.bytes(n, label)) : r.utf8(n, label);
+          out[key] = f.late ? new LateJson(f, label, text) : parseJson(f, label, text);
+        },
+      };
+    case 'blob':
+      return {
+        ...base,
+        prep: (v) => v as Uint8Array,
+        size: (p) => 4 + (p as Uint8Array).length,
+        write: (w, p) => {
+          w.u32((p as Uint8Array).length);
+          w.bytes(p as Uint8Array);
+        },
+        read: (r, limits, out) => {
+          const n = r.u32(`${label} length`);
+          const max = f.max === undefined ? undefined : readMax(f.max, limits);
+          if (max !== undefined && n > max)
+            throw tooLarge(`${label} is ${n} bytes, the limit is ${max}`);
+          if (f.nonEmpty && n === 0) throw invalid(`${label} must not be empty`);
+          out[key] = r.bytes(n, label);
+        },
+      };
+    case 'bytes':
+      return {
+        ...base,
+        fixed: f.size,
+        prep: (v) => {
+          if (!(v instanceof Uint8Array) || v.length !== f.size)
+            throw invalid(`${key} must be ${f.size} bytes`);
+          return v;
+        },
+        size: () => f.size,
+        write: (w, p) => w.bytes(p as Uint8Array),
+        read: (r, _l, out) => {
+          out[key] = Buffer.from(r.bytes(f.size, label));
+        },
+      };
+    case 'list': {
+      const sub = f.of.map((g) => fieldOps(g, what, reply));
+      return {
+        ...base,
+        prep: (v) => {
+          const items = (v as Msg[]).slice(0, f.max);
+          return items.map((item) => sub.map((s) => s.prep(item[s.key], item)));
+        },
+        size: (p) => {
+          let n = 1;
+          for (const parts of p as unknown[][])
+            for (let i = 0; i < sub.length; i++) n += sub[i]!.size(parts[i]);
+          return n;
+        },
+        write: (w, p) => {
+          const rows = p as unknown[][];
+          w.u8(rows.length);
+          for (const parts of rows) for (let i = 0; i < sub.length; i++) sub[i]!.write(w, parts[i]);
+        },
+        read: (r, limits, out) => {
+          const n = r.u8(`${label} count`);
+          const items: Msg[] = [];
+          for (let i = 0; i < n; i++) {
+            const item: Msg = {};
+            for (const s of sub) s.read(r, limits, item);
+            items.push(item);
+          }
+          out[key] = items;
+        },
+      };
+    }
+  }
+}
+
+const EMPTY = new Uint8Array(0);
+
+/** JSON text read before the end of the body was checked; parsed after it (`late`). */
+export class LateJson {
+  constructor(
+    readonly field: Extract<Field, { kind: 'json' }>,
+    readonly label: string,
+    readonly text: string,
+  ) {}
+  parse(): Msg {
+    return parseJson(this.field, this.label, this.text);
+  }
+}
