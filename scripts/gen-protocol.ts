@@ -219,8 +219,8 @@ function docRow(f: Field): [string, string] {
 export function docBlock(m: MessageSpec): string {
   const rows = m.fields.map((f, i) => {
     const [type, rule] = docRow(f);
-    const opt = 'optional' in f && f.optional ? ' (optional, trailing)' : '';
-    return `| ${i + 1} | ${f.key} | ${type} | ${rule}${opt} |`;
+    const opt = 'optional' in f && f.optional ? 'optional, trailing' : '';
+    return `| ${i + 1} | ${f.key} | ${type} | ${[rule, opt].filter((x) => x).join('; ')} |`;
   });
   const rules = (m.rules ?? []).map((r) =>
     r.rule === 'atMostCount'

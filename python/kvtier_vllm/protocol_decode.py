@@ -17,8 +17,8 @@ from typing import Any
 
 from .errors import ERROR_CODES, InvalidArgumentError, ProtocolError, TooLargeError
 from . import protocol_table as _T
-from .protocol_table import MESSAGES, REPLY_CLASSES, LookupResult, MsgType, TierTokens
-from .protocol_types import HEADER_BYTES, MAGIC, VERSION, Reply
+from .protocol_table import MESSAGES, REPLY_CLASSES, LookupResult, MsgType, Reply, TierTokens
+from .protocol_types import HEADER_BYTES, MAGIC, VERSION
 
 _HEADER = struct.Struct("<HBBI")
 _U16 = struct.Struct("<H")

@@ -1,31 +1,10 @@
-"""Protocol v1 constants, with the message type codes and reply objects of the generated message
-table (:mod:`.protocol_table`); the codec is in :mod:`.protocol_encode` and
+"""Protocol v1 constants (docs/protocol.md); the message type codes and reply objects are in the
+generated message table (:mod:`.protocol_table`), the codec in :mod:`.protocol_encode` and
 :mod:`.protocol_decode`, all of it re-exported by :mod:`.protocol`."""
 
 from __future__ import annotations
 
-from .protocol_table import (  # noqa: F401 (re-exported)
-    MESSAGES,
-    REPLY_CLASSES,
-    CancelResult,
-    ClearResult,
-    ErrorReply,
-    GetResult,
-    HeartbeatResult,
-    HoldResult,
-    LoadResult,
-    LookupResult,
-    MsgType,
-    Pong,
-    PutResult,
-    RegisterResult,
-    Reply,
-    RequestFinishedResult,
-    SaveResult,
-    StatsResult,
-    TierTokens,
-    UnregisterResult,
-)
+from .protocol_table import MESSAGES
 
 MAGIC = 0x766B  # the bytes 6b 76, "kv"
 VERSION = 1
