@@ -122,7 +122,7 @@ export function pythonTable(): string {
     out.push(`        "rules": ${py(rules)},`);
     out.push('    },');
   }
-  out.push('}', '', '# ' + '-'.repeat(90), '# Reply records', '', '');
+  out.push('}', '', `# ${'-'.repeat(90)}`, '# Reply records', '', '');
   for (const m of MESSAGES.filter((x) => x.dir === 'reply')) {
     for (const f of m.fields)
       if (f.kind === 'list')

@@ -4,8 +4,9 @@
  * (`wire-table.ts`), which `wire-codec.ts` interprets. Decoders throw
  * `KvtierError('KVT_PROTOCOL' | 'KVT_TOO_LARGE')` with the byte offset of the problem.
  */
-import { decodeReplyMessage, decodeRequestMessage, encodeMessage } from './wire-codec.ts';
+
 import { DEFAULT_LIMITS, type ProtocolLimits, type Reply, type Request } from './messages.ts';
+import { decodeReplyMessage, decodeRequestMessage, encodeMessage } from './wire-codec.ts';
 
 export { hashesToHex } from '../hashing/chunk-hasher.ts';
 export { decodeHeader, type Header, peekRequestId } from './frame.ts';

@@ -21,6 +21,42 @@ interface Compiled {
   /** Byte counts allowed after the required fields: 0, then each optional prefix. */
   readonly trailers: readonly number[];
   readonly late: boolean;
+  /** The encoder and field reader unrolled for this message (messages without optional fields). */
+  readonly unrolled?: Unrolled;
+}
+
+interface Unrolled {
+  encode(m: Msg & { requestId: number }): Buffer;
+  read(r: Reader, limits: ProtocolLimits, out: Msg): void;
+}
+
+/**
+ * Straight-line code for one message: each field's steps called at a call site of its own, so
+ * the engine inlines them as it would a hand-written codec (the loop in `encodeMessage` calls
+ * every field's steps from one site). The source is built from the table alone: field indexes,
+ * keys (JSON-quoted) and fixed sizes.
+ */
+function unroll(spec: MessageSpec, ops: readonly FieldOps[], what: string): Unrolled {
+  const idx = ops.map((_, i) => i);
+  const key = (i: number) => JSON.stringify(ops[i]!.key);
+  const size = idx.map((i) => (ops[i]!.fixed > 0 ? `${ops[i]!.fixed}` : `o${i}.size(p${i})`));
+  const source = [
+    ...idx.map((i) => `const o${i} = ops[${i}];`),
+    'return {',
+    '  encode(m) {',
+    ...idx.map((i) => `    const p${i} = o${i}.prep(m[${key(i)}], m);`),
+    spec.rules === undefined ? '' : '    checkRules(rules, m, what);',
+    `    const w = new Writer(${[HEADER_BYTES, ...size].join(' + ')}, code, m.requestId);`,
+    ...idx.map((i) => `    o${i}.write(w, p${i});`),
+    '    return w.done();',
+    '  },',
+    '  read(r, limits, out) {',
+    ...idx.map((i) => `    out[${key(i)}] = o${i}.read(r, limits, out);`),
+    '  },',
+    '};',
+  ].join('\n');
+  const make = new Function('ops', 'Writer', 'checkRules', 'rules', 'what', 'code', source);
+  return make(ops, Writer, checkRules, spec.rules, what, spec.code) as Unrolled;
 }
 
 function compile(spec: MessageSpec): Compiled {
@@ -31,7 +67,8 @@ function compile(spec: MessageSpec): Compiled {
   const trailers = [0];
   for (let i = firstOptional; i < ops.length; i++) trailers.push(trailers.at(-1)! + ops[i]!.fixed);
   const late = spec.fields.some((f) => f.kind === 'json' && f.late === true);
-  return { spec, what, ops, firstOptional, trailers, late };
+  const unrolled = firstOptional === ops.length ? unroll(spec, ops, what) : undefined;
+  return { spec, what, ops, firstOptional, trailers, late, ...(unrolled ? { unrolled } : {}) };
 }
 
 const BY_TAG = new Map<string, Compiled>();
@@ -63,6 +100,7 @@ function checkRules(rules: readonly Rule[] | undefined, m: Msg, what: string): v
 export function encodeMessage(m: Msg & { type: string; requestId: number }): Buffer {
   const c = BY_TAG.get(m.type);
   if (c === undefined) throw new KvtierError('KVT_INTERNAL', `no message type ${String(m.type)}`);
+  if (c.unrolled !== undefined) return c.unrolled.encode(m);
   const ops = c.ops;
   // Trailing optional fields: written up to the last one set.
   let count = c.firstOptional;
@@ -104,7 +142,8 @@ function decodeMessage(
   const out: Msg = { type: c.spec.tag, requestId };
   const ops = c.ops;
   let count = ops.length;
-  for (let i = 0; i < c.firstOptional; i++) ops[i]!.read(r, limits, out);
+  if (c.unrolled !== undefined) c.unrolled.read(r, limits, out);
+  else for (let i = 0; i < c.firstOptional; i++) out[ops[i]!.key] = ops[i]!.read(r, limits, out);
   if (c.firstOptional < ops.length) {
     const rest = r.buf.length - r.off;
     const k = c.trailers.indexOf(rest);
@@ -117,7 +156,7 @@ function decodeMessage(
     }
     count = c.firstOptional + k;
   }
-  for (let i = c.firstOptional; i < count; i++) ops[i]!.read(r, limits, out);
+  for (let i = c.firstOptional; i < count; i++) out[ops[i]!.key] = ops[i]!.read(r, limits, out);
   r.end(c.what);
   if (c.late)
     for (const op of ops) {

@@ -20,7 +20,8 @@ export interface FieldOps {
   prep(v: unknown, m: Msg): unknown;
   size(p: unknown): number;
   write(w: Writer, p: unknown): void;
-  read(r: Reader, limits: ProtocolLimits, out: Msg): void;
+  /** Reads the field; `out` holds the fields read before it. */
+  read(r: Reader, limits: ProtocolLimits, out: Msg): unknown;
   /** Bytes of a fixed-size field (trailing optional fields); 0 for variable ones. */
   readonly fixed: number;
 }
@@ -115,8 +116,8 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         prep: (v) => (v ? 1 : 0),
         size: () => 1,
         write: (w, p) => w.u8(p as number),
-        read: (r, _l, out) => {
-          out[key] = r.u8(label) === 1;
+        read: (r) => {
+          return r.u8(label) === 1;
         },
       };
     case 'u32':
@@ -127,14 +128,14 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         prep: (v) => (reply ? v : checkU32(key, f.optional ? (v ?? 0) : v)),
         size: () => 4,
         write: (w, p) => w.u32(p as number),
-        read: (r, limits, out) => {
+        read: (r, limits) => {
           const v = r.u32(label);
           if (f.range !== undefined) {
             const hi = readMax(f.range[1], limits);
             if (v < f.range[0] || v > hi)
               throw invalid(`${label} is ${v}, allowed ${f.range[0]}..${hi}`);
           }
-          out[key] = v;
+          return v;
         },
       };
     case 'i32':
@@ -151,12 +152,12 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
           w.buf.writeInt32LE(p as number, w.off);
           w.off += 4;
         },
-        read: (r, _l, out) => {
+        read: (r) => {
           r.need(4, label);
           const v = r.buf.readInt32LE(r.off);
           r.off += 4;
           if (v < f.min) throw invalid(`${label} must be at least ${f.min}, got ${v}`);
-          out[key] = v;
+          return v;
         },
       };
     case 'u64':
@@ -170,8 +171,8 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         },
         size: () => 8,
         write: (w, p) => w.u64(p as bigint),
-        read: (r, _l, out) => {
-          out[key] = r.u64(label);
+        read: (r) => {
+          return r.u64(label);
         },
       };
     case 'enum':
@@ -185,14 +186,14 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         },
         size: () => 1,
         write: (w, p) => w.u8(p as number),
-        read: (r, _l, out) => {
+        read: (r) => {
           const code = r.u8(label);
           const name = f.names[code];
           if (name === undefined) {
             const allowed = f.names.map((n, i) => `${i} (${n})`).join(', ');
             throw new KvtierError(f.unknown, `unknown ${label} ${code}; allowed ${allowed}`);
           }
-          out[key] = name;
+          return name;
         },
       };
     case 'str':
@@ -208,10 +209,10 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         },
         size: (p) => strSize(p as string),
         write: (w, p) => w.str(p as string),
-        read: (r, _l, out) => {
+        read: (r) => {
           const s = r.str(label, f.max);
           if (f.nonEmpty && s.length === 0) throw invalid(`${label} must not be empty`);
-          out[key] = f.known === 'errorCodes' && !ERROR_CODES.has(s) ? 'KVT_INTERNAL' : s;
+          return f.known === 'errorCodes' && !ERROR_CODES.has(s) ? 'KVT_INTERNAL' : s;
         },
       };
     case 'ns':
@@ -227,11 +228,10 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         },
         size: () => n,
         write: (w, p) => w.hex(p as string, n),
-        read: (r, _l, out) => {
-          out[key] =
-            f.kind === 'ns'
-              ? r.hex(n, 'namespace id')
-              : chunkHashFromBytes(r.bytes(n, 'chunk hash'));
+        read: (r) => {
+          return f.kind === 'ns'
+            ? r.hex(n, 'namespace id')
+            : chunkHashFromBytes(r.bytes(n, 'chunk hash'));
         },
       };
     }
@@ -257,13 +257,13 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
           w.u8(list.length);
           for (const ns of list) w.hex(ns, NAMESPACE_BYTES);
         },
-        read: (r, _l, out) => {
+        read: (r) => {
           const n = r.u8('namespace count');
           if (n < f.min || n > f.max)
             throw invalid(`${what} needs ${f.min}..${f.max} namespaces, got ${n}`);
           const list: string[] = [];
           for (let i = 0; i < n; i++) list.push(r.hex(NAMESPACE_BYTES, 'namespace id'));
-          out[key] = list;
+          return list;
         },
       };
     case 'hashes':
@@ -286,11 +286,11 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
           w.u32(b.length / HASH_BYTES);
           w.bytes(b);
         },
-        read: (r, limits, out) => {
+        read: (r, limits) => {
           const n = r.u32('chunk count');
           const max = readMax(f.max, limits);
           if (n > max) throw tooLarge(`${what} has ${n} chunks, the limit is ${max}`);
-          out[key] = r.bytes(n * HASH_BYTES, label === key ? 'chunk hashes' : label);
+          return r.bytes(n * HASH_BYTES, label === key ? 'chunk hashes' : label);
         },
       };
     case 'u32s': {
@@ -323,7 +323,7 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
               throw tooLarge(`${what} has ${n} ${label}, the limit is ${max}`);
           } else n = hashCount(out[f.countOf!]);
           const range = f.range && ([f.range[0], readMax(f.range[1], limits)] as [number, number]);
-          out[key] = readU32s(r, n, label, range);
+          return readU32s(r, n, label, range);
         },
       };
     }
@@ -343,16 +343,15 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
           w.u32((p as Uint8Array).length);
           w.bytes(p as Uint8Array);
         },
-        read: (r, _l, out) => {
+        read: (r) => {
           const n = r.u32(`${label} length`);
           if (f.max !== undefined && n > f.max)
             throw tooLarge(`${label} is ${n} bytes, the limit is ${f.max}`);
           if (n === 0 && f.omitEmpty) {
-            out[key] = {};
-            return;
+            return {};
           }
           const text = f.lenient ? UTF8_LENIENT.decode(r.bytes(n, label)) : r.utf8(n, label);
-          out[key] = f.late ? new LateJson(f, label, text) : parseJson(f, label, text);
+          return f.late ? new LateJson(f, label, text) : parseJson(f, label, text);
         },
       };
     case 'blob':
@@ -364,13 +363,13 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
           w.u32((p as Uint8Array).length);
           w.bytes(p as Uint8Array);
         },
-        read: (r, limits, out) => {
+        read: (r, limits) => {
           const n = r.u32(`${label} length`);
           const max = f.max === undefined ? undefined : readMax(f.max, limits);
           if (max !== undefined && n > max)
             throw tooLarge(`${label} is ${n} bytes, the limit is ${max}`);
           if (f.nonEmpty && n === 0) throw invalid(`${label} must not be empty`);
-          out[key] = r.bytes(n, label);
+          return r.bytes(n, label);
         },
       };
     case 'bytes':
@@ -384,38 +383,46 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         },
         size: () => f.size,
         write: (w, p) => w.bytes(p as Uint8Array),
-        read: (r, _l, out) => {
-          out[key] = Buffer.from(r.bytes(f.size, label));
+        read: (r) => {
+          return Buffer.from(r.bytes(f.size, label));
         },
       };
     case 'list': {
+      // Prepared as one flat array: record i's field s at i * k + s.
       const sub = f.of.map((g) => fieldOps(g, what, reply));
+      const k = sub.length;
       return {
         ...base,
         prep: (v) => {
-          const items = (v as Msg[]).slice(0, f.max);
-          return items.map((item) => sub.map((s) => s.prep(item[s.key], item)));
+          const items = v as Msg[];
+          const n = Math.min(items.length, f.max);
+          const flat = new Array<unknown>(n * k);
+          for (let i = 0, j = 0; i < n; i++) {
+            const item = items[i]!;
+            for (let s = 0; s < k; s++, j++) flat[j] = sub[s]!.prep(item[sub[s]!.key], item);
+          }
+          return flat;
         },
         size: (p) => {
+          const flat = p as unknown[];
           let n = 1;
-          for (const parts of p as unknown[][])
-            for (let i = 0; i < sub.length; i++) n += sub[i]!.size(parts[i]);
+          for (let j = 0; j < flat.length; j++) n += sub[j % k]!.size(flat[j]);
           return n;
         },
         write: (w, p) => {
-          const rows = p as unknown[][];
-          w.u8(rows.length);
-          for (const parts of rows) for (let i = 0; i < sub.length; i++) sub[i]!.write(w, parts[i]);
+          const flat = p as unknown[];
+          w.u8(flat.length / k);
+          for (let j = 0; j < flat.length; j++) sub[j % k]!.write(w, flat[j]);
         },
-        read: (r, limits, out) => {
+        read: (r, limits) => {
           const n = r.u8(`${label} count`);
           const items: Msg[] = [];
           for (let i = 0; i < n; i++) {
             const item: Msg = {};
-            for (const s of sub) s.read(r, limits, item);
+            for (const s of sub) item[s.key] = s.read(r, limits, item);
             items.push(item);
           }
-          out[key] = items;
+          return items;
         },
       };
     }
