@@ -7,8 +7,9 @@
 import { KvtierError } from '../errors.ts';
 import { decodeHeader, Reader, Writer } from './frame.ts';
 import { HEADER_BYTES, type ProtocolLimits } from './messages.ts';
-import { type FieldOps, fieldOps, hashCount, invalid, LateJson, type Msg } from './wire-fields.ts';
+import { type FieldOps, fieldOps } from './wire-fields.ts';
 import { MESSAGES, type MessageSpec, type Rule } from './wire-table.ts';
+import { hashCount, invalid, LateJson, type Msg } from './wire-values.ts';
 
 /** One table entry, compiled. */
 interface Compiled {

@@ -106,9 +106,10 @@ export type Rule =
 export interface MessageSpec {
   /** Wire name, as docs/protocol.md spells it. */
   readonly name: string;
-  /** The `type` of the TypeScript message object. */
+  /** The `type` of the TypeScript message object: the name in lower case, `_` as `-`. */
   readonly tag: string;
   readonly code: number;
+  /** A request (codes below 0x80) or a reply. */
   readonly dir: 'request' | 'reply';
   /** Section of docs/protocol.md. */
   readonly section: string;
@@ -116,365 +117,181 @@ export interface MessageSpec {
   readonly rules?: readonly Rule[];
 }
 
-const ID = WIRE.maxLookupIdBytes;
-const LOOKUP_ID: Field = { kind: 'str', key: 'lookupId', max: ID, nonEmpty: true };
-const ENGINE_ID: Field = { kind: 'str', key: 'engineId', max: DP.maxIdBytes, nonEmpty: true };
-const ENGINE_REQUEST_ID: Field = {
+/** One table entry; its tag and direction follow from its name and code. */
+function msg(
+  name: string,
+  code: number,
+  section: string,
+  fields: readonly Field[],
+  rules?: readonly Rule[],
+): MessageSpec {
+  const tag = name.toLowerCase().replace(/_/g, '-');
+  const dir = code < 0x80 ? 'request' : 'reply';
+  return { name, tag, code, dir, section, fields, ...(rules === undefined ? {} : { rules }) };
+}
+
+const u32 = (key: string): Field => ({ kind: 'u32', key });
+const bool = (key: string): Field => ({ kind: 'bool', key });
+const ns = (key: string): Field => ({ kind: 'ns', key });
+const hash = (key: string): Field => ({ kind: 'hash', key });
+const id = (key: string, max: number, label?: string): Field => ({
   kind: 'str',
-  key: 'engineRequestId',
-  label: 'requestId',
-  max: DP.maxIdBytes,
+  key,
+  max,
   nonEmpty: true,
-};
+  ...(label === undefined ? {} : { label }),
+});
+
+const LOOKUP_ID = id('lookupId', WIRE.maxLookupIdBytes);
+const ENGINE_ID = id('engineId', DP.maxIdBytes);
+const ENGINE_REQUEST_ID = id('engineRequestId', DP.maxIdBytes, 'requestId');
 const BLOCK_IDS: Field = {
   kind: 'u32s',
   key: 'blockIds',
   label: 'block ids',
   max: DP.maxBlocksPerMessage,
 };
-const CHUNK_HASHES: Field = {
-  kind: 'hashes',
-  key: 'chunkHashes',
-  max: DP.maxChunksPerMessage,
-};
+const CHUNK_HASHES: Field = { kind: 'hashes', key: 'chunkHashes', max: DP.maxChunksPerMessage };
 const NOT_AFTER: Field = { kind: 'u64', key: 'notAfterNs', optional: true };
 const TOKENS: readonly [number, Max] = [1, { wire: 0xffffffff, limit: 'maxTokensPerChunk' }];
 const JSON_REPLY = { kind: 'json', object: 'coerce', late: true, lenient: true } as const;
+const enumOf = (key: string, names: string[], unknown: 'KVT_PROTOCOL' | 'KVT_INVALID_ARGUMENT') =>
+  ({ kind: 'enum', key, names, unknown }) as const;
 
 /** Every message of protocol v1, requests first, in type-code order. */
 export const MESSAGES: readonly MessageSpec[] = [
-  {
-    name: 'LOOKUP',
-    tag: 'lookup',
-    code: 0x01,
-    dir: 'request',
-    section: '4.1',
-    fields: [
-      LOOKUP_ID,
-      { kind: 'nsList', key: 'namespaces', min: 1, max: WIRE.maxNamespacesPerLookup },
-      {
-        kind: 'hashes',
-        key: 'hashes',
-        max: { wire: WIRE.maxChunksPerLookup, limit: 'maxChunksPerLookup' },
-      },
-      { kind: 'u32s', key: 'tokenCounts', label: 'token count', countOf: 'hashes', range: TOKENS },
-      {
-        kind: 'json',
-        key: 'config',
-        max: WIRE.maxConfigBytes,
-        booleans: ['pin', 'prefetch'],
-        object: 'require',
-        omitEmpty: true,
-      },
-    ],
-  },
-  {
-    name: 'CANCEL',
-    tag: 'cancel',
-    code: 0x02,
-    dir: 'request',
-    section: '4.2',
-    fields: [LOOKUP_ID],
-  },
-  {
-    name: 'CLEAR',
-    tag: 'clear',
-    code: 0x03,
-    dir: 'request',
-    section: '4.3',
-    fields: [{ kind: 'nsList', key: 'namespaces', min: 0, max: 255 }],
-  },
-  { name: 'PING', tag: 'ping', code: 0x04, dir: 'request', section: '4.4', fields: [] },
-  {
-    name: 'PUT',
-    tag: 'put',
-    code: 0x05,
-    dir: 'request',
-    section: '4.6',
-    fields: [
-      { kind: 'ns', key: 'namespace' },
-      { kind: 'hash', key: 'hash' },
-      { kind: 'u32', key: 'tokens', label: 'token count', range: TOKENS },
-      {
-        kind: 'blob',
-        key: 'payload',
-        max: { wire: 0xffffffff, limit: 'maxPayloadBytes' },
-        nonEmpty: true,
-      },
-    ],
-  },
-  {
-    name: 'GET',
-    tag: 'get',
-    code: 0x06,
-    dir: 'request',
-    section: '4.7',
-    fields: [
-      { kind: 'ns', key: 'namespace' },
-      { kind: 'hash', key: 'hash' },
-    ],
-  },
-  { name: 'STATS', tag: 'stats', code: 0x07, dir: 'request', section: '4.5', fields: [] },
-  {
-    name: 'REGISTER',
-    tag: 'register',
-    code: 0x08,
-    dir: 'request',
-    section: '4.9',
-    fields: [
-      {
-        kind: 'json',
-        key: 'registration',
-        max: DP.maxRegistrationBytes,
-        object: 'require',
-        late: true,
-        lenient: true,
-      },
-    ],
-  },
-  {
-    name: 'SAVE',
-    tag: 'save',
-    code: 0x09,
-    dir: 'request',
-    section: '4.9',
-    fields: [
+  msg('LOOKUP', 0x01, '4.1', [
+    LOOKUP_ID,
+    { kind: 'nsList', key: 'namespaces', min: 1, max: WIRE.maxNamespacesPerLookup },
+    {
+      kind: 'hashes',
+      key: 'hashes',
+      max: { wire: WIRE.maxChunksPerLookup, limit: 'maxChunksPerLookup' },
+    },
+    { kind: 'u32s', key: 'tokenCounts', label: 'token count', countOf: 'hashes', range: TOKENS },
+    {
+      kind: 'json',
+      key: 'config',
+      max: WIRE.maxConfigBytes,
+      booleans: ['pin', 'prefetch'],
+      object: 'require',
+      omitEmpty: true,
+    },
+  ]),
+  msg('CANCEL', 0x02, '4.2', [LOOKUP_ID]),
+  msg('CLEAR', 0x03, '4.3', [{ kind: 'nsList', key: 'namespaces', min: 0, max: 255 }]),
+  msg('PING', 0x04, '4.4', []),
+  msg('PUT', 0x05, '4.6', [
+    ns('namespace'),
+    hash('hash'),
+    { kind: 'u32', key: 'tokens', label: 'token count', range: TOKENS },
+    {
+      kind: 'blob',
+      key: 'payload',
+      max: { wire: 0xffffffff, limit: 'maxPayloadBytes' },
+      nonEmpty: true,
+    },
+  ]),
+  msg('GET', 0x06, '4.7', [ns('namespace'), hash('hash')]),
+  msg('STATS', 0x07, '4.5', []),
+  msg('REGISTER', 0x08, '4.9', [
+    {
+      kind: 'json',
+      key: 'registration',
+      max: DP.maxRegistrationBytes,
+      object: 'require',
+      late: true,
+      lenient: true,
+    },
+  ]),
+  msg(
+    'SAVE',
+    0x09,
+    '4.9',
+    [
       ENGINE_ID,
       ENGINE_REQUEST_ID,
-      { kind: 'u32', key: 'skipChunks' },
+      u32('skipChunks'),
       BLOCK_IDS,
       CHUNK_HASHES,
       NOT_AFTER,
       { kind: 'bytes', key: 'cudaEvent', size: 64, optional: true },
     ],
-    rules: [{ rule: 'atMostCount', field: 'skipChunks', of: 'chunkHashes' }],
-  },
-  {
-    name: 'LOAD',
-    tag: 'load',
-    code: 0x0a,
-    dir: 'request',
-    section: '4.9',
-    fields: [
+    [{ rule: 'atMostCount', field: 'skipChunks', of: 'chunkHashes' }],
+  ),
+  msg(
+    'LOAD',
+    0x0a,
+    '4.9',
+    [
       ENGINE_ID,
       ENGINE_REQUEST_ID,
       LOOKUP_ID,
-      { kind: 'u32', key: 'deadlineMs' },
+      u32('deadlineMs'),
       { kind: 'i32', key: 'stateSlot', min: -1 },
       BLOCK_IDS,
       CHUNK_HASHES,
       { kind: 'u32', key: 'skipBlocks', optional: true },
       NOT_AFTER,
     ],
-    rules: [{ rule: 'zeroWithoutCount', field: 'skipBlocks', of: 'chunkHashes' }],
-  },
-  {
-    name: 'HOLD',
-    tag: 'hold',
-    code: 0x0b,
-    dir: 'request',
-    section: '4.9',
-    fields: [ENGINE_ID, ENGINE_REQUEST_ID, LOOKUP_ID],
-  },
-  {
-    name: 'REQUEST_FINISHED',
-    tag: 'request-finished',
-    code: 0x0c,
-    dir: 'request',
-    section: '4.9',
-    fields: [
-      ENGINE_ID,
-      ENGINE_REQUEST_ID,
-      {
-        kind: 'enum',
-        key: 'kind',
-        names: ['finished', 'aborted', 'preempted'],
-        unknown: 'KVT_INVALID_ARGUMENT',
-      },
-    ],
-  },
-  {
-    name: 'HEARTBEAT',
-    tag: 'heartbeat',
-    code: 0x0d,
-    dir: 'request',
-    section: '4.9',
-    fields: [ENGINE_ID],
-  },
-  {
-    name: 'UNREGISTER',
-    tag: 'unregister',
-    code: 0x0e,
-    dir: 'request',
-    section: '4.9',
-    fields: [ENGINE_ID],
-  },
-  {
-    name: 'LOOKUP_RESULT',
-    tag: 'lookup-result',
-    code: 0x81,
-    dir: 'reply',
-    section: '4.1',
-    fields: [
-      { kind: 'str', key: 'lookupId', max: ID },
-      { kind: 'enum', key: 'status', names: ['ok', 'canceled', 'stale'], unknown: 'KVT_PROTOCOL' },
-      { kind: 'u32', key: 'epoch' },
-      { kind: 'u32', key: 'hitTokens' },
-      { kind: 'u32', key: 'hitChunks' },
-      {
-        kind: 'list',
-        key: 'tiers',
-        max: 255,
-        record: 'TierTokens',
-        of: [
-          { kind: 'str', key: 'tier', label: 'tier name', max: 0xffff },
-          { kind: 'u32', key: 'tokens', label: 'tier tokens' },
-        ],
-      },
-    ],
-  },
-  {
-    name: 'CANCEL_RESULT',
-    tag: 'cancel-result',
-    code: 0x82,
-    dir: 'reply',
-    section: '4.2',
-    fields: [{ kind: 'bool', key: 'found' }],
-  },
-  {
-    name: 'CLEAR_RESULT',
-    tag: 'clear-result',
-    code: 0x83,
-    dir: 'reply',
-    section: '4.3',
-    fields: [{ kind: 'u32', key: 'epoch' }],
-  },
-  {
-    name: 'PONG',
-    tag: 'pong',
-    code: 0x84,
-    dir: 'reply',
-    section: '4.4',
-    fields: [{ ...JSON_REPLY, key: 'info' }],
-  },
-  {
-    name: 'PUT_RESULT',
-    tag: 'put-result',
-    code: 0x85,
-    dir: 'reply',
-    section: '4.6',
-    fields: [
-      {
-        kind: 'enum',
-        key: 'outcome',
-        names: ['stored', 'exists', 'dropped'],
-        unknown: 'KVT_PROTOCOL',
-      },
-    ],
-  },
-  {
-    name: 'GET_RESULT',
-    tag: 'get-result',
-    code: 0x86,
-    dir: 'reply',
-    section: '4.7',
-    fields: [
-      { kind: 'bool', key: 'found' },
-      { kind: 'u32', key: 'tokens' },
-      { kind: 'blob', key: 'payload' },
-    ],
-  },
-  {
-    name: 'STATS_RESULT',
-    tag: 'stats-result',
-    code: 0x87,
-    dir: 'reply',
-    section: '4.5',
-    fields: [{ ...JSON_REPLY, key: 'stats' }],
-  },
-  {
-    name: 'REGISTER_RESULT',
-    tag: 'register-result',
-    code: 0x88,
-    dir: 'reply',
-    section: '4.9',
-    fields: [
-      { kind: 'str', key: 'engineId', max: DP.maxIdBytes },
-      { kind: 'ns', key: 'namespace' },
-      { kind: 'u32', key: 'chunkSize' },
-      { kind: 'u32', key: 'blockSize' },
-    ],
-  },
-  {
-    name: 'SAVE_RESULT',
-    tag: 'save-result',
-    code: 0x89,
-    dir: 'reply',
-    section: '4.9',
-    fields: [
-      { kind: 'u32', key: 'saved' },
-      { kind: 'u32', key: 'skipped' },
-      { kind: 'u32', key: 'dropped' },
-    ],
-  },
-  {
-    name: 'LOAD_RESULT',
-    tag: 'load-result',
-    code: 0x8a,
-    dir: 'reply',
-    section: '4.9',
-    fields: [
-      { kind: 'u32', key: 'loadedTokens' },
-      { kind: 'u32s', key: 'invalidBlockIds', label: 'invalid block ids' },
-    ],
-  },
-  {
-    name: 'HOLD_RESULT',
-    tag: 'hold-result',
-    code: 0x8b,
-    dir: 'reply',
-    section: '4.9',
-    fields: [{ kind: 'u32', key: 'heldChunks' }],
-  },
-  {
-    name: 'REQUEST_FINISHED_RESULT',
-    tag: 'request-finished-result',
-    code: 0x8c,
-    dir: 'reply',
-    section: '4.9',
-    fields: [{ kind: 'bool', key: 'released' }],
-  },
-  {
-    name: 'HEARTBEAT_RESULT',
-    tag: 'heartbeat-result',
-    code: 0x8d,
-    dir: 'reply',
-    section: '4.9',
-    fields: [{ kind: 'bool', key: 'known' }],
-  },
-  {
-    name: 'UNREGISTER_RESULT',
-    tag: 'unregister-result',
-    code: 0x8e,
-    dir: 'reply',
-    section: '4.9',
-    fields: [{ kind: 'bool', key: 'released' }],
-  },
-  {
-    name: 'ERROR',
-    tag: 'error',
-    code: 0xff,
-    dir: 'reply',
-    section: '4.8',
-    fields: [
-      { kind: 'str', key: 'code', label: 'error code', max: 64, known: 'errorCodes' },
-      {
-        kind: 'str',
-        key: 'message',
-        label: 'error message',
-        max: 0xffff,
-        truncateTo: WIRE.maxErrorMessageBytes,
-      },
-    ],
-  },
+    [{ rule: 'zeroWithoutCount', field: 'skipBlocks', of: 'chunkHashes' }],
+  ),
+  msg('HOLD', 0x0b, '4.9', [ENGINE_ID, ENGINE_REQUEST_ID, LOOKUP_ID]),
+  msg('REQUEST_FINISHED', 0x0c, '4.9', [
+    ENGINE_ID,
+    ENGINE_REQUEST_ID,
+    enumOf('kind', ['finished', 'aborted', 'preempted'], 'KVT_INVALID_ARGUMENT'),
+  ]),
+  msg('HEARTBEAT', 0x0d, '4.9', [ENGINE_ID]),
+  msg('UNREGISTER', 0x0e, '4.9', [ENGINE_ID]),
+  msg('LOOKUP_RESULT', 0x81, '4.1', [
+    { kind: 'str', key: 'lookupId', max: WIRE.maxLookupIdBytes },
+    enumOf('status', ['ok', 'canceled', 'stale'], 'KVT_PROTOCOL'),
+    u32('epoch'),
+    u32('hitTokens'),
+    u32('hitChunks'),
+    {
+      kind: 'list',
+      key: 'tiers',
+      max: 255,
+      record: 'TierTokens',
+      of: [
+        { kind: 'str', key: 'tier', label: 'tier name', max: 0xffff },
+        { kind: 'u32', key: 'tokens', label: 'tier tokens' },
+      ],
+    },
+  ]),
+  msg('CANCEL_RESULT', 0x82, '4.2', [bool('found')]),
+  msg('CLEAR_RESULT', 0x83, '4.3', [u32('epoch')]),
+  msg('PONG', 0x84, '4.4', [{ ...JSON_REPLY, key: 'info' }]),
+  msg('PUT_RESULT', 0x85, '4.6', [
+    enumOf('outcome', ['stored', 'exists', 'dropped'], 'KVT_PROTOCOL'),
+  ]),
+  msg('GET_RESULT', 0x86, '4.7', [bool('found'), u32('tokens'), { kind: 'blob', key: 'payload' }]),
+  msg('STATS_RESULT', 0x87, '4.5', [{ ...JSON_REPLY, key: 'stats' }]),
+  msg('REGISTER_RESULT', 0x88, '4.9', [
+    { kind: 'str', key: 'engineId', max: DP.maxIdBytes },
+    ns('namespace'),
+    u32('chunkSize'),
+    u32('blockSize'),
+  ]),
+  msg('SAVE_RESULT', 0x89, '4.9', [u32('saved'), u32('skipped'), u32('dropped')]),
+  msg('LOAD_RESULT', 0x8a, '4.9', [
+    u32('loadedTokens'),
+    { kind: 'u32s', key: 'invalidBlockIds', label: 'invalid block ids' },
+  ]),
+  msg('HOLD_RESULT', 0x8b, '4.9', [u32('heldChunks')]),
+  msg('REQUEST_FINISHED_RESULT', 0x8c, '4.9', [bool('released')]),
+  msg('HEARTBEAT_RESULT', 0x8d, '4.9', [bool('known')]),
+  msg('UNREGISTER_RESULT', 0x8e, '4.9', [bool('released')]),
+  msg('ERROR', 0xff, '4.8', [
+    { kind: 'str', key: 'code', label: 'error code', max: 64, known: 'errorCodes' },
+    {
+      kind: 'str',
+      key: 'message',
+      label: 'error message',
+      max: 0xffff,
+      truncateTo: WIRE.maxErrorMessageBytes,
+    },
+  ]),
 ];
