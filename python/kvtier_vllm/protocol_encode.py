@@ -10,6 +10,9 @@ from typing import Any, Iterable, Sequence
 from .errors import InvalidArgumentError
 from .protocol_pack import encode_header, encode_message, namespace_bytes, pack_hashes  # noqa: F401
 
+#: a LOOKUP config with every option at its default: sent as 0 bytes
+_DEFAULTS: dict = {}
+
 
 def encode_lookup(
     request_id: int,
@@ -27,9 +30,12 @@ def encode_lookup(
     and ``pin``/``prefetch`` are ignored.
     """
     if config is None:
-        if not isinstance(pin, bool) or not isinstance(prefetch, bool):
+        if pin is True and prefetch is True:
+            config = _DEFAULTS
+        elif not isinstance(pin, bool) or not isinstance(prefetch, bool):
             raise InvalidArgumentError("pin and prefetch must be booleans")
-        config = {k: False for k, on in (("pin", pin), ("prefetch", prefetch)) if not on}
+        else:
+            config = {k: False for k, on in (("pin", pin), ("prefetch", prefetch)) if not on}
     return encode_message(
         "LOOKUP",
         request_id,

@@ -160,50 +160,61 @@ def _hash32(h: Any) -> bytes:
     return b
 
 
-def _str(f: dict, v: Any) -> bytes:
+# Packers: each appends one request field's bytes to ``out``; a hash list records its count in
+# ``counts`` (for a u32 array counted by it, and for the rules).
+
+
+def _str(f: dict, v: Any, out: list, counts: dict) -> None:
     if not f.get("non_empty") and v == "":
-        return _U16.pack(0)
-    return _id(f["key"], v, f["max"])
+        out.append(_U16.pack(0))
+    else:
+        out.append(_id(f["key"], v, f["max"]))
 
 
-def _ns_list(f: dict, v: Any) -> bytes:
-    items = list(v)
+def _ns_list(f: dict, v: Any, out: list, counts: dict) -> None:
+    items = v if isinstance(v, (list, tuple)) else list(v)
     n = len(items)
     if n == 1 and f["min"] <= 1 and type(items[0]) is bytes and len(items[0]) == NAMESPACE_BYTES:
-        return b"\x01" + items[0]  # the usual LOOKUP: one namespace, already 16 raw bytes
+        out.append(b"\x01")  # the usual LOOKUP: one namespace, already 16 raw bytes
+        out.append(items[0])
+        return
     if n > 255:
         raise TooLargeError(f"{f['key']} has {n} namespaces, at most 255 fit")
     if not f["min"] <= n <= f["max"]:
         raise InvalidArgumentError(f"{f['key']} needs {f['min']}..{f['max']} namespaces, got {n}")
-    return bytes((n,)) + b"".join([namespace_bytes(x) for x in items])
+    out.append(bytes((n,)))
+    out.extend([namespace_bytes(x) for x in items])
 
 
-def _hashes(f: dict, v: Any) -> bytes:
+def _hashes(f: dict, v: Any, out: list, counts: dict) -> None:
     packed = pack_hashes(v)
-    n = len(packed) // HASH_BYTES
+    n = len(packed) >> 5
     if n > f["max"]:
         raise TooLargeError(f"{f['key']} has {n} chunks, the limit is {f['max']}")
-    return _U32.pack(n) + packed
+    counts[f["key"]] = n
+    out.append(_U32.pack(n))
+    out.append(packed)
 
 
-def _u32s(f: dict, v: Any, values: dict) -> bytes:
+def _u32s(f: dict, v: Any, out: list, counts: dict) -> None:
     n, packed = _u32_array(f["key"], v)
     of = f.get("count_of")
     if of is not None:
-        want = len(values[of]) - 4 >> 5  # the packed hashes of `of`, after their u32 count
-        if n != want:
-            raise InvalidArgumentError(f"{f['key']} has {n} values for {want} chunks (need {want})")
-        return packed
-    if "max" in f and n > f["max"]:
+        if n != counts[of]:
+            raise InvalidArgumentError(f"{f['key']} has {n} values for {counts[of]} chunks")
+    elif "max" in f and n > f["max"]:
         raise TooLargeError(f"{f['key']} has {n} values, the limit is {f['max']}")
-    return _U32.pack(n) + packed
+    else:
+        out.append(_U32.pack(n))
+    out.append(packed)
 
 
-def _json(f: dict, v: Any) -> bytes:
+def _json(f: dict, v: Any, out: list, counts: dict) -> None:
     if not isinstance(v, dict):
         raise InvalidArgumentError(f"{f['key']} must be a dict")
     if not v and f.get("omit_empty"):
-        return _NO_CONFIG
+        out.append(_NO_CONFIG)
+        return
     try:
         text = json.dumps(v, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
         body = text.encode("utf-8")
@@ -211,59 +222,71 @@ def _json(f: dict, v: Any) -> bytes:
         raise InvalidArgumentError(f"{f['key']} is not JSON-serialisable: {err}") from None
     if "max" in f and len(body) > f["max"]:
         raise TooLargeError(f"{f['key']} JSON is {len(body)} bytes, the limit is {f['max']}")
-    return _U32.pack(len(body)) + body
+    out.append(_U32.pack(len(body)))
+    out.append(body)
 
 
-def _enum(f: dict, v: Any) -> bytes:
+def _enum(f: dict, v: Any, out: list, counts: dict) -> None:
     names = f["names"]
     if not isinstance(v, str) or v not in names:
         raise InvalidArgumentError(f"{f['key']} must be one of {', '.join(names)}, got {v!r}")
-    return bytes((names.index(v),))
+    out.append(bytes((names.index(v),)))
 
 
-def _i32(f: dict, v: Any) -> bytes:
+def _i32(f: dict, v: Any, out: list, counts: dict) -> None:
     if isinstance(v, bool) or not isinstance(v, int) or not f["min"] <= v <= 0x7FFF_FFFF:
         raise InvalidArgumentError(f"{f['key']} must be an integer in [{f['min']}, 2^31), got {v!r}")
-    return _I32.pack(v)
+    out.append(_I32.pack(v))
 
 
-def _fixed(f: dict, v: Any) -> bytes:
+def _fixed(f: dict, v: Any, out: list, counts: dict) -> None:
     b = bytes(v)
     if len(b) != f["size"]:
         raise InvalidArgumentError(f"{f['key']} must be {f['size']} bytes, got {len(b)}")
-    return b
+    out.append(b)
 
 
-def _blob(f: dict, v: Any) -> bytes:
+def _blob(f: dict, v: Any, out: list, counts: dict) -> None:
     data = v if isinstance(v, bytes) else bytes(v)
     if len(data) > _U32_MAX:
         raise TooLargeError(f"{f['key']} is {len(data)} bytes; a u32 length cannot carry it")
-    return _U32.pack(len(data)) + data
+    out.append(_U32.pack(len(data)))
+    out.append(data)
 
 
-#: field kind -> packer of one request field (``values`` holds the fields packed so far)
 _PACK = {
-    "bool": lambda f, v, values: b"\x01" if v else b"\x00",
-    "u32": lambda f, v, values: _U32.pack(_u32(f["key"], v)),
-    "i32": lambda f, v, values: _i32(f, v),
-    "u64": lambda f, v, values: _U64.pack(_u64(f["key"], v)),
-    "enum": lambda f, v, values: _enum(f, v),
-    "str": lambda f, v, values: _str(f, v),
-    "ns": lambda f, v, values: namespace_bytes(v),
-    "hash": lambda f, v, values: _hash32(v),
-    "nsList": lambda f, v, values: _ns_list(f, v),
-    "hashes": lambda f, v, values: _hashes(f, v),
+    "bool": lambda f, v, out, counts: out.append(b"\x01" if v else b"\x00"),
+    "u32": lambda f, v, out, counts: out.append(_U32.pack(_u32(f["key"], v))),
+    "i32": _i32,
+    "u64": lambda f, v, out, counts: out.append(_U64.pack(_u64(f["key"], v))),
+    "enum": _enum,
+    "str": _str,
+    "ns": lambda f, v, out, counts: out.append(namespace_bytes(v)),
+    "hash": lambda f, v, out, counts: out.append(_hash32(v)),
+    "nsList": _ns_list,
+    "hashes": _hashes,
     "u32s": _u32s,
-    "json": lambda f, v, values: _json(f, v),
-    "blob": lambda f, v, values: _blob(f, v),
-    "bytes": lambda f, v, values: _fixed(f, v),
+    "json": _json,
+    "blob": _blob,
+    "bytes": _fixed,
+}
+
+#: request name -> (type code, ((field, key, packer, optional), ...), rules), from the table
+_PLANS = {
+    name: (
+        spec["code"],
+        tuple((f, f["key"], _PACK[f["kind"]], bool(f.get("optional"))) for f in spec["fields"]),
+        spec["rules"],
+    )
+    for name, spec in MESSAGES.items()
+    if spec["dir"] == "request"
 }
 
 
-def _check_rules(rules: tuple, values: dict, packed: dict) -> None:
+def _check_rules(rules: tuple, values: dict, counts: dict) -> None:
     for rule in rules:
         v = values.get(rule["field"])
-        n = len(packed[rule["of"]]) - 4 >> 5
+        n = counts[rule["of"]]
         if v is None:
             continue
         if rule["rule"] == "atMostCount" and v > n:
@@ -280,17 +303,15 @@ def encode_message(name: str, request_id: int, values: dict) -> bytes:
     :raises InvalidArgumentError: a value the message cannot carry.
     :raises TooLargeError: a value over its wire limit.
     """
-    spec = MESSAGES[name]
-    fields = spec["fields"]
+    code, fields, rules = _PLANS[name]
     count = len(fields)
-    while count and fields[count - 1].get("optional") and values.get(fields[count - 1]["key"]) is None:
+    while count and fields[count - 1][3] and values.get(fields[count - 1][1]) is None:
         count -= 1
-    packed = {}
-    for f in fields[:count]:
-        v = values.get(f["key"])
-        if v is None and f.get("optional"):
-            v = 0
-        packed[f["key"]] = _PACK[f["kind"]](f, v, packed)
-    if spec["rules"]:
-        _check_rules(spec["rules"], values, packed)
-    return encode_header(spec["code"], request_id) + b"".join(packed.values())
+    out = [encode_header(code, request_id)]
+    counts: dict = {}
+    for f, key, pack, optional in fields[:count] if count < len(fields) else fields:
+        v = values.get(key)
+        pack(f, 0 if v is None and optional else v, out, counts)
+    if rules:
+        _check_rules(rules, values, counts)
+    return b"".join(out)
