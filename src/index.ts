@@ -167,8 +167,6 @@ export {
   type SidecarServerOptions as LookupServerOptions,
   type SidecarServerOptions,
 } from './lookup-server/sidecar-server.ts';
-export { formatBytes, parseBytes } from './util/bytes.ts';
-export type { ConfigProblem } from './util/schema-kit.ts';
 export { OpsHttpServer, type OpsServerOptions } from './metrics/http-server.ts';
 export { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 export { KvtierMetrics, type KvtierMetricsOptions } from './metrics/metrics.ts';
@@ -203,6 +201,7 @@ export type {
   StorageManagerOptions,
   StorageReservation,
 } from './storage-manager/storage-types.ts';
+export { formatBytes, parseBytes } from './util/bytes.ts';
 export {
   createLogger,
   type Logger,
@@ -211,6 +210,7 @@ export {
   redactSecrets,
   silentLogger,
 } from './util/log.ts';
+export type { ConfigProblem } from './util/schema-kit.ts';
 // Option validators for plug-in resolvers (each throws KVT_INVALID_ARGUMENT naming the option)
 export {
   describe as describeValue,

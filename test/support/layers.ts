@@ -101,13 +101,14 @@ export function unmatchedEntries(
  * same rule as {@link LAYERS}: a module imports only modules of its own layer or a lower one.
  */
 export const PYTHON_LAYERS: readonly (readonly string[])[] = [
-  ['errors', 'protocol_types', 'connector_types', 'rank_lookup'],
+  ['errors', 'protocol_table', 'protocol_types', 'connector_types', 'rank_lookup'],
   [
     '_validate',
     'curve',
     'msgpack_lite',
     'host_memory',
     'config',
+    'protocol_pack',
     'protocol_encode',
     'protocol_decode',
   ],
