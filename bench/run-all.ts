@@ -1,7 +1,7 @@
 /**
  * Every benchmark, each figure the median of >= 5 rounds with min and max, against issue 10's
  * targets:
- *   npm run bench                 (about 10-15 minutes on the 2-core development machine)
+ *   npm run bench                 (about 25 minutes on the 2-core development machine)
  *   npm run bench -- --quick      (each benchmark's short settings; `npm run bench --quick` works too)
  *   npm run bench -- --rounds 7 --only lookup,tiers
  * Rounds are interleaved (round 1 of every benchmark, then round 2, ...) so that a noisy minute on

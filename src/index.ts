@@ -92,12 +92,8 @@ export {
   storeKeyParts,
   storeKeyPrefix,
 } from './backends/store/kv-store.ts';
-export {
-  StoreBackend,
-  type StoreBackendOptions,
-  type StoreBackendStats,
-} from './backends/store/store-backend.ts';
-export { formatBytes, parseBytes } from './config/bytes.ts';
+export { StoreBackend } from './backends/store/store-backend.ts';
+export type { StoreBackendOptions, StoreBackendStats } from './backends/store/store-options.ts';
 // Configuration, metrics, logging
 export {
   CONFIG_DEFAULTS,
@@ -107,7 +103,6 @@ export {
   loadConfig,
   resolveConfig,
 } from './config/config.ts';
-export type { ConfigProblem } from './config/schema-kit.ts';
 export { KvtierSchedulerConnector } from './connector/scheduler-connector.ts';
 export type {
   ConnectorMeta,
@@ -181,24 +176,14 @@ export {
   type LookupClientOptions,
 } from './lookup-client/lookup-client.ts';
 export { MultiLookupClient } from './lookup-client/multi-lookup-client.ts';
-// Worker side
-export { SidecarServer, type SidecarServerOptions } from './lookup-server/sidecar-server.ts';
-
-import {
-  SidecarServer as SidecarServerClass,
-  type SidecarServerOptions as SidecarServerOptionsType,
+// Worker side. `LookupServer` is the design card's name for the server (src/lookup-server/):
+// the same class as `SidecarServer`, and `LookupServerOptions` the same type as its options.
+export {
+  SidecarServer as LookupServer,
+  SidecarServer,
+  type SidecarServerOptions as LookupServerOptions,
+  type SidecarServerOptions,
 } from './lookup-server/sidecar-server.ts';
-
-/**
- * The sidecar's server under its old name (it serves lookups, PUT/GET/CLEAR/STATS and the data
- * plane, hence the new one).
- * @deprecated Use {@link SidecarServer}; this alias will be removed in a later major version.
- */
-export const LookupServer = SidecarServerClass;
-/** @deprecated Use {@link SidecarServer}. */
-export type LookupServer = SidecarServerClass;
-/** @deprecated Use {@link SidecarServerOptions}. */
-export type LookupServerOptions = SidecarServerOptionsType;
 export { OpsHttpServer, type OpsServerOptions } from './metrics/http-server.ts';
 export { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 export { KvtierMetrics, type KvtierMetricsOptions } from './metrics/metrics.ts';
@@ -224,15 +209,16 @@ export {
 export { AsyncSerializer, type AsyncSerializerOptions } from './serializer/async-serializer.ts';
 export { type Release, WeightedSemaphore } from './serializer/weighted-semaphore.ts';
 export { KVTIER_VERSION, Sidecar, type SidecarOptions } from './sidecar.ts';
-export {
-  type LookupInput,
-  type LookupOutcome,
-  type PinnedLookup,
-  type SaveOutcome,
-  StorageManager,
-  type StorageManagerOptions,
-  type StorageReservation,
-} from './storage-manager/storage-manager.ts';
+export { StorageManager } from './storage-manager/storage-manager.ts';
+export type {
+  LookupInput,
+  LookupOutcome,
+  PinnedLookup,
+  SaveOutcome,
+  StorageManagerOptions,
+  StorageReservation,
+} from './storage-manager/storage-types.ts';
+export { formatBytes, parseBytes } from './util/bytes.ts';
 export {
   createLogger,
   type Logger,
@@ -241,6 +227,7 @@ export {
   redactSecrets,
   silentLogger,
 } from './util/log.ts';
+export type { ConfigProblem } from './util/schema-kit.ts';
 // Option validators for plug-in resolvers (each throws KVT_INVALID_ARGUMENT naming the option)
 export {
   describe as describeValue,

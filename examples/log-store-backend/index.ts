@@ -35,9 +35,9 @@ import {
   decodeChunkObject,
   encodeChunkObject,
 } from '../../src/backends/format/chunk-format.ts';
-import { parseBytes } from '../../src/config/bytes.ts';
 import { abortedError, closedError, KvtierError } from '../../src/errors.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
+import { parseBytes } from '../../src/util/bytes.ts';
 import { createLogger, type Logger } from '../../src/util/log.ts';
 import { describe, requireInt, requireString } from '../../src/util/validate.ts';
 

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import KvtierError
-
-if TYPE_CHECKING:
-    from .transport import ClientTransport
 
 __all__ = ["Pending"]
 
 _PENDING, _OK, _FAILED = 0, 1, 2
+
+
+class _Owner(Protocol):
+    """What a :class:`Pending` needs of the transport that sent it (``ClientTransport``): taking
+    in replies, and waiting on its socket for one request."""
+
+    def poll(self) -> Any: ...
+
+    def _wait_for(self, pending: "Pending", timeout_ms: float | None) -> None: ...
 
 
 class Pending:
@@ -23,7 +29,7 @@ class Pending:
         "_frame", "_sock", "_resends",
     )
 
-    def __init__(self, client: "ClientTransport", request_id: int, msg_type: int, deadline: float, lookup_id: str | None = None) -> None:
+    def __init__(self, client: _Owner, request_id: int, msg_type: int, deadline: float, lookup_id: str | None = None) -> None:
         self._client = client
         self.request_id = request_id
         self.msg_type = msg_type

@@ -25,6 +25,7 @@ from .protocol_encode import (
     encode_hold,
     encode_load,
     encode_lookup,
+    encode_message,
     encode_ping,
     encode_put,
     encode_register,
@@ -35,22 +36,7 @@ from .protocol_encode import (
     namespace_bytes,
     pack_hashes,
 )
-from .protocol_types import (
-    HASH_BYTES,
-    HEADER_BYTES,
-    MAGIC,
-    MAX_BLOCKS_PER_MESSAGE,
-    MAX_CHUNKS_PER_LOOKUP,
-    MAX_CHUNKS_PER_MESSAGE,
-    MAX_CONFIG_BYTES,
-    MAX_ERROR_CODE_BYTES,
-    MAX_ID_BYTES,
-    MAX_LOOKUP_ID_BYTES,
-    MAX_NAMESPACES_PER_LOOKUP,
-    MAX_REGISTRATION_BYTES,
-    NAMESPACE_BYTES,
-    REQUEST_END_KINDS,
-    VERSION,
+from .protocol_table import (
     CancelResult,
     ClearResult,
     ErrorReply,
@@ -69,6 +55,23 @@ from .protocol_types import (
     StatsResult,
     TierTokens,
     UnregisterResult,
+)
+from .protocol_types import (
+    HASH_BYTES,
+    HEADER_BYTES,
+    MAGIC,
+    MAX_BLOCKS_PER_MESSAGE,
+    MAX_CHUNKS_PER_LOOKUP,
+    MAX_CHUNKS_PER_MESSAGE,
+    MAX_CONFIG_BYTES,
+    MAX_ERROR_CODE_BYTES,
+    MAX_ID_BYTES,
+    MAX_LOOKUP_ID_BYTES,
+    MAX_NAMESPACES_PER_LOOKUP,
+    MAX_REGISTRATION_BYTES,
+    NAMESPACE_BYTES,
+    REQUEST_END_KINDS,
+    VERSION,
 )
 
 __all__ = [
@@ -105,6 +108,7 @@ __all__ = [
     "ErrorReply",
     "Reply",
     "encode_header",
+    "encode_message",
     "encode_lookup",
     "encode_cancel",
     "encode_clear",

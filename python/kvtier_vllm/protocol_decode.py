@@ -1,4 +1,6 @@
-"""Protocol v1 reply decoding (docs/protocol.md), re-exported by :mod:`.protocol`.
+"""Protocol v1 reply decoding (docs/protocol.md), re-exported by :mod:`.protocol`, driven by
+the generated message table (:mod:`.protocol_table`): each reply's fields are read in its
+order, by kind.
 
 :func:`decode_reply` decodes one reply frame strictly: a short frame, another magic or version,
 an unknown type, a truncated field, bytes after the last field, invalid UTF-8 or malformed JSON
@@ -13,41 +15,18 @@ import json
 import struct
 from typing import Any
 
-from .errors import ERROR_CODES, ProtocolError, TooLargeError
-from .protocol_types import (
-    _LOOKUP_STATUS,
-    _PUT_OUTCOME,
-    HEADER_BYTES,
-    MAGIC,
-    MAX_ERROR_CODE_BYTES,
-    MAX_ID_BYTES,
-    MAX_LOOKUP_ID_BYTES,
-    NAMESPACE_BYTES,
-    VERSION,
-    CancelResult,
-    ClearResult,
-    ErrorReply,
-    GetResult,
-    HeartbeatResult,
-    HoldResult,
-    LoadResult,
-    LookupResult,
-    MsgType,
-    Pong,
-    PutResult,
-    RegisterResult,
-    Reply,
-    RequestFinishedResult,
-    SaveResult,
-    StatsResult,
-    TierTokens,
-    UnregisterResult,
-)
+from .errors import ERROR_CODES, InvalidArgumentError, ProtocolError, TooLargeError
+from . import protocol_table as _T
+from .protocol_table import MESSAGES, REPLY_CLASSES, LookupResult, MsgType, Reply, TierTokens
+from .protocol_types import HEADER_BYTES, MAGIC, VERSION
 
 _HEADER = struct.Struct("<HBBI")
 _U16 = struct.Struct("<H")
 _U32 = struct.Struct("<I")
+_I32 = struct.Struct("<i")
+_U64 = struct.Struct("<Q")
 _LOOKUP_RESULT = MsgType.LOOKUP_RESULT
+_ERRORS = {"KVT_PROTOCOL": ProtocolError, "KVT_INVALID_ARGUMENT": InvalidArgumentError}
 
 
 class _Reader:
@@ -107,32 +86,113 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _json(r: _Reader, what: str) -> dict:
-    n = r.u32(f"{what} length")
-    raw = r.bytes(n, what)
-    r.end(what)
+def _json(r: _Reader, f: dict) -> dict:
+    n = r.u32(f"{f['label']} length")
+    raw = r.bytes(n, f["label"])
     try:
         obj = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except (UnicodeDecodeError, ValueError):
-        raise ProtocolError(f"{what} is not valid UTF-8 JSON") from None
+        raise ProtocolError(f"{f['label']} is not valid UTF-8 JSON") from None
     return obj if isinstance(obj, dict) else {}
 
 
+def _enum(r: _Reader, f: dict) -> str:
+    code = r.u8(f["label"])
+    names = f["names"]
+    if code >= len(names):
+        allowed = ", ".join(f"{i} ({n})" for i, n in enumerate(names))
+        raise _ERRORS[f["unknown"]](f"unknown {f['label']} {code}; allowed {allowed}")
+    return names[code]
+
+
+def _u32s(r: _Reader, f: dict) -> list:
+    n = r.u32(f"{f['label']} count")
+    r.need(4 * n, f["label"])
+    ids = list(struct.unpack_from(f"<{n}I", r.buf, r.off)) if n else []
+    r.off += 4 * n
+    return ids
+
+
+def _blob(r: _Reader, f: dict) -> bytes:
+    return r.bytes(r.u32(f"{f['label']} length"), f["label"])
+
+
+def _i32(r: _Reader, f: dict) -> int:
+    r.need(4, f["label"])
+    (v,) = _I32.unpack_from(r.buf, r.off)
+    r.off += 4
+    return v
+
+
+def _u64(r: _Reader, f: dict) -> int:
+    r.need(8, f["label"])
+    (v,) = _U64.unpack_from(r.buf, r.off)
+    r.off += 8
+    return v
+
+
+def _list(r: _Reader, f: dict) -> list:
+    n = r.u8(f"{f['label']} count")
+    record = getattr(_T, f["record"])
+    return [record(*_fields(r, f["of"])) for _ in range(n)]
+
+
+#: field kind -> reader of one reply field (replies carry no optional fields)
+_READ = {
+    "bool": lambda r, f: r.u8(f["label"]) == 1,
+    "u32": lambda r, f: r.u32(f["label"]),
+    "i32": _i32,
+    "u64": _u64,
+    "enum": _enum,
+    "str": lambda r, f: r.str(f["label"], f["max"]),
+    "ns": lambda r, f: r.bytes(16, "namespace id"),
+    "hash": lambda r, f: r.bytes(32, "chunk hash"),
+    "u32s": _u32s,
+    "json": _json,
+    "blob": _blob,
+    "bytes": lambda r, f: r.bytes(f["size"], f["label"]),
+    "list": _list,
+}
+
+
+def _fields(r: _Reader, fields: tuple) -> list:
+    """The values of ``fields`` read in wire order; a ``known`` code adds its raw form last."""
+    values, raw = [], []
+    for f in fields:
+        v = _READ[f["kind"]](r, f)
+        if f.get("known") == "errorCodes":
+            raw.append(v)
+            v = v if v in ERROR_CODES else "KVT_INTERNAL"
+        values.append(v)
+    return values + raw
+
+
+def _decoder(name: str, spec: dict) -> Any:
+    cls, fields = REPLY_CLASSES[spec["code"]], spec["fields"]
+    what = name.lower().replace("_", " ")
+
+    def decode(r: _Reader) -> Reply:
+        values = _fields(r, fields)
+        r.end(what)
+        return cls(*values)
+
+    return decode
+
+
+#: reply type code -> decoder of its body, from the message table
+_DECODERS = {spec["code"]: _decoder(name, spec) for name, spec in MESSAGES.items() if spec["dir"] == "reply"}
+
+
 def _d_lookup(r: _Reader) -> LookupResult:
-    lookup_id = r.str("lookup id", MAX_LOOKUP_ID_BYTES)
-    code = r.u8("status")
-    if code >= len(_LOOKUP_STATUS):
-        raise ProtocolError(f"unknown lookup status {code}")
-    r.need(13, "epoch, hit tokens, hit chunks, tier count")
-    epoch, hit_tokens, hit_chunks, nt = struct.unpack_from("<IIIB", r.buf, r.off)
-    r.off += 13
-    tiers = []
-    for _ in range(nt):
-        tiers.append(TierTokens(r.str("tier name", 0xFFFF), r.u32("tier tokens")))
-    r.end("lookup result")
-    return LookupResult(lookup_id, _LOOKUP_STATUS[code], epoch, hit_tokens, hit_chunks, tiers)
+    """LOOKUP_RESULT field by field (what :func:`_lookup_fast` falls back to)."""
+    return _DECODERS[_LOOKUP_RESULT](r)
 
 
+_LOOKUP_STATUS = next(f["names"] for f in MESSAGES["LOOKUP_RESULT"]["fields"] if f["kind"] == "enum")
+#: the layout _lookup_fast reads; it is used only while the table says LOOKUP_RESULT is this
+_FAST_LAYOUT = ("str", "enum", "u32", "u32", "u32", "list")
+_FAST = tuple(f["kind"] for f in MESSAGES["LOOKUP_RESULT"]["fields"]) == _FAST_LAYOUT
+_LOOKUP_ID_MAX = MESSAGES["LOOKUP_RESULT"]["fields"][0]["max"]
 _LOOKUP_FIXED = struct.Struct("<BIIIB")  # status, epoch, hit tokens, hit chunks, tier count
 
 
@@ -141,7 +201,7 @@ def _lookup_fast(buf: bytes) -> LookupResult | None:
     None for anything else, which :func:`_d_lookup` then decodes or refuses with its reason."""
     try:
         (n,) = _U16.unpack_from(buf, HEADER_BYTES)
-        if n > MAX_LOOKUP_ID_BYTES:
+        if n > _LOOKUP_ID_MAX:
             return None
         off = HEADER_BYTES + 2 + n
         code, epoch, hit_tokens, hit_chunks, nt = _LOOKUP_FIXED.unpack_from(buf, off)
@@ -161,118 +221,6 @@ def _lookup_fast(buf: bytes) -> LookupResult | None:
     if off != len(buf):
         return None
     return LookupResult(lookup_id, _LOOKUP_STATUS[code], epoch, hit_tokens, hit_chunks, tiers)
-
-
-def _d_cancel(r: _Reader) -> CancelResult:
-    found = r.u8("found") == 1
-    r.end("cancel result")
-    return CancelResult(found)
-
-
-def _d_clear(r: _Reader) -> ClearResult:
-    epoch = r.u32("epoch")
-    r.end("clear result")
-    return ClearResult(epoch)
-
-
-def _d_pong(r: _Reader) -> Pong:
-    return Pong(_json(r, "pong json"))
-
-
-def _d_stats(r: _Reader) -> StatsResult:
-    return StatsResult(_json(r, "stats json"))
-
-
-def _d_put(r: _Reader) -> PutResult:
-    code = r.u8("outcome")
-    if code >= len(_PUT_OUTCOME):
-        raise ProtocolError(f"unknown put outcome {code}")
-    r.end("put result")
-    return PutResult(_PUT_OUTCOME[code])
-
-
-def _d_get(r: _Reader) -> GetResult:
-    found = r.u8("found") == 1
-    tokens = r.u32("tokens")
-    n = r.u32("payload length")
-    payload = r.bytes(n, "payload")
-    r.end("get result")
-    return GetResult(found, tokens, payload)
-
-
-def _d_register(r: _Reader) -> RegisterResult:
-    engine_id = r.str("engine id", MAX_ID_BYTES)
-    ns = r.bytes(NAMESPACE_BYTES, "namespace id")
-    chunk_size = r.u32("chunk size")
-    block_size = r.u32("block size")
-    r.end("register result")
-    return RegisterResult(engine_id, ns, chunk_size, block_size)
-
-
-def _d_save(r: _Reader) -> SaveResult:
-    saved, skipped, dropped = r.u32("saved"), r.u32("skipped"), r.u32("dropped")
-    r.end("save result")
-    return SaveResult(saved, skipped, dropped)
-
-
-def _d_load(r: _Reader) -> LoadResult:
-    loaded = r.u32("loaded tokens")
-    n = r.u32("invalid count")
-    r.need(4 * n, "invalid block ids")
-    ids = list(struct.unpack_from(f"<{n}I", r.buf, r.off)) if n else []
-    r.off += 4 * n
-    r.end("load result")
-    return LoadResult(loaded, ids)
-
-
-def _d_hold(r: _Reader) -> HoldResult:
-    held = r.u32("held chunks")
-    r.end("hold result")
-    return HoldResult(held)
-
-
-def _d_request_finished(r: _Reader) -> RequestFinishedResult:
-    released = r.u8("released") == 1
-    r.end("request finished result")
-    return RequestFinishedResult(released)
-
-
-def _d_heartbeat(r: _Reader) -> HeartbeatResult:
-    known = r.u8("known") == 1
-    r.end("heartbeat result")
-    return HeartbeatResult(known)
-
-
-def _d_unregister(r: _Reader) -> UnregisterResult:
-    released = r.u8("released") == 1
-    r.end("unregister result")
-    return UnregisterResult(released)
-
-
-def _d_error(r: _Reader) -> ErrorReply:
-    raw = r.str("error code", MAX_ERROR_CODE_BYTES)
-    message = r.str("error message", 0xFFFF)
-    r.end("error reply")
-    return ErrorReply(raw if raw in ERROR_CODES else "KVT_INTERNAL", message, raw)
-
-
-_DECODERS = {
-    MsgType.LOOKUP_RESULT: _d_lookup,
-    MsgType.CANCEL_RESULT: _d_cancel,
-    MsgType.CLEAR_RESULT: _d_clear,
-    MsgType.PONG: _d_pong,
-    MsgType.PUT_RESULT: _d_put,
-    MsgType.GET_RESULT: _d_get,
-    MsgType.STATS_RESULT: _d_stats,
-    MsgType.REGISTER_RESULT: _d_register,
-    MsgType.SAVE_RESULT: _d_save,
-    MsgType.LOAD_RESULT: _d_load,
-    MsgType.HOLD_RESULT: _d_hold,
-    MsgType.REQUEST_FINISHED_RESULT: _d_request_finished,
-    MsgType.HEARTBEAT_RESULT: _d_heartbeat,
-    MsgType.UNREGISTER_RESULT: _d_unregister,
-    MsgType.ERROR: _d_error,
-}
 
 
 def peek_request_id(buf: bytes) -> int:
@@ -304,7 +252,7 @@ def decode_reply(buf: Any) -> tuple[int, int, Reply]:
     if not isinstance(buf, bytes):
         buf = bytes(buf)
     msg_type, request_id = decode_header(buf)
-    if msg_type == _LOOKUP_RESULT:
+    if msg_type == _LOOKUP_RESULT and _FAST:
         rep = _lookup_fast(buf)
         if rep is not None:
             return msg_type, request_id, rep

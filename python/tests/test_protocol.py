@@ -24,6 +24,7 @@ from kvtier_vllm.errors import (
 )
 from kvtier_vllm.hashing import hash_chunks
 from kvtier_vllm.namespace import derive_namespace
+from kvtier_vllm.protocol_table import MESSAGES
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_MD = (ROOT / "docs" / "protocol.md").read_text()
@@ -118,38 +119,48 @@ def test_requests_match_the_typescript_codec(case):
     assert _encode_fixture_request(case["fields"]).hex() == case["hex"]
 
 
+_TAG = {spec["code"]: name.lower().replace("_", "-") for name, spec in MESSAGES.items()}
+_NAME = {tag: name for name, tag in ((n, _TAG[s["code"]]) for n, s in MESSAGES.items())}
+
+
+def _ts_json(f: dict, v):
+    """A decoded Python value in the TypeScript decoder's JSON form (the fixture's)."""
+    kind = f["kind"]
+    if kind in ("ns", "hash", "hashes", "blob", "bytes"):
+        return v.hex()
+    if kind == "u64":
+        return str(v)
+    if kind == "list":
+        return [{g["name"]: _ts_json(g, getattr(x, g["key"])) for g in f["of"]} for x in v]
+    return v
+
+
 def _as_ts_fields(msg_type: int, rid: int, rep) -> dict:
-    """The Python reply in the TypeScript decoder's JSON form."""
-    t = P.MsgType
-    if msg_type == t.LOOKUP_RESULT:
-        return {
-            "type": "lookup-result", "requestId": rid, "lookupId": rep.lookup_id, "status": rep.status,
-            "epoch": rep.epoch, "hitTokens": rep.hit_tokens, "hitChunks": rep.hit_chunks,
-            "tiers": [{"tier": x.tier, "tokens": x.tokens} for x in rep.tiers],
-        }
-    simple = {
-        t.CANCEL_RESULT: ("cancel-result", {"found": lambda r: r.found}),
-        t.CLEAR_RESULT: ("clear-result", {"epoch": lambda r: r.epoch}),
-        t.PONG: ("pong", {"info": lambda r: r.info}),
-        t.STATS_RESULT: ("stats-result", {"stats": lambda r: r.stats}),
-        t.PUT_RESULT: ("put-result", {"outcome": lambda r: r.outcome}),
-        t.GET_RESULT: ("get-result", {"found": lambda r: r.found, "tokens": lambda r: r.tokens, "payload": lambda r: r.payload.hex()}),
-        t.REGISTER_RESULT: ("register-result", {
-            "engineId": lambda r: r.engine_id, "namespace": lambda r: r.namespace.hex(),
-            "chunkSize": lambda r: r.chunk_size, "blockSize": lambda r: r.block_size,
-        }),
-        t.SAVE_RESULT: ("save-result", {"saved": lambda r: r.saved, "skipped": lambda r: r.skipped, "dropped": lambda r: r.dropped}),
-        t.LOAD_RESULT: ("load-result", {"loadedTokens": lambda r: r.loaded_tokens, "invalidBlockIds": lambda r: r.invalid_block_ids}),
-        t.HOLD_RESULT: ("hold-result", {"heldChunks": lambda r: r.held_chunks}),
-        t.REQUEST_FINISHED_RESULT: ("request-finished-result", {"released": lambda r: r.released}),
-        t.HEARTBEAT_RESULT: ("heartbeat-result", {"known": lambda r: r.known}),
-        t.UNREGISTER_RESULT: ("unregister-result", {"released": lambda r: r.released}),
-        t.ERROR: ("error", {"code": lambda r: r.code, "message": lambda r: r.message}),
-    }
-    name, fields = simple[msg_type]
-    out = {"type": name, "requestId": rid}
-    out.update({k: f(rep) for k, f in fields.items()})
+    """The Python reply in the TypeScript decoder's JSON form, field by field of the table."""
+    out = {"type": _TAG[msg_type], "requestId": rid}
+    for f in MESSAGES[_NAME[out["type"]]]["fields"]:
+        out[f["name"]] = _ts_json(f, getattr(rep, f["key"]))
     return out
+
+
+def _py_value(f: dict, v):
+    """A fixture (TypeScript JSON) value as the Python encoder takes it."""
+    if f["kind"] in ("hashes", "blob", "bytes"):
+        return bytes.fromhex(v)
+    return int(v) if f["kind"] == "u64" else v
+
+
+@pytest.mark.parametrize("case", FIXTURE["requests"], ids=[c["name"] for c in FIXTURE["requests"]])
+def test_the_table_driven_encoder_matches_the_typescript_codec(case):
+    fields = case["fields"]
+    name = _NAME[fields["type"]]
+    values = {f["key"]: _py_value(f, fields[f["name"]]) for f in MESSAGES[name]["fields"] if f["name"] in fields}
+    assert P.encode_message(name, fields["requestId"], values).hex() == case["hex"]
+
+
+def test_every_message_of_the_table_is_in_the_fixture():
+    seen = {c["fields"]["type"] for c in FIXTURE["requests"] + FIXTURE["replies"]}
+    assert set(_TAG.values()) <= seen
 
 
 @pytest.mark.parametrize("case", FIXTURE["replies"], ids=[c["name"] for c in FIXTURE["replies"]])

@@ -3,17 +3,23 @@ import { KvtierError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { closeQuietly, storageBackendProblems, withoutTierPrefix } from './core/backend-check.ts';
 import { CircuitBreakerBackend, type CircuitBreakerOptions } from './core/circuit-breaker.ts';
+import type { AnyTierOptions } from './core/tier-options.ts';
 import type { PluginFactory, StorageBackend } from './core/types.ts';
-import { createFsBackend, fsOptionsFromConfig } from './fs/fs-backend.ts';
+import { createFsBackend } from './fs/fs-backend.ts';
+import { FS_OPTIONS } from './fs/fs-options.ts';
 import { localCpuFactory } from './local-cpu/local-cpu.ts';
-import { localCpuOptionsFromConfig } from './local-cpu/local-cpu-options.ts';
+import { LOCAL_CPU_OPTIONS } from './local-cpu/local-cpu-options.ts';
 import { createLocalDiskBackend } from './local-disk/local-disk.ts';
-import { localDiskOptionsFromConfig } from './local-disk/local-disk-options.ts';
-import { createMemoryBackend, memoryOptionsFromConfig } from './memory/memory.ts';
+import { LOCAL_DISK_OPTIONS } from './local-disk/local-disk-options.ts';
+import { createMemoryBackend } from './memory/memory.ts';
+import { MEMORY_OPTIONS } from './memory/memory-options.ts';
+import { MODULE_OPTIONS } from './plugin/module-options.ts';
 import { createModuleBackendFactory } from './plugin/plugin.ts';
 import { createPluginContext } from './plugin/plugin-context.ts';
-import { createRedisBackend, redisOptionsFromConfig } from './redis/redis-backend.ts';
-import { createS3Backend, s3OptionsFromConfig } from './s3/s3-backend.ts';
+import { createRedisBackend } from './redis/redis-backend.ts';
+import { REDIS_OPTIONS } from './redis/redis-options.ts';
+import { createS3Backend } from './s3/s3-backend.ts';
+import { S3_OPTIONS } from './s3/s3-options.ts';
 
 /** One tier as the config lists it: a unique name, a backend type and that backend's options. */
 export interface TierConfig {
@@ -58,6 +64,52 @@ export interface BackendRegistryOptions {
 }
 
 /**
+ * One built-in tier type: its options, declared once in its folder (the type name is
+ * `options.type`), and its factory. A new tier is a folder under src/backends/ and one entry here.
+ */
+export interface BuiltinTier {
+  readonly options: AnyTierOptions;
+  /** Makes the factory, given the registry's options (local-cpu takes its slab allocator). */
+  readonly factory: (registry: BackendRegistryOptions) => PluginFactory;
+  /**
+   * How `kvtier config check` checks a tier of this type before serve would build it: `static`
+   * (options only, and `dirOption`'s directory writable: building would touch a store a running
+   * sidecar may own), `remote` (built and closed again, unless `--offline`), `build` (built and
+   * closed again).
+   */
+  readonly check: 'static' | 'remote' | 'build';
+  /** The option naming a directory that must be writable (`check: 'static'`). */
+  readonly dirOption?: string;
+  /** Keeps chunks in host memory: the first tier must be of such a type. */
+  readonly hostMemory?: boolean;
+}
+
+/** The built-in tier types, one entry each, in the order `types()` lists them. */
+export const BUILTIN_TIERS: readonly BuiltinTier[] = [
+  {
+    options: LOCAL_CPU_OPTIONS,
+    factory: (r) => localCpuFactory(r.allocateHostSlab),
+    check: 'static',
+    hostMemory: true,
+  },
+  { options: MEMORY_OPTIONS, factory: () => createMemoryBackend, check: 'static' },
+  {
+    options: LOCAL_DISK_OPTIONS,
+    factory: () => createLocalDiskBackend,
+    check: 'static',
+    dirOption: 'path',
+  },
+  { options: FS_OPTIONS, factory: () => createFsBackend, check: 'static', dirOption: 'path' },
+  { options: REDIS_OPTIONS, factory: () => createRedisBackend, check: 'remote' },
+  { options: S3_OPTIONS, factory: () => createS3Backend, check: 'remote' },
+  {
+    options: MODULE_OPTIONS,
+    factory: (r) => createModuleBackendFactory(r.pluginBaseDir),
+    check: 'build',
+  },
+];
+
+/**
  * Maps backend type names to factories. Built-in types are registered at construction;
  * `register` adds more (tests, embedders, plug-ins).
  */
@@ -74,15 +126,9 @@ export class BackendRegistry {
     this.#onTierFailure = opts.onTierFailure;
     this.#configDir = opts.pluginBaseDir;
     this.#metrics = opts.metricsRegistry ?? new Registry();
-    if (opts.builtins !== false) {
-      this.register('local-cpu', localCpuFactory(opts.allocateHostSlab), localCpuOptionsFromConfig);
-      this.register('memory', createMemoryBackend, memoryOptionsFromConfig);
-      this.register('local-disk', createLocalDiskBackend, localDiskOptionsFromConfig);
-      this.register('fs', createFsBackend, fsOptionsFromConfig);
-      this.register('redis', createRedisBackend, redisOptionsFromConfig);
-      this.register('s3', createS3Backend, s3OptionsFromConfig);
-      this.register('module', createModuleBackendFactory(opts.pluginBaseDir));
-    }
+    if (opts.builtins !== false)
+      for (const t of BUILTIN_TIERS)
+        this.register(t.options.type, t.factory(opts), t.options.fromConfig);
   }
 
   /**

@@ -2,8 +2,8 @@ import { BackendRegistry } from '../backends/registry.ts';
 import { ConfigError, type KvtierConfig, loadConfig } from '../config/config.ts';
 import { configDocumentOf } from '../config/config-output.ts';
 import { checkConfig } from '../config/preflight.ts';
-import type { ConfigProblem } from '../config/schema-kit.ts';
 import { isKvtierError } from '../errors.ts';
+import type { ConfigProblem } from '../util/schema-kit.ts';
 import { CONFIG_CHECK } from './commands.ts';
 import { helpText, parseCommand, UsageError } from './options.ts';
 

@@ -3,7 +3,7 @@
  * keys the client commands (lookup, stats, ping) connect with.
  */
 import { KvtierError } from '../errors.ts';
-import type { ClientCurveKeys } from '../protocol/curve-client.ts';
+import type { ClientCurveKeys } from '../security/curve-client.ts';
 import {
   curvePublicKey,
   generateCurveKeyPair,

@@ -1,8 +1,8 @@
 import { readFile } from 'node:fs/promises';
-import { formatBytes } from '../config/bytes.ts';
 import { loadConfig } from '../config/config.ts';
 import { isKvtierError } from '../errors.ts';
 import { KVTIER_VERSION, Sidecar } from '../sidecar.ts';
+import { formatBytes } from '../util/bytes.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import { runLookup, runQuery } from './client-commands.ts';
 import { type CliIo, processIo } from './client-io.ts';

@@ -1,7 +1,7 @@
-import { parseBytes, tryParseBytes } from '../config/bytes.ts';
 import type { Target } from '../sim/planner.ts';
 import { PLANNER_TIERS, type PlannerTier, type TierModelOverrides } from '../sim/tier-models.ts';
 import type { SimFaults } from '../sim/types.ts';
+import { parseBytes, tryParseBytes } from '../util/bytes.ts';
 
 /**
  * Value parsers of `kvtier simulate`'s flags: sizes, rates, durations, per-tier lists, sweeps,

@@ -1,11 +1,11 @@
 import { parseArgs } from 'node:util';
-import { parseBytes, tryParseBytes } from '../config/bytes.ts';
 import { DEFAULT_MODEL, modelPreset, type PlannedModel, readModelConfig } from '../sim/models.ts';
 import type { Target } from '../sim/planner.ts';
 import { ROUTERS, type RouterKind } from '../sim/router.ts';
 import type { PlannerTier, TierModelOverrides } from '../sim/tier-models.ts';
 import type { SimEngineOptions, SimFaults, SimModel } from '../sim/types.ts';
 import type { WorkloadSpec } from '../sim/workload-spec.ts';
+import { parseBytes, tryParseBytes } from '../util/bytes.ts';
 import {
   intFlag,
   numberFlag,

@@ -6,11 +6,11 @@ import type { TierConfig } from '../backends/registry.ts';
 import { KvtierError } from '../errors.ts';
 import { type ResolvedEventsOptions, resolveEventsOptions } from '../events/events-options.ts';
 import type { ProtocolLimits } from '../protocol/messages.ts';
+import { parseBytes } from '../util/bytes.ts';
 import type { LogLevel } from '../util/log.ts';
-import { parseBytes } from './bytes.ts';
+import type { ConfigProblem } from '../util/schema-kit.ts';
 import { jsonErrorOffset, lineColumn } from './json-position.ts';
 import { validateConfigDocument } from './schema.ts';
-import type { ConfigProblem } from './schema-kit.ts';
 import type { ClientConfig } from './security-schema.ts';
 
 /** The sidecar's whole configuration after defaults, file, environment and flags. */

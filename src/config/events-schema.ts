@@ -1,6 +1,6 @@
 /** The config file's `events` section: the sidecar's event stream (docs/events.md). */
 import * as v from 'valibot';
-import { bytes, int, pattern, str, strict } from './schema-kit.ts';
+import { bytes, int, pattern, str, strict } from '../util/schema-kit.ts';
 
 const ENDPOINT_RULE = 'must be a ZMQ endpoint like "tcp://127.0.0.1:5560"';
 const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;

@@ -1,34 +1,21 @@
 /**
  * The published JSON Schema of the config file (schema/kvtier.config.schema.json, for editors),
- * derived from the valibot schema in schema.ts and tier-schemas.ts, with the defaults from
- * CONFIG_DEFAULTS and the backends' `*_DEFAULTS`. Used by scripts/config-schema.ts and its test;
+ * derived from the valibot schema in schema.ts and the tiers' option declarations (collected in
+ * tier-schemas.ts), with the defaults from CONFIG_DEFAULTS and from those declarations. Used by scripts/config-schema.ts and its test;
  * it needs the dev dependency `@valibot/to-json-schema`, so nothing at run time imports it.
  */
 import { toJsonSchema } from '@valibot/to-json-schema';
-import { DEFAULT_PAGE_BYTES } from '../backends/arena/host-arena.ts';
-import { DEFAULT_PREFAULT } from '../backends/arena/host-prefault.ts';
 import { CIRCUIT_BREAKER_DEFAULTS } from '../backends/core/circuit-breaker.ts';
-import { FS_BACKEND_DEFAULTS } from '../backends/fs/fs-backend.ts';
-import { LOCAL_DISK_DEFAULTS } from '../backends/local-disk/local-disk-options.ts';
-import { REDIS_BACKEND_DEFAULTS } from '../backends/redis/redis-backend.ts';
-import { S3_BACKEND_DEFAULTS } from '../backends/s3/s3-backend.ts';
+import { BUILTIN_TIERS } from '../backends/registry.ts';
+import { type AnySchema, JSON_SCHEMA_OVERRIDES } from '../util/schema-kit.ts';
 import { CONFIG_DEFAULTS } from './config.ts';
 import { rootSchema } from './schema.ts';
-import { type AnySchema, JSON_SCHEMA_OVERRIDES } from './schema-kit.ts';
-import { BUILTIN_TIER_SCHEMAS, genericTierSchema } from './tier-schemas.ts';
+import { genericTierSchema, tierSchema } from './tier-schemas.ts';
 
 type Json = Record<string, unknown>;
 
 /** Where the committed schema lives, relative to the repository root. */
 export const CONFIG_SCHEMA_PATH = 'schema/kvtier.config.schema.json';
-
-const TIER_DEFAULTS: Record<string, Record<string, unknown>> = {
-  'local-cpu': { pageBytes: DEFAULT_PAGE_BYTES, prefault: DEFAULT_PREFAULT },
-  'local-disk': LOCAL_DISK_DEFAULTS,
-  fs: FS_BACKEND_DEFAULTS,
-  redis: REDIS_BACKEND_DEFAULTS,
-  s3: S3_BACKEND_DEFAULTS,
-};
 
 function convert(schema: AnySchema): Json {
   const json = toJsonSchema(schema, {
@@ -88,15 +75,16 @@ function tierJson(): Json {
     ...props.type,
     description:
       'Backend type: a built-in type, or one an embedder registered (its options are not checked here).',
-    examples: [...BUILTIN_TIER_SCHEMAS.keys()],
+    examples: BUILTIN_TIERS.map((t) => t.options.type),
   };
   const allOf: Json[] = [];
-  for (const [type, schema] of BUILTIN_TIER_SCHEMAS) {
-    const then = convert(schema);
+  for (const { options: spec } of BUILTIN_TIERS) {
+    const type = spec.type;
+    const then = convert(tierSchema(spec));
     const tprops = then.properties as Record<string, Json>;
     tprops.name = props.name;
     tprops.health = props.health;
-    annotate(then, TIER_DEFAULTS[type] ?? {});
+    annotate(then, spec.defaults);
     allOf.push({ if: { properties: { type: { const: type } }, required: ['type'] }, then });
   }
   return { ...common, allOf };

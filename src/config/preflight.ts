@@ -8,31 +8,31 @@
 import { constants } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
 import { dirname, isAbsolute, resolve } from 'node:path';
-import { BackendRegistry, type TierConfig } from '../backends/registry.ts';
-import { serverAuthFromConfig } from '../lookup-server/auth-config.ts';
+import { type BackendRegistry, BUILTIN_TIERS, type TierConfig } from '../backends/registry.ts';
 import { silentLogger } from '../util/log.ts';
+import type { ConfigProblem } from '../util/schema-kit.ts';
 import type { KvtierConfig } from './config.ts';
-import type { ConfigProblem } from './schema-kit.ts';
+import { serverAuthFromConfig } from './server-auth.ts';
 
 /** The built-in types that keep chunks in host memory: the only ones allowed first. */
-const HOST_MEMORY_TYPES = new Set(['local-cpu']);
+const HOST_MEMORY_TYPES = new Set(
+  BUILTIN_TIERS.filter((t) => t.hostMemory === true).map((t) => t.options.type),
+);
 
 /**
- * Built-in types checked without building them: in-process ones (nothing to reach) and the local
- * stores, whose directory must be writable. Building those would touch a store a running
- * sidecar may own (a local disk tier removes leftover temp files when it opens).
+ * Built-in types checked without building them (`check: 'static'` in the registry), with the option
+ * naming the directory that must be writable, if any.
  */
-const STATIC_TYPES: ReadonlyMap<string, string | undefined> = new Map([
-  ['local-cpu', undefined],
-  ['memory', undefined],
-  ['local-disk', 'path'],
-  ['fs', 'path'],
-]);
+const STATIC_TYPES: ReadonlyMap<string, string | undefined> = new Map(
+  BUILTIN_TIERS.filter((t) => t.check === 'static').map((t) => [t.options.type, t.dirOption]),
+);
 
-const BUILTIN_TYPES = new BackendRegistry().types();
+const BUILTIN_TYPES = BUILTIN_TIERS.map((t) => t.options.type);
 
 /** Built-in types that connect to a server; `config check --offline` leaves them unbuilt. */
-export const REMOTE_TYPES: ReadonlySet<string> = new Set(['redis', 's3']);
+export const REMOTE_TYPES: ReadonlySet<string> = new Set(
+  BUILTIN_TIERS.filter((t) => t.check === 'remote').map((t) => t.options.type),
+);
 
 /**
  * Why this process cannot create files in `path` (a directory, made when missing), or

@@ -7,9 +7,8 @@ import * as v from 'valibot';
 import { resolveCircuitBreakerOptions } from '../backends/core/circuit-breaker.ts';
 import type { TierConfig } from '../backends/registry.ts';
 import type { EventsDocument } from '../events/events-options.ts';
+import { BYTE_SIZE_RULE, tryParseBytes } from '../util/bytes.ts';
 import type { LogLevel } from '../util/log.ts';
-import { BYTE_SIZE_RULE, tryParseBytes } from './bytes.ts';
-import { eventsSchema } from './events-schema.ts';
 import {
   bytes,
   type ConfigProblem,
@@ -19,7 +18,8 @@ import {
   pattern,
   str,
   strict,
-} from './schema-kit.ts';
+} from '../util/schema-kit.ts';
+import { eventsSchema } from './events-schema.ts';
 import { checkSecurity, type SecurityDocument, securitySchema } from './security-schema.ts';
 import { BUILTIN_TIER_SCHEMAS, genericTierSchema } from './tier-schemas.ts';
 

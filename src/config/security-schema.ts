@@ -3,9 +3,9 @@
  * docs/security.md) and its checks across keys.
  */
 import * as v from 'valibot';
+import { ROLES, type Role } from '../lookup-server/policy.ts';
 import { isZ85Key, Z85_KEY_PATTERN, Z85_KEY_RULE } from '../security/curve-keys.ts';
-import { ROLES, type Role } from '../security/policy.ts';
-import { bool, type ConfigProblem, oneOf, pattern, str, strict } from './schema-kit.ts';
+import { bool, type ConfigProblem, oneOf, pattern, str, strict } from '../util/schema-kit.ts';
 
 const NAMESPACES_RULE = 'must be a non-empty array of namespace ids (32 hex digits)';
 

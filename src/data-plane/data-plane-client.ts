@@ -1,9 +1,9 @@
 import { closedError, KvtierError } from '../errors.ts';
 import { asPackedHashes, type HashesInput } from '../lookup-client/lookup-client.ts';
-import type { ClientCurveKeys } from '../protocol/curve-client.ts';
 import type { RequestEndKindName } from '../protocol/data-plane-messages.ts';
 import type { Reply, Request } from '../protocol/messages.ts';
 import { RequestSocket, unexpectedReply } from '../protocol/request-socket.ts';
+import type { ClientCurveKeys } from '../security/curve-client.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireOneOf, requireString } from '../util/validate.ts';
 import type { KvRegistration } from './kv-layout.ts';

@@ -1,10 +1,7 @@
 import type { ChunkHash } from '../backends/core/types.ts';
 import { closedError, KvtierError } from '../errors.ts';
-import type {
-  PinnedLookup,
-  StorageManager,
-  StorageReservation,
-} from '../storage-manager/storage-manager.ts';
+import type { StorageManager } from '../storage-manager/storage-manager.ts';
+import type { PinnedLookup, StorageReservation } from '../storage-manager/storage-types.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
 import type { CopyEngine } from './copy-engine-types.ts';

@@ -3,7 +3,7 @@
  * or CUDA IPC allocation once, then a check that each region fits in what was opened.
  */
 import { KvtierError } from '../errors.ts';
-import type { PinnedLookup } from '../storage-manager/storage-manager.ts';
+import type { PinnedLookup } from '../storage-manager/storage-types.ts';
 import type { CopyEngine, DeviceSurface } from './copy-engine-types.ts';
 import { resolveCudaDevice } from './device-uuid.ts';
 import { checkRegionsFit, type KvLayout } from './kv-layout.ts';

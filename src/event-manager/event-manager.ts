@@ -1,3 +1,13 @@
+/**
+ * The event manager (the design card's `src/event-manager`): the storage manager's record of the
+ * lookups it runs. The storage manager builds and owns the one instance (its `maxLookups`,
+ * `pinTtlMs` and `sweepIntervalMs` options) and closes it; its lookup walk
+ * (storage-manager/lookup-walk.ts) registers every lookup here (`addPending`) and settles it
+ * (`fulfil`, `fail`). Through the manager, CANCEL reaches a lookup (`cancel`), a LOAD or HOLD
+ * takes its answer (`take`) and the sweep expires pins nobody used. An entry owns its result
+ * until someone takes it; one nobody takes is disposed through its hooks (the lookup's pins
+ * released). Generic in the result: it knows nothing of tiers or pins.
+ */
 import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';

@@ -10,7 +10,7 @@
  *
  * It is one of three forms of a hash, and parts convert between them where each needs its own: a
  * LOOKUP stays packed bytes as far as host memory's packed index and is made hex only for the
- * tiers below it (storage-manager/tier-walk.ts), for pins recorded by hex and when a LOAD reads
+ * tiers below it (storage-manager/lookup-walk.ts, prefetch.ts), for pins recorded by hex and when a LOAD reads
  * the answered lookup (storage-manager/pin-ledger.ts, lookup-hashes.ts); SAVE and LOAD are made
  * hex whole in the server (lookup-server/sidecar-server.ts); stored headers, events and the journal
  * take the bytes back, and the host and disk indexes take eight int32 words

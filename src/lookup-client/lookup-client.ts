@@ -1,6 +1,5 @@
 import { KvtierError } from '../errors.ts';
 import { chunkHash } from '../hashing/chunk-hash.ts';
-import type { ClientCurveKeys } from '../protocol/curve-client.ts';
 import {
   HASH_BYTES,
   type LookupConfig,
@@ -9,6 +8,7 @@ import {
   type TierTokens,
 } from '../protocol/messages.ts';
 import { RequestSocket, unexpectedReply as unexpected } from '../protocol/request-socket.ts';
+import type { ClientCurveKeys } from '../security/curve-client.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 

@@ -21,6 +21,9 @@ import { resolveKvRegistration } from '../data-plane/kv-layout.ts';
 import { KvtierError } from '../errors.ts';
 import type { Request } from '../protocol/messages.ts';
 import { curvePublicKey, isZ85Key, z85Encode } from '../security/curve-keys.ts';
+import { type Logger, silentLogger } from '../util/log.ts';
+import { RateLimitedLog } from '../util/rate-limited-log.ts';
+import { describe, requireInt, requireOneOf } from '../util/validate.ts';
 import {
   checkLookup,
   checkNamespaces,
@@ -29,10 +32,7 @@ import {
   type Principal,
   ROLES,
   type Role,
-} from '../security/policy.ts';
-import { type Logger, silentLogger } from '../util/log.ts';
-import { RateLimitedLog } from '../util/rate-limited-log.ts';
-import { describe, requireInt, requireOneOf } from '../util/validate.ts';
+} from './policy.ts';
 
 /** One allow-listed client key. */
 export interface ClientGrant {
@@ -61,7 +61,7 @@ export interface ServerAuthOptions {
    * Test fault, not a config key: the first `n` handshakes of each allow-listed key are accepted
    * with a reply that mints no routing id, as when the reply loses the race, so every request
    * on those connections is refused with KVT_UNAUTHENTICATED. Default 0. The sidecar sets it
-   * from `KVTIER_TEST_FAIL_FIRST_HANDSHAKES` (auth-config.ts).
+   * from `KVTIER_TEST_FAIL_FIRST_HANDSHAKES` (config/server-auth.ts).
    */
   failFirstHandshakes?: number;
   /**

@@ -1,3 +1,9 @@
+/**
+ * The lookup server (the design card's `src/lookup-server`): the storage manager's caller over
+ * ZMQ. It decodes each request and hands LOOKUP, CANCEL, PUT, GET, CLEAR and STATS to the storage
+ * manager, the data-plane messages to the data plane; it owns its socket, send queue and auth,
+ * not the storage manager or the data plane (the sidecar builds and closes both).
+ */
 import * as zmq from 'zeromq';
 import type { DataPlane } from '../data-plane/data-plane.ts';
 import type { KvRegistration } from '../data-plane/kv-layout.ts';
@@ -14,19 +20,15 @@ import {
   type Request,
 } from '../protocol/messages.ts';
 import { SocketSendQueue } from '../protocol/send-queue.ts';
-import type {
-  LookupInput,
-  LookupOutcome,
-  StorageManager,
-} from '../storage-manager/storage-manager.ts';
+import type { StorageManager } from '../storage-manager/storage-manager.ts';
+import type { LookupInput, LookupOutcome } from '../storage-manager/storage-types.ts';
 import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { AuditLog } from './audit.ts';
 import type { ServerAuth } from './auth.ts';
-import { resolveLimits, waitForPortFree } from './server-support.ts';
-
-export { resolveLimits } from './server-support.ts';
+import { waitForPortFree } from './port-free.ts';
+import { resolveLimits } from './protocol-limits.ts';
 
 export interface SidecarServerOptions {
   /** ZMQ endpoint to bind; default 'tcp://127.0.0.1:5555'. `tcp://127.0.0.1:*` picks a free port. */

@@ -1,7 +1,7 @@
 /**
  * Protocol v1 data-plane messages (docs/protocol.md section 4.9): an engine worker registers its
  * KV caches with the sidecar, then asks it to save blocks after a forward pass and to load
- * pinned chunks into blocks before one. Encoded by data-plane-codec.ts, dispatched from codec.ts.
+ * pinned chunks into blocks before one. Laid out by the message table (wire-table.ts).
  */
 
 /** Wire limits of the data-plane messages; a decoder refuses anything over them. */
@@ -16,10 +16,8 @@ export const DATA_PLANE_LIMITS = {
   maxChunksPerMessage: 65_536,
 } as const;
 
-/** REQUEST_FINISHED kind byte. */
-export const RequestEndKind = { finished: 0, aborted: 1, preempted: 2 } as const;
 /** How an engine request ended: terminal (finished, aborted) or preempted (will ask again). */
-export type RequestEndKindName = keyof typeof RequestEndKind;
+export type RequestEndKindName = 'finished' | 'aborted' | 'preempted';
 
 /** REGISTER (0x08): the worker's `KvRegistration`, carried as JSON and validated by the data plane. */
 export interface RegisterRequest {
@@ -57,9 +55,6 @@ export interface SaveRequestMessage {
    */
   cudaEvent?: Uint8Array;
 }
-
-/** Bytes of a CUDA interprocess event handle (`cudaIpcEventHandle_t`). */
-export const CUDA_EVENT_BYTES = 64;
 
 /** LOAD (0x0A): scatter a lookup's pinned chunks into these blocks. */
 export interface LoadRequestMessage {

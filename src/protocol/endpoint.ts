@@ -24,3 +24,16 @@ export function checkClientEndpoint(what: string, endpoint: string): string {
     `${what} must be a ZMQ endpoint: tcp://HOST:PORT (port 1..65535), ipc://PATH or inproc://NAME, got ${JSON.stringify(endpoint)}${bare ? ` (did you mean "tcp://${endpoint}"?)` : ''}`,
   );
 }
+
+/**
+ * True when only this machine can reach `endpoint`: ipc:// and inproc://, and tcp:// on a
+ * loopback address (127.0.0.0/8, ::1, localhost). `*`, 0.0.0.0, other addresses and interface
+ * names are not.
+ */
+export function isLocalEndpoint(endpoint: string): boolean {
+  if (endpoint.startsWith('ipc://') || endpoint.startsWith('inproc://')) return true;
+  const m = /^tcp:\/\/(.+):([^:\]]+)$/.exec(endpoint);
+  if (m === null) return false;
+  const host = m[1]!.replace(/^\[|\]$/g, '').toLowerCase();
+  return host === 'localhost' || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
+}

@@ -1,11 +1,11 @@
 /**
  * The protocol v1 frame (docs/protocol.md): an 8-byte header (magic "kv", version, type,
  * request id u32le) and a body read and written through {@link Reader} and {@link Writer}.
- * Integers are little-endian; strings are u16le length + UTF-8. A leaf module: `codec.ts`
- * (lookup and chunk messages) and `data-plane-codec.ts` (data-plane bodies) both build on it.
+ * Integers are little-endian; strings are u16le length + UTF-8. A leaf module: the
+ * table-driven codec (`wire-fields.ts`, `wire-codec.ts`) builds on it.
  */
 import { KvtierError } from '../errors.ts';
-import { HEADER_BYTES, MAGIC, type MessageTypeCode, PROTOCOL_VERSION } from './messages.ts';
+import { HEADER_BYTES, MAGIC, PROTOCOL_VERSION } from './messages.ts';
 
 const UTF8 = new TextDecoder('utf-8', { fatal: true });
 
@@ -66,7 +66,7 @@ export function asBuffer(b: Uint8Array): Buffer {
 export class Writer {
   readonly buf: Buffer;
   off = 0;
-  constructor(size: number, type: MessageTypeCode, requestId: number) {
+  constructor(size: number, type: number, requestId: number) {
     this.buf = Buffer.allocUnsafe(size);
     this.buf.writeUInt16LE(MAGIC, 0);
     this.buf[2] = PROTOCOL_VERSION;
@@ -119,9 +119,6 @@ export class Writer {
     return this.off === this.buf.length ? this.buf : this.buf.subarray(0, this.off);
   }
 }
-
-/** Makes a frame's writer (header written) for a body of `bodyBytes` and a type code. */
-export type WriterFactory = (bodyBytes: number, type: MessageTypeCode) => Writer;
 
 // ---------------------------------------------------------------------------------------------
 // Reader: every read is bounds-checked and names the offset of a problem.

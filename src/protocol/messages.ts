@@ -1,6 +1,6 @@
 /**
- * Protocol v1 message types. The wire layout of each is specified in docs/protocol.md; the
- * codec in codec.ts is its only implementation in this repository.
+ * Protocol v1 message types. The wire layout of each is the message table (wire-table.ts),
+ * which docs/protocol.md shows; the codec in codec.ts is its only implementation here.
  */
 import type { KvtierErrorCode } from '../errors.ts';
 import type { ChunkHash } from '../hashing/chunk-hash.ts';
@@ -17,46 +17,8 @@ export const HASH_BYTES = 32;
 /** Bytes in one namespace id on the wire (32 hex digits in text form). */
 export const NAMESPACE_BYTES = 16;
 
-/** Message type codes; a reply's type is its request's type with the high bit set. */
-export const MessageType = {
-  Lookup: 0x01,
-  Cancel: 0x02,
-  Clear: 0x03,
-  Ping: 0x04,
-  Put: 0x05,
-  Get: 0x06,
-  Stats: 0x07,
-  Register: 0x08,
-  Save: 0x09,
-  Load: 0x0a,
-  Hold: 0x0b,
-  RequestFinished: 0x0c,
-  Heartbeat: 0x0d,
-  Unregister: 0x0e,
-  LookupResult: 0x81,
-  CancelResult: 0x82,
-  ClearResult: 0x83,
-  Pong: 0x84,
-  PutResult: 0x85,
-  GetResult: 0x86,
-  StatsResult: 0x87,
-  RegisterResult: 0x88,
-  SaveResult: 0x89,
-  LoadResult: 0x8a,
-  HoldResult: 0x8b,
-  RequestFinishedResult: 0x8c,
-  HeartbeatResult: 0x8d,
-  UnregisterResult: 0x8e,
-  Error: 0xff,
-} as const;
-export type MessageTypeCode = (typeof MessageType)[keyof typeof MessageType];
-
-/** Lookup result status byte. */
-export const LookupStatus = { Ok: 0, Canceled: 1, Stale: 2 } as const;
+/** Lookup result status (a byte on the wire: 0 ok, 1 canceled, 2 stale). */
 export type LookupStatusName = 'ok' | 'canceled' | 'stale';
-
-/** Put result outcome byte. */
-export const PutOutcomeCode = { stored: 0, exists: 1, dropped: 2 } as const;
 
 /** Limits a server enforces; the values it uses are reported by PING. */
 export interface ProtocolLimits {

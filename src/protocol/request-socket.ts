@@ -1,10 +1,10 @@
 import * as zmq from 'zeromq';
 import { closedError, KvtierError } from '../errors.ts';
+import { type ClientCurveKeys, curveClientOptions } from '../security/curve-client.ts';
 import { Deadline, type DeadlineTimers, systemTimers } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { decodeReply, encodeRequest } from './codec.ts';
-import { type ClientCurveKeys, curveClientOptions } from './curve-client.ts';
 import { checkClientEndpoint } from './endpoint.ts';
 import type { Reply, Request } from './messages.ts';
 import { SocketSendQueue } from './send-queue.ts';

@@ -1,3 +1,11 @@
+/**
+ * The serializer (the design card's `src/serializer`): the storage manager's admission gate for
+ * prefetches (design decision 4). The storage manager builds and owns the one instance (its
+ * `prefetchBudgetChunks` option) and closes it; the lookup walk runs each lookup's lower-tier
+ * gets through `run` (storage-manager/prefetch.ts), weighted by the chunks they bring into host
+ * memory, and trims a lookup whose prefetch exceeds the whole budget to what fits. It owns a
+ * count of chunks ({@link WeightedSemaphore}), not the memory they stand for.
+ */
 import { setMaxListeners } from 'node:events';
 import { abortedError, closedError } from '../errors.ts';
 import { requireInt } from '../util/validate.ts';

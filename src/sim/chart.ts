@@ -1,5 +1,5 @@
-import { formatBytes } from '../config/bytes.ts';
 import { KvtierError } from '../errors.ts';
+import { formatBytes } from '../util/bytes.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 
 /**

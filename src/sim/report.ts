@@ -1,4 +1,4 @@
-import { formatBytes } from '../config/bytes.ts';
+import { formatBytes } from '../util/bytes.ts';
 import type { SimReport } from './types.ts';
 
 /**

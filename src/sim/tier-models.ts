@@ -7,8 +7,9 @@ import { KvtierError } from '../errors.ts';
  * read of `b` bytes from a tier takes `max(floor, b / bandwidth)`: the floor is the time of the
  * smallest read the benchmark measured, so the model reproduces both sizes it measured.
  *
- * Defaults come from `bench/results/summary.json` (medians of 5 rounds, the figure ids are in
- * {@link TierModel.benchIds}); they are loopback figures of a 2-core machine, so override them
+ * Defaults come from `bench/results/summary-2026-11-23.json` (medians of 5 rounds on an idle
+ * machine, the figure ids are in {@link TierModel.benchIds}; a later `npm run bench` writes
+ * summary.json without moving them); they are loopback figures of a 2-core machine, so override them
  * for real hardware (`--bandwidth`, `--latency`). Prices are rough 3-year costs per GiB, an
  * assumption to override with `--price`.
  */
@@ -23,7 +24,7 @@ export interface TierModel {
   pricePerGiB: number;
   /** Where the numbers come from. */
   source: string;
-  /** The `bench/results/summary.json` figures the defaults are (bandwidth, floor), if any. */
+  /** The `bench/results/summary-2026-11-23.json` figures the defaults are (bandwidth, floor), if any. */
   benchIds?: { bandwidth: string; floor: string };
 }
 

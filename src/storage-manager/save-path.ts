@@ -165,21 +165,3 @@ export class SavePath {
     if (this.#closed()) throw closedError('storage manager');
   }
 }
-
-/**
- * The first tier as the host-memory port.
- * @throws KvtierError `KVT_CONFIG` when it does not keep chunks in host memory or lacks `reserve`.
- */
-export function asHostMemoryTier(tier: StorageBackend): HostMemoryTier {
-  if (!tier.capabilities.hostMemory)
-    throw new KvtierError(
-      'KVT_CONFIG',
-      `the first tier must keep chunks in host memory (e.g. local-cpu), got "${tier.name}" (${tier.kind})`,
-    );
-  if (typeof (tier as Partial<HostMemoryTier>).reserve !== 'function')
-    throw new KvtierError(
-      'KVT_CONFIG',
-      `tier "${tier.name}" (${tier.kind}) declares hostMemory but does not implement HostMemoryTier.reserve (wrap it with instrumentHostTier or a ForwardingBackend that declares HostMemoryTier)`,
-    );
-  return tier as HostMemoryTier;
-}

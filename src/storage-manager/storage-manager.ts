@@ -1,3 +1,13 @@
+/**
+ * The storage manager (the design card's `src/storage-manager`): the one owner of the tiers. The
+ * lookup server (src/lookup-server/) hands it LOOKUP, CANCEL, PUT, GET, CLEAR and STATS; the data
+ * plane (src/data-plane/) saves through `reserve` and loads through `takeLookup` and
+ * `hostChunks`; the sidecar (src/sidecar.ts) builds it and closes it. It owns, and builds from its
+ * options, the event manager (src/event-manager/: one entry per lookup, holding an answer's pins
+ * until taken, cancelled or expired) and the serializer (src/serializer/: the chunk budget every
+ * prefetch waits on); the LOOKUP path is {@link LookupWalk} (lookup-walk.ts), the PUT and SAVE
+ * path {@link SavePath} (save-path.ts) with its write-through queue (write-through.ts).
+ */
 import type {
   Chunk,
   ChunkHash,
@@ -6,38 +16,18 @@ import type {
   PutOutcome,
   StorageBackend,
 } from '../backends/core/types.ts';
-import { abortedError, closedError, KvtierError } from '../errors.ts';
-import {
-  EventManager,
-  type PendingPrefetch,
-  type PrefetchHooks,
-} from '../event-manager/event-manager.ts';
+import { closedError, KvtierError } from '../errors.ts';
+import { EventManager } from '../event-manager/event-manager.ts';
 import type { KvtierMetrics, MetricSources } from '../metrics/metrics.ts';
 import { AsyncSerializer } from '../serializer/async-serializer.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt } from '../util/validate.ts';
 import { ClearFence } from './clear-fence.ts';
 import { clockEpoch } from './epoch-file.ts';
-import { LazyAbort } from './lazy-abort.ts';
-import { estimateLookupBytes, LookupByteBudget, type LookupBytesHold } from './lookup-budget.ts';
-import type { LookupHashes } from './lookup-hashes.ts';
-import {
-  hostAnswer,
-  LookupHooks,
-  LookupRecorder,
-  lookupHashesOf,
-  namespacesOfLookup,
-  outcomeOf,
-  probeHost,
-  walkLookup,
-} from './lookup-support.ts';
-import { asHostMemoryTier, SavePath, type StampedJob } from './save-path.ts';
-import {
-  readFirstTier,
-  type StorageParts,
-  storageMetricSources,
-  storageStats,
-} from './storage-report.ts';
+import { LookupByteBudget } from './lookup-budget.ts';
+import { LookupWalk } from './lookup-walk.ts';
+import { SavePath, type StampedJob } from './save-path.ts';
+import { type StorageStatsParts, storageMetricSources, storageStats } from './storage-stats.ts';
 import type {
   LookupInput,
   LookupOutcome,
@@ -46,20 +36,7 @@ import type {
   StorageReservation,
   TierHealth,
 } from './storage-types.ts';
-import { TierWalk } from './tier-walk.ts';
 import { WriteThroughQueue } from './write-through.ts';
-
-export { asHostMemoryTier } from './save-path.ts';
-export type {
-  LookupInput,
-  LookupOutcome,
-  PinnedLookup,
-  SaveOutcome,
-  StorageManagerOptions,
-  StorageReservation,
-  TierHealth,
-} from './storage-types.ts';
-export type { TierTokens } from './tier-walk.ts';
 
 const DEFAULTS = {
   prefetchBudgetChunks: 1024,
@@ -85,28 +62,17 @@ export class StorageManager {
   /** Diagnostics and tests: lookup states and counts. */
   readonly events: Pick<EventManager<PinnedLookup>, 'state' | 'sizes' | 'expiredTotal'>;
   readonly #host: HostMemoryTier;
-  readonly #lower: readonly StorageBackend[];
   readonly #serializer: AsyncSerializer;
   readonly #events: EventManager<PinnedLookup>;
   readonly #writeQueue: WriteThroughQueue<StampedJob>;
   readonly #fence = new ClearFence();
-  readonly #walk: TierWalk;
-  /** Answered lookups that hold pins (in the event manager or taken), for CLEAR to release. */
-  readonly #answered = new Set<PinnedLookup>();
+  readonly #lookups: LookupWalk;
   readonly #save: SavePath;
-  readonly #lookupBytes: LookupByteBudget;
   readonly #metrics: KvtierMetrics | undefined;
-  readonly #recorder: LookupRecorder;
   readonly #log: Logger;
   readonly #clearHooks: Pick<StorageManagerOptions, 'onEpoch' | 'onCleared'>;
-  /** `releaseLookup`, bound once for every lookup's dispose hook. */
-  readonly #release = (p: PinnedLookup): void => this.releaseLookup(p);
-  /** The hooks of every lookup {@link lookupNow} answers: its entry is done as soon as it is
-   * made, so there is no work to abort, only pins to release. */
-  readonly #answeredHooks: PrefetchHooks<PinnedLookup> = {
-    abort: () => {},
-    dispose: this.#release,
-  };
+  /** What `stats` and `metricSources` read. */
+  readonly #statsParts: StorageStatsParts;
   #epoch: number;
   #closing: Promise<void> | undefined;
 
@@ -115,59 +81,73 @@ export class StorageManager {
     if (!Array.isArray(opts.tiers) || opts.tiers.length === 0) {
       throw new KvtierError('KVT_CONFIG', 'storage needs at least one tier');
     }
-    const first = asHostMemoryTier(opts.tiers[0]!);
+    const host = asHostMemoryTier(opts.tiers[0]!);
     const names = new Set<string>();
     for (const t of opts.tiers) {
       if (names.has(t.name))
         throw new KvtierError('KVT_CONFIG', `tier names must be unique, "${t.name}" appears twice`);
       names.add(t.name);
     }
-    this.tiers = [...opts.tiers];
-    this.#host = first;
-    this.#lower = this.tiers.slice(1);
-    this.#metrics = opts.metrics;
-    this.#recorder = new LookupRecorder(opts.metrics);
-    this.#log = opts.log ?? silentLogger;
+    const tiers = [...opts.tiers];
+    const metrics = opts.metrics;
+    const log = opts.log ?? silentLogger;
+    this.tiers = tiers;
+    this.#host = host;
+    this.#metrics = metrics;
+    this.#log = log;
     this.#epoch = requireInt('initialEpoch', opts.initialEpoch ?? clockEpoch(), 0, 2 ** 32 - 2);
     this.#clearHooks = { onEpoch: opts.onEpoch, onCleared: opts.onCleared };
-    this.#lookupBytes = new LookupByteBudget(opts.maxLookupBytes);
-    this.#serializer = new AsyncSerializer({
+    const lookupBytes = new LookupByteBudget(opts.maxLookupBytes);
+    const serializer = new AsyncSerializer({
       capacityChunks: requireInt(
         'prefetchBudgetChunks',
         opts.prefetchBudgetChunks ?? DEFAULTS.prefetchBudgetChunks,
         1,
       ),
     });
-    this.#events = new EventManager<PinnedLookup>({
+    const events = new EventManager<PinnedLookup>({
       maxEntries: requireInt('maxLookups', opts.maxLookups ?? DEFAULTS.maxLookups, 1),
       ttlMs: requireInt('pinTtlMs', opts.pinTtlMs ?? DEFAULTS.pinTtlMs, 1),
       sweepIntervalMs: opts.sweepIntervalMs ?? DEFAULTS.sweepIntervalMs,
       ...(opts.now !== undefined ? { now: opts.now } : {}),
     });
-    const metrics = this.#metrics;
-    this.#writeQueue = new WriteThroughQueue<StampedJob>({
+    const writeQueue = new WriteThroughQueue<StampedJob>({
       ...opts.writeThrough,
       onDrop: (tier, reason) => metrics?.writeThroughDropped.inc({ tier, reason }),
     });
-    this.#walk = new TierWalk({
-      tiers: this.tiers,
-      host: this.#host,
-      serializer: this.#serializer,
-      fence: this.#fence,
-      metrics: this.#metrics,
-      log: this.#log,
+    const fence = this.#fence;
+    const epoch = () => this.#epoch;
+    const closed = () => this.#closing !== undefined;
+    this.#lookups = new LookupWalk({
+      tiers,
+      host,
+      events,
+      lookupBytes,
+      serializer,
+      fence,
+      metrics,
+      log,
+      epoch,
+      closed,
     });
-    this.#save = new SavePath({
-      host: this.#host,
-      lower: this.#lower,
-      fence: this.#fence,
-      queue: this.#writeQueue,
-      metrics: this.#metrics,
-      closed: () => this.#closing !== undefined,
-    });
-    this.serializer = this.#serializer;
-    this.events = this.#events;
-    this.writeQueue = this.#writeQueue;
+    const lower = tiers.slice(1);
+    this.#save = new SavePath({ host, lower, fence, queue: writeQueue, metrics, closed });
+    const writeThroughDropped = () => this.#save.writeThroughDropped;
+    this.#statsParts = {
+      tiers,
+      epoch,
+      events,
+      lookupBytes,
+      serializer,
+      writeQueue,
+      writeThroughDropped,
+    };
+    this.#serializer = serializer;
+    this.#events = events;
+    this.#writeQueue = writeQueue;
+    this.serializer = serializer;
+    this.events = events;
+    this.writeQueue = writeQueue;
   }
 
   /** The host-memory tier, for diagnostics and tests (stats, pins); saves go through `reserve`. */
@@ -187,66 +167,8 @@ export class StorageManager {
    * miss); rejects with KVT_CAPACITY when too many lookups are tracked, KVT_CLOSED after close,
    * KVT_INVALID_ARGUMENT for inconsistent input.
    */
-  async lookup(input: LookupInput, opts: { signal?: AbortSignal } = {}): Promise<LookupOutcome> {
-    const hashes = this.#admit(input);
-    const started = performance.now();
-    const events = this.#events;
-    events.cancel(input.lookupId);
-
-    const ac = new LazyAbort();
-    const outer = opts.signal;
-    let onAbort: (() => void) | undefined;
-    if (outer !== undefined) {
-      onAbort = () => ac.abort(outer.reason);
-      if (outer.aborted) onAbort();
-      else outer.addEventListener('abort', onAbort, { once: true });
-    }
-    // Admitted and registered before any pin is taken, so a full budget or event manager
-    // refuses the lookup cleanly.
-    const memory = this.#lookupBytes.hold(
-      estimateLookupBytes(hashes.length, input.lookupId.length),
-    );
-    let entry: PendingPrefetch;
-    try {
-      entry = events.addPending(
-        input.lookupId,
-        new LookupHooks(ac, this.#release, input.namespaces),
-      );
-    } catch (err) {
-      memory.release();
-      if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
-      throw err;
-    }
-    let recorded = false;
-    try {
-      const pinned = await walkLookup(
-        this.#walk,
-        this,
-        input,
-        hashes,
-        ac,
-        memory,
-        this.#fence.stamp(),
-      );
-      if (ac.aborted) {
-        pinned.ledger.releaseAll();
-        throw abortedError(ac.signal, 'lookup');
-      }
-      recorded = true;
-      return this.#settle(input, hashes, entry, pinned, started);
-    } catch (err) {
-      if (recorded) throw err;
-      memory.release();
-      events.fail(entry, err);
-      if (ac.aborted) {
-        this.#recorder.ended('canceled');
-        return { status: 'canceled', epoch: this.#epoch, hitTokens: 0, hitChunks: 0, tiers: [] };
-      }
-      this.#recorder.ended('error');
-      throw err;
-    } finally {
-      if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
-    }
+  lookup(input: LookupInput, opts: { signal?: AbortSignal } = {}): Promise<LookupOutcome> {
+    return this.#lookups.lookup(input, opts);
   }
 
   /**
@@ -258,79 +180,12 @@ export class StorageManager {
    * @throws KvtierError as {@link lookup}.
    */
   lookupNow(input: LookupInput): LookupOutcome | undefined {
-    const index = this.#host.packedIndex;
-    if (index === undefined || this.#host.health() === 'down') return undefined;
-    const hashes = this.#admit(input);
-    const started = performance.now();
-    const found = probeHost(this.#host, index, input, hashes, this.#lower.length > 0);
-    if (found === undefined) return undefined;
-    const { ledger, ready } = found;
-    const events = this.#events;
-    let memory: LookupBytesHold | undefined;
-    let entry: PendingPrefetch;
-    try {
-      events.cancel(input.lookupId);
-      memory = this.#lookupBytes.hold(estimateLookupBytes(hashes.length, input.lookupId.length));
-      entry = events.addPending(input.lookupId, this.#answeredHooks);
-    } catch (err) {
-      memory?.release();
-      ledger.releaseAll();
-      throw err;
-    }
-    const host = this.tiers[0]!.name;
-    const pinned = hostAnswer(input, hashes, ledger, ready, this.#epoch, host, memory);
-    return this.#settle(input, hashes, entry, pinned, started);
-  }
-
-  /** Checks a lookup's input; returns its hashes. @throws KvtierError as {@link lookup}. */
-  #admit(input: LookupInput): LookupHashes {
-    if (this.#closing !== undefined) throw closedError('storage manager');
-    return lookupHashesOf(input);
-  }
-
-  /**
-   * Hands an answered lookup to its event-manager entry, keeps what stays (pins, the answer to
-   * take) or releases it, records it, and returns its outcome.
-   */
-  #settle(
-    input: LookupInput,
-    hashes: LookupHashes,
-    entry: PendingPrefetch,
-    pinned: PinnedLookup,
-    started: number,
-  ): LookupOutcome {
-    const events = this.#events;
-    const memory = pinned.memory;
-    events.fulfil(entry, pinned);
-    // A CLEAR that ran after the walk (while this resumed) makes the answer stale too.
-    if (pinned.status === 'ok' && pinned.epoch !== this.#epoch) this.#invalidate(pinned);
-    if (
-      (pinned.status !== 'ok' || input.pin === false) &&
-      events.result(input.lookupId) === pinned
-    ) {
-      events.take(input.lookupId);
-      pinned.ledger.releaseAll();
-    } else {
-      if (pinned.status === 'ok' && pinned.hitChunks > 0) this.#answered.add(pinned);
-      // It stays (pins, or an answer to take): let go of the request's buffer.
-      hashes.compact(pinned.hitChunks);
-    }
-    // What stays is the answer and its hits' pins (a no-op once released above).
-    memory.resize(estimateLookupBytes(pinned.hitChunks, input.lookupId.length));
-    if (!this.#answered.has(pinned) && events.result(input.lookupId) !== pinned) memory.release();
-    this.#recorder.answered(
-      pinned.status,
-      input.tokenCounts,
-      pinned.hitChunks,
-      pinned.tiers,
-      started,
-    );
-    return outcomeOf(pinned);
+    return this.#lookups.lookupNow(input);
   }
 
   /** Namespaces of a tracked lookup (running or answered), for the server's namespace rule. */
   lookupNamespaces(lookupId: string): readonly NamespaceId[] | undefined {
-    return namespacesOfLookup(this.#events, lookupId);
+    return this.#lookups.namespacesOf(lookupId);
   }
 
   /** Cancels a lookup: aborts its prefetch or releases its pins. Returns whether it was known. */
@@ -348,19 +203,7 @@ export class StorageManager {
 
   /** Releases the pins of a lookup obtained from `takeLookup`. Idempotent. */
   releaseLookup(p: PinnedLookup): void {
-    this.#answered.delete(p);
-    p.ledger.releaseAll();
-    p.memory.release();
-  }
-
-  /** Marks an answered lookup stale (a CLEAR overtook it) and releases its pins. */
-  #invalidate(p: PinnedLookup): void {
-    p.status = 'stale';
-    p.epoch = this.#epoch;
-    p.hitTokens = 0;
-    p.hitChunks = 0;
-    p.tiers = [];
-    this.releaseLookup(p);
+    this.#lookups.release(p);
   }
 
   /** Expires lookups past the pin TTL; returns how many. */
@@ -413,10 +256,30 @@ export class StorageManager {
     return this.#host.batchedGet(ns, hashes);
   }
 
-  /** Reads one chunk from the first tier that has it; returns a copy of its bytes, or null. */
+  /**
+   * Reads one chunk from the first tier that has it (pinned while read where the tier pins);
+   * returns a copy of its bytes, or null. A tier that fails is skipped. Not a prefetch: the
+   * chunk is not brought into host memory and the serializer is not asked.
+   */
   async get(ns: NamespaceId, hash: ChunkHash): Promise<Chunk | null> {
     if (this.#closing !== undefined) throw closedError('storage manager');
-    return readFirstTier(this.tiers, ns, hash, this.#log);
+    for (const tier of this.tiers) {
+      if (tier.health() === 'down') continue;
+      const pinned = tier.capabilities.pinning && tier.pin(ns, [hash]) === 1;
+      try {
+        const chunk = (await tier.batchedGet(ns, [hash])).get(hash);
+        if (chunk != null) {
+          const copy = { tokens: chunk.tokens, data: Buffer.from(chunk.data) };
+          chunk.release?.();
+          return copy;
+        }
+      } catch (err) {
+        this.#log.warn('tier get failed; trying the next tier', { tier: tier.name, err });
+      } finally {
+        if (pinned) tier.unpin(ns, [hash]);
+      }
+    }
+    return null;
   }
 
   /**
@@ -432,15 +295,10 @@ export class StorageManager {
     const recorded = this.#clearHooks.onEpoch?.(this.#epoch);
     this.#fence.clear(namespaces);
     const only = namespaces.length === 0 ? undefined : new Set(namespaces);
-    const cleared = (ns: NamespaceId) => only === undefined || only.has(ns);
     // Jobs queued before this clear, not those of puts that arrive while it runs.
     const overtaken = (job: StampedJob) => this.#fence.clearedSince(job.ns, job.stamp);
     this.#writeQueue.discard(overtaken);
-    for (const p of [...this.#answered])
-      if (p.namespaces.some(cleared)) {
-        if (this.#events.result(p.lookupId) === p) this.#events.take(p.lookupId);
-        this.#invalidate(p);
-      }
+    this.#lookups.releaseCleared((ns) => only === undefined || only.has(ns));
     await this.#writeQueue.settled(overtaken);
     await Promise.all(
       this.tiers.map(async (tier) => {
@@ -465,26 +323,12 @@ export class StorageManager {
 
   /** The scrape-time sources the metrics module reads from this manager. */
   metricSources(): MetricSources {
-    return storageMetricSources(this.#parts);
+    return storageMetricSources(this.#statsParts);
   }
 
   /** A JSON-friendly snapshot for the STATS request and `kvtier stats`. */
   stats(): Record<string, unknown> {
-    return storageStats(this.#parts);
-  }
-
-  /** What `stats` and `metricSources` read. */
-  get #parts(): StorageParts {
-    return {
-      tiers: this.tiers,
-      epoch: this.#epoch,
-      events: this.#events,
-      lookupBytes: this.#lookupBytes,
-      serializer: this.#serializer,
-      writeQueue: this.#writeQueue,
-      writeThroughDropped: this.#save.writeThroughDropped,
-      manager: this,
-    };
+    return storageStats(this.#statsParts);
   }
 
   /** Cancels lookups (releasing pins), flushes the write-through queue and closes every tier. Idempotent. */
@@ -497,4 +341,22 @@ export class StorageManager {
     })();
     return this.#closing;
   }
+}
+
+/**
+ * The first tier as the host-memory port: the storage manager's first tier must be one.
+ * @throws KvtierError `KVT_CONFIG` when it does not keep chunks in host memory or lacks `reserve`.
+ */
+export function asHostMemoryTier(tier: StorageBackend): HostMemoryTier {
+  if (!tier.capabilities.hostMemory)
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `the first tier must keep chunks in host memory (e.g. local-cpu), got "${tier.name}" (${tier.kind})`,
+    );
+  if (typeof (tier as Partial<HostMemoryTier>).reserve !== 'function')
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `tier "${tier.name}" (${tier.kind}) declares hostMemory but does not implement HostMemoryTier.reserve (wrap it with instrumentHostTier or a ForwardingBackend that declares HostMemoryTier)`,
+    );
+  return tier as HostMemoryTier;
 }

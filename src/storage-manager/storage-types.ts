@@ -12,7 +12,6 @@ import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { Logger } from '../util/log.ts';
 import type { LookupBytesHold } from './lookup-budget.ts';
 import type { PinLedger } from './pin-ledger.ts';
-import type { TierTokens } from './tier-walk.ts';
 import type { WriteThroughOptions } from './write-through.ts';
 
 export interface StorageManagerOptions {
@@ -74,6 +73,12 @@ export interface LookupInput {
   pin?: boolean;
   /** Bring lower-tier hits into host memory; default true. Without it only CPU hits count. */
   prefetch?: boolean;
+}
+
+/** Tokens a lookup found ready in one tier. */
+export interface TierTokens {
+  tier: string;
+  tokens: number;
 }
 
 export interface LookupOutcome {

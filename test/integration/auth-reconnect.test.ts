@@ -11,8 +11,8 @@ import { afterEach, describe, it } from 'node:test';
 import { isKvtierError } from '../../src/errors.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { ServerAuth } from '../../src/lookup-server/auth.ts';
-import type { ClientCurveKeys } from '../../src/protocol/curve-client.ts';
 import { MAX_AUTH_RECONNECTS } from '../../src/protocol/request-socket.ts';
+import type { ClientCurveKeys } from '../../src/security/curve-client.ts';
 import { type CurveKeyPair, generateCurveKeyPair } from '../../src/security/curve-keys.ts';
 import {
   createTestStack,

@@ -18,15 +18,15 @@ import { DataPlaneClient } from '../../src/data-plane/data-plane-client.ts';
 import { type KvRegistration, resolveKvRegistration } from '../../src/data-plane/kv-layout.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
+import { allowedTypes, ROLES, type Role } from '../../src/lookup-server/policy.ts';
 import { decodeReply, encodeRequest } from '../../src/protocol/codec.ts';
-import type { ClientCurveKeys } from '../../src/protocol/curve-client.ts';
 import type { Reply, Request } from '../../src/protocol/messages.ts';
+import type { ClientCurveKeys } from '../../src/security/curve-client.ts';
 import {
   type CurveKeyPair,
   generateCurveKeyPair,
   writeKeyPair,
 } from '../../src/security/curve-keys.ts';
-import { allowedTypes, ROLES, type Role } from '../../src/security/policy.ts';
 import { Sidecar } from '../../src/sidecar.ts';
 import { silentLogger } from '../../src/util/log.ts';
 import { KV_FILE_BYTES, testRegistration } from '../support/engine-process.ts';

@@ -9,10 +9,8 @@ import {
   SidecarServer,
   type SidecarServerOptions,
 } from '../../src/lookup-server/sidecar-server.ts';
-import {
-  StorageManager,
-  type StorageManagerOptions,
-} from '../../src/storage-manager/storage-manager.ts';
+import { StorageManager } from '../../src/storage-manager/storage-manager.ts';
+import type { StorageManagerOptions } from '../../src/storage-manager/storage-types.ts';
 import { spawnGuarded } from './child-guard.ts';
 import { GatedBackend, type GatedBackendOptions } from './gated-backend.ts';
 

@@ -12,18 +12,24 @@ const REPO_ROOT = fileURLToPath(new URL('../../', import.meta.url));
 /**
  * The layers of src/, lowest first. An entry is a folder (ending in `/`, everything under it) or
  * one file. A module may import modules of its own layer or of a lower one, never of a higher
- * one. Folders named in no layer (`src/metrics/`, `src/config/`) are held only to the rule that
- * src/ has no import cycle.
+ * one. Every module of src/ belongs to a layer.
  */
 export const LAYERS: readonly (readonly string[])[] = [
   ['src/errors.ts', 'src/util/'],
-  ['src/addon/', 'src/hashing/', 'src/namespace/', 'src/serializer/', 'src/event-manager/'],
-  ['src/backends/', 'src/protocol/', 'src/security/'],
+  [
+    'src/addon/',
+    'src/hashing/',
+    'src/namespace/',
+    'src/serializer/',
+    'src/event-manager/',
+    'src/security/',
+  ],
+  ['src/backends/', 'src/protocol/', 'src/metrics/'],
   ['src/storage-manager/', 'src/lookup-client/'],
   ['src/data-plane/'],
   ['src/native/', 'src/lookup-server/', 'src/connector/'],
   ['src/events/'],
-  ['src/sidecar.ts'],
+  ['src/config/', 'src/sidecar.ts'],
   ['src/index.ts', 'src/cli/', 'src/sim/'],
 ];
 
@@ -88,4 +94,50 @@ export function unmatchedEntries(
 ): string[] {
   const files = [...g.keys()];
   return layers.flat().filter((e) => !files.some((f) => under(f, e)));
+}
+
+/**
+ * The layers of the Python package `python/kvtier_vllm/`, lowest first, by module name; the
+ * same rule as {@link LAYERS}: a module imports only modules of its own layer or a lower one.
+ */
+export const PYTHON_LAYERS: readonly (readonly string[])[] = [
+  ['errors', 'protocol_table', 'protocol_types', 'connector_types', 'rank_lookup'],
+  [
+    '_validate',
+    'curve',
+    'msgpack_lite',
+    'host_memory',
+    'config',
+    'protocol_pack',
+    'protocol_encode',
+    'protocol_decode',
+  ],
+  ['hashing', 'namespace', 'protocol', 'sidecar_events', 'kv_caches', 'pending'],
+  ['transport', 'kv_events'],
+  ['client', 'scheduler', 'worker', 'vllm_glue'],
+  ['connector'],
+  ['__init__'],
+];
+
+/**
+ * The module graph of the Python package: each module (`python/kvtier_vllm/x.py`, keyed by its
+ * module name `x`) and the package modules it imports relatively (`from .x import …`,
+ * `from . import x`), imports under `if TYPE_CHECKING:` and inside functions included.
+ */
+export function pythonModuleGraph(root = REPO_ROOT): Map<string, string[]> {
+  const dir = join(root, 'python', 'kvtier_vllm');
+  const g = new Map<string, string[]>();
+  for (const name of readdirSync(dir).filter((n) => n.endsWith('.py'))) {
+    const text = readFileSync(join(dir, name), 'utf8');
+    const deps = new Set<string>();
+    for (const m of text.matchAll(/^\s*from \.(\w*) import ([\w\s,()]+)/gm)) {
+      if (m[1] !== '') deps.add(m[1]!);
+      else for (const n of m[2]!.matchAll(/(\w+)(?:\s+as\s+\w+)?/g)) deps.add(n[1]!);
+    }
+    g.set(
+      name.slice(0, -3),
+      [...deps].filter((d) => d !== 'as'),
+    );
+  }
+  return g;
 }

@@ -1,14 +1,15 @@
 /**
  * The published JSON Schema (schema/kvtier.config.schema.json): current with the valibot schema,
  * in agreement with the config loader on good and bad files, with bounds that agree with every
- * backend's own options resolver, and the shipped configs (deploy/, examples/, docs/) valid.
+ * backend's own options resolver (each from its tier's example options), and the shipped configs
+ * (deploy/, examples/, docs/) valid.
  */
 import assert from 'node:assert/strict';
 import { readdirSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import { Ajv } from 'ajv';
-import { BackendRegistry } from '../../src/backends/registry.ts';
+import { BackendRegistry, BUILTIN_TIERS } from '../../src/backends/registry.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { CONFIG_SCHEMA_PATH, configJsonSchema } from '../../src/config/json-schema.ts';
 import { REPO_ROOT } from '../support/fixtures.ts';
@@ -138,14 +139,9 @@ describe('published config JSON Schema', () => {
   });
 
   test("every built-in tier's integer bounds agree with the backend's own resolver", () => {
-    const base: Record<string, Json> = {
-      'local-cpu': { capacityBytes: 1024 ** 3 },
-      memory: {},
-      'local-disk': { path: '/tmp/kvtier-x', capacityBytes: 1024 ** 3 },
-      fs: { path: '/tmp/kvtier-x' },
-      redis: {},
-      s3: { bucket: 'b' },
-    };
+    const base: Record<string, Json> = Object.fromEntries(
+      BUILTIN_TIERS.map((t) => [t.options.type, t.options.example as Json]),
+    );
     const items = (committed.properties as Record<string, Json>).tiers!.items as Json;
     let checked = 0;
     for (const branch of items.allOf as Json[]) {

@@ -5,9 +5,9 @@ import { join } from 'node:path';
 import { describe, test } from 'node:test';
 import type { StorageBackend } from '../../src/backends/core/types.ts';
 import { BackendRegistry } from '../../src/backends/registry.ts';
-import { formatBytes, parseBytes } from '../../src/config/bytes.ts';
 import { ConfigError, defaultConfig, loadConfig, resolveConfig } from '../../src/config/config.ts';
 import { KvtierError } from '../../src/errors.ts';
+import { formatBytes, parseBytes } from '../../src/util/bytes.ts';
 
 const isConfigError = (e: unknown) => e instanceof KvtierError && e.code === 'KVT_CONFIG';
 

@@ -6,8 +6,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { CopyEngine, CopySurface, DeviceSurface } from '../../src/data-plane/data-plane.ts';
+import { instrumentCopyEngine } from '../../src/data-plane/instrumented-copy-engine.ts';
 import { isKvtierError } from '../../src/errors.ts';
-import { instrumentCopyEngine } from '../../src/metrics/instrumented-copy-engine.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
 import { parsePromText, seriesKey } from '../support/prom-text.ts';
 

@@ -285,7 +285,7 @@ describe('FsBackend', () => {
       [{ path: '/x', ttlMs: -5 }, /tier "nfs".*ttlMs must be an integer >= 1/],
       [{ path: '/x', capacityBytes: 10 }, /tier "nfs".*capacityBytes must be an integer >= 129/],
       [{ path: '/x', fsImpl: {} }, /tier "nfs".*unknown fs option "fsImpl"/],
-      [{}, /tier "nfs".*path must be a non-empty string/],
+      [{}, /tier "nfs".*path is required/],
     ];
     for (const [raw, re] of bad) {
       assert.throws(

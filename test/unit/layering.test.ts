@@ -7,6 +7,8 @@ import {
   moduleGraph as graph,
   LAYERS,
   type ModuleGraph,
+  PYTHON_LAYERS,
+  pythonModuleGraph,
   unmatchedEntries,
   upwardImports,
 } from '../support/layers.ts';
@@ -48,6 +50,48 @@ function cycles(g: ModuleGraph): string[][] {
 
 test('src/ has no import cycles', () => {
   assert.deepEqual(cycles(graph()), []);
+});
+
+test('src/ folders import one another without a cycle', () => {
+  const folders = new Map<string, string[]>();
+  const folderOf = (f: string) => f.split('/').slice(0, 2).join('/');
+  for (const [file, deps] of graph()) {
+    const own = folderOf(file);
+    const out = folders.get(own) ?? [];
+    for (const d of deps)
+      if (folderOf(d) !== own && !out.includes(folderOf(d))) out.push(folderOf(d));
+    folders.set(own, out);
+  }
+  assert.deepEqual(cycles(folders), []);
+});
+
+test('the Python package has no import cycle and no upward import; every module has a layer', () => {
+  const g = pythonModuleGraph();
+  assert.ok(g.size > 15 && (g.get('connector') ?? []).includes('scheduler'), 'the graph was read');
+  assert.deepEqual(cycles(g), []);
+  const layer = (m: string) => PYTHON_LAYERS.findIndex((l) => l.includes(m));
+  assert.deepEqual(
+    [...g.keys()].filter((m) => layer(m) < 0),
+    [],
+    'add the module to PYTHON_LAYERS in test/support/layers.ts',
+  );
+  const upward = [...g].flatMap(([m, deps]) =>
+    deps.filter((d) => layer(d) > layer(m)).map((d) => `${m} -> ${d}`),
+  );
+  assert.deepEqual(upward, []);
+});
+
+test('the cycle check sees a cycle through a type-checking import', () => {
+  assert.deepEqual(
+    cycles(
+      new Map([
+        ['pending', ['errors', 'transport']],
+        ['transport', ['pending']],
+        ['errors', []],
+      ]),
+    ),
+    [['pending', 'transport']],
+  );
 });
 
 test('the protocol frame and the copy-engine port are leaves of their layers', () => {

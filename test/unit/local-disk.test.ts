@@ -155,7 +155,7 @@ describe('LocalDiskBackend', () => {
         /tier "disk0".*unknown local-disk option "bogus"/,
       ],
       [{ path: '', capacityBytes: 1 << 20 }, /tier "disk0".*path must be a non-empty string/],
-      [{ path: '/x' }, /tier "disk0".*capacityBytes must be an integer/],
+      [{ path: '/x' }, /tier "disk0".*capacityBytes is required/],
       [
         { path: '/x', capacityBytes: 1 << 20, shardChars: 9 },
         /shardChars must be an integer in \[0, 8\]/,

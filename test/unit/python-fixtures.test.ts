@@ -9,6 +9,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { FIXTURE_PATH, pythonFixturesJson } from '../../scripts/gen-python-fixtures.ts';
+import { MESSAGES } from '../../src/protocol/wire-table.ts';
 
 const ROOT = new URL('../..', import.meta.url).pathname;
 
@@ -25,47 +26,14 @@ describe('python cross-language fixture', () => {
     assert.deepEqual(Object.keys(committed), Object.keys(fresh));
   });
 
-  it('covers every message type in both directions', () => {
+  it('covers every message type of the protocol table in both directions', () => {
     const f = pythonFixturesJson() as {
       requests: { fields: { type: string } }[];
       replies: { fields: { type: string } }[];
     };
     const req = new Set(f.requests.map((r) => r.fields.type));
     const rep = new Set(f.replies.map((r) => r.fields.type));
-    for (const t of [
-      'lookup',
-      'cancel',
-      'clear',
-      'ping',
-      'stats',
-      'put',
-      'get',
-      'register',
-      'save',
-      'load',
-      'hold',
-      'request-finished',
-      'heartbeat',
-      'unregister',
-    ])
-      assert.ok(req.has(t), `request ${t}`);
-    for (const t of [
-      'lookup-result',
-      'cancel-result',
-      'clear-result',
-      'pong',
-      'stats-result',
-      'put-result',
-      'get-result',
-      'register-result',
-      'save-result',
-      'load-result',
-      'hold-result',
-      'request-finished-result',
-      'heartbeat-result',
-      'unregister-result',
-      'error',
-    ])
-      assert.ok(rep.has(t), `reply ${t}`);
+    for (const m of MESSAGES)
+      assert.ok((m.dir === 'request' ? req : rep).has(m.tag), `${m.dir} ${m.name}`);
   });
 });

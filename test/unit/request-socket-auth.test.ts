@@ -10,13 +10,13 @@ import assert from 'node:assert/strict';
 import { after, describe, test } from 'node:test';
 import * as zmq from 'zeromq';
 import { decodeRequest, encodeReply } from '../../src/protocol/codec.ts';
-import type { ClientCurveKeys } from '../../src/protocol/curve-client.ts';
 import {
   KEYS_REQUIRED_MESSAGE,
   KEYS_UNUSED_MESSAGE,
   MAX_AUTH_RECONNECTS,
   RequestSocket,
 } from '../../src/protocol/request-socket.ts';
+import type { ClientCurveKeys } from '../../src/security/curve-client.ts';
 import { generateCurveKeyPair } from '../../src/security/curve-keys.ts';
 import { ManualTimers } from '../support/manual-timers.ts';
 

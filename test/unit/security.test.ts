@@ -10,9 +10,11 @@ import { join } from 'node:path';
 import { after, describe, test } from 'node:test';
 import { runKeygenCommand } from '../../src/cli/keygen-command.ts';
 import { defaultConfig, loadConfig, resolveConfig } from '../../src/config/config.ts';
+import { serverAuthFromConfig } from '../../src/config/server-auth.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { ServerAuth } from '../../src/lookup-server/auth.ts';
-import { isLocalEndpoint, serverAuthFromConfig } from '../../src/lookup-server/auth-config.ts';
+import { allowedTypes, roleFor } from '../../src/lookup-server/policy.ts';
+import { isLocalEndpoint } from '../../src/protocol/endpoint.ts';
 import {
   curvePublicKey,
   generateCurveKeyPair,
@@ -21,7 +23,6 @@ import {
   z85Decode,
   z85Encode,
 } from '../../src/security/curve-keys.ts';
-import { allowedTypes, roleFor } from '../../src/security/policy.ts';
 import { silentLogger } from '../../src/util/log.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'kvtier-sec-'));

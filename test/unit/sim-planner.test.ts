@@ -289,8 +289,10 @@ describe('engine speed from the model and the GPU', () => {
 });
 
 describe('tier models', () => {
-  it('take their defaults from bench/results/summary.json', () => {
-    const summary = JSON.parse(readFileSync(`${REPO_ROOT}/bench/results/summary.json`, 'utf8')) as {
+  it('take their defaults from bench/results/summary-2026-11-23.json', () => {
+    const summary = JSON.parse(
+      readFileSync(`${REPO_ROOT}/bench/results/summary-2026-11-23.json`, 'utf8'),
+    ) as {
       figures: { id: string; value: { median: number } }[];
     };
     const median = (id: string) => summary.figures.find((f) => f.id === id)?.value.median;

@@ -10,11 +10,11 @@ import { MemoryBackend } from '../../src/backends/memory/memory.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { instrumentHostTier } from '../../src/metrics/instrumented-backend.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
-import {
-  type LookupInput,
-  StorageManager,
-  type StorageManagerOptions,
-} from '../../src/storage-manager/storage-manager.ts';
+import { StorageManager } from '../../src/storage-manager/storage-manager.ts';
+import type {
+  LookupInput,
+  StorageManagerOptions,
+} from '../../src/storage-manager/storage-types.ts';
 import { taggedHashes } from '../support/fixtures.ts';
 
 const NS = '0123456789abcdef0123456789abcdef';

@@ -8,10 +8,8 @@ import { KvtierError } from '../../src/errors.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { instrumentBackend, instrumentHostTier } from '../../src/metrics/instrumented-backend.ts';
 import { KvtierMetrics } from '../../src/metrics/metrics.ts';
-import {
-  StorageManager,
-  type StorageManagerOptions,
-} from '../../src/storage-manager/storage-manager.ts';
+import { StorageManager } from '../../src/storage-manager/storage-manager.ts';
+import type { StorageManagerOptions } from '../../src/storage-manager/storage-types.ts';
 import { GatedBackend } from '../../test/support/gated-backend.ts';
 import { taggedHashes } from '../support/fixtures.ts';
 

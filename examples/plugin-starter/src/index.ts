@@ -13,8 +13,8 @@ import { link, mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs
 import { dirname, join } from 'node:path';
 import {
   CHUNK_MAX_PAYLOAD_BYTES,
-  KvtierError,
   type KvStore,
+  KvtierError,
   type PluginFactory,
   parseBytes,
   requireInt,

@@ -17,7 +17,9 @@ import { type CorruptionKind, describeBackendContract } from 'kvtier/testing';
 
 const plugins = {
   'dir-kv (four-method store)': fileURLToPath(new URL('../src/index.js', import.meta.url)),
-  'dir-store (full StorageBackend)': fileURLToPath(new URL('../src/full-backend.js', import.meta.url)),
+  'dir-store (full StorageBackend)': fileURLToPath(
+    new URL('../src/full-backend.js', import.meta.url),
+  ),
 };
 
 /** One tier named "dirs" of `plugin` whose config file would live in `configDir`. */
@@ -56,29 +58,29 @@ function damage(obj: Buffer, ns: string, kind: CorruptionKind): Buffer {
 }
 
 for (const [name, plugin] of Object.entries(plugins)) {
-describeBackendContract(
-  `${name} plug-in contract`,
-  async () => {
-    const dir = await mkdtemp(join(tmpdir(), 'dir-store-'));
-    const backend = await load(plugin, dir);
-    const others: StorageBackend[] = [];
-    return {
-      backend,
-      corrupt: async (ns, hash, kind) => {
-        const file = join(dir, 'chunks', ns, `${hash}.kvtc`);
-        await writeFile(file, damage(await readFile(file), ns, kind));
-      },
-      reopen: async () => {
-        const b = await load(plugin, dir);
-        others.push(b);
-        return b;
-      },
-      cleanup: async () => {
-        await Promise.all([backend, ...others].map((b) => b.close()));
-        await rm(dir, { recursive: true, force: true });
-      },
-    };
-  },
-  { skip: { outage: 'a local directory cannot be taken down for real here' } },
-);
+  describeBackendContract(
+    `${name} plug-in contract`,
+    async () => {
+      const dir = await mkdtemp(join(tmpdir(), 'dir-store-'));
+      const backend = await load(plugin, dir);
+      const others: StorageBackend[] = [];
+      return {
+        backend,
+        corrupt: async (ns, hash, kind) => {
+          const file = join(dir, 'chunks', ns, `${hash}.kvtc`);
+          await writeFile(file, damage(await readFile(file), ns, kind));
+        },
+        reopen: async () => {
+          const b = await load(plugin, dir);
+          others.push(b);
+          return b;
+        },
+        cleanup: async () => {
+          await Promise.all([backend, ...others].map((b) => b.close()));
+          await rm(dir, { recursive: true, force: true });
+        },
+      };
+    },
+    { skip: { outage: 'a local directory cannot be taken down for real here' } },
+  );
 }

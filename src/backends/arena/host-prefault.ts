@@ -5,9 +5,7 @@
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
 import { loadNative } from '../../addon/native-addon.ts';
-import { KvtierError } from '../../errors.ts';
 import type { Logger } from '../../util/log.ts';
-import { describe } from '../../util/validate.ts';
 import type { HostArena } from './host-arena.ts';
 
 /**
@@ -34,16 +32,6 @@ export interface PrefaultOptions {
    * reserved or pre-faulted (the tier behaves as with `prefault: false`) and a debug line says so.
    */
   prefaultSlab?: SlabPrefault | null;
-}
-
-/** @throws KvtierError `KVT_INVALID_ARGUMENT` when `prefault` is given and not a boolean. */
-export function checkPrefaultOptions(options: PrefaultOptions): void {
-  if (options.prefault !== undefined && typeof options.prefault !== 'boolean') {
-    throw new KvtierError(
-      'KVT_INVALID_ARGUMENT',
-      `prefault must be a boolean (true or false), got ${describe(options.prefault)}`,
-    );
-  }
 }
 
 /**

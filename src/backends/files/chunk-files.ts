@@ -66,8 +66,12 @@ export type ChunkFileRead =
 export const POOLED_READ_MIN_BYTES = 64 * 1024;
 /** Most idle read buffers a tier keeps per object size. */
 const READ_POOL_PER_SIZE = 16;
-/** Most idle read-buffer bytes a tier keeps in all. */
-const READ_POOL_MAX_BYTES = 128 * 1024 * 1024;
+/**
+ * Most idle read-buffer bytes a tier keeps in all: 128 MiB of payload plus each buffer's header,
+ * so that four reads of 32 MiB chunks in flight (each buffer a header longer than 32 MiB) all
+ * go back to the pool instead of the fourth being dropped and allocated (and faulted in) anew.
+ */
+const READ_POOL_MAX_BYTES = 128 * 1024 * 1024 + READ_POOL_PER_SIZE * CHUNK_HEADER_BYTES;
 
 /** Runs one file operation (the tier adds its concurrency limit and deadline). */
 export type FileOp = <T>(fn: () => Promise<T>) => Promise<T>;

@@ -1,114 +1,107 @@
 /**
- * Declarations of the LocalDisk tier: its options ({@link LocalDiskOptions}), their defaults in
- * one place, the resolver that validates them, the reader of a tier's config object, and the
- * shape of its stats.
+ * Declarations of the LocalDisk tier: its options, declared once ({@link LOCAL_DISK_OPTIONS}:
+ * {@link LocalDiskOptions}, their defaults, the resolver that validates them, the reader of a
+ * tier's config object), and the shape of its stats.
  */
 import type { Logger } from '../../util/log.ts';
-import { requireBoolean, requireInt, requireOneOf, requireString } from '../../util/validate.ts';
-import { optionsFromConfig } from '../core/config-options.ts';
+import { bool, bytes, int, oneOf, str } from '../../util/schema-kit.ts';
+import {
+  defineTierOptions,
+  type OptionsOf,
+  type ResolvedOf,
+  required,
+  withDefault,
+} from '../core/tier-options.ts';
 import type { BackendStats } from '../core/types.ts';
-import { FSYNC_POLICIES, type FsyncPolicy, MAX_SHARD_CHARS } from '../files/file-store.ts';
+import { FSYNC_POLICIES, MAX_SHARD_CHARS } from '../files/file-store.ts';
 import { CHUNK_HEADER_BYTES } from '../format/chunk-format.ts';
 
-/** Options of {@link LocalDiskBackend}. */
-export interface LocalDiskOptions {
-  /** Directory of the store; created (with parents) if missing. */
-  path: string;
-  /** Hard bound on stored bytes, headers included (the sum of the object files' sizes). */
-  capacityBytes: number;
-  /** Durability of writes; default 'data' (see {@link FsyncPolicy}). */
-  fsync?: FsyncPolicy;
-  /** File operations running at once; default 16. */
-  ioConcurrency?: number;
-  /** Hex characters of the hash naming the shard sub-directory, 0–8; default 2. */
-  shardChars?: number;
-  /** Largest chunk payload in bytes; default 1 GiB (never above what the capacity can hold). */
-  maxChunkBytes?: number;
-  /** Most chunks indexed (least recently used beyond it are evicted); default 2^20. */
-  maxChunks?: number;
-  /** Longest one read or write may take before it counts as a miss/drop, ms; default 30000. */
-  timeoutMs?: number;
-  /**
-   * Keep an index journal in the directory, so a restart reads one file instead of listing and
-   * `stat`ing every object before it knows them; default true.
-   */
-  journal?: boolean;
+const ENTRIES = {
+  path: required(
+    str({ nonEmpty: true }),
+    'Directory of the store; created (with parents) if missing.',
+  ),
+  capacityBytes: required(
+    bytes(CHUNK_HEADER_BYTES + 1),
+    "Hard bound on stored bytes, headers included (the sum of the object files' sizes).",
+  ),
+  fsync: withDefault(
+    oneOf(FSYNC_POLICIES),
+    'data',
+    'Durability of writes: none, data (fdatasync before the rename) or always (also the directory).',
+  ),
+  ioConcurrency: withDefault(int(1, 1024), 16, 'File operations running at once.'),
+  shardChars: withDefault(
+    int(0, MAX_SHARD_CHARS),
+    2,
+    'Hex characters of the hash naming the shard sub-directory.',
+  ),
+  maxChunkBytes: withDefault(
+    bytes(1),
+    1024 ** 3,
+    'Largest chunk payload in bytes (never above what capacityBytes can hold).',
+  ),
+  maxChunks: withDefault(
+    int(1, 1 << 24),
+    1 << 20,
+    'Most chunks indexed (least recently used beyond it are evicted).',
+  ),
+  timeoutMs: withDefault(
+    int(1, 3_600_000),
+    30_000,
+    'Longest one read or write may take before it counts as a miss or drop, ms.',
+  ),
+  journal: withDefault(
+    bool(),
+    true,
+    'Keep an index journal in the directory, so a restart reads one file instead of listing and stat-ing every object.',
+  ),
+};
+
+/** LocalDisk options after defaults and validation. */
+export type ResolvedLocalDiskOptions = ResolvedOf<typeof ENTRIES>;
+
+/** The LocalDisk tier's options: names, types, bounds, defaults and descriptions. */
+export const LOCAL_DISK_OPTIONS = defineTierOptions({
+  type: 'local-disk',
+  description:
+    'A bounded store on a local disk: one file per chunk, evicted least recently used first.',
+  options: ENTRIES,
+  example: { path: '/var/cache/kvtier', capacityBytes: 1024 ** 3 },
+  finish: (o): ResolvedLocalDiskOptions => ({
+    ...o,
+    maxChunkBytes: Math.min(o.maxChunkBytes, o.capacityBytes - CHUNK_HEADER_BYTES),
+  }),
+});
+
+/** Options of {@link LocalDiskBackend}: the keys of {@link LOCAL_DISK_OPTIONS}, and hooks. */
+export interface LocalDiskOptions extends OptionsOf<typeof ENTRIES> {
   /** Called with the format's reason each time a corrupt object is found (and removed). */
   onCorrupt?: (reason: string) => void;
   log?: Logger;
 }
 
-/** LocalDisk options after defaults and validation. */
-export interface ResolvedLocalDiskOptions {
-  readonly path: string;
-  readonly capacityBytes: number;
-  readonly fsync: FsyncPolicy;
-  readonly ioConcurrency: number;
-  readonly shardChars: number;
-  readonly maxChunkBytes: number;
-  readonly maxChunks: number;
-  readonly timeoutMs: number;
-  readonly journal: boolean;
-}
-
 /** Defaults of {@link LocalDiskOptions}. */
-export const LOCAL_DISK_DEFAULTS = Object.freeze({
-  fsync: 'data' as FsyncPolicy,
-  ioConcurrency: 16,
-  shardChars: 2,
-  maxChunkBytes: 1024 ** 3,
-  maxChunks: 1 << 20,
-  timeoutMs: 30_000,
-  journal: true,
-});
-
-const OPTION_KEYS: readonly string[] = [
-  'path',
-  'capacityBytes',
-  'fsync',
-  'ioConcurrency',
-  'shardChars',
-  'maxChunkBytes',
-  'maxChunks',
-  'timeoutMs',
-  'journal',
-];
+export const LOCAL_DISK_DEFAULTS = LOCAL_DISK_OPTIONS.defaults;
 
 /**
  * Applies defaults and validates.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the bad option and what is allowed.
  */
 export function resolveLocalDiskOptions(options: LocalDiskOptions): ResolvedLocalDiskOptions {
-  const d = LOCAL_DISK_DEFAULTS;
-  const path = requireString('path', options.path, { nonEmpty: true });
-  const capacityBytes = requireInt('capacityBytes', options.capacityBytes, CHUNK_HEADER_BYTES + 1);
-  const maxChunkBytes = Math.min(
-    requireInt('maxChunkBytes', options.maxChunkBytes ?? d.maxChunkBytes, 1),
-    capacityBytes - CHUNK_HEADER_BYTES,
-  );
-  return {
-    path,
-    capacityBytes,
-    fsync: requireOneOf('fsync', options.fsync ?? d.fsync, FSYNC_POLICIES),
-    ioConcurrency: requireInt('ioConcurrency', options.ioConcurrency ?? d.ioConcurrency, 1, 1024),
-    shardChars: requireInt('shardChars', options.shardChars ?? d.shardChars, 0, MAX_SHARD_CHARS),
-    maxChunkBytes,
-    maxChunks: requireInt('maxChunks', options.maxChunks ?? d.maxChunks, 1, 1 << 24),
-    timeoutMs: requireInt('timeoutMs', options.timeoutMs ?? d.timeoutMs, 1, 3_600_000),
-    journal: requireBoolean('journal', options.journal ?? d.journal),
-  };
+  return LOCAL_DISK_OPTIONS.resolve(options);
 }
 
 /**
- * Reads LocalDisk options from a plain config object (the keys of {@link LocalDiskOptions}
- * except the callbacks).
+ * Reads LocalDisk options from a plain config object (the keys of {@link LOCAL_DISK_OPTIONS};
+ * not the callbacks).
  * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
  */
 export function localDiskOptionsFromConfig(
   raw: Record<string, unknown>,
   tier = 'local-disk',
 ): LocalDiskOptions {
-  return optionsFromConfig(raw, tier, 'local-disk', OPTION_KEYS, resolveLocalDiskOptions);
+  return LOCAL_DISK_OPTIONS.fromConfig(raw, tier);
 }
 
 /** LocalDisk stats: the interface's plus counters of its own. */

@@ -1,8 +1,5 @@
 import { abortedError, closedError } from '../../errors.ts';
-import { requireInt } from '../../util/validate.ts';
-import { MAX_SLAB_BYTES } from '../arena/host-arena.ts';
 import { checkChunk } from '../core/chunk-check.ts';
-import { optionsFromConfig } from '../core/config-options.ts';
 import { countPrefixHits, pinPresent } from '../core/index-ops.ts';
 import type {
   BackendCapabilities,
@@ -19,38 +16,18 @@ import type {
   PutOutcome,
   StorageBackend,
 } from '../core/types.ts';
+import {
+  type MemoryBackendOptions,
+  memoryOptionsFromConfig,
+  resolveMemoryBackendOptions,
+} from './memory-options.ts';
 
-/** Options of {@link MemoryBackend}. */
-export interface MemoryBackendOptions {
-  /** Bound on stored payload bytes, evicting unpinned chunks LRU-first; `null` (default): none. */
-  capacityBytes?: number | null;
-  /** Largest chunk payload in bytes; default 1 GiB (and never above `capacityBytes`). */
-  maxChunkBytes?: number;
-}
-
-/** Memory backend options after defaults and validation. */
-export interface ResolvedMemoryBackendOptions {
-  readonly capacityBytes: number | null;
-  readonly maxChunkBytes: number;
-}
-
-const OPTION_KEYS: readonly string[] = ['capacityBytes', 'maxChunkBytes'];
-
-/**
- * Applies defaults and validates.
- * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the bad option and what is allowed.
- */
-export function resolveMemoryBackendOptions(
-  options: MemoryBackendOptions = {},
-): ResolvedMemoryBackendOptions {
-  const capacityBytes =
-    options.capacityBytes === undefined || options.capacityBytes === null
-      ? null
-      : requireInt('capacityBytes', options.capacityBytes, 1);
-  let maxChunkBytes = requireInt('maxChunkBytes', options.maxChunkBytes ?? MAX_SLAB_BYTES, 0);
-  if (capacityBytes !== null) maxChunkBytes = Math.min(maxChunkBytes, capacityBytes);
-  return { capacityBytes, maxChunkBytes };
-}
+export {
+  type MemoryBackendOptions,
+  memoryOptionsFromConfig,
+  type ResolvedMemoryBackendOptions,
+  resolveMemoryBackendOptions,
+} from './memory-options.ts';
 
 interface Entry {
   readonly ns: NamespaceId;
@@ -263,23 +240,6 @@ export class MemoryBackend implements StorageBackend {
 /** Unambiguous composite key: the length prefix keeps (ns, hash) pairs from colliding. */
 function keyOf(ns: NamespaceId, hash: ChunkHash): string {
   return `${ns.length}:${ns}${hash}`;
-}
-
-/**
- * Reads memory backend options from a plain config object (`capacityBytes`, `maxChunkBytes`).
- * @throws KvtierError `KVT_CONFIG` naming the tier and the bad or unknown option.
- */
-export function memoryOptionsFromConfig(
-  raw: Record<string, unknown>,
-  tier = 'memory',
-): MemoryBackendOptions {
-  return optionsFromConfig<MemoryBackendOptions>(
-    raw,
-    tier,
-    'memory',
-    OPTION_KEYS,
-    resolveMemoryBackendOptions,
-  );
 }
 
 /** Builds a {@link MemoryBackend} from config options. @throws `KVT_CONFIG` on bad options. */

@@ -13,7 +13,9 @@ export interface KvtierInstance {
   /** Its package root as a file URL (the folder holding its `src/` or `dist/`). */
   readonly root: string;
   /** Its error class: a second copy's is another class. */
-  readonly KvtierError: abstract new (...args: never[]) => Error;
+  readonly KvtierError: abstract new (
+    ...args: never[]
+  ) => Error;
 }
 
 const REGISTRY = Symbol.for('kvtier.instances');
@@ -24,7 +26,8 @@ function ownRoot(): string {
 }
 
 const holder = globalThis as { [REGISTRY]?: KvtierInstance[] };
-const registered = (holder[REGISTRY] ??= []);
+holder[REGISTRY] ??= [];
+const registered = holder[REGISTRY];
 
 /** This copy of kvtier. */
 export const OWN_KVTIER: KvtierInstance = Object.freeze({ root: ownRoot(), KvtierError });

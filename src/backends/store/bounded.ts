@@ -11,7 +11,11 @@ export type Settled<R> =
 
 const SKIPPED: Settled<never> = Object.freeze({ ok: false, skipped: true });
 
-function call<T, R>(fn: (item: T, i: number) => Promise<R>, item: T, i: number): Promise<Settled<R>> {
+function call<T, R>(
+  fn: (item: T, i: number) => Promise<R>,
+  item: T,
+  i: number,
+): Promise<Settled<R>> {
   try {
     return fn(item, i).then(
       (value): Settled<R> => ({ ok: true, value }),

@@ -1,9 +1,7 @@
 /**
- * {@link StoreBackend}: a full `StorageBackend` over a four-method {@link KvStore}. It owns what
- * every remote or simple tier needs and none should write again: the stored chunk format and its
- * checksum, verification on every read (a corrupt or misplaced object is a miss, deleted and
- * counted), stats, batched calls built from single-key calls under a concurrency bound, one
- * deadline per call, puts of one key serialized, closed and aborted calls, capabilities.
+ * {@link StoreBackend}: a full `StorageBackend` over a four-method {@link KvStore}: the stored
+ * format and its checksum, verification on every read (a corrupt object is a miss, deleted and
+ * counted), stats, batched calls under a concurrency bound, deadlines, serialized puts per key.
  */
 import { abortedError, closedError, KvtierError } from '../../errors.ts';
 import { Deadline } from '../../util/deadline.ts';
@@ -15,7 +13,6 @@ import type {
   BackendCapabilities,
   BackendContext,
   BackendHealth,
-  BackendStats,
   Chunk,
   ChunkHash,
   ContainsOptions,
@@ -42,38 +39,12 @@ import {
   storeKey,
   storeKeyPrefix,
 } from './kv-store.ts';
-
-/** Options of {@link StoreBackend}. */
-export interface StoreBackendOptions {
-  /** Backend type named in metrics and messages, e.g. 'redis'. */
-  kind: string;
-  /** Largest chunk payload in bytes; a larger put is dropped and counted. Default and most 2 GiB. */
-  maxChunkBytes?: number;
-  /**
-   * Deadline of each call (ms), the whole batch of a batched call included: it then rejects with
-   * `KVT_TIMEOUT` (counted in `errors`) while the store's calls run on. Default none (the store
-   * bounds its own requests).
-   */
-  timeoutMs?: number;
-  /** Most store calls one batched call has in flight; default 16. */
-  concurrency?: number;
-  /** Expire chunks this long after they are written (ms); needs a store with `info.ttl`. */
-  ttlMs?: number | null;
-  /** Called with the reason whenever a stored object fails verification (it is then deleted). */
-  onCorrupt?: (reason: string) => void;
-  /** Logger; default the context's, else silent. */
-  log?: Logger;
-}
-
-/** Counters of a {@link StoreBackend}; the store's own counters are added to these. */
-export interface StoreBackendStats extends BackendStats {
-  /** Objects that failed verification, were treated as misses and deleted. */
-  readonly corruptObjects: number;
-  /** Store calls that failed, and calls that ran past `timeoutMs`. */
-  readonly errors: number;
-}
-
-const DEFAULT_CONCURRENCY = 16;
+import {
+  DEFAULT_CONCURRENCY,
+  type StoreBackendOptions,
+  type StoreBackendStats,
+  storeFailure,
+} from './store-options.ts';
 
 /**
  * A `StorageBackend` over a {@link KvStore} (see the file's comment). Capabilities: no pins (the
@@ -256,12 +227,15 @@ export class StoreBackend implements StorageBackend {
       const results = await settleBounded(unique, this.#concurrency, read);
       let failed = 0;
       let firstError: unknown;
-      results.forEach((r, i) => {
-        if (r.ok) return void out.set(unique[i]!, r.value);
+      for (const [i, r] of results.entries()) {
+        if (r.ok) {
+          out.set(unique[i]!, r.value);
+          continue;
+        }
         this.#errors++;
         if (failed++ === 0) firstError = r.error;
         out.set(unique[i]!, null);
-      });
+      }
       if (failed === unique.length) throw this.#failure('get', firstError);
       return out;
     });
@@ -321,7 +295,11 @@ export class StoreBackend implements StorageBackend {
       stored = await this.#bounded('put', signal, (s) => {
         const p = this.store.put(key, value, { signal: s, ttlMs: this.#ttlMs });
         // Reused only once the store is done with it; after a failure it may still be sending.
-        if (lent === undefined) p.then(() => this.#pool.release(value as Buffer), () => {});
+        if (lent === undefined)
+          p.then(
+            () => this.#pool.release(value as Buffer),
+            () => {},
+          );
         return p;
       });
     } catch (err) {
@@ -490,11 +468,7 @@ export class StoreBackend implements StorageBackend {
   /** The error a failed call rejects with: KVT_CLOSED once closing, a KvtierError as is, else KVT_BACKEND. */
   #failure(op: string, cause: unknown): KvtierError {
     if (this.#closing !== null) return closedError(`backend ${this.name}`);
-    if (cause instanceof KvtierError) return cause;
-    const msg = cause instanceof Error ? cause.message : String(cause);
-    return new KvtierError('KVT_BACKEND', `${this.name} ${op}: ${this.kind} failed: ${msg}`, {
-      cause,
-    });
+    return storeFailure(`${this.name} ${op}`, this.kind, cause);
   }
 
   #open(signal: AbortSignal | undefined, op: string): void {

@@ -1,6 +1,6 @@
 /** The client side of CurveZMQ (docs/security.md): the keys a DEALER needs and their socket options. */
 import { KvtierError } from '../errors.ts';
-import { isZ85Key } from '../security/curve-keys.ts';
+import { isZ85Key } from './curve-keys.ts';
 
 /** A client's CurveZMQ keys, each Z85 text (40 characters). */
 export interface ClientCurveKeys {

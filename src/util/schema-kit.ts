@@ -1,18 +1,29 @@
 /**
- * Building blocks of the config schema (valibot). Every block carries its own message, in the
- * style of the option resolvers: what was wrong, what is allowed and what was given
- * ("must be an integer in [1, 256], got 1000"). Blocks whose JSON Schema valibot cannot derive
- * (byte sizes) record it in {@link JSON_SCHEMA_OVERRIDES}.
+ * Building blocks of option and config schemas (valibot), for the config file and for every
+ * tier's options alike. Every block carries its own message: what was wrong, what is allowed and
+ * what was given ("must be an integer in [1, 256], got 1000"). Blocks whose JSON Schema valibot
+ * cannot derive (byte sizes) record it in {@link JSON_SCHEMA_OVERRIDES}; blocks that accept more
+ * in a file than in code (byte sizes as strings) record their code form for {@link integerForm}.
  */
 import * as v from 'valibot';
-import { describe } from '../util/validate.ts';
 import { BYTE_SIZE_PATTERN, BYTE_SIZE_RULE, tryParseBytes } from './bytes.ts';
+import { describe } from './validate.ts';
 
 /** A schema of any input and output, as the blocks below are used. */
 export type AnySchema = v.GenericSchema<unknown, unknown>;
 
 /** The JSON Schema of blocks that the converter cannot derive, keyed by the valibot schema. */
 export const JSON_SCHEMA_OVERRIDES = new WeakMap<object, Record<string, unknown>>();
+
+const INTEGER_FORMS = new WeakMap<object, AnySchema>();
+
+/**
+ * The form of `schema` that options given in code take: a byte size must be an integer there
+ * (a config file may write "8GiB"); every other block is itself.
+ */
+export function integerForm(schema: AnySchema): AnySchema {
+  return INTEGER_FORMS.get(schema) ?? schema;
+}
 
 type Issue = v.BaseIssue<unknown>;
 
@@ -53,7 +64,16 @@ export function bytes(min = 0, max = UNBOUNDED) {
   JSON_SCHEMA_OVERRIDES.set(size, {
     anyOf: [integer, { type: 'string', pattern: BYTE_SIZE_PATTERN }],
   });
+  INTEGER_FORMS.set(schema, int(min, max));
   return schema;
+}
+
+/** `schema` or null (with its integer form, see {@link integerForm}). */
+export function nullable<S extends AnySchema>(schema: S) {
+  const out = v.nullable(schema);
+  const form = INTEGER_FORMS.get(schema);
+  if (form !== undefined) INTEGER_FORMS.set(out, v.nullable(form));
+  return out;
 }
 
 /** A string; `nonEmpty` refuses "". */
@@ -71,7 +91,7 @@ export function pattern(re: RegExp, rule: string) {
 
 /** A boolean. */
 export function bool() {
-  return v.boolean((i) => `must be a boolean, got ${describe(i.input)}`);
+  return v.boolean((i) => `must be a boolean (true or false), got ${describe(i.input)}`);
 }
 
 /** One of `values`. */

@@ -1,10 +1,13 @@
-/** The sidecar server's helpers: its protocol limits and the wait for a closed port. */
-import { createServer } from 'node:net';
+/** The limits the lookup server enforces on every request, resolved from its options. */
 import { KvtierError } from '../errors.ts';
 import { DEFAULT_LIMITS, type ProtocolLimits, WIRE_LIMITS } from '../protocol/messages.ts';
 import { requireInt } from '../util/validate.ts';
 
-/** Resolves and validates protocol limits. */
+/**
+ * Applies the defaults (`DEFAULT_LIMITS`) and validates against what the wire can carry.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` naming the limit, or when a lookup could count more
+ *   hit tokens than a u32 holds.
+ */
 export function resolveLimits(l: Partial<ProtocolLimits> = {}): ProtocolLimits {
   const limits = {
     maxChunksPerLookup: requireInt(
@@ -34,21 +37,4 @@ export function resolveLimits(l: Partial<ProtocolLimits> = {}): ProtocolLimits {
     );
   }
   return limits;
-}
-
-export /** Polls until a TCP listener can bind the endpoint's address (at most ~2 s); never throws. */
-async function waitForPortFree(endpoint: string): Promise<void> {
-  const m = /^tcp:\/\/(.+):(\d+)$/.exec(endpoint);
-  if (m === null) return;
-  const host = m[1]!.replace(/^\[|\]$/g, '');
-  const port = Number(m[2]);
-  for (let attempt = 0; attempt < 200; attempt++) {
-    const free = await new Promise<boolean>((resolve) => {
-      const probe = createServer();
-      probe.once('error', () => resolve(false));
-      probe.listen({ port, host, exclusive: true }, () => probe.close(() => resolve(true)));
-    });
-    if (free) return;
-    await new Promise((r) => setTimeout(r, 10));
-  }
 }

@@ -5,24 +5,12 @@
  * with a warning. See docs/security.md for why.
  */
 import { resolve } from 'node:path';
-import type { KvtierConfig } from '../config/config.ts';
 import { KvtierError } from '../errors.ts';
+import { type ClientGrant, ServerAuth, type ServerAuthOptions } from '../lookup-server/auth.ts';
+import { isLocalEndpoint } from '../protocol/endpoint.ts';
 import { readKeyFile } from '../security/curve-keys.ts';
 import type { Logger } from '../util/log.ts';
-import { type ClientGrant, ServerAuth, type ServerAuthOptions } from './auth.ts';
-
-/**
- * True when only this machine can reach `endpoint`: ipc:// and inproc://, and tcp:// on a
- * loopback address (127.0.0.0/8, ::1, localhost). `*`, 0.0.0.0, other addresses and interface
- * names are not.
- */
-export function isLocalEndpoint(endpoint: string): boolean {
-  if (endpoint.startsWith('ipc://') || endpoint.startsWith('inproc://')) return true;
-  const m = /^tcp:\/\/(.+):([^:\]]+)$/.exec(endpoint);
-  if (m === null) return false;
-  const host = m[1]!.replace(/^\[|\]$/g, '').toLowerCase();
-  return host === 'localhost' || host === '::1' || /^127(\.\d{1,3}){3}$/.test(host);
-}
+import type { KvtierConfig } from './config.ts';
 
 /**
  * Test fault, read from the environment only (not a config key): the first N handshakes of each

@@ -1,5 +1,5 @@
-import type { CopyEngine, CopySurface } from '../data-plane/data-plane.ts';
-import type { KvtierMetrics } from './metrics.ts';
+import type { KvtierMetrics } from '../metrics/metrics.ts';
+import type { CopyEngine, CopySurface } from './data-plane.ts';
 
 /** Length of one op in a copy batch: `[srcSurface, srcOffset, dstSurface, dstOffset, length]`. */
 const OP_FIELDS = 5;
