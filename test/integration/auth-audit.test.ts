@@ -302,16 +302,16 @@ describe('refused handshakes', () => {
       () => reasons.every((r) => of(r).length > 0),
       () => `a line per reason (lines ${JSON.stringify(reasons.map((r) => of(r).length))})`,
     );
-    // Three refusals of each kind, one line each while they come within the interval (a machine
-    // so loaded that the rounds outlast it may write one more line per interval, never one per
-    // refusal).
-    const allowed = 1 + Math.floor((Date.now() - began) / INTERVAL_MS);
+    // Three refusals of each kind (more where a refused socket reconnected before it was
+    // closed): one line while they come within the interval, then at most one more per interval
+    // on a machine so loaded that the rounds outlast it (the lines after the first count the
+    // refusals they stand for).
+    const elapsed = Date.now() - began;
+    const allowed = 1 + Math.floor(elapsed / INTERVAL_MS);
     for (const r of reasons) {
       const lines = of(r);
-      assert.ok(
-        lines.length <= Math.min(allowed, ROUNDS - 1),
-        `${r}: ${lines.length} lines for ${ROUNDS} refusals in ${Date.now() - began} ms`,
-      );
+      assert.ok(lines.length <= allowed, `${r}: ${lines.length} lines in ${elapsed} ms`);
+      if (elapsed < INTERVAL_MS) assert.equal(lines.length, 1, r);
       assert.equal(lines[0]!.level, 'warn', r);
       assert.equal(lines[0]!.component, 'kvtier.auth', r);
       assert.match(String(lines[0]!.address), /127\.0\.0\.1/, r);
