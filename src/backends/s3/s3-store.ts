@@ -1,0 +1,249 @@
+/**
+ * The S3 tier's {@link KvStore}: one object per chunk, `<keyPrefix><ns>/<hash>` (the store key as
+ * it is under the prefix), written with one PutObject of known length (atomic) after a HEAD
+ * (put-if-absent; both share one `timeoutMs` deadline), read with GetObject into one buffer of
+ * its Content-Length and checksummed as it arrives. Every request runs under the concurrency
+ * bound with its own deadline (s3-requests.ts). No count: a shared bucket has no cheap one.
+ */
+import {
+  CreateBucketCommand,
+  DeleteObjectCommand,
+  DeleteObjectsCommand,
+  GetObjectCommand,
+  HeadBucketCommand,
+  HeadObjectCommand,
+  type HeadObjectCommandOutput,
+  ListObjectsV2Command,
+  PutObjectCommand,
+} from '@aws-sdk/client-s3';
+import { closedError, KvtierError } from '../../errors.ts';
+import type { Logger } from '../../util/log.ts';
+import type { BackendHealth } from '../core/types.ts';
+import type {
+  KvStore,
+  KvStoreInfo,
+  StoreCallOptions,
+  StoredValue,
+  StoreGetOptions,
+  StoreKey,
+  StoreTally,
+} from '../store/kv-store.ts';
+import type { ResolvedS3BackendOptions } from './s3-options.ts';
+import { failure, type Outcome, readBody, S3Requests } from './s3-requests.ts';
+
+/** S3's limit on keys per DeleteObjects request. */
+const DELETE_BATCH = 1000;
+
+/** An S3 (or S3-compatible) {@link KvStore}; see the file's comment. */
+export class S3Store implements KvStore {
+  readonly info: KvStoreInfo = Object.freeze({
+    persistent: true,
+    shared: true,
+    evicts: false,
+    ttl: false,
+  });
+  /** Requests of this store, bounded and deadlined; owns the SDK client. */
+  readonly requests: S3Requests;
+  readonly #o: ResolvedS3BackendOptions;
+  readonly #name: string;
+  readonly #log: Logger;
+
+  constructor(o: ResolvedS3BackendOptions, name: string, log: Logger) {
+    this.#o = o;
+    this.#name = name;
+    this.#log = log;
+    this.requests = new S3Requests(o, name, log);
+  }
+
+  /**
+   * Checks the bucket, creating it with `createBucket`. An unreachable service does not fail
+   * start (health reads 'degraded' until a request succeeds) unless it must create.
+   * @throws KvtierError `KVT_CONFIG` when the bucket does not exist and `createBucket` is off;
+   *   `KVT_BACKEND`/`KVT_TIMEOUT` when the bucket must be created and cannot be.
+   */
+  async start(): Promise<void> {
+    const Bucket = this.#o.bucket;
+    const s3 = this.requests;
+    const head = await s3.request('start', (s) =>
+      s3.client.send(new HeadBucketCommand({ Bucket }), { abortSignal: s }),
+    );
+    if (head.ok) return;
+    if (!head.notFound) {
+      if (this.#o.createBucket) throw head.error;
+      this.#log.warn('S3 unreachable at start', { tier: this.#name, err: head.error });
+      return;
+    }
+    if (!this.#o.createBucket)
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `S3 bucket "${Bucket}" does not exist (create it, or set createBucket: true)`,
+      );
+    const made = await s3.request('start', (s) =>
+      s3.client.send(new CreateBucketCommand({ Bucket }), { abortSignal: s }),
+    );
+    if (!made.ok) throw failure(made, `creating S3 bucket "${Bucket}"`);
+  }
+
+  async get(key: StoreKey, opts: StoreGetOptions): Promise<StoredValue | null> {
+    const Bucket = this.#o.bucket;
+    const Key = this.#key(key);
+    const maxBytes = opts.maxBytes ?? Number.MAX_SAFE_INTEGER;
+    const crcFrom = opts.crc32cFrom ?? 0;
+    const r = await this.requests.request(
+      'get',
+      async (s) => {
+        const res = await this.requests.client.send(new GetObjectCommand({ Bucket, Key }), {
+          abortSignal: s,
+        });
+        if (res.Body === undefined) throw new Error('GetObject answered without a body');
+        return readBody(res.Body, res.ContentLength, maxBytes, crcFrom);
+      },
+      opts.signal,
+    );
+    if (r.ok) return r.value;
+    if (r.notFound) return null;
+    throw r.error;
+  }
+
+  async has(key: StoreKey, opts: StoreCallOptions): Promise<boolean> {
+    const r = await this.#head('contains', key, opts.signal);
+    if (r.ok) return true;
+    if (r.notFound) return false;
+    throw r.error;
+  }
+
+  /** HEAD, then one PutObject of known length when the key is absent; one shared deadline. */
+  async put(key: StoreKey, value: Uint8Array, opts: StoreCallOptions): Promise<boolean> {
+    const deadline = { at: 0 };
+    const head = await this.#head('put', key, opts.signal, deadline);
+    if (head.ok) return false;
+    if (!head.notFound) throw head.error;
+    const Bucket = this.#o.bucket;
+    const Key = this.#key(key);
+    const put = await this.requests.request(
+      'put',
+      (s) =>
+        this.requests.client.send(
+          new PutObjectCommand({ Bucket, Key, Body: value, ContentLength: value.byteLength }),
+          { abortSignal: s },
+        ),
+      opts.signal,
+      undefined,
+      deadline,
+    );
+    if (!put.ok) throw failure(put, `${this.#name} put`);
+    return true;
+  }
+
+  /** HEAD (for the size), then DeleteObject; false when there was no object. */
+  async delete(key: StoreKey, opts: StoreCallOptions): Promise<number | false> {
+    const head = await this.#head('remove', key, opts.signal);
+    if (!head.ok) {
+      if (head.notFound) return false;
+      throw head.error;
+    }
+    const Bucket = this.#o.bucket;
+    const Key = this.#key(key);
+    const r = await this.requests.request(
+      'delete',
+      (s) =>
+        this.requests.client.send(new DeleteObjectCommand({ Bucket, Key }), { abortSignal: s }),
+      opts.signal,
+    );
+    if (!r.ok && !r.notFound) throw r.error;
+    return head.value.ContentLength ?? 0;
+  }
+
+  /**
+   * Deletes every object under `<keyPrefix><prefix>` (ListObjectsV2 pages, DeleteObjects in
+   * batches of 1000). Each request is bounded by `timeoutMs`, not the whole.
+   */
+  async clear(prefix: string): Promise<StoreTally> {
+    const s3 = this.requests;
+    const Bucket = this.#o.bucket;
+    const Prefix = `${this.#o.keyPrefix}${prefix}`;
+    let keys = 0;
+    let bytes = 0;
+    let token: string | undefined;
+    do {
+      const ContinuationToken = token;
+      const page = await s3.request('clear', (s) =>
+        s3.client.send(new ListObjectsV2Command({ Bucket, Prefix, ContinuationToken }), {
+          abortSignal: s,
+        }),
+      );
+      if (!page.ok) throw failure(page, `${this.#name} clear`);
+      const objects = page.value.Contents ?? [];
+      const names = objects.flatMap((c) => (c.Key === undefined ? [] : [c.Key]));
+      await this.#deleteKeys(names);
+      keys += names.length;
+      bytes += objects.reduce((n, c) => n + (c.Size ?? 0), 0);
+      token = page.value.IsTruncated === true ? page.value.NextContinuationToken : undefined;
+    } while (token !== undefined);
+    return { keys, bytes };
+  }
+
+  /** 'degraded' while the latest request failed, 'up' once one reaches the service. */
+  health(): BackendHealth {
+    return this.requests.lastFailed ? 'degraded' : 'up';
+  }
+
+  stats(): Readonly<Record<string, number>> {
+    return {
+      requestFailures: this.requests.failures,
+      activeRequests: this.requests.active,
+      pendingRequests: this.requests.pending,
+    };
+  }
+
+  /** Aborts requests in flight (they reject with `KVT_CLOSED`), then destroys the client. */
+  close(): Promise<void> {
+    return this.requests.close(closedError(`backend ${this.#name}`));
+  }
+
+  #key(key: StoreKey): string {
+    return `${this.#o.keyPrefix}${key}`;
+  }
+
+  #head(
+    op: string,
+    key: StoreKey,
+    signal: AbortSignal | undefined,
+    deadline?: { at: number },
+  ): Promise<Outcome<HeadObjectCommandOutput>> {
+    const Bucket = this.#o.bucket;
+    const Key = this.#key(key);
+    return this.requests.request(
+      op,
+      (s) => this.requests.client.send(new HeadObjectCommand({ Bucket, Key }), { abortSignal: s }),
+      signal,
+      undefined,
+      deadline,
+    );
+  }
+
+  /** DeleteObjects in batches of 1000. @throws `KVT_BACKEND` when a key was not deleted. */
+  async #deleteKeys(keys: readonly string[]): Promise<void> {
+    const Bucket = this.#o.bucket;
+    const batches: string[][] = [];
+    for (let i = 0; i < keys.length; i += DELETE_BATCH)
+      batches.push(keys.slice(i, i + DELETE_BATCH));
+    await Promise.all(
+      batches.map(async (batch) => {
+        const Delete = { Objects: batch.map((Key) => ({ Key })), Quiet: true };
+        const r = await this.requests.request('delete', (s) =>
+          this.requests.client.send(new DeleteObjectsCommand({ Bucket, Delete }), {
+            abortSignal: s,
+          }),
+        );
+        if (!r.ok) throw failure(r, `${this.#name} delete`);
+        const bad = r.value.Errors ?? [];
+        if (bad.length > 0)
+          throw new KvtierError(
+            'KVT_BACKEND',
+            `S3 did not delete ${bad.length} object(s); first ${bad[0]?.Key}: ${bad[0]?.Code}`,
+          );
+      }),
+    );
+  }
+}
