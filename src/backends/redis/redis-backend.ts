@@ -90,13 +90,5 @@ export class RedisBackend extends StoreBackend {
  * @throws KvtierError `KVT_CONFIG` on bad options; `KVT_BACKEND` if Redis is not reachable
  *   within `connectTimeoutMs` (startup fails loudly rather than running without the tier).
  */
-export const createRedisBackend: BackendFactory = async (options, ctx) => {
-  const backend = new RedisBackend(redisOptionsFromConfig(options, ctx.name), ctx);
-  try {
-    await backend.start();
-  } catch (err) {
-    await backend.close();
-    throw err;
-  }
-  return backend;
-};
+export const createRedisBackend: BackendFactory = (options, ctx) =>
+  StoreBackend.started(new RedisBackend(redisOptionsFromConfig(options, ctx.name), ctx));

@@ -85,13 +85,5 @@ export class S3Backend extends StoreBackend {
  * Builds and starts an {@link S3Backend} from config options.
  * @throws `KVT_CONFIG` on bad options or a missing bucket; see {@link S3Backend.start}.
  */
-export const createS3Backend: BackendFactory = async (options, ctx) => {
-  const backend = new S3Backend(s3OptionsFromConfig(options, ctx.name), ctx);
-  try {
-    await backend.start();
-  } catch (err) {
-    await backend.close();
-    throw err;
-  }
-  return backend;
-};
+export const createS3Backend: BackendFactory = (options, ctx) =>
+  StoreBackend.started(new S3Backend(s3OptionsFromConfig(options, ctx.name), ctx));

@@ -1,7 +1,9 @@
 /**
  * Runs one store call per item with at most `limit` in flight, keyed by index: the batched calls
- * of {@link StoreBackend} are built from single-key store calls this way.
+ * of `StoreBackend` are built from single-key store calls this way, and so is a clear by listing.
  */
+import { KvtierError } from '../../errors.ts';
+import type { KvStore, StoreKey, StoreTally } from './kv-store.ts';
 
 /** How one item's call ended; `skipped` when `skip` said so at its turn (never called). */
 export type Settled<R> =
@@ -49,4 +51,41 @@ export async function settleBounded<T, R>(
   };
   await Promise.all(Array.from({ length: Math.min(limit, items.length) }, worker));
   return out;
+}
+
+/**
+ * Deletes every key of `store` that starts with `prefix`: with the store's `clear`, else by `list`
+ * and `delete`, 256 keys at a time with at most `limit` deletes in flight. Keys written meanwhile
+ * may survive.
+ * @throws KvtierError `KVT_BACKEND` when the store can neither clear nor list (`kind` names it);
+ *   the first failure of the store's calls.
+ */
+export async function clearPrefix(
+  store: KvStore,
+  prefix: string,
+  limit: number,
+  kind: string,
+): Promise<StoreTally> {
+  if (store.clear !== undefined) return store.clear(prefix, {});
+  if (store.list === undefined)
+    throw new KvtierError('KVT_BACKEND', `the ${kind} store can neither clear nor list`);
+  let keys = 0;
+  let bytes = 0;
+  let batch: StoreKey[] = [];
+  const flush = async () => {
+    const rs = await settleBounded(batch, limit, (k) => store.delete(k, {}));
+    batch = [];
+    for (const r of rs) {
+      if (!r.ok) throw r.error;
+      if (r.value === false) continue;
+      keys++;
+      if (typeof r.value === 'number') bytes += r.value;
+    }
+  };
+  for await (const e of store.list(prefix, {})) {
+    batch.push(e.key);
+    if (batch.length >= 256) await flush();
+  }
+  await flush();
+  return { keys, bytes };
 }

@@ -30,12 +30,11 @@ import {
   decodeChunkObjectAsync,
   encodeChunkObjectIntoAsync,
 } from '../format/chunk-format.ts';
-import { settleBounded } from './bounded.ts';
+import { clearPrefix, settleBounded } from './bounded.ts';
 import {
   checkNamespace,
   type KvStore,
   type StoreKey,
-  type StoreTally,
   storeKey,
   storeKeyPrefix,
 } from './kv-store.ts';
@@ -114,6 +113,21 @@ export class StoreBackend implements StorageBackend {
       evicts: store.info.evicts,
       maxChunkBytes: max,
     });
+  }
+
+  /**
+   * Starts `backend` ({@link start}) and returns it, closing it when the start fails: what a tier
+   * factory returns.
+   * @throws what {@link start} throws.
+   */
+  static async started<B extends StoreBackend>(backend: B): Promise<B> {
+    try {
+      await backend.start();
+    } catch (err) {
+      await backend.close();
+      throw err;
+    }
+    return backend;
   }
 
   /** Whether {@link start} has finished. */
@@ -360,38 +374,13 @@ export class StoreBackend implements StorageBackend {
     if (ns !== undefined) checkNamespace(ns);
     const prefix = storeKeyPrefix(ns);
     try {
-      const removed = await this.#clearPrefix(prefix);
+      const removed = await clearPrefix(this.store, prefix, this.#concurrency, this.kind);
       if (ns === undefined) this.#count(-this.#chunks, -this.#bytes);
       else this.#count(-removed.keys, -removed.bytes);
     } catch (err) {
       this.#errors++;
       throw this.#failure('clear', err);
     }
-  }
-
-  async #clearPrefix(prefix: string): Promise<StoreTally> {
-    if (this.store.clear !== undefined) return this.store.clear(prefix, {});
-    if (this.store.list === undefined)
-      throw new KvtierError('KVT_BACKEND', `the ${this.kind} store can neither clear nor list`);
-    let keys = 0;
-    let bytes = 0;
-    let batch: StoreKey[] = [];
-    const flush = async () => {
-      const rs = await settleBounded(batch, this.#concurrency, (k) => this.store.delete(k, {}));
-      batch = [];
-      for (const r of rs) {
-        if (!r.ok) throw r.error;
-        if (r.value === false) continue;
-        keys++;
-        if (typeof r.value === 'number') bytes += r.value;
-      }
-    };
-    for await (const e of this.store.list(prefix, {})) {
-      batch.push(e.key);
-      if (batch.length >= 256) await flush();
-    }
-    await flush();
-    return { keys, bytes };
   }
 
   /** Sets the one listener told of each corrupt object this tier deletes (reason `corrupt`). */
