@@ -150,13 +150,10 @@ export const createBackend: PluginFactory = async (_o, ctx) => {
 
   test('module-tier config errors name what is allowed', async () => {
     const dir = await pluginDir({});
-    assert.equal(
-      await startTier(dir, {}),
-      'tier "p" (module) failed to start: type "module" needs "module": a package name or a path to the plug-in',
-    );
+    assert.equal(await startTier(dir, {}), 'tier "p" (module) failed to start: module is required');
     assert.equal(
       await startTier(dir, { module: './x.ts', capacityBytes: 1 }),
-      'tier "p" (module) failed to start: unknown key "capacityBytes" for a module tier; put plug-in settings under "options"',
+      'tier "p" (module) failed to start: unknown module option "capacityBytes"; put plug-in settings under "options"',
     );
     assert.equal(
       await failure(dir, './missing.ts'),

@@ -10,6 +10,7 @@ import type {
   PluginFactory,
 } from '../core/types.ts';
 import { kvtierInstanceCount, OWN_KVTIER, otherKvtierSince } from './instance.ts';
+import { MODULE_OPTIONS } from './module-options.ts';
 import { createPluginContext } from './plugin-context.ts';
 
 /**
@@ -30,28 +31,8 @@ import { createPluginContext } from './plugin-context.ts';
  */
 export function createModuleBackendFactory(baseDir: string = process.cwd()): BackendFactory {
   return async (raw, ctx) => {
-    const spec = raw.module;
-    if (typeof spec !== 'string' || spec.length === 0) {
-      throw new KvtierError(
-        'KVT_CONFIG',
-        'type "module" needs "module": a package name or a path to the plug-in',
-      );
-    }
-    for (const key of Object.keys(raw)) {
-      if (key !== 'module' && key !== 'options') {
-        throw new KvtierError(
-          'KVT_CONFIG',
-          `unknown key "${key}" for a module tier; put plug-in settings under "options"`,
-        );
-      }
-    }
-    const options = raw.options ?? {};
-    if (typeof options !== 'object' || options === null || Array.isArray(options)) {
-      throw new KvtierError(
-        'KVT_CONFIG',
-        `"options" of plug-in module "${spec}" must be an object`,
-      );
-    }
+    // The options as MODULE_OPTIONS declares them (KVT_CONFIG naming the key).
+    const { module: spec, options = {} } = MODULE_OPTIONS.fromConfig(raw, ctx.name);
     const copies = kvtierInstanceCount();
     const factory = await loadPluginFactory(spec, baseDir);
     const pctx = isPluginContext(ctx)
