@@ -113,11 +113,22 @@ export class S3Store implements KvStore {
   }
 
   /** HEAD, then one PutObject of known length when the key is absent; one shared deadline. */
-  async put(key: StoreKey, value: Uint8Array, opts: StoreCallOptions): Promise<boolean> {
+  put(key: StoreKey, value: Uint8Array, opts: StoreCallOptions): Promise<boolean> {
+    return this.putFilling(key, value, Promise.resolve(), opts);
+  }
+
+  /** {@link put} with the HEAD sent while the wrapper encodes `value`. */
+  async putFilling(
+    key: StoreKey,
+    value: Uint8Array,
+    filled: Promise<void>,
+    opts: StoreCallOptions,
+  ): Promise<boolean> {
     const deadline = { at: 0 };
     const head = await this.#head('put', key, opts.signal, deadline);
     if (head.ok) return false;
     if (!head.notFound) throw head.error;
+    await filled;
     const Bucket = this.#o.bucket;
     const Key = this.#key(key);
     const put = await this.requests.request(

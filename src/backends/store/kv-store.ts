@@ -144,6 +144,18 @@ export interface KvStore {
   /** Optional: how many keys start with `prefix` and their bytes (the tier's stats at start). */
   count?(prefix: string, opts: StoreCallOptions): Promise<StoreTally>;
   /**
+   * Optional: {@link put} with the value still being encoded: read `value` only once `filled`
+   * resolves; when it rejects, write nothing and reject. With it the wrapper encodes the chunk
+   * object while the store works (S3 asks whether the key exists meanwhile); without it the
+   * wrapper calls `put` once the value is whole.
+   */
+  putFilling?(
+    key: StoreKey,
+    value: Uint8Array,
+    filled: Promise<void>,
+    opts: StorePutOptions,
+  ): Promise<boolean>;
+  /**
    * Optional: a buffer of exactly `byteLength` bytes for the value of the next `put` of `key`.
    * The wrapper encodes the chunk object into it and passes that same buffer to `put`, or drops
    * it when encoding fails. Lets a store place the value inside its own wire frame (no copy).

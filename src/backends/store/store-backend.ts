@@ -298,25 +298,40 @@ export class StoreBackend implements StorageBackend {
     const putOpts = { signal, ttlMs: this.#ttlMs };
     const lent = this.store.valueBuffer?.(key, bytes, putOpts);
     const value = lent ?? this.#pool.acquire(bytes);
-    try {
-      await encodeChunkObjectIntoAsync(value, ns, hash, chunk);
-    } catch (err) {
-      if (lent === undefined) this.#pool.release(value as Buffer);
-      throw err;
+    const filled = encodeChunkObjectIntoAsync(value, ns, hash, chunk).then(() => undefined);
+    filled.catch(() => {});
+    const overlap = this.store.putFilling !== undefined;
+    if (!overlap) {
+      try {
+        await filled;
+      } catch (err) {
+        if (lent === undefined) this.#pool.release(value as Buffer);
+        throw err;
+      }
     }
     let stored: boolean;
     try {
       stored = await this.#bounded('put', signal, (s) => {
-        const p = this.store.put(key, value, { signal: s, ttlMs: this.#ttlMs });
-        // Reused only once the store is done with it; after a failure it may still be sending.
+        const o = { signal: s, ttlMs: this.#ttlMs };
+        const p = overlap
+          ? this.store.putFilling!(key, value, filled, o)
+          : this.store.put(key, value, o);
+        // Reused only once the store is done with it and the encoder has finished writing it;
+        // after a failure it may still be sending.
         if (lent === undefined)
-          p.then(
+          Promise.all([p, filled]).then(
             () => this.#pool.release(value as Buffer),
             () => {},
           );
         return p;
       });
     } catch (err) {
+      // A chunk that could not be encoded is the caller's error, whatever the store said.
+      const encodeError = await filled.then(
+        () => undefined,
+        (e: unknown) => e,
+      );
+      if (encodeError !== undefined) throw encodeError;
       if (this.#closing !== null) throw closedError(`backend ${this.name}`);
       if (err instanceof KvtierError && (err.code === 'KVT_ABORTED' || err.code === 'KVT_TIMEOUT'))
         throw err;
