@@ -12,7 +12,8 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { type Field, type Max, MESSAGES, type MessageSpec } from '../src/protocol/wire-table.ts';
+import { type Field, type Max, type MessageSpec } from '../src/protocol/wire-spec.ts';
+import { MESSAGES } from '../src/protocol/wire-table.ts';
 import { checkFixtures, writeFixtures } from './gen-python-fixtures.ts';
 
 /** Where the generated Python table lives, relative to the repository root. */

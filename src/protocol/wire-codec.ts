@@ -8,7 +8,8 @@ import { KvtierError } from '../errors.ts';
 import { decodeHeader, Reader, Writer } from './frame.ts';
 import { HEADER_BYTES, type ProtocolLimits } from './messages.ts';
 import { type FieldOps, fieldOps } from './wire-fields.ts';
-import { MESSAGES, type MessageSpec, type Rule } from './wire-table.ts';
+import type { MessageSpec, Rule } from './wire-spec.ts';
+import { MESSAGES } from './wire-table.ts';
 import { hashCount, invalid, LateJson, type Msg } from './wire-values.ts';
 
 /** One table entry, compiled. */
