@@ -24,13 +24,19 @@ import { bool, enumOf, hash, id, ns, reply, request, u32 } from '../../src/proto
 import { MESSAGES } from '../../src/protocol/wire-table.ts';
 
 const ROOT = new URL('../..', import.meta.url).pathname;
+/** A request type code protocol v1 does not use yet, in either direction. */
+const CODE = [...Array(0x80).keys()].find(
+  (c) => c > 0 && !MESSAGES.some((m) => m.code === c || m.code === (c | 0x80)),
+)!;
+const hex2 = (n: number): string => `0x${n.toString(16).padStart(2, '0').toUpperCase()}`;
 
-// The contributor's edit: two entries (in the real table they go in type-code order).
+// The contributor's edit: two entries (in the real table they go in type-code order), with a
+// type code the table leaves free.
 const TABLE = [
   ...MESSAGES,
   request(
-    'ECHO',
-    0x0f,
+    'EXAMPLE_ECHO',
+    CODE,
     '4.4',
     [
       id('echoId', 64),
@@ -44,7 +50,7 @@ const TABLE = [
     ],
     [{ rule: 'atMostCount', field: 'repeat', of: 'hashes' }],
   ),
-  reply('ECHO_RESULT', 0x8f, '4.4', [
+  reply('EXAMPLE_ECHO_RESULT', CODE | 0x80, '4.4', [
     bool('echoed'),
     ns('namespace'),
     hash('hash'),
@@ -61,8 +67,8 @@ const TABLE = [
   ]),
 ] as const;
 
-type Echo = MessageOf<'ECHO', typeof TABLE>;
-type EchoResult = MessageOf<'ECHO_RESULT', typeof TABLE>;
+type Echo = MessageOf<'EXAMPLE_ECHO', typeof TABLE>;
+type EchoResult = MessageOf<'EXAMPLE_ECHO_RESULT', typeof TABLE>;
 type Equal<A, B> =
   (<T>() => T extends A ? 1 : 2) extends <T>() => T extends B ? 1 : 2 ? true : false;
 type Expect<T extends true> = T;
@@ -71,7 +77,7 @@ export type Checks = [
     Equal<
       Echo,
       {
-        type: 'echo';
+        type: 'example-echo';
         requestId: number;
         echoId: string;
         mode: 'plain' | 'loud';
@@ -93,8 +99,10 @@ export type Checks = [
       }[]
     >
   >,
-  Expect<Equal<Extract<MessagesOf<'request', typeof TABLE>, { type: 'echo' }>, Echo>>,
-  Expect<Equal<Extract<MessagesOf<'reply', typeof TABLE>, { type: 'echo-result' }>, EchoResult>>,
+  Expect<Equal<Extract<MessagesOf<'request', typeof TABLE>, { type: 'example-echo' }>, Echo>>,
+  Expect<
+    Equal<Extract<MessagesOf<'reply', typeof TABLE>, { type: 'example-echo-result' }>, EchoResult>
+  >,
 ];
 
 const codec = createCodec(TABLE);
@@ -104,7 +112,7 @@ after(() => rmSync(tmp, { recursive: true, force: true }));
 describe('a message added to the table alone', () => {
   it('is encoded and decoded by the codec of the table', () => {
     const echo: Echo = {
-      type: 'echo',
+      type: 'example-echo',
       requestId: 41,
       echoId: 'é-1',
       mode: 'loud',
@@ -118,7 +126,7 @@ describe('a message added to the table alone', () => {
     // The optional u64 before a present `tag` is written as 0 and read back.
     assert.deepEqual(codec.decodeRequest(bytes, DEFAULT_LIMITS), { ...echo, notAfterNs: 0n });
     const rep: EchoResult = {
-      type: 'echo-result',
+      type: 'example-echo-result',
       requestId: 41,
       echoed: true,
       namespace: '0123456789abcdef0123456789abcdef',
@@ -143,28 +151,28 @@ describe('a message added to the table alone', () => {
       /repeat is 3, more than the 2 chunks/,
     );
     // Protocol v1 itself is unchanged: its codec does not know the message.
-    assert.throws(() => encodeRequest(echo as unknown as Request), /no message type echo/);
+    assert.throws(() => encodeRequest(echo as unknown as Request), /no message type example-echo/);
   });
 
   it('is refused at load when its type code or name is taken, or its code is of the other direction', () => {
     assert.throws(
-      () => createCodec([...MESSAGES, request('ECHO', 0x01, '4.4', [])]),
-      /ECHO \(0x1\) clashes with LOOKUP/,
+      () => createCodec([...MESSAGES, request('EXAMPLE_ECHO', 0x01, '4.4', [])]),
+      /EXAMPLE_ECHO \(0x1\) clashes with LOOKUP/,
     );
     assert.throws(
       () => createCodec([...MESSAGES, reply('PONG', 0x90, '4.4', [])]),
       /PONG \(0x90\) clashes with PONG/,
     );
-    assert.throws(() => request('ECHO', 0x8f, '4.4', []), /outside 0x0\.\.0x7f/);
-    assert.throws(() => reply('ECHO_RESULT', 0x0f, '4.4', []), /outside 0x80\.\.0xff/);
+    assert.throws(() => request('EXAMPLE_ECHO', CODE | 0x80, '4.4', []), /outside 0x0\.\.0x7f/);
+    assert.throws(() => reply('EXAMPLE_ECHO_RESULT', CODE, '4.4', []), /outside 0x80\.\.0xff/);
   });
 
   it('gets a fixture sample built from its field kinds, every optional field set', () => {
     const { requests, replies } = messageSamples(TABLE);
-    const echo = requests.find((s) => s.msg.type === 'echo');
-    const result = replies.find((s) => s.msg.type === 'echo-result');
+    const echo = requests.find((s) => s.msg.type === 'example-echo');
+    const result = replies.find((s) => s.msg.type === 'example-echo-result');
     assert.ok(echo && result, 'a sample of each direction');
-    assert.equal(echo.name, 'echo, from its field kinds');
+    assert.equal(echo.name, 'example echo, from its field kinds');
     assert.deepEqual(echo.msg, fallbackSample(TABLE.at(-2)!));
     assert.equal(typeof echo.msg.notAfterNs, 'bigint');
     assert.equal((echo.msg.tag as Uint8Array).length, 8);
@@ -177,7 +185,12 @@ describe('a message added to the table alone', () => {
   it('gets layout blocks at the end of its section of docs/protocol.md', () => {
     const [echo, result] = [TABLE.at(-2)!, TABLE.at(-1)!];
     const block = docBlock(echo);
-    assert.match(block, /^<!-- wire-layout: ECHO -->\nECHO \(`0x0F`, request\) body/);
+    assert.ok(
+      block.startsWith(
+        `<!-- wire-layout: EXAMPLE_ECHO -->\nEXAMPLE_ECHO (\`${hex2(CODE)}\`, request) body`,
+      ),
+      block,
+    );
     assert.match(block, /\| 4 \| weights \| u32le × count of hashes \| each 1\.\.100 \|/);
     assert.match(block, /\| 8 \| tag \| 8 bytes \| optional, trailing \|/);
     assert.match(block, /Across fields: repeat ≤ the number of hashes\./);
@@ -193,9 +206,9 @@ describe('a message added to the table alone', () => {
     };
     const nameOf = new Map<string, string>(TABLE.map((m) => [m.tag, m.name]));
     const requests = fixture.requests
-      .filter((c) => c.fields.type === 'echo')
+      .filter((c) => c.fields.type === 'example-echo')
       .map((c) => ({ ...c, message: nameOf.get(c.fields.type) }));
-    const replies = fixture.replies.filter((c) => c.fields.type === 'echo-result');
+    const replies = fixture.replies.filter((c) => c.fields.type === 'example-echo-result');
     assert.equal(requests.length + replies.length, 2);
 
     cpSync(join(ROOT, 'python/kvtier_vllm'), join(tmp, 'kvtier_vllm'), {

@@ -71,6 +71,43 @@ type ExpectedLookupResult = Id<'lookup-result'> & {
   tiers: ExpectedTierTokens[];
 };
 type Flat<T> = { [K in keyof T]: T[K] } & {};
+type LookupPlaneRequests =
+  | M.LookupRequest
+  | M.CancelRequest
+  | M.ClearRequest
+  | M.PingRequest
+  | M.PutRequest
+  | M.GetRequest
+  | M.StatsRequest;
+type DataPlaneRequests =
+  | DP.RegisterRequest
+  | DP.SaveRequestMessage
+  | DP.LoadRequestMessage
+  | DP.HoldRequest
+  | DP.RequestFinishedRequest
+  | DP.HeartbeatRequest
+  | DP.UnregisterRequest;
+type LookupPlaneReplies =
+  | M.LookupResult
+  | M.CancelResult
+  | M.ClearResult
+  | M.Pong
+  | M.StatsResult
+  | M.PutResult
+  | M.GetResult
+  | M.ErrorReply;
+type DataPlaneReplies =
+  | DP.RegisterResult
+  | DP.SaveResultMessage
+  | DP.LoadResultMessage
+  | DP.HoldResult
+  | DP.RequestFinishedResult
+  | DP.HeartbeatResult
+  | DP.UnregisterResult;
+type AllRequests = LookupPlaneRequests | DataPlaneRequests;
+type AllReplies = LookupPlaneReplies | DataPlaneReplies;
+type RequestTag = AllRequests['type'];
+type ReplyTag = AllReplies['type'];
 
 export type Checks = [
   Expect<Equal<M.LookupConfig, ExpectedLookupConfig>>,
@@ -150,53 +187,14 @@ export type Checks = [
   Expect<Equal<DP.HeartbeatResult, Flat<Id<'heartbeat-result'> & { known: boolean }>>>,
   Expect<Equal<DP.UnregisterResult, Flat<Id<'unregister-result'> & { released: boolean }>>>,
   Expect<Equal<M.ErrorReply, Flat<Id<'error'> & { code: KvtierErrorCode; message: string }>>>,
-  // The unions: every tag of the table, data-plane ones in their own unions too.
-  Expect<
-    Equal<
-      M.Request['type'],
-      | 'lookup'
-      | 'cancel'
-      | 'clear'
-      | 'ping'
-      | 'put'
-      | 'get'
-      | 'stats'
-      | 'register'
-      | 'save'
-      | 'load'
-      | 'hold'
-      | 'request-finished'
-      | 'heartbeat'
-      | 'unregister'
-    >
-  >,
-  Expect<
-    Equal<
-      DP.DataPlaneRequest,
-      | DP.RegisterRequest
-      | DP.SaveRequestMessage
-      | DP.LoadRequestMessage
-      | DP.HoldRequest
-      | DP.RequestFinishedRequest
-      | DP.HeartbeatRequest
-      | DP.UnregisterRequest
-    >
-  >,
-  Expect<
-    Equal<
-      M.Reply,
-      | M.LookupResult
-      | M.CancelResult
-      | M.ClearResult
-      | M.Pong
-      | M.StatsResult
-      | M.PutResult
-      | M.GetResult
-      | DP.DataPlaneReply
-      | M.ErrorReply
-    >
-  >,
-  Expect<Equal<Extract<M.Request, { type: 'save' }>, DP.SaveRequestMessage>>,
+  // The unions hold every message above (a message added to the table joins them too), each
+  // data-plane message in the data-plane unions and no other there.
+  Expect<Equal<Extract<M.Request, { type: RequestTag }>, AllRequests>>,
+  Expect<Equal<Extract<M.Reply, { type: ReplyTag }>, AllReplies>>,
+  Expect<Equal<Extract<DP.DataPlaneRequest, { type: RequestTag }>, DataPlaneRequests>>,
+  Expect<Equal<Extract<DP.DataPlaneReply, { type: ReplyTag }>, DataPlaneReplies>>,
+  Expect<Equal<Extract<DP.DataPlaneRequest, LookupPlaneRequests>, never>>,
+  Expect<Equal<Extract<DP.DataPlaneReply, LookupPlaneReplies>, never>>,
   // Field kinds one by one.
   Expect<Equal<FieldValue<{ kind: 'u64'; key: 'x' }>, bigint>>,
   Expect<Equal<FieldValue<{ kind: 'bytes'; key: 'x'; size: 4 }>, Uint8Array>>,
