@@ -59,9 +59,9 @@ describe('protocol message table', () => {
 
   it('refuses a message whose section the document lacks, and a block of an unknown message', () => {
     const doc = readFileSync(join(ROOT, DOC_PATH), 'utf8');
-    const table = [...MESSAGES, request('ECHO', 0x0f, '4.99', [])];
-    assert.throws(() => regenerateDoc(doc, table), /has no section 4\.99 for ECHO/);
-    const extra = `${doc}\n<!-- wire-layout: ECHO --><!-- /wire-layout -->\n`;
-    assert.throws(() => regenerateDoc(extra), /layout block for unknown message ECHO/);
+    const table = [...MESSAGES, request('EXAMPLE_ECHO', 0x7f, '4.99', [])];
+    assert.throws(() => regenerateDoc(doc, table), /has no section 4\.99 for EXAMPLE_ECHO/);
+    const extra = `${doc}\n<!-- wire-layout: EXAMPLE_ECHO --><!-- /wire-layout -->\n`;
+    assert.throws(() => regenerateDoc(extra), /layout block for unknown message EXAMPLE_ECHO/);
   });
 });
