@@ -185,19 +185,29 @@ export const reply = <
 ): MessageSpec<N, 'reply', S, F> => entry('reply', name, code, section, fields, rules);
 
 /** A `u32` field. */
-export const u32 = <const K extends string>(key: K) => ({ kind: 'u32', key }) as const;
+export const u32 = <const K extends string>(key: K) =>
+  ({ kind: 'u32', key }) as const satisfies Field;
 /** A `bool` field. */
-export const bool = <const K extends string>(key: K) => ({ kind: 'bool', key }) as const;
+export const bool = <const K extends string>(key: K) =>
+  ({ kind: 'bool', key }) as const satisfies Field;
 /** A namespace id field. */
-export const ns = <const K extends string>(key: K) => ({ kind: 'ns', key }) as const;
+export const ns = <const K extends string>(key: K) =>
+  ({ kind: 'ns', key }) as const satisfies Field;
 /** A chunk hash field. */
-export const hash = <const K extends string>(key: K) => ({ kind: 'hash', key }) as const;
+export const hash = <const K extends string>(key: K) =>
+  ({ kind: 'hash', key }) as const satisfies Field;
 /** A non-empty id string of at most `max` bytes, named `label` in errors (default: `key`). */
 export const id = <const K extends string>(key: K, max: number, label?: string) =>
-  ({ kind: 'str', key, max, nonEmpty: true, ...(label === undefined ? {} : { label }) }) as const;
+  ({
+    kind: 'str',
+    key,
+    max,
+    nonEmpty: true,
+    ...(label === undefined ? {} : { label }),
+  }) as const satisfies Field;
 /** An enum field: a u8 indexing `names`; an unknown byte is the error `unknown`. */
 export const enumOf = <const K extends string, const N extends readonly string[]>(
   key: K,
   names: N,
   unknown: 'KVT_PROTOCOL' | 'KVT_INVALID_ARGUMENT',
-) => ({ kind: 'enum', key, names, unknown }) as const;
+) => ({ kind: 'enum', key, names, unknown }) as const satisfies Field;
