@@ -12,7 +12,8 @@
 import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { fileURLToPath, pathToFileURL } from 'node:url';
-import { type Field, type Max, MESSAGES, type MessageSpec } from '../src/protocol/wire-table.ts';
+import type { Field, Max, MessageSpec } from '../src/protocol/wire-spec.ts';
+import { MESSAGES } from '../src/protocol/wire-table.ts';
 import { checkFixtures, writeFixtures } from './gen-python-fixtures.ts';
 
 /** Where the generated Python table lives, relative to the repository root. */
@@ -86,8 +87,8 @@ const PY_TYPES: Record<Field['kind'], string> = {
   list: 'list',
 };
 
-/** The text of python/kvtier_vllm/protocol_table.py. */
-export function pythonTable(): string {
+/** The text of python/kvtier_vllm/protocol_table.py for `table` (protocol v1's by default). */
+export function pythonTable(table: readonly MessageSpec[] = MESSAGES): string {
   const out = [
     '"""Protocol v1 message table: every message, its type code and its fields in wire order.',
     '',
@@ -103,7 +104,7 @@ export function pythonTable(): string {
     'class MsgType:',
     '    """Message type codes; a reply\'s code is its request\'s with the high bit set."""',
     '',
-    ...MESSAGES.map((m) => `    ${m.name} = ${hex2(m.code)}`),
+    ...table.map((m) => `    ${m.name} = ${hex2(m.code)}`),
     '',
     '',
     '#: name -> {"code", "dir", "fields": (field, ...), "rules": (rule, ...)}; a field is a dict',
@@ -111,7 +112,7 @@ export function pythonTable(): string {
     '#: and the options of its kind',
     'MESSAGES = {',
   ];
-  for (const m of MESSAGES) {
+  for (const m of table) {
     out.push(`    ${JSON.stringify(m.name)}: {`);
     out.push(`        "code": ${hex2(m.code)},`);
     out.push(`        "dir": ${JSON.stringify(m.dir)},`);
@@ -123,7 +124,7 @@ export function pythonTable(): string {
     out.push('    },');
   }
   out.push('}', '', `# ${'-'.repeat(90)}`, '# Reply records', '', '');
-  for (const m of MESSAGES.filter((x) => x.dir === 'reply')) {
+  for (const m of table.filter((x) => x.dir === 'reply')) {
     for (const f of m.fields)
       if (f.kind === 'list')
         out.push(...pyRecord(f.record, `One entry of ${m.name}'s ${f.key}.`, f.of));
@@ -138,13 +139,11 @@ export function pythonTable(): string {
   out.push(
     '#: reply type code -> its record class',
     'REPLY_CLASSES = {',
-    ...MESSAGES.filter((m) => m.dir === 'reply').map(
-      (m) => `    ${hex2(m.code)}: ${pascal(m.tag)},`,
-    ),
+    ...table.filter((m) => m.dir === 'reply').map((m) => `    ${hex2(m.code)}: ${pascal(m.tag)},`),
     '}',
     '',
     'Reply = Union[',
-    ...MESSAGES.filter((m) => m.dir === 'reply').map((m) => `    ${pascal(m.tag)},`),
+    ...table.filter((m) => m.dir === 'reply').map((m) => `    ${pascal(m.tag)},`),
     ']',
     '',
   );
@@ -241,22 +240,46 @@ export function docBlock(m: MessageSpec): string {
 
 const BLOCK_RE = /<!-- wire-layout: ([A-Z_]+) -->[\s\S]*?<!-- \/wire-layout -->/g;
 
-/** docs/protocol.md with every layout block regenerated; throws when a message has none. */
-export function regenerateDoc(doc: string): string {
-  const names = new Set(MESSAGES.map((m) => m.name));
+/**
+ * `doc` with the layout block of message `m` added at the end of its section (before the next
+ * heading of the same or a higher level), for a message the document does not show yet.
+ * @throws Error when the document has no heading for the section.
+ */
+function insertBlock(doc: string, m: MessageSpec): string {
+  const lines = doc.split('\n');
+  const level = (line: string): number => /^(#{1,6}) /.exec(line)?.[1]?.length ?? 0;
+  const start = lines.findIndex(
+    (l) => level(l) >= 2 && l.slice(level(l) + 1).startsWith(`${m.section} `),
+  );
+  if (start < 0)
+    throw new Error(
+      `${DOC_PATH} has no section ${m.section} for ${m.name}: add its heading, or place <!-- wire-layout: ${m.name} --><!-- /wire-layout --> by hand`,
+    );
+  let end = start + 1;
+  // The section ends at the next heading of its level or above (outside code blocks).
+  for (let fenced = false; end < lines.length; end++) {
+    if (lines[end]!.startsWith('```')) fenced = !fenced;
+    else if (!fenced && level(lines[end]!) > 0 && level(lines[end]!) <= level(lines[start]!)) break;
+  }
+  while (end > start + 1 && lines[end - 1] === '') end--;
+  return [...lines.slice(0, end), '', docBlock(m), ...lines.slice(end)].join('\n');
+}
+
+/**
+ * docs/protocol.md with the layout block of every message of `table` regenerated; a message it
+ * does not show yet gets one at the end of its section (the prose around it is the author's).
+ * @throws Error for a block of a message the table does not have, or a section the document lacks.
+ */
+export function regenerateDoc(doc: string, table: readonly MessageSpec[] = MESSAGES): string {
   const seen = new Set<string>();
-  const out = doc.replace(BLOCK_RE, (_all, name: string) => {
-    const m = MESSAGES.find((x) => x.name === name);
+  let out = doc.replace(BLOCK_RE, (_all, name: string) => {
+    const m = table.find((x) => x.name === name);
     if (m === undefined)
       throw new Error(`${DOC_PATH} has a layout block for unknown message ${name}`);
     seen.add(name);
     return docBlock(m);
   });
-  const missing = [...names].filter((n) => !seen.has(n));
-  if (missing.length > 0)
-    throw new Error(
-      `${DOC_PATH} has no layout block for ${missing.join(', ')}: add <!-- wire-layout: NAME --><!-- /wire-layout -->`,
-    );
+  for (const m of table) if (!seen.has(m.name)) out = insertBlock(out, m);
   return out;
 }
 

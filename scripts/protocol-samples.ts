@@ -1,7 +1,9 @@
 /**
- * Sample messages of every type of the protocol table (src/protocol/wire-table.ts), encoded by
- * the TypeScript codec into the cross-language fixture (gen-python-fixtures.ts). A new message
- * needs a sample here: the fixture generator refuses a table entry without one.
+ * Hand-written sample messages of the protocol table (src/protocol/wire-table.ts), encoded by the
+ * TypeScript codec into the cross-language fixture (gen-python-fixtures.ts): edge cases of
+ * every message type (limits, non-ASCII text, absent and present optional fields, every enum
+ * value). A sample here is optional for a new message: for a table entry with none, the
+ * generator builds one from its field kinds (protocol-fallback-samples.ts).
  */
 import { chunkHashFromBytes } from '../src/hashing/chunk-hash.ts';
 import type { Reply, Request } from '../src/protocol/messages.ts';

@@ -6,6 +6,7 @@
  */
 import { KvtierError } from '../errors.ts';
 import type { Request } from '../protocol/messages.ts';
+import { MESSAGES } from '../protocol/wire-table.ts';
 
 /** Client roles, least privileged first; each may send what the ones before it may. */
 export const ROLES = ['lookup', 'worker', 'admin'] as const;
@@ -14,7 +15,11 @@ export type Role = (typeof ROLES)[number];
 
 type RequestType = Request['type'];
 
-/** The request types each role adds to the roles before it. */
+/**
+ * The request types each role adds to the roles before it. `admin` also gets every request
+ * type of the message table that no role lists (a message added to the table is an operator's
+ * until it is given to a lower role here).
+ */
 const ROLE_ADDS: Readonly<Record<Role, readonly RequestType[]>> = {
   lookup: ['lookup', 'cancel', 'ping', 'stats'],
   worker: [
@@ -30,8 +35,11 @@ const ROLE_ADDS: Readonly<Record<Role, readonly RequestType[]>> = {
   admin: ['put', 'clear'],
 };
 
+const ALL_TYPES = MESSAGES.flatMap((m) => (m.dir === 'request' ? [m.tag as RequestType] : []));
+
 /** The request types `role` may send. */
 export function allowedTypes(role: Role): ReadonlySet<RequestType> {
+  if (role === 'admin') return new Set(ALL_TYPES);
   const out = new Set<RequestType>();
   for (const r of ROLES) {
     for (const t of ROLE_ADDS[r]) out.add(t);
@@ -60,23 +68,34 @@ export interface Principal {
   namespaces?: ReadonlySet<string>;
 }
 
+/** Per request type, the keys of its namespace fields (`ns`, `nsList`) in the message table. */
+const NAMESPACE_FIELDS: ReadonlyMap<string, readonly { key: string; list: boolean }[]> = new Map(
+  MESSAGES.map((m) => [
+    m.tag,
+    m.fields.flatMap((f) =>
+      f.kind === 'ns' || f.kind === 'nsList' ? [{ key: f.key, list: f.kind === 'nsList' }] : [],
+    ),
+  ]),
+);
+
 /**
- * The namespaces a request touches, as far as the request itself says: LOOKUP's and CLEAR's
- * (an empty CLEAR means every namespace: `'all'`), PUT's and GET's. Data-plane requests name an
- * engine instead (its namespace is the registration's); CANCEL, PING and STATS name none.
+ * The namespaces a request touches, as far as the request itself says: those its namespace
+ * fields name (LOOKUP's, CLEAR's, PUT's and GET's; an empty CLEAR means every namespace: `'all'`).
+ * Data-plane requests name an engine instead (its namespace is the registration's); CANCEL, PING
+ * and STATS name none.
  */
 export function namespacesOf(req: Request): readonly string[] | 'all' {
-  switch (req.type) {
-    case 'lookup':
-      return req.namespaces;
-    case 'clear':
-      return req.namespaces.length === 0 ? 'all' : req.namespaces;
-    case 'put':
-    case 'get':
-      return [req.namespace];
-    default:
-      return [];
+  if (req.type === 'clear' && req.namespaces.length === 0) return 'all';
+  const fields = NAMESPACE_FIELDS.get(req.type) ?? [];
+  const only = fields.length === 1 ? fields[0]! : undefined;
+  if (only?.list) return (req as unknown as Record<string, string[]>)[only.key]!;
+  const named: string[] = [];
+  for (const { key, list } of fields) {
+    const v = (req as unknown as Record<string, unknown>)[key];
+    if (list) named.push(...(v as string[]));
+    else named.push(v as string);
   }
+  return named;
 }
 
 function forbidden(p: Principal, what: string): KvtierError {

@@ -324,6 +324,8 @@ export class SidecarServer {
         });
       }
       default:
+        // Only data-plane requests are left: a new request of another section of the table
+        // does not compile here until it has a case above.
         return this.#dataPlaneRequest(envelope, req);
     }
   }
@@ -417,6 +419,11 @@ export class SidecarServer {
           requestId,
           released: await dp.engineGone(req.engineId),
         });
+      default: {
+        // A message added to the table without a handler here does not compile.
+        const unhandled: never = req;
+        throw new KvtierError('KVT_INTERNAL', `no handler for ${(unhandled as Request).type}`);
+      }
     }
   }
 

@@ -1,10 +1,11 @@
 /**
- * Protocol v1 message types. The wire layout of each is the message table (wire-table.ts),
- * which docs/protocol.md shows; the codec in codec.ts is its only implementation here.
+ * Protocol v1 message types. Each is derived from the message's entry in the message table
+ * (wire-table.ts, which also gives its wire layout and documents its fields; docs/protocol.md
+ * shows it); the codec in codec.ts is its only implementation here.
  */
-import type { KvtierErrorCode } from '../errors.ts';
-import type { ChunkHash } from '../hashing/chunk-hash.ts';
-import type { DataPlaneReply, DataPlaneRequest } from './data-plane-messages.ts';
+import type { MessageOf, MessagesOf } from './message-types.ts';
+
+export { DEFAULT_LIMITS, type ProtocolLimits, WIRE_LIMITS } from './limits.ts';
 
 /** First two bytes of every message: ASCII "kv". */
 export const MAGIC = 0x766b; // 'k' (0x6b) then 'v' (0x76), read as u16le
@@ -17,176 +18,46 @@ export const HASH_BYTES = 32;
 /** Bytes in one namespace id on the wire (32 hex digits in text form). */
 export const NAMESPACE_BYTES = 16;
 
+/** LOOKUP (0x01): how much of these chunks' KV the server holds, in every namespace named. */
+export type LookupRequest = MessageOf<'LOOKUP'>;
+/** Per-lookup options carried as a small JSON object (all optional): `pin`, `prefetch`. */
+export type LookupConfig = LookupRequest['config'];
+/** CANCEL (0x02): stop a lookup and release its pins. */
+export type CancelRequest = MessageOf<'CANCEL'>;
+/** CLEAR (0x03): drop every chunk of these namespaces (none named: every namespace). */
+export type ClearRequest = MessageOf<'CLEAR'>;
+/** PING (0x04). */
+export type PingRequest = MessageOf<'PING'>;
+/** STATS (0x07). */
+export type StatsRequest = MessageOf<'STATS'>;
+/** PUT (0x05): store one chunk. */
+export type PutRequest = MessageOf<'PUT'>;
+/** GET (0x06): read one chunk. */
+export type GetRequest = MessageOf<'GET'>;
+
+/** Every request of the message table, data-plane ones included, tagged by `type`. */
+export type Request = MessagesOf<'request'>;
+
+/** LOOKUP_RESULT (0x81). */
+export type LookupResult = MessageOf<'LOOKUP_RESULT'>;
 /** Lookup result status (a byte on the wire: 0 ok, 1 canceled, 2 stale). */
-export type LookupStatusName = 'ok' | 'canceled' | 'stale';
+export type LookupStatusName = LookupResult['status'];
+/** One tier's share of a lookup's ready tokens. */
+export type TierTokens = LookupResult['tiers'][number];
+/** CANCEL_RESULT (0x82). */
+export type CancelResult = MessageOf<'CANCEL_RESULT'>;
+/** CLEAR_RESULT (0x83). */
+export type ClearResult = MessageOf<'CLEAR_RESULT'>;
+/** PONG (0x84): the server's version, limits and tiers. */
+export type Pong = MessageOf<'PONG'>;
+/** STATS_RESULT (0x87). */
+export type StatsResult = MessageOf<'STATS_RESULT'>;
+/** PUT_RESULT (0x85). */
+export type PutResult = MessageOf<'PUT_RESULT'>;
+/** GET_RESULT (0x86). */
+export type GetResult = MessageOf<'GET_RESULT'>;
+/** ERROR (0xFF): a request failed; `code` is one of `KvtierErrorCode`. */
+export type ErrorReply = MessageOf<'ERROR'>;
 
-/** Limits a server enforces; the values it uses are reported by PING. */
-export interface ProtocolLimits {
-  /** Most chunks in one lookup. Default 8192, at most 65536. */
-  maxChunksPerLookup: number;
-  /** Most payload bytes in one PUT. Default 128 MiB. */
-  maxPayloadBytes: number;
-  /** Most tokens one chunk may cover. Default 65536. */
-  maxTokensPerChunk: number;
-}
-
-export const DEFAULT_LIMITS: Readonly<ProtocolLimits> = {
-  maxChunksPerLookup: 8192,
-  maxPayloadBytes: 128 * 1024 * 1024,
-  maxTokensPerChunk: 65536,
-};
-
-/** Fixed limits of the v1 encoding itself. */
-export const WIRE_LIMITS = {
-  maxLookupIdBytes: 256,
-  maxNamespacesPerLookup: 16,
-  maxConfigBytes: 4096,
-  maxChunksPerLookup: 65536,
-  maxErrorMessageBytes: 1024,
-} as const;
-
-/** Per-lookup options carried as a small JSON object (all optional). */
-export interface LookupConfig {
-  /** Pin the hits until cancel/cleanup or the pin TTL (default true). */
-  pin?: boolean;
-  /** Prefetch lower-tier hits into host memory (default true). Without it, only CPU hits count. */
-  prefetch?: boolean;
-}
-
-export interface LookupRequest {
-  type: 'lookup';
-  requestId: number;
-  lookupId: string;
-  /** Namespace ids (32 hex digits each); a chunk counts only when present in every one. */
-  namespaces: string[];
-  /** Packed chunk hashes, 32 bytes each. */
-  hashes: Buffer;
-  /** Tokens per chunk, one per hash. */
-  tokenCounts: Uint32Array;
-  config: LookupConfig;
-}
-
-export interface CancelRequest {
-  type: 'cancel';
-  requestId: number;
-  lookupId: string;
-}
-
-export interface ClearRequest {
-  type: 'clear';
-  requestId: number;
-  /** Empty: every namespace. */
-  namespaces: string[];
-}
-
-export interface PingRequest {
-  type: 'ping';
-  requestId: number;
-}
-
-export interface StatsRequest {
-  type: 'stats';
-  requestId: number;
-}
-
-export interface PutRequest {
-  type: 'put';
-  requestId: number;
-  namespace: string;
-  /** Validated where it enters (wire decode, or the client's `put`). */
-  hash: ChunkHash;
-  tokens: number;
-  payload: Buffer;
-}
-
-export interface GetRequest {
-  type: 'get';
-  requestId: number;
-  namespace: string;
-  hash: ChunkHash;
-}
-
-export type Request =
-  | LookupRequest
-  | CancelRequest
-  | ClearRequest
-  | PingRequest
-  | StatsRequest
-  | PutRequest
-  | GetRequest
-  | DataPlaneRequest;
-
-export interface TierTokens {
-  tier: string;
-  tokens: number;
-}
-
-export interface LookupResult {
-  type: 'lookup-result';
-  requestId: number;
-  lookupId: string;
-  status: LookupStatusName;
-  epoch: number;
-  /** Tokens ready in host memory, counted from the first chunk. */
-  hitTokens: number;
-  hitChunks: number;
-  /** Where the ready tokens were found, in tier order. */
-  tiers: TierTokens[];
-}
-
-export interface CancelResult {
-  type: 'cancel-result';
-  requestId: number;
-  /** Whether the server held state for the lookup id. */
-  found: boolean;
-}
-
-export interface ClearResult {
-  type: 'clear-result';
-  requestId: number;
-  epoch: number;
-}
-
-export interface Pong {
-  type: 'pong';
-  requestId: number;
-  info: Record<string, unknown>;
-}
-
-export interface StatsResult {
-  type: 'stats-result';
-  requestId: number;
-  stats: Record<string, unknown>;
-}
-
-export interface PutResult {
-  type: 'put-result';
-  requestId: number;
-  outcome: 'stored' | 'exists' | 'dropped';
-}
-
-export interface GetResult {
-  type: 'get-result';
-  requestId: number;
-  found: boolean;
-  tokens: number;
-  payload: Buffer;
-}
-
-export interface ErrorReply {
-  type: 'error';
-  requestId: number;
-  code: KvtierErrorCode;
-  message: string;
-}
-
-export type Reply =
-  | LookupResult
-  | CancelResult
-  | ClearResult
-  | Pong
-  | StatsResult
-  | PutResult
-  | GetResult
-  | DataPlaneReply
-  | ErrorReply;
+/** Every reply of the message table, ERROR and data-plane ones included, tagged by `type`. */
+export type Reply = MessagesOf<'reply'>;

@@ -2,13 +2,15 @@
  * The protocol v1 codec, driven by the message table (`wire-table.ts`): each entry is compiled
  * once, at load, into its fields' steps (`wire-fields.ts`), and a message is encoded in one
  * allocation (sizes first) and decoded front to back, each field checked as it is read.
- * Trailing optional fields and the table's cross-field rules are handled here.
+ * Trailing optional fields and the table's cross-field rules are handled here. `createCodec`
+ * compiles any table built with `wire-spec.ts`; protocol v1's codec is compiled from `MESSAGES`.
  */
 import { KvtierError } from '../errors.ts';
 import { decodeHeader, Reader, Writer } from './frame.ts';
 import { HEADER_BYTES, type ProtocolLimits } from './messages.ts';
 import { type FieldOps, fieldOps } from './wire-fields.ts';
-import { MESSAGES, type MessageSpec, type Rule } from './wire-table.ts';
+import type { MessageSpec, Rule } from './wire-spec.ts';
+import { MESSAGES } from './wire-table.ts';
 import { hashCount, invalid, LateJson, type Msg } from './wire-values.ts';
 
 /** One table entry, compiled. */
@@ -72,15 +74,6 @@ function compile(spec: MessageSpec): Compiled {
   return { spec, what, ops, firstOptional, trailers, late, ...(unrolled ? { unrolled } : {}) };
 }
 
-const BY_TAG = new Map<string, Compiled>();
-const REQUESTS = new Map<number, Compiled>();
-const REPLIES = new Map<number, Compiled>();
-for (const spec of MESSAGES) {
-  const c = compile(spec);
-  BY_TAG.set(spec.tag, c);
-  (spec.dir === 'request' ? REQUESTS : REPLIES).set(spec.code, c);
-}
-
 function checkRules(rules: readonly Rule[] | undefined, m: Msg, what: string): void {
   if (rules === undefined) return;
   for (const rule of rules) {
@@ -93,13 +86,55 @@ function checkRules(rules: readonly Rule[] | undefined, m: Msg, what: string): v
   }
 }
 
+/** An encoder and decoders for the messages of one table. */
+export interface MessageCodec {
+  /**
+   * Encodes message `m` (a request or reply object) by its table entry.
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` / `KVT_TOO_LARGE` for a value the wire cannot
+   *   carry (`KVT_INTERNAL` for a reply integer out of range); `KVT_INTERNAL` for an unknown type.
+   */
+  encode(m: Msg & { type: string; requestId: number }): Buffer;
+  /**
+   * Decodes a request frame (server side) against `limits`.
+   * @throws KvtierError `KVT_PROTOCOL` (malformed, unknown type), `KVT_TOO_LARGE` (over a
+   *   limit), `KVT_INVALID_ARGUMENT` (well-formed but invalid value).
+   */
+  decodeRequest(buf: Uint8Array, limits: ProtocolLimits): Msg;
+  /** Decodes a reply frame (client side), as `decodeRequest`; replies carry no server limits. */
+  decodeReply(buf: Uint8Array, limits: ProtocolLimits): Msg;
+}
+
 /**
- * Encodes message `m` (a request or reply object) by its table entry.
- * @throws KvtierError `KVT_INVALID_ARGUMENT` / `KVT_TOO_LARGE` for a value the wire cannot
- *   carry (`KVT_INTERNAL` for a reply integer out of range); `KVT_INTERNAL` for an unknown type.
+ * Compiles `table` (protocol v1's is `MESSAGES`) into its codec.
+ * @throws Error when two entries share a tag, or a direction's type code.
  */
-export function encodeMessage(m: Msg & { type: string; requestId: number }): Buffer {
-  const c = BY_TAG.get(m.type);
+export function createCodec(table: readonly MessageSpec[]): MessageCodec {
+  const byTag = new Map<string, Compiled>();
+  const requests = new Map<number, Compiled>();
+  const replies = new Map<number, Compiled>();
+  for (const spec of table) {
+    const byCode = spec.dir === 'request' ? requests : replies;
+    const clash = byTag.get(spec.tag)?.spec ?? byCode.get(spec.code)?.spec;
+    if (clash !== undefined)
+      throw new Error(
+        `message ${spec.name} (0x${spec.code.toString(16)}) clashes with ${clash.name} (0x${clash.code.toString(16)})`,
+      );
+    const c = compile(spec);
+    byTag.set(spec.tag, c);
+    byCode.set(spec.code, c);
+  }
+  return {
+    encode: (m) => encodeWith(byTag, m),
+    decodeRequest: (buf, limits) => decodeMessage(buf, requests, 'request', limits),
+    decodeReply: (buf, limits) => decodeMessage(buf, replies, 'reply', limits),
+  };
+}
+
+function encodeWith(
+  byTag: ReadonlyMap<string, Compiled>,
+  m: Msg & { type: string; requestId: number },
+): Buffer {
+  const c = byTag.get(m.type);
   if (c === undefined) throw new KvtierError('KVT_INTERNAL', `no message type ${String(m.type)}`);
   if (c.unrolled !== undefined) return c.unrolled.encode(m);
   const ops = c.ops;
@@ -124,11 +159,7 @@ export function encodeMessage(m: Msg & { type: string; requestId: number }): Buf
   return w.done();
 }
 
-/**
- * Decodes a frame as one of `table`'s messages.
- * @throws KvtierError `KVT_PROTOCOL` (malformed, unknown type), `KVT_TOO_LARGE` (over a limit),
- *   `KVT_INVALID_ARGUMENT` (well-formed but invalid value).
- */
+/** Decodes a frame as one of `table`'s messages (see `MessageCodec.decodeRequest`). */
 function decodeMessage(
   buf: Uint8Array,
   table: ReadonlyMap<number, Compiled>,
@@ -168,10 +199,11 @@ function decodeMessage(
   return out;
 }
 
-/** Decodes a request frame (server side) against `limits`. */
-export const decodeRequestMessage = (buf: Uint8Array, limits: ProtocolLimits): Msg =>
-  decodeMessage(buf, REQUESTS, 'request', limits);
+const V1 = createCodec(MESSAGES);
 
-/** Decodes a reply frame (client side); replies carry no server limits. */
-export const decodeReplyMessage = (buf: Uint8Array, limits: ProtocolLimits): Msg =>
-  decodeMessage(buf, REPLIES, 'reply', limits);
+/** Encodes a protocol v1 message by its table entry (see `MessageCodec.encode`). */
+export const encodeMessage = V1.encode;
+/** Decodes a protocol v1 request frame (server side) against `limits`. */
+export const decodeRequestMessage = V1.decodeRequest;
+/** Decodes a protocol v1 reply frame (client side); replies carry no server limits. */
+export const decodeReplyMessage = V1.decodeReply;

@@ -10,7 +10,7 @@ import { KVTIER_ERROR_CODES, KvtierError } from '../errors.ts';
 import { chunkHashFromBytes } from '../hashing/chunk-hash.ts';
 import { type Reader, strSize, type Writer } from './frame.ts';
 import { HASH_BYTES, NAMESPACE_BYTES, type ProtocolLimits } from './messages.ts';
-import type { Field } from './wire-table.ts';
+import type { Field } from './wire-spec.ts';
 import {
   checkU32,
   EMPTY,

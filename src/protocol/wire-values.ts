@@ -5,7 +5,7 @@
 import { KvtierError } from '../errors.ts';
 import type { Reader, Writer } from './frame.ts';
 import { HASH_BYTES, type ProtocolLimits } from './messages.ts';
-import type { Field, Max } from './wire-table.ts';
+import type { Field, Max } from './wire-spec.ts';
 
 /** A message object as the codec sees it. */
 export type Msg = Record<string, unknown>;

@@ -13,6 +13,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import * as zmq from 'zeromq';
+import { fallbackSample } from '../../scripts/protocol-fallback-samples.ts';
 import { loadConfig } from '../../src/config/config.ts';
 import { DataPlaneClient } from '../../src/data-plane/data-plane-client.ts';
 import { type KvRegistration, resolveKvRegistration } from '../../src/data-plane/kv-layout.ts';
@@ -21,6 +22,7 @@ import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { allowedTypes, ROLES, type Role } from '../../src/lookup-server/policy.ts';
 import { decodeReply, encodeRequest } from '../../src/protocol/codec.ts';
 import type { Reply, Request } from '../../src/protocol/messages.ts';
+import { MESSAGES } from '../../src/protocol/wire-table.ts';
 import type { ClientCurveKeys } from '../../src/security/curve-client.ts';
 import {
   type CurveKeyPair,
@@ -159,11 +161,19 @@ function requestOf(type: Request['type']): Request {
       return { ...base, type, engineId: 'engine-a' };
     case 'unregister':
       return { ...base, type, engineId: 'engine-a' };
+    default: {
+      // A request added to the table without a case here: its sample from the field kinds.
+      const spec = MESSAGES.find((m) => m.tag === type)!;
+      return { ...fallbackSample(spec), requestId: 0 } as unknown as Request;
+    }
   }
 }
 
-/** Every request type, in an order that keeps engine-a registered until its UNREGISTER. */
-const ALL_TYPES: Request['type'][] = [
+/**
+ * The request types `requestOf` builds by hand, in an order that keeps engine-a registered until
+ * its UNREGISTER.
+ */
+const LISTED: readonly Request['type'][] = [
   'ping',
   'stats',
   'lookup',
@@ -177,6 +187,17 @@ const ALL_TYPES: Request['type'][] = [
   'request-finished',
   'heartbeat',
   'clear',
+  'unregister',
+];
+
+/** Every request type of the table: those, and any added since (before the UNREGISTER). */
+const ALL_TYPES: Request['type'][] = [
+  ...LISTED.slice(0, -1),
+  ...MESSAGES.flatMap((m) =>
+    m.dir === 'request' && !(LISTED as readonly string[]).includes(m.tag)
+      ? [m.tag as Request['type']]
+      : [],
+  ),
   'unregister',
 ];
 

@@ -20,6 +20,7 @@ import {
   type SaveRequestMessage,
 } from '../../src/protocol/data-plane-messages.ts';
 import type { Request } from '../../src/protocol/messages.ts';
+import { MESSAGES } from '../../src/protocol/wire-table.ts';
 
 const NS = '48f3d9651eaf7e9014cf0c0d7bc30fba';
 const H0 = '9023a6f72e494c809d3ea5b388ef2ff49d20cc1d48e046e2a6c8d259b8592548';
@@ -154,6 +155,11 @@ function throwsCode(fn: () => unknown, code: KvtierErrorCode, label: string): vo
 }
 
 /** Builds a frame by hand (independently of the codec) from a header and body parts. */
+/** A request type code the table does not use, nor its reply code. */
+const FREE = [...Array(0x80).keys()].find(
+  (c) => c > 0 && !MESSAGES.some((m) => m.code === c || m.code === (c | 0x80)),
+)!;
+
 function frame(type: number, ...parts: (Buffer | number[])[]): Buffer {
   const head = Buffer.from([0x6b, 0x76, 1, type, 5, 0, 0, 0]);
   return Buffer.concat([head, ...parts.map((p) => (Buffer.isBuffer(p) ? p : Buffer.from(p)))]);
@@ -431,7 +437,7 @@ describe('data-plane codec: decode validation', () => {
     ['unregister: engineId over 256 bytes', frame(0x0e, str('e'.repeat(257))), 'KVT_TOO_LARGE'],
     ['unregister: no engineId', frame(0x0e), 'KVT_PROTOCOL'],
     ['unregister: trailing bytes', frame(0x0e, str('e'), [0]), 'KVT_PROTOCOL'],
-    ['unknown request type 0x0f', frame(0x0f), 'KVT_PROTOCOL'],
+    [`unknown request type 0x${FREE.toString(16)}`, frame(FREE), 'KVT_PROTOCOL'],
   ];
   for (const [label, bytes, code] of cases) {
     it(`${label} → ${code}`, () => throwsCode(() => decodeRequest(bytes), code, label));
@@ -511,7 +517,9 @@ describe('data-plane codec: decode validation', () => {
   });
 
   it('reads an unknown reply type as an error, and a reply flag other than 1 as false', () => {
-    throwsCode(() => decodeReply(frame(0x8f)), 'KVT_PROTOCOL', 'reply type 0x8f');
+    assert.throws(() => decodeRequest(frame(FREE)), /unknown request type/);
+    assert.throws(() => decodeReply(frame(FREE | 0x80)), /unknown reply type/);
+    throwsCode(() => decodeReply(frame(FREE | 0x80)), 'KVT_PROTOCOL', 'reply type');
     assert.deepEqual(decodeReply(frame(0x8e, [2])), {
       type: 'unregister-result',
       requestId: 5,

@@ -8,6 +8,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
 import { DOC_PATH, PY_TABLE_PATH, pythonTable, regenerateDoc } from '../../scripts/gen-protocol.ts';
+import { request } from '../../src/protocol/wire-spec.ts';
 import { MESSAGES } from '../../src/protocol/wire-table.ts';
 
 const ROOT = new URL('../..', import.meta.url).pathname;
@@ -45,9 +46,22 @@ describe('protocol message table', () => {
     assert.equal(regenerateDoc(doc), doc, STALE);
   });
 
-  it('refuses a document that lacks a message', () => {
+  it('adds the layout block of a message the document lacks at the end of its section', () => {
     const doc = readFileSync(join(ROOT, DOC_PATH), 'utf8');
-    const cut = doc.replace(/<!-- wire-layout: HOLD -->[\s\S]*?<!-- \/wire-layout -->/, '');
-    assert.throws(() => regenerateDoc(cut), /no layout block for HOLD/);
+    const hold = /<!-- wire-layout: HOLD -->[\s\S]*?<!-- \/wire-layout -->/;
+    const block = hold.exec(doc)![0];
+    const out = regenerateDoc(doc.replace(hold, ''));
+    assert.equal(out.match(/<!-- wire-layout: HOLD -->/g)?.length, 1);
+    // Section 4.9 ends where section 5 begins: the block is its last part.
+    assert.ok(out.includes(`${block}\n\n## 5. Errors`), 'at the end of section 4.9');
+    assert.equal(regenerateDoc(out), out, 'and kept where it is from then on');
+  });
+
+  it('refuses a message whose section the document lacks, and a block of an unknown message', () => {
+    const doc = readFileSync(join(ROOT, DOC_PATH), 'utf8');
+    const table = [...MESSAGES, request('EXAMPLE_ECHO', 0x7f, '4.99', [])];
+    assert.throws(() => regenerateDoc(doc, table), /has no section 4\.99 for EXAMPLE_ECHO/);
+    const extra = `${doc}\n<!-- wire-layout: EXAMPLE_ECHO --><!-- /wire-layout -->\n`;
+    assert.throws(() => regenerateDoc(extra), /layout block for unknown message EXAMPLE_ECHO/);
   });
 });

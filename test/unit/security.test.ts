@@ -12,9 +12,12 @@ import { runKeygenCommand } from '../../src/cli/keygen-command.ts';
 import { defaultConfig, loadConfig, resolveConfig } from '../../src/config/config.ts';
 import { serverAuthFromConfig } from '../../src/config/server-auth.ts';
 import { isKvtierError } from '../../src/errors.ts';
+import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { ServerAuth } from '../../src/lookup-server/auth.ts';
-import { allowedTypes, roleFor } from '../../src/lookup-server/policy.ts';
+import { allowedTypes, namespacesOf, ROLES, roleFor } from '../../src/lookup-server/policy.ts';
 import { isLocalEndpoint } from '../../src/protocol/endpoint.ts';
+import type { Request } from '../../src/protocol/messages.ts';
+import { MESSAGES } from '../../src/protocol/wire-table.ts';
 import {
   curvePublicKey,
   generateCurveKeyPair,
@@ -88,6 +91,42 @@ describe('roles and routing ids', () => {
     assert.ok(allowedTypes('admin').has('clear') && allowedTypes('admin').has('lookup'));
     assert.equal(roleFor('get'), 'worker');
     assert.equal(roleFor('put'), 'admin');
+    // admin: every request of the message table, so a message added to it is an operator's.
+    const all = MESSAGES.filter((m) => m.dir === 'request').map((m) => m.tag);
+    assert.deepEqual([...allowedTypes('admin')].sort(), all.sort());
+    for (const role of ROLES) for (const t of allowedTypes(role)) assert.ok(all.includes(t), t);
+  });
+
+  test('a request names the namespaces of its namespace fields in the message table', () => {
+    const ns = (n: number) => String(n).repeat(32);
+    const hash = chunkHashFromBytes(Buffer.alloc(32, 1));
+    const base = { requestId: 1 };
+    const cases: [Request, readonly string[] | 'all'][] = [
+      [
+        {
+          ...base,
+          type: 'lookup',
+          lookupId: 'l',
+          namespaces: [ns(1), ns(2)],
+          hashes: Buffer.alloc(0),
+          tokenCounts: new Uint32Array(0),
+          config: {},
+        },
+        [ns(1), ns(2)],
+      ],
+      [{ ...base, type: 'clear', namespaces: [ns(3)] }, [ns(3)]],
+      [{ ...base, type: 'clear', namespaces: [] }, 'all'],
+      [
+        { ...base, type: 'put', namespace: ns(4), hash, tokens: 1, payload: Buffer.from('x') },
+        [ns(4)],
+      ],
+      [{ ...base, type: 'get', namespace: ns(5), hash }, [ns(5)]],
+      [{ ...base, type: 'cancel', lookupId: 'l' }, []],
+      [{ ...base, type: 'ping' }, []],
+      [{ ...base, type: 'heartbeat', engineId: 'e' }, []],
+      [{ ...base, type: 'register', registration: {} }, []],
+    ];
+    for (const [req, want] of cases) assert.deepEqual(namespacesOf(req), want, req.type);
   });
 
   test('a routing id the handler did not mint, or with a changed byte, names no one', () => {
