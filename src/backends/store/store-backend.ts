@@ -295,8 +295,7 @@ export class StoreBackend implements StorageBackend {
   ): Promise<PutOutcome> {
     this.#open(signal, 'put');
     const bytes = chunkObjectBytes(chunk.data.byteLength);
-    const putOpts = { signal, ttlMs: this.#ttlMs };
-    const lent = this.store.valueBuffer?.(key, bytes, putOpts);
+    const lent = this.store.valueBuffer?.(key, bytes, { signal, ttlMs: this.#ttlMs });
     const value = lent ?? this.#pool.acquire(bytes);
     const filled = encodeChunkObjectIntoAsync(value, ns, hash, chunk).then(() => undefined);
     filled.catch(() => {});
@@ -327,10 +326,7 @@ export class StoreBackend implements StorageBackend {
       });
     } catch (err) {
       // A chunk that could not be encoded is the caller's error, whatever the store said.
-      const encodeError = await filled.then(
-        () => undefined,
-        (e: unknown) => e,
-      );
+      const encodeError: unknown = await filled.catch((e: unknown) => e);
       if (encodeError !== undefined) throw encodeError;
       if (this.#closing !== null) throw closedError(`backend ${this.name}`);
       if (err instanceof KvtierError && (err.code === 'KVT_ABORTED' || err.code === 'KVT_TIMEOUT'))
