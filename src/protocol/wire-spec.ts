@@ -132,57 +132,34 @@ export interface MessageSpec<
   readonly rules?: readonly Rule[];
 }
 
-function entry<
-  const N extends string,
-  D extends Direction,
-  const S extends string,
-  const F extends readonly Field[],
->(
-  dir: D,
-  name: N,
-  code: number,
-  section: S,
-  fields: F,
-  rules: readonly Rule[] | undefined,
-): MessageSpec<N, D, S, F> {
-  const [lo, hi] = dir === 'request' ? [0x00, 0x7f] : [0x80, 0xff];
-  if (!Number.isInteger(code) || code < lo || code > hi)
-    throw new Error(
-      `${dir} ${name}: type code ${code} is outside 0x${lo.toString(16)}..0x${hi.toString(16)}`,
-    );
-  const tag = name.toLowerCase().replace(/_/g, '-');
-  return { name, tag, code, dir, section, fields, ...(rules === undefined ? {} : { rules }) };
-}
+/** The entry builder of one direction: checks the code's range, derives the tag. */
+const entriesOf =
+  <D extends Direction>(dir: D) =>
+  <const N extends string, const S extends string, const F extends readonly Field[]>(
+    name: N,
+    code: number,
+    section: S,
+    fields: F,
+    rules?: readonly Rule[],
+  ): MessageSpec<N, D, S, F> => {
+    const [lo, hi] = dir === 'request' ? [0x00, 0x7f] : [0x80, 0xff];
+    if (!Number.isInteger(code) || code < lo || code > hi)
+      throw new Error(
+        `${dir} ${name}: type code ${code} is outside 0x${lo.toString(16)}..0x${hi.toString(16)}`,
+      );
+    const tag = name.toLowerCase().replace(/_/g, '-');
+    return { name, tag, code, dir, section, fields, ...(rules === undefined ? {} : { rules }) };
+  };
 
 /**
  * A request entry: wire name, type code (below 0x80), docs/protocol.md section, fields in wire
  * order, cross-field rules. Its reply is the entry whose code is this one's with the high bit set.
  * @throws Error for a code outside 0x00..0x7F.
  */
-export const request = <
-  const N extends string,
-  const S extends string,
-  const F extends readonly Field[],
->(
-  name: N,
-  code: number,
-  section: S,
-  fields: F,
-  rules?: readonly Rule[],
-): MessageSpec<N, 'request', S, F> => entry('request', name, code, section, fields, rules);
+export const request = entriesOf('request');
 
 /** A reply entry, as {@link request}. @throws Error for a code outside 0x80..0xFF. */
-export const reply = <
-  const N extends string,
-  const S extends string,
-  const F extends readonly Field[],
->(
-  name: N,
-  code: number,
-  section: S,
-  fields: F,
-  rules?: readonly Rule[],
-): MessageSpec<N, 'reply', S, F> => entry('reply', name, code, section, fields, rules);
+export const reply = entriesOf('reply');
 
 /** A `u32` field. */
 export const u32 = <const K extends string>(key: K) =>
