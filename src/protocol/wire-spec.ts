@@ -174,7 +174,17 @@ export const ns = <const K extends string>(key: K) =>
 export const hash = <const K extends string>(key: K) =>
   ({ kind: 'hash', key }) as const satisfies Field;
 /** A non-empty id string of at most `max` bytes, named `label` in errors (default: `key`). */
-export const id = <const K extends string>(key: K, max: number, label?: string) =>
+export const id = <const K extends string>(
+  key: K,
+  max: number,
+  label?: string,
+): {
+  readonly kind: 'str';
+  readonly key: K;
+  readonly max: number;
+  readonly nonEmpty: true;
+  readonly label?: string;
+} =>
   ({
     kind: 'str',
     key,
