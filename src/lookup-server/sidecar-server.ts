@@ -12,6 +12,7 @@ import { type Tally, tallyOf } from '../metrics/counter-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import { decodeRequest, encodeReply, hashesToHex, peekRequestId } from '../protocol/codec.ts';
 import { DATA_PLANE_LIMITS, type DataPlaneRequest } from '../protocol/data-plane-messages.ts';
+import { asBuffer } from '../protocol/frame.ts';
 import {
   type LookupRequest,
   PROTOCOL_VERSION,
@@ -135,8 +136,8 @@ export class SidecarServer {
       ),
       sendHighWaterMark: 100_000,
       receiveHighWaterMark: 100_000,
-      // A ROUTER never blocks a send (a full or unknown peer's message is dropped), so there is
-      // nothing to wait for: 0 skips zeromq's writability query (a syscall) before every reply.
+      // A ROUTER send never blocks (a full or unknown peer's message is dropped): 0 skips
+      // zeromq's writability query (a syscall) before every reply.
       sendTimeout: 0,
     });
     try {
@@ -295,8 +296,7 @@ export class SidecarServer {
             ...storage.stats(),
             ...(this.#dataPlane === undefined ? {} : { dataPlane: this.#dataPlane.stats() }),
             server: {
-              // This STATS request itself is not counted.
-              inflight: this.#inflight - 1,
+              inflight: this.#inflight - 1, // not counting this STATS request
               sendQueueDepth: this.#sendQueue?.depth ?? 0,
               sendQueueBytes: this.#sendQueue?.bytes ?? 0,
               sendDropped: this.#sendQueue?.dropped ?? 0,
@@ -317,15 +317,11 @@ export class SidecarServer {
           requestId: req.requestId,
           found: chunk !== null,
           tokens: chunk?.tokens ?? 0,
-          payload:
-            chunk === null
-              ? Buffer.alloc(0)
-              : Buffer.from(chunk.data.buffer, chunk.data.byteOffset, chunk.data.byteLength),
+          payload: chunk === null ? Buffer.alloc(0) : asBuffer(chunk.data),
         });
       }
       default:
-        // Only data-plane requests are left: a new request of another section of the table
-        // does not compile here until it has a case above.
+        // Data-plane requests only: another new request does not compile until it has a case.
         return this.#dataPlaneRequest(envelope, req);
     }
   }
@@ -420,8 +416,7 @@ export class SidecarServer {
           released: await dp.engineGone(req.engineId),
         });
       default: {
-        // A message added to the table without a handler here does not compile.
-        const unhandled: never = req;
+        const unhandled: never = req; // a table message without a case here does not compile
         throw new KvtierError('KVT_INTERNAL', `no handler for ${(unhandled as Request).type}`);
       }
     }
@@ -482,9 +477,8 @@ export class SidecarServer {
       router?.close();
       await this.#loop;
       await this.#auth?.close();
-      // ZMQ closes the listener on its I/O thread; resolve once the port is free again so a
-      // restart on the same endpoint does not race it. (Unbinding first instead can trip a
-      // libzmq assertion when a peer reconnects during the teardown.)
+      // ZMQ closes the listener on its I/O thread; resolve once the port is free so a restart
+      // on it does not race (unbinding first can trip a libzmq assertion on a reconnect).
       if (this.#endpoint.startsWith('tcp://')) await waitForPortFree(this.#endpoint);
     })();
     return this.#closing;
