@@ -211,13 +211,14 @@ describe('sidecars sharing one Redis Cluster and one S3 bucket', { timeout: 300_
     await drained(a);
     const evicted = ((await a.client.stats()).tiers as { name: string; evictions: number }[])[0]!;
     assert.ok(evicted.evictions > 0, 'A evicted from its host memory');
-    const first = chunks[0]!;
-    assert.equal(
-      (await lookup(a, ns, [first.hash], false)).hitTokens,
-      0,
-      'gone from A’s host memory',
-    );
-    for (const ch of [chunks[0]!, chunks[31]!]) {
+    // At most 16 of the 32 fit; which went first depends on which were still pinned for their
+    // write-through when the space ran out.
+    const gone = [];
+    for (const ch of chunks)
+      if ((await lookup(a, ns, [ch.hash], false)).hitTokens === 0) gone.push(ch);
+    assert.ok(gone.length >= 16, `${gone.length} of 32 chunks gone from A’s host memory`);
+    const first = gone[0]!;
+    for (const ch of [first, chunks[31]!]) {
       const got = await b.client.get(ns, ch.hash);
       assert.ok(
         got?.payload.equals(chunkBytes(ch.hash, ch.bytes)),
