@@ -1,8 +1,20 @@
 import { Registry } from 'prom-client';
 import { KvtierError } from '../errors.ts';
+import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
-import { closeQuietly, storageBackendProblems, withoutTierPrefix } from './core/backend-check.ts';
-import { CircuitBreakerBackend, type CircuitBreakerOptions } from './core/circuit-breaker.ts';
+import {
+  closeQuietly,
+  isConfigFailure,
+  storageBackendProblems,
+  withoutTierPrefix,
+} from './core/backend-check.ts';
+import {
+  CircuitBreakerBackend,
+  type CircuitBreakerOptions,
+  type ResolvedCircuitBreakerOptions,
+  resolveCircuitBreakerOptions,
+} from './core/circuit-breaker.ts';
+import { LateStartBackend } from './core/late-start.ts';
 import type { AnyTierOptions } from './core/tier-options.ts';
 import type { PluginFactory, StorageBackend } from './core/types.ts';
 import { createFsBackend } from './fs/fs-backend.ts';
@@ -61,6 +73,26 @@ export interface BackendRegistryOptions {
    * {@link CircuitBreakerOptions.onFailure}), with the tier's name; the sidecar counts them.
    */
   onTierFailure?: (tier: string, op: 'contains' | 'get' | 'put', code: string) => void;
+}
+
+/** Options of {@link BackendRegistry.createTiers}. */
+export interface CreateTiersOptions {
+  /**
+   * Position of `configs[0]` in the config's tier list; default 0. The tier at position 0 keeps
+   * chunks in host memory and must start. A later tier is below it: its start is bounded by its
+   * `health.timeoutMs` (5000 ms by default, also with `health: false`), and one whose start fails
+   * for any reason but its config, or does not finish in time, could not be reached.
+   */
+  position?: number;
+  /**
+   * Told of each tier below host memory that could not be reached, with why. With it such a tier
+   * starts down instead of failing the call: lookups skip it and its writes are dropped, one
+   * warn line under its logger says why, and it tries to start again every
+   * `health.probeIntervalMs` (a try still running is waited for first) until one succeeds; it
+   * then serves, without a restart. Each failed try counts as a failed `contains` in
+   * `onTierFailure`. Without it the call fails with `KVT_BACKEND`.
+   */
+  onStartDown?: (tier: TierConfig, reason: KvtierError) => void;
 }
 
 /**
@@ -166,17 +198,24 @@ export class BackendRegistry {
   }
 
   /**
-   * Builds the tiers in config order. A tier that fails to start fails the whole call loudly
-   * (the tiers built so far are closed first): nothing is logged and skipped. What a factory
-   * resolves to is checked against the `StorageBackend` interface first, so a malformed backend
-   * fails here rather than as internal errors later.
+   * Builds the tiers in config order. A tier that fails to start on its config (a `KVT_CONFIG` or
+   * `KVT_INVALID_ARGUMENT` error: bad options, a plug-in that cannot be loaded) fails the whole
+   * call loudly (the tiers built so far are closed first). What a factory resolves to is checked
+   * against the `StorageBackend` interface first, so a malformed backend fails here rather than
+   * as internal errors later. A tier below host memory whose start fails otherwise, or does not
+   * finish within its `health.timeoutMs`, could not be reached: with `opts.onStartDown` it starts
+   * down (see {@link CreateTiersOptions}), else the call fails.
    * @throws KvtierError KVT_CONFIG `tier "<name>" (<type>) failed to start: <cause>`, the cause's
-   *   own `tier "<name>"` prefix removed.
+   *   own `tier "<name>"` prefix removed; KVT_BACKEND, with the same message, for a tier that
+   *   could not be reached.
    */
-  async createTiers(configs: readonly TierConfig[]): Promise<StorageBackend[]> {
+  async createTiers(
+    configs: readonly TierConfig[],
+    opts: CreateTiersOptions = {},
+  ): Promise<StorageBackend[]> {
     const built: StorageBackend[] = [];
     try {
-      for (const cfg of configs) {
+      for (const [i, cfg] of configs.entries()) {
         const factory = this.#factories.get(cfg.type);
         if (factory === undefined) {
           throw new KvtierError(
@@ -184,56 +223,15 @@ export class BackendRegistry {
             `tier "${cfg.name}": unknown backend type "${cfg.type}"; known types: ${this.types().join(', ')}`,
           );
         }
-        let backend: StorageBackend;
-        const ctx = createPluginContext({
-          name: cfg.name,
-          log: (this.#log ?? silentLogger).child(cfg.name),
-          ...(this.#configDir !== undefined ? { configDir: this.#configDir } : {}),
-          metrics: this.#metrics,
-        });
-        try {
-          const made: unknown = await factory(cfg.options, ctx);
-          const problems = storageBackendProblems(made, cfg.name);
-          if (problems.length > 0) {
-            await closeQuietly(made);
-            throw new KvtierError(
-              'KVT_CONFIG',
-              `its factory must resolve to a StorageBackend, but ${problems.join('; ')}`,
-            );
-          }
-          backend = made as StorageBackend;
-        } catch (err) {
-          const msg = err instanceof Error ? err.message : String(err);
-          throw new KvtierError(
-            'KVT_CONFIG',
-            `tier "${cfg.name}" (${cfg.type}) failed to start: ${withoutTierPrefix(msg, cfg.name)}`,
-            { cause: err },
-          );
-        }
-        // Tiers below host memory may be slow or down: a breaker bounds every call and bypasses
-        // a failing tier until a probe finds it healthy again.
-        const wrap = !backend.capabilities.hostMemory && cfg.health !== false;
-        if (!wrap) {
-          built.push(backend);
-          continue;
-        }
-        try {
-          const log = this.#log?.child(cfg.name);
-          const report = this.#onTierFailure;
-          const name = cfg.name;
-          built.push(
-            new CircuitBreakerBackend(backend, {
-              ...(cfg.health || {}),
-              ...(log ? { log } : {}),
-              ...(report ? { onFailure: (op, code) => report(name, op, code) } : {}),
-            }),
-          );
-        } catch (err) {
-          await backend.close().catch(() => {});
-          throw new KvtierError('KVT_CONFIG', `tier "${cfg.name}": ${(err as Error).message}`, {
-            cause: err,
+        const start = () =>
+          this.#start(cfg, factory).catch((err: unknown) => {
+            throw startError(cfg, err);
           });
-        }
+        const backend =
+          (opts.position ?? 0) + i === 0
+            ? await start()
+            : await this.#startBelowHost(cfg, start, opts.onStartDown);
+        built.push(this.#withBreaker(cfg, backend));
       }
       return built;
     } catch (err) {
@@ -241,4 +239,124 @@ export class BackendRegistry {
       throw err;
     }
   }
+
+  /** Calls the factory with the tier's context and checks what it resolves to. */
+  async #start(cfg: TierConfig, factory: PluginFactory): Promise<StorageBackend> {
+    const ctx = createPluginContext({
+      name: cfg.name,
+      log: (this.#log ?? silentLogger).child(cfg.name),
+      ...(this.#configDir !== undefined ? { configDir: this.#configDir } : {}),
+      metrics: this.#metrics,
+    });
+    const made: unknown = await factory(cfg.options, ctx);
+    const problems = storageBackendProblems(made, cfg.name);
+    if (problems.length > 0) {
+      await closeQuietly(made);
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `its factory must resolve to a StorageBackend, but ${problems.join('; ')}`,
+      );
+    }
+    return made as StorageBackend;
+  }
+
+  /**
+   * Starts a tier below host memory within its `health.timeoutMs`. One that cannot be reached
+   * becomes a {@link LateStartBackend} when `onStartDown` is given (a start still running is
+   * handed to it), else fails; one refused on its config fails.
+   */
+  async #startBelowHost(
+    cfg: TierConfig,
+    start: () => Promise<StorageBackend>,
+    onStartDown: CreateTiersOptions['onStartDown'],
+  ): Promise<StorageBackend> {
+    const health = resolveHealth(cfg);
+    const first = start();
+    const d = new Deadline({
+      what: `its start (health.timeoutMs)`,
+      timeoutMs: health.timeoutMs,
+    });
+    let reason: KvtierError;
+    try {
+      return await d.race(first);
+    } catch (err) {
+      reason = d.timedOut ? startError(cfg, d.error()) : (err as KvtierError);
+    } finally {
+      d.dispose();
+    }
+    const running = d.timedOut ? first : undefined;
+    if (reason.code === 'KVT_CONFIG' || onStartDown === undefined) {
+      // A start still running is closed when it lands: nothing else owns it.
+      running?.then(closeQuietly, () => {});
+      throw reason;
+    }
+    const log = (this.#log ?? silentLogger).child(cfg.name);
+    const report = this.#onTierFailure;
+    const late = new LateStartBackend({
+      name: cfg.name,
+      type: cfg.type,
+      start,
+      reason,
+      running,
+      retryIntervalMs: health.probeIntervalMs,
+      closeWaitMs: health.timeoutMs,
+      log,
+      ...(report ? { onFailure: (code: string) => report(cfg.name, 'contains', code) } : {}),
+    });
+    log.warn('tier is down at start: serving without it until it answers', {
+      tier: cfg.name,
+      type: cfg.type,
+      err: reason,
+    });
+    onStartDown(cfg, reason);
+    return late;
+  }
+
+  /**
+   * Tiers below host memory may be slow or down: a breaker bounds every call and bypasses a
+   * failing tier until a probe finds it healthy again. Closes `backend` when the breaker's
+   * options are refused.
+   */
+  #withBreaker(cfg: TierConfig, backend: StorageBackend): StorageBackend {
+    if (backend.capabilities.hostMemory || cfg.health === false) return backend;
+    try {
+      const log = this.#log?.child(cfg.name);
+      const report = this.#onTierFailure;
+      const name = cfg.name;
+      return new CircuitBreakerBackend(backend, {
+        ...(cfg.health || {}),
+        ...(log ? { log } : {}),
+        ...(report ? { onFailure: (op, code) => report(name, op, code) } : {}),
+      });
+    } catch (err) {
+      void backend.close().catch(() => {});
+      throw new KvtierError('KVT_CONFIG', `tier "${cfg.name}": ${(err as Error).message}`, {
+        cause: err,
+      });
+    }
+  }
+}
+
+/** The breaker settings that bound a tier's start and its retries (the defaults with `health: false`). */
+function resolveHealth(cfg: TierConfig): ResolvedCircuitBreakerOptions {
+  try {
+    return resolveCircuitBreakerOptions(cfg.health || {});
+  } catch (err) {
+    throw new KvtierError('KVT_CONFIG', `tier "${cfg.name}": ${(err as Error).message}`, {
+      cause: err,
+    });
+  }
+}
+
+/**
+ * The error of a tier that failed to start: `KVT_CONFIG` when it failed on its config, else
+ * `KVT_BACKEND` (its service could not be reached).
+ */
+function startError(cfg: TierConfig, err: unknown): KvtierError {
+  const msg = err instanceof Error ? err.message : String(err);
+  return new KvtierError(
+    isConfigFailure(err) ? 'KVT_CONFIG' : 'KVT_BACKEND',
+    `tier "${cfg.name}" (${cfg.type}) failed to start: ${withoutTierPrefix(msg, cfg.name)}`,
+    { cause: err },
+  );
 }

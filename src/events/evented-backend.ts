@@ -40,17 +40,22 @@ export function eventedHostTier(tier: HostMemoryTier, sink: ChunkEventSink): Hos
 
 class EventedBackend<T extends StorageBackend = StorageBackend> extends ForwardingBackend<T> {
   protected readonly sink: ChunkEventSink;
-  protected readonly tier: EventTier;
   readonly #existsIsStored: boolean;
+  #tier: EventTier | undefined;
 
   constructor(inner: T, sink: ChunkEventSink, existsIsStored: boolean) {
     super(inner);
     this.sink = sink;
-    this.tier = Object.freeze({ name: inner.name, medium: mediumOf(inner.capabilities) });
     this.#existsIsStored = existsIsStored;
-    const tier = this.tier;
-    inner.setRemovalListener?.((ns, hash, reason) => sink.removed(tier, ns, [hash], reason));
-    inner.setFoundListener?.((ns, hash) => sink.stored(tier, ns, hash));
+    inner.setRemovalListener?.((ns, hash, reason) => sink.removed(this.tier, ns, [hash], reason));
+    inner.setFoundListener?.((ns, hash) => sink.stored(this.tier, ns, hash));
+  }
+
+  /** The tier as events name it; its medium follows the capabilities (a tier down at start has its backend's once started). */
+  protected get tier(): EventTier {
+    const medium = mediumOf(this.capabilities);
+    if (this.#tier?.medium !== medium) this.#tier = Object.freeze({ name: this.name, medium });
+    return this.#tier;
   }
 
   override async put(

@@ -1,6 +1,8 @@
 /**
  * Watches every tier's health and says when it changes, in the log of the tier itself
  * (`kvtier.tier.<name>`): down or degraded at warn, back up at info, with how long it was out.
+ * A tier that was down at start (its start logged why, once) is taken as down from the start,
+ * and its first coming up is logged at info as it joining.
  * Also what readiness and /healthz report: the sidecar can serve lookups while its host-memory
  * tier is up, and is degraded (not unready) while a tier below it is not up.
  */
@@ -19,6 +21,11 @@ export interface TierWatchOptions {
   tiers: readonly WatchedTier[];
   /** The tiers' parent logger: each tier logs through `log.child(<name>)`. */
   log: Logger;
+  /**
+   * Names of tiers that could not be reached at start and started down: their start has logged
+   * why, so they are down from the start without a line of the watch's; default none.
+   */
+  downAtStart?: ReadonlySet<string>;
   /** How often health is read, ms; default 1000. 0: only when {@link TierWatch.check} is called. */
   intervalMs?: number;
   /** Clock, ms; default `Date.now`. */
@@ -41,12 +48,16 @@ const MESSAGES: Readonly<Record<BackendHealth, string>> = {
   up: 'tier is back up',
 };
 
+const JOINED = 'tier joined: it was down at start; lookups and writes use it from now on';
+
 /** See the module comment. `close()` stops the timer. */
 export class TierWatch {
   readonly #tiers: readonly WatchedTier[];
   readonly #logs: readonly Logger[];
   readonly #last: BackendHealth[];
   readonly #since: number[];
+  /** Per tier: down since start and not up yet. */
+  readonly #notJoined: boolean[];
   readonly #now: () => number;
   readonly #timer: NodeJS.Timeout | undefined;
 
@@ -54,7 +65,9 @@ export class TierWatch {
     this.#tiers = opts.tiers;
     this.#logs = opts.tiers.map((t) => opts.log.child(t.name));
     this.#now = opts.now ?? Date.now;
-    this.#last = opts.tiers.map(() => 'up');
+    const downAtStart = opts.downAtStart ?? new Set<string>();
+    this.#notJoined = opts.tiers.map((t) => downAtStart.has(t.name));
+    this.#last = this.#notJoined.map((down) => (down ? 'down' : 'up'));
     this.#since = opts.tiers.map(() => this.#now());
     this.check();
     const every = opts.intervalMs ?? 1000;
@@ -77,7 +90,11 @@ export class TierWatch {
       if (health !== was) {
         const now = this.#now();
         const fields = { tier: t.name, health, was, forMs: now - this.#since[i]! };
-        if (health === 'up') this.#logs[i]!.info(MESSAGES.up, fields);
+        if (this.#notJoined[i]) {
+          // Out of 'down' for the first time since start (up, or started but degraded).
+          this.#logs[i]!.info(JOINED, fields);
+          this.#notJoined[i] = false;
+        } else if (health === 'up') this.#logs[i]!.info(MESSAGES.up, fields);
         else this.#logs[i]!.warn(MESSAGES[health], fields);
         this.#last[i] = health;
         this.#since[i] = now;

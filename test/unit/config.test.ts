@@ -270,19 +270,35 @@ describe('backend registry', () => {
         },
       }) as StorageBackend;
     });
+    reg.register('misconfigured', async () => {
+      throw new KvtierError('KVT_CONFIG', 'unknown option "x"');
+    });
     reg.register('broken', async () => {
       throw new Error('disk not mounted');
     });
     await assert.rejects(
       reg.createTiers([
         { name: 'a', type: 'tracked', options: {} },
-        { name: 'b', type: 'broken', options: {} },
+        { name: 'b', type: 'misconfigured', options: {} },
       ]),
       (e: unknown) =>
         isConfigError(e) &&
-        (e as Error).message.includes('tier "b" (broken) failed to start: disk not mounted'),
+        (e as Error).message.includes('tier "b" (misconfigured) failed to start: unknown option'),
     );
     assert.equal(closed, 1);
+    // Not its config: a service it could not reach (KVT_BACKEND), which fails the call without
+    // onStartDown (see late-start.test.ts for a start with it).
+    await assert.rejects(
+      reg.createTiers([
+        { name: 'a', type: 'tracked', options: {} },
+        { name: 'b', type: 'broken', options: {} },
+      ]),
+      (e: unknown) =>
+        e instanceof KvtierError &&
+        e.code === 'KVT_BACKEND' &&
+        e.message.includes('tier "b" (broken) failed to start: disk not mounted'),
+    );
+    assert.equal(closed, 2);
     assert.throws(() => reg.register('memory', async () => assert.fail('unused')), isConfigError);
   });
 });

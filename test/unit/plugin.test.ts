@@ -27,6 +27,7 @@ async function pluginDir(files: Record<string, string>): Promise<string> {
 async function startTier(
   dir: string,
   options: Record<string, unknown>,
+  code: 'KVT_CONFIG' | 'KVT_BACKEND' = 'KVT_CONFIG',
 ): Promise<StorageBackend | string> {
   const reg = new BackendRegistry({ pluginBaseDir: dir });
   try {
@@ -34,17 +35,21 @@ async function startTier(
     return tier!;
   } catch (err) {
     assert.ok(err instanceof KvtierError, `not a KvtierError: ${String(err)}`);
-    assert.equal(err.code, 'KVT_CONFIG');
+    assert.equal(err.code, code);
     return err.message;
   }
 }
 
-/** The start-up error message of module `file` in `dir`. */
-async function failure(dir: string, file: string): Promise<string> {
-  const r = await startTier(dir, { module: file });
+/** The start-up error message of module `file` in `dir` (a `KVT_CONFIG` error unless `code`). */
+async function failure(
+  dir: string,
+  file: string,
+  code: 'KVT_CONFIG' | 'KVT_BACKEND' = 'KVT_CONFIG',
+): Promise<string> {
+  const r = await startTier(dir, { module: file }, code);
   if (typeof r !== 'string') {
     await r.close();
-    assert.fail(`${file} started; expected a KVT_CONFIG error`);
+    assert.fail(`${file} started; expected a ${code} error`);
   }
   return r;
 }
@@ -238,16 +243,19 @@ export const createBackend: PluginFactory = async (_o, ctx) => {
     );
   });
 
-  test('a factory that throws: its message once, the tier named once', async () => {
+  test('a factory that throws: its message once, the tier named once; KVT_CONFIG only for its options', async () => {
     const dir = await pluginDir({
-      'throws.ts': 'export async function createBackend() { throw new Error("bucket missing"); }\n',
-      // Following the old advice (naming the tier) must not double the prefix.
+      'throws.ts':
+        'export async function createBackend() { throw new Error("store unreachable"); }\n',
+      // Following the old advice (naming the tier) must not double the prefix. The code is read
+      // as a property: a plug-in's KvtierError may come from another copy of kvtier.
       'prefixed.ts':
-        "export async function createBackend(_o: unknown, ctx: { name: string }) { throw new Error('tier \"' + ctx.name + '\" (dir-store): path must be a string'); }\n",
+        "export async function createBackend(_o: unknown, ctx: { name: string }) { throw Object.assign(new Error('tier \"' + ctx.name + '\" (dir-store): path must be a string'), { code: 'KVT_CONFIG' }); }\n",
     });
+    // Not its options: a service it could not reach (the sidecar starts such a tier down).
     assert.equal(
-      await failure(dir, './throws.ts'),
-      'tier "p" (module) failed to start: plug-in module "./throws.ts": bucket missing',
+      await failure(dir, './throws.ts', 'KVT_BACKEND'),
+      'tier "p" (module) failed to start: plug-in module "./throws.ts": store unreachable',
     );
     assert.equal(
       await failure(dir, './prefixed.ts'),

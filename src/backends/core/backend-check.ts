@@ -81,3 +81,15 @@ export async function closeQuietly(backend: unknown): Promise<void> {
     // The backend is rejected anyway; its own close failing changes nothing.
   }
 }
+
+/**
+ * Whether a tier's start failed on its config (bad keys or values, a plug-in that cannot be
+ * loaded or returns no backend): an error whose `code` is `KVT_CONFIG` or `KVT_INVALID_ARGUMENT`.
+ * The code is read as a property, so that a plug-in's errors made by another copy of kvtier count
+ * too. Any other failure (refused, timed out, an I/O error, a plain `Error`) is the tier's service
+ * not being reachable.
+ */
+export function isConfigFailure(err: unknown): boolean {
+  const code = (err as { code?: unknown } | null)?.code;
+  return code === 'KVT_CONFIG' || code === 'KVT_INVALID_ARGUMENT';
+}

@@ -22,24 +22,30 @@ import type {
 } from './types.ts';
 
 /**
- * Forwards every {@link StorageBackend} member to `inner`. `name`, `kind` and `capabilities` are
- * read once at construction. The wrapper does not own `inner` beyond forwarding `close()`.
+ * Forwards every {@link StorageBackend} member to `inner`. `name` is read once at construction;
+ * `kind` and `capabilities` are read from `inner` on each access (a tier that was down at start
+ * takes its backend's once it has started). The wrapper does not own `inner` beyond forwarding
+ * `close()`.
  * @typeParam T the wrapped backend's type (e.g. `HostMemoryTier`), kept for subclasses.
  */
 export abstract class ForwardingBackend<T extends StorageBackend = StorageBackend>
   implements StorageBackend
 {
   readonly name: string;
-  readonly kind: string;
-  readonly capabilities: BackendCapabilities;
   /** The wrapped backend. */
   readonly inner: T;
 
   constructor(inner: T) {
     this.inner = inner;
     this.name = inner.name;
-    this.kind = inner.kind;
-    this.capabilities = inner.capabilities;
+  }
+
+  get kind(): string {
+    return this.inner.kind;
+  }
+
+  get capabilities(): BackendCapabilities {
+    return this.inner.capabilities;
   }
 
   batchedContains(

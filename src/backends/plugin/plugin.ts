@@ -2,7 +2,12 @@ import { existsSync } from 'node:fs';
 import { isAbsolute, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { KvtierError } from '../../errors.ts';
-import { closeQuietly, storageBackendProblems, withoutTierPrefix } from '../core/backend-check.ts';
+import {
+  closeQuietly,
+  isConfigFailure,
+  storageBackendProblems,
+  withoutTierPrefix,
+} from '../core/backend-check.ts';
 import type {
   BackendContext,
   BackendFactory,
@@ -24,10 +29,13 @@ import { createPluginContext } from './plugin-context.ts';
  * is checked against the `StorageBackend` interface. TypeScript modules (`.ts`) are loaded
  * through tsx when it is installed.
  *
- * Every failure fails startup with KVT_CONFIG naming the module and saying what was expected:
- * the module is missing or cannot be imported (CommonJS/ES module mix-ups, a throw at import
- * time), exports no factory or a class, the factory throws, or its result is not a backend. The
- * registry prefixes the tier's name. A plug-in that fails to load is never skipped.
+ * Every failure to load fails startup with KVT_CONFIG naming the module and saying what was
+ * expected: the module is missing or cannot be imported (CommonJS/ES module mix-ups, a throw at
+ * import time), exports no factory or a class, the factory throws `KVT_CONFIG` or
+ * `KVT_INVALID_ARGUMENT` (its options), or its result is not a backend. A factory that throws
+ * anything else could not reach its service: `KVT_BACKEND`, and the registry may start the tier
+ * down (`CreateTiersOptions.onStartDown`). The registry prefixes the tier's name. A plug-in that
+ * fails to load is never skipped.
  */
 export function createModuleBackendFactory(baseDir: string = process.cwd()): BackendFactory {
   return async (raw, ctx) => {
@@ -44,8 +52,9 @@ export function createModuleBackendFactory(baseDir: string = process.cwd()): Bac
     } catch (err) {
       warnOtherKvtier(spec, copies, pctx);
       const msg = err instanceof Error ? err.message : String(err);
+      // The factory's own verdict: its options (KVT_CONFIG), or a service it could not reach.
       throw new KvtierError(
-        'KVT_CONFIG',
+        isConfigFailure(err) ? 'KVT_CONFIG' : 'KVT_BACKEND',
         `plug-in module "${spec}": ${withoutTierPrefix(msg, ctx.name)}`,
         { cause: err },
       );

@@ -72,8 +72,11 @@ export class RedisStore implements KvStore {
   }
 
   /**
-   * Waits until the connection is ready.
-   * @throws KvtierError `KVT_BACKEND` if it is not ready within `connectTimeoutMs`; `KVT_CLOSED`.
+   * Waits until the connection is ready: the first connection attempt either makes it (ready) or
+   * fails (refused at once; a host that does not answer after `connectTimeoutMs`), and a failed
+   * one fails the start rather than waiting for ioredis's reconnects.
+   * @throws KvtierError `KVT_BACKEND` if the first attempt fails or the connection is not ready
+   *   within `connectTimeoutMs`; `KVT_CLOSED`.
    */
   async start(): Promise<void> {
     const c = this.client;
@@ -82,32 +85,43 @@ export class RedisStore implements KvStore {
     const o = this.#o;
     const d = new Deadline({ what: `${this.#name} start`, timeoutMs: o.connectTimeoutMs });
     let onReady = (): void => {};
+    let onLost = (): void => {};
     let onEnd = (): void => {};
     const ready = new Promise<void>((resolve, reject) => {
       onReady = () => resolve();
+      onLost = () => reject(new KvtierError('KVT_BACKEND', this.#unreachable('is unreachable')));
       onEnd = () => reject(closedError(`backend ${this.#name}`));
       c.on('ready', onReady);
+      c.on('reconnecting', onLost);
       c.on('end', onEnd);
     });
     try {
       await d.race(ready);
     } catch (err) {
       if (!d.timedOut) throw err;
-      // Never put the URL's credentials into a message.
-      const where =
-        o.cluster !== null
-          ? `cluster ${o.cluster.map((n) => `${n.host}:${n.port}`).join(',')}`
-          : o.url !== null
-            ? o.url.replace(/\/\/[^@/]*@/, '//')
-            : `${o.host}:${o.port}`;
-      const last = this.#lastError === null ? '' : `; last error: ${this.#lastError.message}`;
-      const msg = `${this.#name}: redis at ${where} not ready within ${o.connectTimeoutMs} ms (connection ${c.status}${last})`;
-      throw new KvtierError('KVT_BACKEND', msg);
+      throw new KvtierError(
+        'KVT_BACKEND',
+        this.#unreachable(`not ready within ${o.connectTimeoutMs} ms`),
+      );
     } finally {
       d.dispose();
       c.off('ready', onReady);
+      c.off('reconnecting', onLost);
       c.off('end', onEnd);
     }
+  }
+
+  /** `<tier>: redis at <where> <what> (connection <status>; last error: ...)`, credentials left out. */
+  #unreachable(what: string): string {
+    const o = this.#o;
+    const where =
+      o.cluster !== null
+        ? `cluster ${o.cluster.map((n) => `${n.host}:${n.port}`).join(',')}`
+        : o.url !== null
+          ? o.url.replace(/\/\/[^@/]*@/, '//')
+          : `${o.host}:${o.port}`;
+    const last = this.#lastError === null ? '' : `; last error: ${this.#lastError.message}`;
+    return `${this.#name}: redis at ${where} ${what} (connection ${this.client.status}${last})`;
   }
 
   get(key: StoreKey): Promise<Buffer | null> {

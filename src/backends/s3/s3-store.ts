@@ -46,20 +46,18 @@ export class S3Store implements KvStore {
   readonly requests: S3Requests;
   readonly #o: ResolvedS3BackendOptions;
   readonly #name: string;
-  readonly #log: Logger;
 
   constructor(o: ResolvedS3BackendOptions, name: string, log: Logger) {
     this.#o = o;
     this.#name = name;
-    this.#log = log;
     this.requests = new S3Requests(o, name, log);
   }
 
   /**
-   * Checks the bucket, creating it with `createBucket`. An unreachable service does not fail
-   * start (health reads 'degraded' until a request succeeds) unless it must create.
+   * Checks the bucket, creating it with `createBucket`.
    * @throws KvtierError `KVT_CONFIG` when the bucket does not exist and `createBucket` is off;
-   *   `KVT_BACKEND`/`KVT_TIMEOUT` when the bucket must be created and cannot be.
+   *   `KVT_BACKEND`/`KVT_TIMEOUT` when the service cannot be reached (the registry may then start
+   *   the tier down, and a later start checks again) or the bucket must be created and cannot be.
    */
   async start(): Promise<void> {
     const Bucket = this.#o.bucket;
@@ -68,11 +66,7 @@ export class S3Store implements KvStore {
       s3.client.send(new HeadBucketCommand({ Bucket }), { abortSignal: s }),
     );
     if (head.ok) return;
-    if (!head.notFound) {
-      if (this.#o.createBucket) throw head.error;
-      this.#log.warn('S3 unreachable at start', { tier: this.#name, err: head.error });
-      return;
-    }
+    if (!head.notFound) throw head.error;
     if (!this.#o.createBucket)
       throw new KvtierError(
         'KVT_CONFIG',
