@@ -71,7 +71,12 @@ export class Sidecar {
     this.#log = log;
   }
 
-  /** Builds and starts a sidecar. @throws KvtierError KVT_CONFIG when a tier or an endpoint fails. */
+  /**
+   * Builds and starts a sidecar. A tier below host memory that cannot be reached at start does not
+   * fail it: the tier starts down and joins when it answers (`BackendRegistry.createTiers`).
+   * @throws KvtierError KVT_CONFIG when the config is refused (a tier's options, an endpoint,
+   *   keys); another code when something else fails (the host-memory tier's start, a bind).
+   */
   static async start(opts: SidecarOptions): Promise<Sidecar> {
     const { config } = opts;
     const log = opts.log ?? createLogger('kvtier', { level: config.logLevel });
@@ -98,7 +103,12 @@ export class Sidecar {
     // Recorded in the background (an fsync can take seconds on a busy disk); CLEARs' records
     // queue behind it and are awaited.
     void epochFile?.write(initialEpoch);
-    const raw: StorageBackend[] = await registry.createTiers(config.tiers);
+    // A tier below host memory that cannot be reached starts down (its start logs why) and joins
+    // when it answers; one refused on its config fails the start.
+    const downAtStart = new Set<string>();
+    const raw: StorageBackend[] = await registry.createTiers(config.tiers, {
+      onStartDown: (tier) => downAtStart.add(tier.name),
+    });
     let tiers: StorageBackend[];
     let events: EventPublisher | undefined;
     try {
@@ -168,7 +178,7 @@ export class Sidecar {
       ...(auth !== undefined ? { auth } : {}),
     });
     // Tier state changes in each tier's log; readiness is being able to answer lookups.
-    const watch = new TierWatch({ tiers: storage.tiers, log: log.child('tier') });
+    const watch = new TierWatch({ tiers: storage.tiers, log: log.child('tier'), downAtStart });
     let ops: OpsHttpServer | undefined;
     try {
       await server.start();
@@ -182,6 +192,7 @@ export class Sidecar {
             const s = watch.check();
             return {
               ready: server.endpoint !== '' && s.ready,
+              degraded: s.degraded,
               detail: { endpoint: server.endpoint, degraded: s.degraded, tiers: s.tiers },
             };
           },
@@ -218,7 +229,11 @@ export class Sidecar {
       version: KVTIER_VERSION,
       endpoint: server.endpoint,
       metrics: ops === undefined ? null : `http://${config.metrics!.host}:${ops.port}/metrics`,
-      tiers: config.tiers.map((t) => ({ name: t.name, type: t.type })),
+      tiers: config.tiers.map((t, i) => ({
+        name: t.name,
+        type: t.type,
+        health: storage.tiers[i]?.health(),
+      })),
       events: events?.info() ?? null,
     });
     const sidecar = new Sidecar(config, metrics, storage, dataPlane, server, ops, log, watch);

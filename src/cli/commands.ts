@@ -139,16 +139,25 @@ builds it (plug-ins are imported and their factories run; Redis and S3 are conne
 
 Valid: prints the resolved config as JSON on stdout (credentials redacted; it can be given back
 to serve as a config file) and exits 0. Invalid: prints each problem as
-"FILE: key.path: what is wrong" on stderr (bad JSON with its line and column) and exits 1.`,
+"FILE: key.path: what is wrong" on stderr (bad JSON with its line and column) and exits 1.
+A tier below host memory that could not be reached (its server refused or did not answer in
+time, a plug-in's start threw or did not finish) is not a problem: serve starts with it down and
+it joins when it answers. Each is listed on stderr as "FILE: tiers[i]: tier NAME (TYPE) could
+not be reached: why"; the check still exits 0, or 1 with --strict.`,
   options: [
     {
       name: 'offline',
       type: 'boolean',
       help: 'do not connect to Redis or S3 tiers (their options are still checked)',
     },
+    {
+      name: 'strict',
+      type: 'boolean',
+      help: 'exit 1 when a tier could not be reached, as for a problem',
+    },
   ],
   positionals: { min: 1, max: 1 },
-  exit: '0 valid, 1 invalid, 2 on bad flags.',
+  exit: '0 valid (tiers it could not reach are listed), 1 invalid (or a tier unreachable, with --strict), 2 on bad flags.',
 };
 
 /** `kvtier hash`. */

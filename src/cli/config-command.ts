@@ -23,7 +23,8 @@ export const CONFIG_COMMAND_USAGE = helpText(CONFIG_CHECK);
 /**
  * Runs `kvtier config ...` (only `check` exists); resolves the exit code: 0 valid (the resolved
  * config printed, in the file format), 1 invalid (every problem on stderr), 2 on bad usage.
- * The checks are serve's own (config/preflight.ts), short of binding sockets.
+ * The checks are serve's own (config/preflight.ts), short of binding sockets. Tiers it could not
+ * reach are listed on stderr and do not fail the check, unless `--strict`.
  */
 export async function runConfigCommand(args: string[], io: ConfigCommandIo): Promise<number> {
   const [sub, ...rest] = args;
@@ -40,6 +41,7 @@ export async function runConfigCommand(args: string[], io: ConfigCommandIo): Pro
   }
   let file: string;
   let offline: boolean;
+  let strict: boolean;
   try {
     const parsed = parseCommand(CONFIG_CHECK, rest);
     if (parsed.help) {
@@ -48,6 +50,7 @@ export async function runConfigCommand(args: string[], io: ConfigCommandIo): Pro
     }
     file = parsed.positionals[0]!;
     offline = parsed.values.offline === true;
+    strict = parsed.values.strict === true;
   } catch (err) {
     if (!(err instanceof UsageError)) throw err;
     io.err(`kvtier config check: ${err.message}`);
@@ -67,10 +70,22 @@ export async function runConfigCommand(args: string[], io: ConfigCommandIo): Pro
     throw err;
   }
   const registry = new BackendRegistry({ pluginBaseDir: cfg.baseDir });
-  const problems = await checkConfig(cfg, registry, { offline });
-  if (problems.length > 0) return report(file, problems, io);
+  const { problems, unreachable } = await checkConfig(cfg, registry, { offline });
+  const down = unreachable.map((t) => ({
+    path: t.path,
+    message: `tier "${t.name}" (${t.type}) could not be reached: ${withoutFailedToStart(t.reason, t)}; serve starts with it down and it joins when it answers`,
+  }));
+  if (problems.length > 0 || (strict && down.length > 0))
+    return report(file, [...problems, ...down], io);
+  for (const p of down) io.err(`${file}: ${p.path}: ${p.message}`);
   io.out(JSON.stringify(configDocumentOf(cfg), null, 2));
   return 0;
+}
+
+/** The start error's reason without its `tier "<name>" (<type>) failed to start: ` lead. */
+function withoutFailedToStart(reason: string, t: { name: string; type: string }): string {
+  const lead = `tier ${JSON.stringify(t.name)} (${t.type}) failed to start: `;
+  return reason.startsWith(lead) ? reason.slice(lead.length) : reason;
 }
 
 function report(file: string, problems: readonly ConfigProblem[], io: ConfigCommandIo): number {

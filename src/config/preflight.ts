@@ -8,7 +8,8 @@
 import { constants } from 'node:fs';
 import { access, stat } from 'node:fs/promises';
 import { dirname, isAbsolute, resolve } from 'node:path';
-import { type BackendRegistry, BUILTIN_TIERS, type TierConfig } from '../backends/registry.ts';
+import { type BackendRegistry, BUILTIN_TIERS } from '../backends/registry.ts';
+import { isKvtierError } from '../errors.ts';
 import { silentLogger } from '../util/log.ts';
 import type { ConfigProblem } from '../util/schema-kit.ts';
 import type { KvtierConfig } from './config.ts';
@@ -121,19 +122,39 @@ export interface CheckConfigOptions {
   offline?: boolean;
 }
 
+/** A tier below host memory that the check could not reach: serve starts with it down. */
+export interface UnreachableTier {
+  /** Its key path, `tiers[<i>]`. */
+  path: string;
+  name: string;
+  type: string;
+  /** Why: the start's error message (`tier "<name>" (<type>) failed to start: ...`). */
+  reason: string;
+}
+
+/** What {@link checkConfig} found. */
+export interface ConfigCheck {
+  /** What serve refuses (empty when it would start). */
+  problems: ConfigProblem[];
+  /** Tiers it could not reach; serve starts without them and they join when they answer. */
+  unreachable: UnreachableTier[];
+}
+
 /**
  * Everything serve checks short of binding its sockets: {@link staticConfigProblems}; the
  * CurveZMQ key files (present, keys, the secret one owner-only) and the rule that a non-loopback
  * endpoint needs keys; then every tier that is not checked statically (plug-ins, Redis, S3,
- * types registered by an embedder) is built as serve builds it, checked, and closed again.
- * Resolves every problem found (empty when serve would start).
+ * types registered by an embedder) is built as serve builds it (a tier below host memory within
+ * its `health.timeoutMs`), checked, and closed again. A tier below host memory whose start fails
+ * for any reason but its config is unreachable, not a problem: serve starts with it down.
  */
 export async function checkConfig(
   cfg: KvtierConfig,
   registry: BackendRegistry,
   opts: CheckConfigOptions = {},
-): Promise<ConfigProblem[]> {
+): Promise<ConfigCheck> {
   const problems = await staticConfigProblems(cfg, registry);
+  const unreachable: UnreachableTier[] = [];
   try {
     const auth = await serverAuthFromConfig(cfg, silentLogger, {});
     await auth?.close();
@@ -144,21 +165,16 @@ export async function checkConfig(
   for (const [i, tier] of cfg.tiers.entries()) {
     if (failed.has(String(i)) || STATIC_TYPES.has(tier.type)) continue;
     if (opts.offline === true && REMOTE_TYPES.has(tier.type)) continue;
-    problems.push(...(await buildAndClose(registry, tier, i)));
+    const path = `tiers[${i}]`;
+    try {
+      const built = await registry.createTiers([tier], { position: i });
+      await Promise.all(built.map((b) => b.close()));
+    } catch (err) {
+      const message = (err as Error).message;
+      if (i > 0 && isKvtierError(err, 'KVT_BACKEND'))
+        unreachable.push({ path, name: tier.name, type: tier.type, reason: message });
+      else problems.push({ path, message });
+    }
   }
-  return problems;
-}
-
-async function buildAndClose(
-  registry: BackendRegistry,
-  tier: TierConfig,
-  i: number,
-): Promise<ConfigProblem[]> {
-  try {
-    const built = await registry.createTiers([tier]);
-    await Promise.all(built.map((b) => b.close()));
-    return [];
-  } catch (err) {
-    return [{ path: `tiers[${i}]`, message: (err as Error).message }];
-  }
+  return { problems, unreachable };
 }

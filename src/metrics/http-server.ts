@@ -8,6 +8,11 @@ import { KvtierMetrics } from './metrics.ts';
 /** What the readiness callback answers. */
 export interface ReadyState {
   ready: boolean;
+  /**
+   * Ready, with a part not up (a tier below host memory down or degraded): `/readyz` still
+   * answers 200, with `"status":"degraded"`. Default false.
+   */
+  degraded?: boolean;
   /** Sent in the `/readyz` body, e.g. which tier is not up yet. */
   detail?: Record<string, unknown>;
 }
@@ -76,8 +81,8 @@ export function resolveOpsServerOptions(o: OpsServerOptions): ResolvedOpsServerO
  * - `GET /metrics`: Prometheus text, prom-client's content type;
  * - `GET /healthz`: 200 `{"status":"ok", ...health()}` while the process serves (fields
  *   from `health()` may override `status`, e.g. to report `"degraded"`);
- * - `GET /readyz`: 200 `{"status":"ready","ready":true,"detail":...}` when `ready()` says so,
- *   else 503 with `"status":"not_ready"`;
+ * - `GET /readyz`: 200 `{"status":"ready","ready":true,"detail":...}` when `ready()` says so
+ *   (`"status":"degraded"` when it also says `degraded`), else 503 with `"status":"not_ready"`;
  * - any other path: 404; any method but GET: 405 with `Allow: GET`.
  * A callback that throws gives a 500 JSON body and is logged; the server keeps serving.
  * Query strings are ignored.
@@ -196,7 +201,7 @@ export class OpsHttpServer {
     const state = this.#o.ready();
     const ready = state.ready === true;
     sendJson(res, ready ? 200 : 503, {
-      status: ready ? 'ready' : 'not_ready',
+      status: ready ? (state.degraded === true ? 'degraded' : 'ready') : 'not_ready',
       ready,
       ...(state.detail !== undefined ? { detail: state.detail } : {}),
     });

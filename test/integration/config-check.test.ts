@@ -1,12 +1,15 @@
 /**
  * `kvtier config check` against `kvtier serve`: every config serve refuses before binding is
  * refused by the check with the same problem (key files and their modes, the bind rule, paths
- * that must be writable, plug-ins whose factories throw or return no backend), a plug-in the
- * check builds is closed again, bad JSON is reported with its line and column, and what the
- * check prints is a config serve accepts.
+ * that must be writable, plug-ins whose factories throw KVT_CONFIG or return no backend), a
+ * plug-in the check builds is closed again, bad JSON is reported with its line and column, and
+ * what the check prints is a config serve accepts. A tier the check could not reach (serve starts
+ * with it down) is listed and passes, unless --strict.
  */
 import assert from 'node:assert/strict';
 import { chmod, mkdir, mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
+import type { AddressInfo } from 'node:net';
+import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
@@ -50,8 +53,16 @@ export async function createBackend(options: Record<string, unknown>, ctx: { nam
 `,
   );
   await writeFile(
+    join(dir, 'misconfigured-plugin.ts'),
+    `export async function createBackend() { throw Object.assign(new Error('token must be 40 characters'), { code: 'KVT_CONFIG' }); }\n`,
+  );
+  await writeFile(
     join(dir, 'throwing-plugin.ts'),
-    `export async function createBackend() { throw new Error('the store rejected our token'); }\n`,
+    `export async function createBackend() { throw new Error('connect ECONNREFUSED 127.0.0.1:9'); }\n`,
+  );
+  await writeFile(
+    join(dir, 'hanging-plugin.ts'),
+    'export function createBackend() { return new Promise(() => {}); }\n',
   );
 });
 
@@ -234,11 +245,11 @@ describe('kvtier config check runs the checks serve runs before it binds', () =>
     );
   });
 
-  it('a plug-in whose factory throws', async () => {
+  it('a plug-in whose factory throws KVT_CONFIG (its options)', async () => {
     await bothRefuse(
-      base({ tiers: [CPU, { name: 'p', type: 'module', module: './throwing-plugin.ts' }] }),
+      base({ tiers: [CPU, { name: 'p', type: 'module', module: './misconfigured-plugin.ts' }] }),
       'tiers[1]',
-      /tier "p" \(module\) failed to start: .*the store rejected our token/,
+      /tier "p" \(module\) failed to start: .*token must be 40 characters/,
     );
   });
 
@@ -307,5 +318,99 @@ describe('kvtier config check runs the checks serve runs before it binds', () =>
     assert.equal(second.code, 0, second.err.join('\n'));
     assert.equal(second.out, first.out, 'the resolved config resolves to itself');
     assert.equal(await serve(again), '');
+  });
+});
+
+describe('tiers config check could not reach: listed, not problems (serve starts with them down)', () => {
+  /** A port nothing listens on (bound, then closed again). */
+  async function closedPort(): Promise<number> {
+    const srv = createServer();
+    await new Promise<void>((resolve) => srv.listen(0, '127.0.0.1', resolve));
+    const { port } = srv.address() as AddressInfo;
+    await new Promise<void>((resolve) => srv.close(() => resolve()));
+    return port;
+  }
+
+  /** Checks `doc` with and without --strict; serve must start. Returns the lines listed. */
+  async function unreachable(doc: Record<string, unknown>, path: string, why: RegExp) {
+    const file = await configFile(doc);
+    const r = await check(file);
+    assert.equal(r.code, 0, r.err.join('\n'));
+    assert.equal(r.err.length, 1, r.err.join('\n'));
+    assert.ok(r.err[0]!.startsWith(`${file}: ${path}: `), r.err[0]);
+    assert.match(r.err[0]!, why);
+    assert.match(r.err[0]!, /serve starts with it down and it joins when it answers$/);
+    // The output is the resolved config, as for a config whose tiers all answer.
+    const resolved = JSON.parse(r.out) as { tiers: { name: string }[] };
+    assert.deepEqual(
+      resolved.tiers.map((t) => t.name),
+      (doc.tiers as { name: string }[]).map((t) => t.name),
+    );
+    const strict = await check(file, ['--strict']);
+    assert.equal(strict.code, 1);
+    assert.equal(strict.out, '');
+    assert.deepEqual(strict.err, r.err);
+    assert.equal(await serve(file), '', 'serve starts with the tier down');
+  }
+
+  it('a Redis server that is not running', async () => {
+    const port = await closedPort();
+    const file = await configFile(
+      base({ tiers: [CPU, { name: 'remote', type: 'redis', port, keyPrefix: 'x:' }] }),
+    );
+    const offline = await check(file, ['--offline']);
+    assert.equal(offline.code, 0, offline.err.join('\n'));
+    assert.deepEqual(offline.err, [], '--offline reaches for nothing');
+    await unreachable(
+      base({ tiers: [CPU, { name: 'remote', type: 'redis', port, keyPrefix: 'x:' }] }),
+      'tiers[1]',
+      new RegExp(
+        `tier "remote" \\(redis\\) could not be reached: .*127\\.0\\.0\\.1:${port}.*ECONNREFUSED`,
+      ),
+    );
+    assert.equal((await check(file)).out, offline.out, 'the same resolved config');
+  });
+
+  it('an S3 endpoint that refuses connections', async () => {
+    const port = await closedPort();
+    await unreachable(
+      base({
+        tiers: [
+          CPU,
+          {
+            name: 'objects',
+            type: 's3',
+            bucket: 'kv',
+            endpoint: `http://127.0.0.1:${port}`,
+            accessKeyId: 'AKID',
+            secretAccessKey: 'secret',
+            maxAttempts: 1,
+          },
+        ],
+      }),
+      'tiers[1]',
+      /tier "objects" \(s3\) could not be reached: .*ECONNREFUSED/,
+    );
+  });
+
+  it('a plug-in whose start throws (not on its options)', async () => {
+    await unreachable(
+      base({ tiers: [CPU, { name: 'p', type: 'module', module: './throwing-plugin.ts' }] }),
+      'tiers[1]',
+      /tier "p" \(module\) could not be reached: plug-in module "\.\/throwing-plugin\.ts": connect ECONNREFUSED/,
+    );
+  });
+
+  it('a plug-in whose start does not finish within health.timeoutMs', async () => {
+    await unreachable(
+      base({
+        tiers: [
+          CPU,
+          { name: 'p', type: 'module', module: './hanging-plugin.ts', health: { timeoutMs: 300 } },
+        ],
+      }),
+      'tiers[1]',
+      /tier "p" \(module\) could not be reached: its start \(health\.timeoutMs\) timed out after 300 ms/,
+    );
   });
 });

@@ -65,6 +65,15 @@ describe('OpsHttpServer', () => {
     res = await fetch(`${server.url}/readyz`);
     assert.equal(res.status, 200);
     assert.deepEqual(await res.json(), { status: 'ready', ready: true });
+    // Ready with a lower tier down: still 200, said in the status.
+    state = { ready: true, degraded: true, detail: { degraded: true } };
+    res = await fetch(`${server.url}/readyz`);
+    assert.equal(res.status, 200);
+    assert.deepEqual(await res.json(), {
+      status: 'degraded',
+      ready: true,
+      detail: { degraded: true },
+    });
   });
 
   it('answers 404 for unknown paths and 405 for other methods', async () => {
