@@ -3,7 +3,8 @@
  * a node:test test, one suite per Python module, so `npm test` counts them in its summary: a
  * pytest failure is a failed test here (with pytest's message), a pytest skip a skipped one
  * (with its reason). The twin of vLLM's engine loop (python/tests/vllm_twin) needs PyTorch and
- * runs from twin.test.ts.
+ * runs from twin.test.ts; the runs under vLLM's own code (python/tests/vllm_real) need vLLM and
+ * run from vllm.test.ts.
  *
  * Only Debian's interpreter is used (/usr/bin/python3 with python3-zmq, python3-numpy and
  * python3-pytest); without them this file fails with one line saying what to install.
@@ -48,6 +49,7 @@ if (missing !== null) {
     args: [
       'python/tests',
       '--ignore=python/tests/vllm_twin',
+      '--ignore=python/tests/vllm_real',
       '-q',
       '-p',
       'no:cacheprovider',

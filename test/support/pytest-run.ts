@@ -22,7 +22,7 @@ export interface Run {
 }
 
 /**
- * Runs `program args` in the repository root; a run past `timeoutMs` gets SIGTERM (pytest's
+ * Runs `program args` in `cwd` (default the repository root); a run past `timeoutMs` gets SIGTERM (pytest's
  * fixtures then stop the sidecars they started), then SIGKILL 10 s later.
  */
 export function runProcess(
@@ -30,12 +30,13 @@ export function runProcess(
   args: string[],
   timeoutMs: number,
   env: NodeJS.ProcessEnv = {},
+  cwd: string = ROOT,
 ): Promise<Run> {
   return new Promise((resolve) => {
     const child = spawnGuarded(program, args, {
       // pytest starts sidecars of its own: its whole group goes with this process.
       group: true,
-      cwd: ROOT,
+      cwd,
       env: { ...process.env, PYTHONDONTWRITEBYTECODE: '1', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
@@ -129,6 +130,13 @@ export interface PytestSuitesOptions {
   /** Names the run in the closing test, e.g. `pytest python/tests`. */
   label: string;
   env?: NodeJS.ProcessEnv;
+  /** Working directory of pytest; default the repository root. */
+  cwd?: string;
+  /**
+   * How a module's path (`tests/test_x`, from pytest's dotted class name) is shown; default: as
+   * a path under python/ (`python/tests/test_x`).
+   */
+  moduleName?: (path: string) => string;
 }
 
 /**
@@ -145,6 +153,7 @@ export async function runPytestSuites(opts: PytestSuitesOptions): Promise<Run> {
     ['-m', 'pytest', ...opts.args, '--junitxml', xmlPath],
     opts.timeoutMs,
     opts.env,
+    opts.cwd,
   );
   const seconds = ((Date.now() - started) / 1000).toFixed(1);
   const xml = existsSync(xmlPath) ? readFileSync(xmlPath, 'utf8') : '';
@@ -156,10 +165,8 @@ export async function runPytestSuites(opts: PytestSuitesOptions): Promise<Run> {
   for (const c of cases) {
     const parts = c.classname.split('.');
     const modParts = parts.findIndex((p) => p.startsWith('test_'));
-    const mod = parts
-      .slice(0, modParts < 0 ? 2 : modParts + 1)
-      .join('/')
-      .replace(/^tests\//, 'python/tests/');
+    const path = parts.slice(0, modParts < 0 ? 2 : modParts + 1).join('/');
+    const mod = (opts.moduleName ?? ((m: string) => m.replace(/^tests\//, 'python/tests/')))(path);
     const list = modules.get(mod) ?? [];
     list.push(c);
     modules.set(mod, list);

@@ -87,26 +87,37 @@ class PagedKv:
             return t
         return t[kv] if self.backend == "flash_attn" else t.select(1, kv)
 
-    def write(self, block_table: list[int], start: int, values) -> None:
-        """Writes int16 ``values[T, layers, kv, heads, dim]`` for tokens ``start ..``."""
+    def write(self, block_table: list[int], start: int, values, layers: range | None = None) -> None:
+        """Writes int16 ``values[T, layers, kv, heads, dim]`` for tokens ``start ..``; with
+        ``layers``, only those layers (``values`` still holds every layer)."""
         vals = torch.as_tensor(values)
         blk, off = self._index(block_table, start, start + vals.shape[0])
-        for layer in range(vals.shape[1]):
+        for layer in layers if layers is not None else range(vals.shape[1]):
             for kv in range(self.kv):
                 v = vals[:, layer, kv]
                 self._slot(layer, kv)[blk, off] = v[:, 0] if self.backend == "mla" else v
 
-    def read(self, block_table: list[int], start: int, end: int) -> torch.Tensor:
-        """int16 ``[T, layers, kv, heads, dim]`` of tokens ``start .. end-1``."""
+    def read(self, block_table: list[int], start: int, end: int, layers: range | None = None) -> torch.Tensor:
+        """int16 ``[T, layers, kv, heads, dim]`` of tokens ``start .. end-1`` (with ``layers``,
+        of those layers only)."""
         blk, off = self._index(block_table, start, end)
         out = []
-        for layer in range(len(self._i16)):
+        for layer in layers if layers is not None else range(len(self._i16)):
             per_kv = []
             for kv in range(self.kv):
                 v = self._slot(layer, kv)[blk, off]
                 per_kv.append(v.unsqueeze(1) if self.backend == "mla" else v)
             out.append(torch.stack(per_kv, 1))
         return torch.stack(out, 1)
+
+    def zero_blocks(self, block_ids: list[int]) -> None:
+        """Zeroes whole blocks in every layer (vLLM's ``new_block_ids_to_zero``)."""
+        if not block_ids:
+            return
+        ids = torch.tensor(block_ids, dtype=torch.long)
+        for layer in range(len(self._i16)):
+            for kv in range(self.kv):
+                self._slot(layer, kv)[ids] = 0
 
     def close(self) -> None:
         unregister_shared_file(self.path)

@@ -1,4 +1,4 @@
-"""End-of-run checks against the sidecar."""
+"""End-of-run checks against the sidecar: no chunk pinned, no lookup running."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import time
 
 from kvtier_vllm.client import KvtierClient
 
-from .checks import check
 
 
 def sidecar_pins(sidecar) -> tuple[int, int]:
@@ -30,4 +29,4 @@ def assert_no_pins(sidecar, settle_s: float = 5.0) -> None:
         if pins == (0, 0) or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    check(pins == (0, 0), f"the sidecar still holds pins at the end: {pins[0]} chunks pinned, {pins[1]} lookups running")
+    assert pins == (0, 0), f"the sidecar still holds pins at the end: {pins[0]} chunks pinned, {pins[1]} lookups running"

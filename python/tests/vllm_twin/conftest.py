@@ -52,7 +52,7 @@ def twin(pool, twin_sidecar, request):
     engine made is closed after the test and the end-of-run invariants checked: nothing held by
     the scheduler or the workers, and the sidecar holding no pins."""
     from tests.vllm_twin.twin.engine import EngineSpec, TwinEngine
-    from tests.vllm_twin.twin.invariants import assert_no_pins
+    from tests.engine_kit.sidecar_pins import assert_no_pins
 
     made: list = []
     sidecars: set = set()

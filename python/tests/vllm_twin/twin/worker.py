@@ -1,6 +1,6 @@
 """A tensor-parallel worker's model runner: builds kvtier's connector through vLLM's factory and
 calls it in the model runner's order each step, around a stand-in forward pass that writes
-each scheduled token's KV (:mod:`.kv_content`, or KV a test hands in) into the paged cache.
+each scheduled token's KV (:mod:`tests.engine_kit.kv_content`, or KV a test hands in) into the paged cache.
 
 Order per step (``vllm/v1/worker/kv_connector_model_runner_mixin.py``): ``handle_preemptions``,
 ``bind_connector_metadata``; at the fixture revision ``start_load_kv`` before the forward pass,
@@ -31,15 +31,15 @@ from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.v1.attention.backends.utils import get_kv_cache_layout, set_kv_cache_layout
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
-from .kv_content import PrefixHashes, next_token, token_kv
-from .kv_layouts import PagedKv
+from tests.engine_kit.kv_content import PrefixHashes, next_token, token_kv
+from tests.engine_kit.paged_kv import PagedKv
 
 
 @dataclass
 class _Req:
     tokens: PrefixHashes
     table: list[int]
-    #: The KV a test handed in for every token of the request (else :mod:`.kv_content`'s).
+    #: The KV a test handed in for every token of the request (else :mod:`tests.engine_kit.kv_content`'s).
     provided: np.ndarray | None = None
     expected: np.ndarray | None = None
     verified_blocks: set[int] = field(default_factory=set)

@@ -1,0 +1,43 @@
+"""Small helpers the scenarios share."""
+
+from __future__ import annotations
+
+import random
+
+from .engine import EngineAssertionError
+
+
+def prompt(seed: int, n: int) -> list[int]:
+    rnd = random.Random(seed)
+    return [rnd.randrange(3, 32000) for _ in range(n)]
+
+
+def step_until(engine, cond, max_steps: int = 500) -> None:
+    """Steps until ``cond()`` holds; raises past ``max_steps``."""
+    for _ in range(max_steps):
+        if cond():
+            return
+        engine.step()
+    raise EngineAssertionError(f"condition not reached within {max_steps} steps")
+
+
+def status(engine, request_id: str):
+    req = engine.scheduler.requests.get(request_id)
+    return None if req is None else req.status
+
+
+def loading(engine, request_id: str) -> bool:
+    from vllm.v1.request import RequestStatus
+
+    return status(engine, request_id) == RequestStatus.WAITING_FOR_REMOTE_KVS
+
+
+def offered(engine, request_id: str) -> list[int]:
+    """The tokens vLLM allocated for kvtier to load, at each admission of the request (0: none)."""
+    return [n for rid, n in engine.admissions if rid == request_id]
+
+
+def serve(engine, request_id: str, tokens: list[int], max_tokens: int = 2, max_steps: int = 500) -> None:
+    """Runs one request to its end (and every other one the engine has)."""
+    engine.add_request(request_id, tokens, max_tokens)
+    engine.run(max_steps)
