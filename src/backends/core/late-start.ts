@@ -88,6 +88,7 @@ export class LateStartBackend implements StorageBackend {
   #removal: RemovalListener | undefined;
   #found: FoundListener | undefined;
   #closing: Promise<void> | undefined;
+  /** Tries that failed after the one at start-up failed or ran past its bound. */
   #tries = 0;
 
   constructor(opts: LateStartOptions) {
@@ -106,11 +107,6 @@ export class LateStartBackend implements StorageBackend {
   /** The started backend, once a start has succeeded (the tier then serves from it). */
   get backend(): StorageBackend | undefined {
     return this.#inner;
-  }
-
-  /** Tries that failed so far (the first one, at start-up, is not counted here). */
-  get failedTries(): number {
-    return this.#tries;
   }
 
   get kind(): string {
@@ -239,8 +235,14 @@ export class LateStartBackend implements StorageBackend {
       await closeQuietly(backend);
       return;
     }
-    if (this.#removal !== undefined) backend.setRemovalListener?.(this.#removal);
-    if (this.#found !== undefined) backend.setFoundListener?.(this.#found);
+    try {
+      if (this.#removal !== undefined) backend.setRemovalListener?.(this.#removal);
+      if (this.#found !== undefined) backend.setFoundListener?.(this.#found);
+    } catch (err) {
+      await closeQuietly(backend);
+      this.#failed(err);
+      return;
+    }
     this.#inner = backend;
     this.#log.debug('tier started after being down at start', {
       tier: this.name,
