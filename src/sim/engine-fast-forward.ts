@@ -115,20 +115,14 @@ export function headAdmits(
   const bs = d.blockSize;
   const hits = d.allocator.findCached(head.hashes, Math.floor((head.promptLen - 1) / bs), bs);
   head.firstHitTokens ??= hits.length * bs;
-  return d.allocator.canAllocate(hits, newBlocks(head, hits.length * bs, hits.length, budget, bs));
+  return d.allocator.canAllocate(hits, Math.max(0, fullBlocks(head, bs) - hits.length));
 }
 
 /**
- * Blocks a waiting request takes beyond the `held` it holds or hits when admitted from `computed`
- * with `budget` tokens left in the step (0 when it holds enough).
+ * Blocks of a request's whole sequence (prompt and the output so far): vLLM admits a waiting
+ * request only when these fit (`scheduler_reserve_full_isl`, on by default), whatever part of
+ * it the step computes.
  */
-export function newBlocks(
-  r: Req,
-  computed: number,
-  held: number,
-  budget: number,
-  bs: number,
-): number {
-  const numNew = Math.min(r.promptLen + r.numOutput - computed, budget);
-  return Math.max(0, Math.ceil((computed + numNew) / bs) - held);
+export function fullBlocks(r: Req, bs: number): number {
+  return Math.ceil((r.promptLen + r.numOutput) / bs);
 }

@@ -13,8 +13,8 @@ import {
 import {
   type FastForwardLimits,
   fastForwardDecode,
+  fullBlocks,
   headAdmits,
-  newBlocks,
   quietWaiting,
 } from './engine-fast-forward.ts';
 import { KvChecker, verifyLoad } from './engine-kv.ts';
@@ -297,8 +297,8 @@ export class SimScheduler {
     const stillWaiting: Req[] = [];
     let stop = false;
     for (const r of this.#waiting) {
-      // A request back from its load holds its prompt's blocks already: a head that cannot get
-      // blocks must not hold it back (it would be preempted to free blocks and load again, forever).
+      // A request back from its load holds the blocks it loaded into (vLLM serves these first,
+      // from its skipped queue): a head that cannot get blocks must not hold it back.
       const holds = r.blocks.length > 0 && r.status !== 'waiting_for_remote_kvs';
       if ((stop && !holds) || r.status === 'waiting_for_remote_kvs') {
         stillWaiting.push(r);
@@ -328,16 +328,15 @@ export class SimScheduler {
         r.answered ||= r.pendingLookup;
         r.pendingLookup = false;
         if (loadAsync && ext > 0) {
-          // Blocks for the whole prompt, not just the loaded part: a loaded request that then
-          // cannot get blocks for its prefill would hold its blocks while waiting for others'.
-          const whole = Math.ceil(r.promptLen / bs);
-          if (!d.allocator.canAllocate(hits, whole - hits.length)) {
+          // As vLLM (`scheduler_reserve_full_isl`): admitted only when the whole sequence
+          // fits, but blocks are taken for the tokens the load fills, not for the prefill after.
+          if (!d.allocator.canAllocate(hits, fullBlocks(r, bs) - hits.length)) {
             stop = true;
             stillWaiting.push(r);
             continue;
           }
           this.#takeHits(r, hits);
-          this.#ensureBlocks(r, r.promptLen);
+          this.#ensureBlocks(r, local + ext);
           const tokens = this.#allocIntent(r, ext);
           r.firstHitTokens ??= local + tokens;
           if (tokens > 0) {
@@ -358,7 +357,9 @@ export class SimScheduler {
         r.firstHitTokens ??= local;
       }
       const numNew = Math.min(r.promptLen + r.numOutput - computed, budget);
-      const need = newBlocks(r, computed, Math.max(r.blocks.length, hits.length), budget, bs);
+      // vLLM's admission gate: blocks for the whole sequence must be free (prefix hits that
+      // sit in the free queue count against them), though only this step's are taken.
+      const need = Math.max(0, fullBlocks(r, bs) - Math.max(r.blocks.length, hits.length));
       if (!d.allocator.canAllocate(hits, need)) {
         stop = true;
         stillWaiting.push(r);

@@ -200,18 +200,20 @@ describe('the planner engine', () => {
 
 describe('self-reuse after preemption', () => {
   it('a request preempted in its prefill finds its own blocks again: self-reuse, apart', async () => {
-    // A decodes and grows; B's long prefill takes the rest of the 48 blocks and is preempted
-    // (the newest running request) when a step needs more; B comes back after A.
+    // B is admitted while its whole sequence fits in the 48 blocks (vLLM's admission gate),
+    // but A keeps decoding and growing; B's prefill, 15 tokens a step beside A's decode, takes
+    // blocks until a step needs one more than is free: B, the newest running request, is
+    // preempted in its prefill and comes back after A.
     const rep = await runSimulation({
       workload: {
         name: 'preempt',
         requests: [
           { id: 'A', arrivalMs: 0, promptTokens: tokens(1, 300), outputTokens: 420 },
-          { id: 'B', arrivalMs: 1, promptTokens: tokens(2, 700), outputTokens: 4 },
+          { id: 'B', arrivalMs: 1, promptTokens: tokens(2, 440), outputTokens: 4 },
         ],
       },
       model: MODEL,
-      engine: { numGpuBlocks: 48, maxTokensPerStep: 64 },
+      engine: { numGpuBlocks: 48, maxTokensPerStep: 16 },
       cpuBytes: 64 << 20,
       waitsAdvanceClock: false,
       settle: true,
