@@ -21,9 +21,16 @@ export const REQUIRED_PACKAGES = Object.freeze([
 /**
  * Optional: the tests that use them are skipped, with the reason, without them. prometheus
  * provides `promtool` (checks of /metrics and the alert rules) and the Prometheus server that
- * scrapes the compose twin.
+ * scrapes the compose twin; docker-compose (Debian's, 1.29) runs `docker-compose config` on the
+ * compose file with and without its gpu profile (no Docker engine needed).
  */
-export const OPTIONAL_PACKAGES = Object.freeze(['prometheus']);
+export const OPTIONAL_PACKAGES = Object.freeze(['prometheus', 'docker-compose']);
+
+/** What each optional package's absence skips, for the notice. */
+const SKIPPED = {
+  prometheus: 'promtool and Prometheus checks',
+  'docker-compose': 'docker-compose config checks',
+};
 
 /** Whether `program` is an executable in /usr/bin, /usr/sbin or a directory of `path`. */
 export function onPath(program, path = process.env.PATH ?? '') {
@@ -59,6 +66,7 @@ export function probeMissing() {
   if (py === null) required.push('python3', 'python3-zmq', 'python3-numpy', 'python3-pytest');
   else required.push(...py.map((m) => `python3-${m}`));
   const optional = onPath('promtool') && onPath('prometheus') ? [] : ['prometheus'];
+  if (!onPath('docker-compose')) optional.push('docker-compose');
   return { required, optional };
 }
 
@@ -90,7 +98,7 @@ export function noticeFor(missing, host) {
     parts.push(`missing ${missing.required.join(', ')} (the tests that need them will fail)`);
   if (missing.optional.length > 0)
     parts.push(
-      `missing ${missing.optional.join(', ')} (promtool and Prometheus checks are skipped)`,
+      `missing ${missing.optional.join(', ')} (${missing.optional.map((p) => SKIPPED[p] ?? `${p} checks`).join(' and ')} are skipped)`,
     );
   const how = host.hasAptGet
     ? `sudo apt-get install --no-install-recommends ${all.join(' ')}`

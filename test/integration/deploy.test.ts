@@ -41,7 +41,15 @@ function hostFileFor(service: Service, containerPath: string): string | undefine
 describe('docker-compose deployment', () => {
   test('every service has a healthcheck or depends on healthy ones, and dependencies exist', () => {
     const names = Object.keys(compose.services);
-    assert.deepEqual(names.sort(), ['grafana', 'kvtier', 'minio', 'prometheus', 'redis']);
+    assert.deepEqual(names.sort(), [
+      'grafana',
+      'kvtier',
+      'kvtier-gpu',
+      'minio',
+      'prometheus',
+      'redis',
+      'vllm',
+    ]);
     for (const [name, svc] of Object.entries(compose.services)) {
       for (const dep of Object.keys(svc.depends_on ?? {})) {
         assert.ok(names.includes(dep), `${name} depends on unknown service ${dep}`);
@@ -146,10 +154,10 @@ describe('docker-compose deployment', () => {
       'utf8',
     );
     const promCfg = parse(prom) as {
-      scrape_configs: { static_configs: { targets: string[] }[] }[];
+      scrape_configs: { static_configs?: { targets: string[] }[] }[];
     };
     const targets = promCfg.scrape_configs.flatMap((c) =>
-      c.static_configs.flatMap((s) => s.targets),
+      (c.static_configs ?? []).flatMap((s) => s.targets),
     );
     assert.ok(targets.includes(`kvtier:${cfg.metrics.port}`), 'Prometheus scrapes kvtier');
   });

@@ -34,8 +34,8 @@ describe('Dockerfile', () => {
   it('builds and runs on one Node major that engines allows and CI tests', () => {
     assert.equal(froms.length, 2, 'a build stage and a runtime stage');
     const majors = froms.map((f) => {
-      const m = /^FROM node:(\d+)-bookworm(-slim)?\b/.exec(f);
-      assert.ok(m !== null, `${f}: a Debian bookworm node image`);
+      const m = /^FROM node:(\d+)-bookworm(-slim)?@sha256:[0-9a-f]{64}\b/.exec(f);
+      assert.ok(m !== null, `${f}: a Debian bookworm node image, pinned by digest`);
       return Number(m[1]);
     });
     assert.equal(majors[0], majors[1], 'the addon is built on the Node that runs it');
@@ -92,5 +92,12 @@ describe('Dockerfile', () => {
     assert.match(dockerfile, /KVTIER_LISTEN=tcp:\/\/0\.0\.0\.0:5555/);
     assert.match(dockerfile, /KVTIER_METRICS_HOST=0\.0\.0\.0/);
     assert.ok(lines.includes('ENTRYPOINT ["node", "bin/kvtier.js"]'));
+  });
+
+  it('bakes in no unauthenticated default, and a config-less start writes on the volume', () => {
+    assert.doesNotMatch(dockerfile, /^\s*(ENV|ARG)\b.*KVTIER_ALLOW_UNAUTHENTICATED/m);
+    // defaultDiskPath and defaultEpochFile are under $XDG_CACHE_HOME/kvtier.
+    assert.match(dockerfile, /XDG_CACHE_HOME=\/var\/cache(\s|$)/);
+    assert.ok(lines.includes('VOLUME /var/cache/kvtier'));
   });
 });

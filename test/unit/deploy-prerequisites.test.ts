@@ -18,7 +18,7 @@ const noRedis = { required: ['redis-server'], optional: [] };
 const noProm = { required: [], optional: ['prometheus'] };
 const bare = {
   required: ['redis-server', 'python3', 'python3-zmq', 'python3-numpy', 'python3-pytest'],
-  optional: ['prometheus'],
+  optional: ['prometheus', 'docker-compose'],
 };
 
 describe('npm test prerequisites', () => {
@@ -49,10 +49,13 @@ describe('npm test prerequisites', () => {
     );
     const all = planPrerequisites(bare, { isRoot: false, hasAptGet: true }).notice!;
     assert.doesNotMatch(all, /\n/, 'one line');
-    assert.match(all, /missing prometheus \(promtool and Prometheus checks are skipped\)/);
     assert.match(
       all,
-      /install with: sudo apt-get install --no-install-recommends redis-server python3 python3-zmq python3-numpy python3-pytest prometheus$/,
+      /missing prometheus, docker-compose \(promtool and Prometheus checks and docker-compose config checks are skipped\)/,
+    );
+    assert.match(
+      all,
+      /install with: sudo apt-get install --no-install-recommends redis-server python3 python3-zmq python3-numpy python3-pytest prometheus docker-compose$/,
     );
   });
 
