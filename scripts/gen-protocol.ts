@@ -62,7 +62,13 @@ function pyField(f: Field): Record<string, unknown> {
 
 function pyRecord(name: string, doc: string, fields: readonly Field[]): string[] {
   const lines = [`class ${name}(NamedTuple):`, `    """${doc}"""`, ''];
-  for (const f of fields) lines.push(`    ${snake(f.key)}: ${PY_TYPES[f.kind]}`);
+  // A trailing optional field the reply left out reads as None.
+  for (const f of fields)
+    lines.push(
+      'optional' in f && f.optional
+        ? `    ${snake(f.key)}: ${PY_TYPES[f.kind]} | None = None`
+        : `    ${snake(f.key)}: ${PY_TYPES[f.kind]}`,
+    );
   // A code read as KVT_INTERNAL when unknown keeps what was sent, after the wire fields.
   for (const f of fields)
     if (f.kind === 'str' && f.known !== undefined) lines.push(`    raw_${snake(f.key)}: str`);
@@ -195,6 +201,7 @@ function docRow(f: Field): [string, string] {
           f.max === undefined ? '' : `0..${f.max} bytes`,
           f.omitEmpty ? '0 bytes = {}' : '',
           f.booleans ? `boolean keys ${f.booleans.join(', ')}` : '',
+          f.numbers ? `positive number keys ${f.numbers.join(', ')}` : '',
         ]
           .filter((x) => x)
           .join('; '),

@@ -52,6 +52,18 @@ export const REQUESTS: { name: string; req: Request }[] = [
     },
   },
   {
+    name: "lookup with the engine's prefill rate",
+    req: {
+      type: 'lookup',
+      requestId: 21,
+      lookupId: 'req-2',
+      namespaces: [NS_A],
+      hashes: packed(1, 2),
+      tokenCounts: Uint32Array.from([256, 256]),
+      config: { computeTokensPerSec: 12_577.5 },
+    },
+  },
+  {
     name: 'lookup, no chunks',
     req: {
       type: 'lookup',
@@ -248,6 +260,40 @@ export const REPLIES: { name: string; rep: Reply }[] = [
       tiers: [
         { tier: 'cpu', tokens: 256 },
         { tier: 'disk', tokens: 256 },
+      ],
+    },
+  },
+  {
+    name: 'lookup result with tier rates',
+    rep: {
+      type: 'lookup-result',
+      requestId: 21,
+      lookupId: 'req-2',
+      status: 'ok',
+      epoch: 3,
+      hitTokens: 512,
+      hitChunks: 2,
+      tiers: [
+        { tier: 'cpu', tokens: 256 },
+        { tier: 'disk', tokens: 256 },
+      ],
+      bytesPerToken: 131_072,
+      tierRates: [
+        { tier: 'cpu', decision: 'none', readBytesPerSec: 0n, latencyUs: 0, declinedTokens: 0 },
+        {
+          tier: 'disk',
+          decision: 'load',
+          readBytesPerSec: 3_621_172_047n,
+          latencyUs: 290,
+          declinedTokens: 0,
+        },
+        {
+          tier: 's3',
+          decision: 'decline',
+          readBytesPerSec: 0xffffffffffffffffn,
+          latencyUs: 0xffffffff,
+          declinedTokens: 256,
+        },
       ],
     },
   },

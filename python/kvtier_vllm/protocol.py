@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from .protocol_decode import decode_header, decode_reply, peek_request_id
 from .protocol_encode import (
+    check_rate,
     encode_cancel,
     encode_clear,
     encode_get,
@@ -53,6 +54,7 @@ from .protocol_table import (
     RequestFinishedResult,
     SaveResult,
     StatsResult,
+    TierRate,
     TierTokens,
     UnregisterResult,
 )
@@ -91,6 +93,7 @@ __all__ = [
     "MsgType",
     "REQUEST_END_KINDS",
     "TierTokens",
+    "TierRate",
     "LookupResult",
     "CancelResult",
     "ClearResult",
@@ -110,6 +113,7 @@ __all__ = [
     "encode_header",
     "encode_message",
     "encode_lookup",
+    "check_rate",
     "encode_cancel",
     "encode_clear",
     "encode_ping",

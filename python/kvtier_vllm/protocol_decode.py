@@ -137,7 +137,7 @@ def _list(r: _Reader, f: dict) -> list:
     return [record(*_fields(r, f["of"])) for _ in range(n)]
 
 
-#: field kind -> reader of one reply field (replies carry no optional fields)
+#: field kind -> reader of one reply field
 _READ = {
     "bool": lambda r, f: r.u8(f["label"]) == 1,
     "u32": lambda r, f: r.u32(f["label"]),
@@ -167,12 +167,40 @@ def _fields(r: _Reader, fields: tuple) -> list:
     return values + raw
 
 
+#: bytes of a field of a fixed-size kind ("bytes": its "size"); a list has none
+_FIXED = {"bool": 1, "u32": 4, "i32": 4, "u64": 8, "enum": 1, "ns": 16, "hash": 32}
+
+
 def _decoder(name: str, spec: dict) -> Any:
+    """The decoder of one reply's body. Trailing optional fields (docs/protocol.md section 3) are
+    told apart by the bytes left after the required ones: each optional field but the last has a
+    fixed size, and the last may be a list (present when more bytes follow). One the reply left
+    out reads as None."""
     cls, fields = REPLY_CLASSES[spec["code"]], spec["fields"]
     what = name.lower().replace("_", " ")
+    required = tuple(f for f in fields if not f.get("optional"))
+    optional = tuple(f for f in fields if f.get("optional"))
+    sizes = [f["size"] if f["kind"] == "bytes" else _FIXED.get(f["kind"]) for f in optional]
+    variable_last = bool(optional) and sizes[-1] is None
+    trailers = [0]
+    for size in sizes[: len(sizes) - 1] if variable_last else sizes:
+        trailers.append(trailers[-1] + size)
 
     def decode(r: _Reader) -> Reply:
-        values = _fields(r, fields)
+        values = _fields(r, required)
+        if optional:
+            rest = len(r.buf) - r.off
+            if variable_last and rest > trailers[-1]:
+                k = len(optional)
+            elif rest in trailers:
+                k = trailers.index(rest)
+            else:
+                names = ", then ".join(f["name"] for f in optional)
+                raise ProtocolError(
+                    f"{rest} unexpected trailing bytes after {what}'s fixed fields at offset "
+                    f"{r.off}; only {names} may follow"
+                )
+            values += _fields(r, optional[:k]) + [None] * (len(optional) - k)
         r.end(what)
         return cls(*values)
 
@@ -190,15 +218,16 @@ def _d_lookup(r: _Reader) -> LookupResult:
 
 _LOOKUP_STATUS = next(f["names"] for f in MESSAGES["LOOKUP_RESULT"]["fields"] if f["kind"] == "enum")
 #: the layout _lookup_fast reads; it is used only while the table says LOOKUP_RESULT is this
-_FAST_LAYOUT = ("str", "enum", "u32", "u32", "u32", "list")
+_FAST_LAYOUT = ("str", "enum", "u32", "u32", "u32", "list", "u32", "list")
 _FAST = tuple(f["kind"] for f in MESSAGES["LOOKUP_RESULT"]["fields"]) == _FAST_LAYOUT
 _LOOKUP_ID_MAX = MESSAGES["LOOKUP_RESULT"]["fields"][0]["max"]
 _LOOKUP_FIXED = struct.Struct("<BIIIB")  # status, epoch, hit tokens, hit chunks, tier count
 
 
 def _lookup_fast(buf: bytes) -> LookupResult | None:
-    """A well-formed LOOKUP_RESULT in a few struct calls (the reply a scheduler waits on);
-    None for anything else, which :func:`_d_lookup` then decodes or refuses with its reason."""
+    """A well-formed LOOKUP_RESULT without its optional fields in a few struct calls (the reply a
+    scheduler waits on); None for anything else, which :func:`_d_lookup` then decodes or refuses
+    with its reason."""
     try:
         (n,) = _U16.unpack_from(buf, HEADER_BYTES)
         if n > _LOOKUP_ID_MAX:

@@ -5,6 +5,7 @@ out by the generated message table and refuses what the wire cannot carry.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable, Sequence
 
 from .errors import InvalidArgumentError
@@ -23,11 +24,15 @@ def encode_lookup(
     pin: bool = True,
     prefetch: bool = True,
     config: dict | None = None,
+    compute_tokens_per_s: float | None = None,
 ) -> bytes:
     """LOOKUP. ``token_counts``: one per hash (each sent as a u32; the server refuses 0 and
     counts over its ``maxTokensPerChunk``). The config JSON carries only non-default options
     (none -> 0 bytes), unless ``config`` is given: then that object is sent as compact JSON
-    and ``pin``/``prefetch`` are ignored.
+    and ``pin``/``prefetch`` are ignored. ``compute_tokens_per_s`` (the engine's prefill rate,
+    tokens/s, a positive finite number) adds ``computeTokensPerSec`` to it: the server then claims
+    a tier's hits only where fetching them beats computing them, and its answer carries the tier
+    rates (docs/protocol.md 4.1).
     """
     if config is None:
         if pin is True and prefetch is True:
@@ -36,6 +41,8 @@ def encode_lookup(
             raise InvalidArgumentError("pin and prefetch must be booleans")
         else:
             config = {k: False for k, on in (("pin", pin), ("prefetch", prefetch)) if not on}
+    if compute_tokens_per_s is not None:
+        config = {**config, "computeTokensPerSec": check_rate(compute_tokens_per_s)}
     return encode_message(
         "LOOKUP",
         request_id,
@@ -47,6 +54,21 @@ def encode_lookup(
             "config": config,
         },
     )
+
+
+def check_rate(tokens_per_s: Any) -> float:
+    """``tokens_per_s`` as a LOOKUP's ``computeTokensPerSec``.
+
+    :raises InvalidArgumentError: unless it is a positive finite number (not a bool).
+    """
+    if (
+        isinstance(tokens_per_s, bool)
+        or not isinstance(tokens_per_s, (int, float))
+        or not math.isfinite(tokens_per_s)
+        or tokens_per_s <= 0
+    ):
+        raise InvalidArgumentError(f"compute_tokens_per_s must be a positive finite number, got {tokens_per_s!r}")
+    return tokens_per_s
 
 
 def encode_cancel(request_id: int, lookup_id: str) -> bytes:

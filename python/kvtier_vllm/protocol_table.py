@@ -55,7 +55,7 @@ MESSAGES = {
             {"kind": "nsList", "key": "namespaces", "name": "namespaces", "label": "namespaces", "min": 1, "max": 16},
             {"kind": "hashes", "key": "hashes", "name": "hashes", "label": "hashes", "max": 65536},
             {"kind": "u32s", "key": "token_counts", "name": "tokenCounts", "label": "token count", "count_of": "hashes", "range": (1, 4294967295)},
-            {"kind": "json", "key": "config", "name": "config", "label": "config", "max": 4096, "booleans": ("pin", "prefetch"), "object": "require", "omit_empty": True},
+            {"kind": "json", "key": "config", "name": "config", "label": "config", "max": 4096, "booleans": ("pin", "prefetch"), "numbers": ("computeTokensPerSec",), "object": "require", "omit_empty": True},
         ),
         "rules": (),
     },
@@ -193,6 +193,8 @@ MESSAGES = {
             {"kind": "u32", "key": "hit_tokens", "name": "hitTokens", "label": "hitTokens"},
             {"kind": "u32", "key": "hit_chunks", "name": "hitChunks", "label": "hitChunks"},
             {"kind": "list", "key": "tiers", "name": "tiers", "label": "tiers", "max": 255, "record": "TierTokens", "of": ({"kind": "str", "key": "tier", "name": "tier", "label": "tier name", "max": 65535}, {"kind": "u32", "key": "tokens", "name": "tokens", "label": "tier tokens"})},
+            {"kind": "u32", "key": "bytes_per_token", "name": "bytesPerToken", "label": "bytesPerToken", "optional": True},
+            {"kind": "list", "key": "tier_rates", "name": "tierRates", "label": "tierRates", "max": 255, "record": "TierRate", "optional": True, "of": ({"kind": "str", "key": "tier", "name": "tier", "label": "tier name", "max": 65535}, {"kind": "enum", "key": "decision", "name": "decision", "label": "decision", "names": ("none", "load", "decline"), "unknown": "KVT_PROTOCOL"}, {"kind": "u64", "key": "read_bytes_per_sec", "name": "readBytesPerSec", "label": "tier read bandwidth"}, {"kind": "u32", "key": "latency_us", "name": "latencyUs", "label": "tier latency"}, {"kind": "u32", "key": "declined_tokens", "name": "declinedTokens", "label": "declined tokens"})},
         ),
         "rules": (),
     },
@@ -330,6 +332,16 @@ class TierTokens(NamedTuple):
     tokens: int
 
 
+class TierRate(NamedTuple):
+    """One entry of LOOKUP_RESULT's tierRates."""
+
+    tier: str
+    decision: str
+    read_bytes_per_sec: int
+    latency_us: int
+    declined_tokens: int
+
+
 class LookupResult(NamedTuple):
     """LOOKUP_RESULT (0x81), docs/protocol.md 4.1."""
 
@@ -339,6 +351,8 @@ class LookupResult(NamedTuple):
     hit_tokens: int
     hit_chunks: int
     tiers: list
+    bytes_per_token: int | None = None
+    tier_rates: list | None = None
 
 
 class CancelResult(NamedTuple):

@@ -20,7 +20,8 @@ type Flat<T> = { [K in keyof T]: T[K] } & {};
  * The value of field `F`: u32/i32 a number, u64 a bigint, bool a boolean, enum the union of its
  * names, str a string (`known: 'errorCodes'`: a `KvtierErrorCode`), ns a string (32 hex digits),
  * hash a `ChunkHash`, nsList a string array, hashes a Buffer (packed, 32 bytes each), u32s a
- * Uint32Array, json an object (with `booleans`: an object of those optional booleans), blob a
+ * Uint32Array, json an object (with `booleans`: an object of those optional booleans, and of the
+ * optional numbers `numbers` names), blob a
  * Buffer, bytes a Uint8Array, list an array of records of its `of` fields.
  */
 export type FieldValue<F extends Field> = F extends { kind: 'u32' | 'i32' }
@@ -43,15 +44,21 @@ export type FieldValue<F extends Field> = F extends { kind: 'u32' | 'i32' }
                   ? Buffer
                   : F extends { kind: 'u32s' }
                     ? Uint32Array
-                    : F extends { kind: 'json'; booleans: readonly (infer B extends string)[] }
-                      ? { [K in B]?: boolean }
-                      : F extends { kind: 'json' }
-                        ? Record<string, unknown>
-                        : F extends { kind: 'bytes' }
-                          ? Uint8Array
-                          : F extends { kind: 'list'; of: infer O extends readonly Field[] }
-                            ? FieldsOf<O>[]
-                            : never;
+                    : F extends {
+                          kind: 'json';
+                          booleans: readonly (infer B extends string)[];
+                          numbers: readonly (infer N extends string)[];
+                        }
+                      ? Flat<{ [K in B]?: boolean } & { [K in N]?: number }>
+                      : F extends { kind: 'json'; booleans: readonly (infer B extends string)[] }
+                        ? { [K in B]?: boolean }
+                        : F extends { kind: 'json' }
+                          ? Record<string, unknown>
+                          : F extends { kind: 'bytes' }
+                            ? Uint8Array
+                            : F extends { kind: 'list'; of: infer O extends readonly Field[] }
+                              ? FieldsOf<O>[]
+                              : never;
 
 /** The properties of fields `Fs`: one per field, optional where the field is `optional`. */
 export type FieldsOf<Fs extends readonly Field[]> = Flat<

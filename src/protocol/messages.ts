@@ -20,7 +20,10 @@ export const NAMESPACE_BYTES = 16;
 
 /** LOOKUP (0x01): how much of these chunks' KV the server holds, in every namespace named. */
 export type LookupRequest = MessageOf<'LOOKUP'>;
-/** Per-lookup options carried as a small JSON object (all optional): `pin`, `prefetch`. */
+/**
+ * Per-lookup options carried as a small JSON object (all optional): `pin`, `prefetch`,
+ * `computeTokensPerSec` (docs/protocol.md 4.1).
+ */
 export type LookupConfig = LookupRequest['config'];
 /** CANCEL (0x02): stop a lookup and release its pins. */
 export type CancelRequest = MessageOf<'CANCEL'>;
@@ -44,6 +47,8 @@ export type LookupResult = MessageOf<'LOOKUP_RESULT'>;
 export type LookupStatusName = LookupResult['status'];
 /** One tier's share of a lookup's ready tokens. */
 export type TierTokens = LookupResult['tiers'][number];
+/** One tier's rates and the lookup's decision about it (sent with `computeTokensPerSec`). */
+export type TierRate = NonNullable<LookupResult['tierRates']>[number];
 /** CANCEL_RESULT (0x82). */
 export type CancelResult = MessageOf<'CANCEL_RESULT'>;
 /** CLEAR_RESULT (0x83). */

@@ -21,8 +21,10 @@ interface Compiled {
   readonly ops: readonly FieldOps[];
   /** Index of the first trailing optional field (`ops.length` when none). */
   readonly firstOptional: number;
-  /** Byte counts allowed after the required fields: 0, then each optional prefix. */
+  /** Byte counts allowed after the required fields: 0, then each prefix of fixed optionals. */
   readonly trailers: readonly number[];
+  /** The last optional field has no fixed size (a list): present when more bytes follow. */
+  readonly variableLast: boolean;
   readonly late: boolean;
   /** The encoder and field reader unrolled for this message (messages without optional fields). */
   readonly unrolled?: Unrolled;
@@ -67,11 +69,27 @@ function compile(spec: MessageSpec): Compiled {
   const ops = spec.fields.map((f) => fieldOps(f, what, spec.dir === 'reply'));
   let firstOptional = spec.fields.findIndex((f) => 'optional' in f && f.optional === true);
   if (firstOptional < 0) firstOptional = ops.length;
+  const variableLast = firstOptional < ops.length && ops.at(-1)!.fixed === 0;
   const trailers = [0];
-  for (let i = firstOptional; i < ops.length; i++) trailers.push(trailers.at(-1)! + ops[i]!.fixed);
+  for (let i = firstOptional; i < ops.length - (variableLast ? 1 : 0); i++) {
+    if (ops[i]!.fixed === 0)
+      throw new Error(
+        `${spec.name}: optional field ${ops[i]!.key} has no fixed size and is not last`,
+      );
+    trailers.push(trailers.at(-1)! + ops[i]!.fixed);
+  }
   const late = spec.fields.some((f) => f.kind === 'json' && f.late === true);
   const unrolled = firstOptional === ops.length ? unroll(spec, ops, what) : undefined;
-  return { spec, what, ops, firstOptional, trailers, late, ...(unrolled ? { unrolled } : {}) };
+  return {
+    spec,
+    what,
+    ops,
+    firstOptional,
+    trailers,
+    variableLast,
+    late,
+    ...(unrolled ? { unrolled } : {}),
+  };
 }
 
 function checkRules(rules: readonly Rule[] | undefined, m: Msg, what: string): void {
@@ -178,9 +196,13 @@ function decodeMessage(
   else for (let i = 0; i < c.firstOptional; i++) out[ops[i]!.key] = ops[i]!.read(r, limits, out);
   if (c.firstOptional < ops.length) {
     const rest = r.buf.length - r.off;
-    const k = c.trailers.indexOf(rest);
+    const fixedAll = c.trailers.at(-1)!;
+    // Past every fixed optional field: the variable last one follows (the end check holds it).
+    const k = c.variableLast && rest > fixedAll ? c.trailers.length : c.trailers.indexOf(rest);
     if (k < 0) {
-      const names = ops.slice(c.firstOptional).map((o) => `${o.key} (${o.fixed} bytes)`);
+      const names = ops
+        .slice(c.firstOptional)
+        .map((o) => `${o.key} (${o.fixed > 0 ? `${o.fixed} bytes` : 'variable'})`);
       throw new KvtierError(
         'KVT_PROTOCOL',
         `${c.what} has ${rest} bytes after its fixed fields at offset ${r.off}; only ${names.join(', then ')} may follow`,

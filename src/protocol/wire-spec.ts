@@ -25,7 +25,9 @@ export type Max = number | { readonly wire: number; readonly limit: keyof Protoc
  * - `bytes`: exactly `size` bytes. `list`: u8 count + records of `of` (the encoder sends the
  *   first `max`).
  * `optional` fields are trailing: each is present only when every one before it is; an encoder
- * writes up to the last one that is set (earlier ones as 0).
+ * writes up to the last one that is set (earlier ones as 0). Every optional field has a fixed
+ * size but the last, which may be a `list`: a decoder tells which are present from the bytes
+ * left after the required fields.
  */
 export type Field =
   | { kind: 'bool' | 'u64'; key: string; label?: string; optional?: true }
@@ -72,6 +74,8 @@ export type Field =
       max?: number;
       /** Keys kept, each a boolean when present; absent: the whole object is kept. */
       booleans?: readonly string[];
+      /** Keys kept too (with `booleans`), each a positive finite number when present. */
+      numbers?: readonly string[];
       /** `require`: anything but an object is `KVT_INVALID_ARGUMENT`; `coerce`: it reads `{}`. */
       object: 'require' | 'coerce';
       /** An empty object is sent as 0 bytes. */
@@ -91,6 +95,7 @@ export type Field =
       of: readonly Field[];
       /** Name of one record's type (the Python reply record). */
       record: string;
+      optional?: true;
     };
 
 /** A check across fields, run by the decoder after the body and by the encoder before it. */

@@ -70,12 +70,15 @@ export const MESSAGES = [
     { kind: 'u32s', key: 'tokenCounts', label: 'token count', countOf: 'hashes', range: TOKENS },
     // Per-lookup options (`LookupConfig`), all optional. `pin`: pin the hits until
     // cancel/cleanup or the pin TTL (default true). `prefetch`: prefetch lower-tier hits into
-    // host memory (default true); without it, only CPU hits count.
+    // host memory (default true); without it, only CPU hits count. `computeTokensPerSec`: the
+    // engine's prefill rate, tokens/s; with it a tier below host memory is claimed from only
+    // where fetching its hits beats computing them, and the reply carries the tier rates.
     {
       kind: 'json',
       key: 'config',
       max: WIRE.maxConfigBytes,
       booleans: ['pin', 'prefetch'],
+      numbers: ['computeTokensPerSec'],
       object: 'require',
       omitEmpty: true,
     },
@@ -181,6 +184,27 @@ export const MESSAGES = [
       of: [
         { kind: 'str', key: 'tier', label: 'tier name', max: 0xffff },
         { kind: 'u32', key: 'tokens', label: 'tier tokens' },
+      ],
+    },
+    // Sent only to a LOOKUP whose config named `computeTokensPerSec` (a reader that predates
+    // them refuses trailing bytes). KV bytes per token of the first namespace as the server
+    // knows them from its chunks (0: none seen yet).
+    { kind: 'u32', key: 'bytesPerToken', optional: true },
+    // Every tier in config order (`TierRate`): what this lookup decided about it (`none`: no
+    // decision was needed), its read bandwidth (bytes/s; 0: not measured) and per-request
+    // latency (µs) as the server measures them, and the tokens it held that were declined.
+    {
+      kind: 'list',
+      key: 'tierRates',
+      max: 255,
+      record: 'TierRate',
+      optional: true,
+      of: [
+        { kind: 'str', key: 'tier', label: 'tier name', max: 0xffff },
+        enumOf('decision', ['none', 'load', 'decline'], 'KVT_PROTOCOL'),
+        { kind: 'u64', key: 'readBytesPerSec', label: 'tier read bandwidth' },
+        { kind: 'u32', key: 'latencyUs', label: 'tier latency' },
+        { kind: 'u32', key: 'declinedTokens', label: 'declined tokens' },
       ],
     },
   ]),

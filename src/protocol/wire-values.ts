@@ -85,6 +85,13 @@ export function parseJson(f: Extract<Field, { kind: 'json' }>, label: string, te
     if (typeof o[k] !== 'boolean') throw invalid(`${label} "${k}" must be a boolean`);
     out[k] = o[k];
   }
+  for (const k of f.numbers ?? []) {
+    const x = o[k];
+    if (x === undefined) continue;
+    if (typeof x !== 'number' || !Number.isFinite(x) || x <= 0)
+      throw invalid(`${label} "${k}" must be a positive finite number, got ${JSON.stringify(x)}`);
+    out[k] = x;
+  }
   return out;
 }
 

@@ -177,7 +177,7 @@ describe('a message added to the table alone', () => {
     assert.equal(typeof echo.msg.notAfterNs, 'bigint');
     assert.equal((echo.msg.tag as Uint8Array).length, 8);
     // The messages that have hand-written samples keep them, and only them.
-    assert.equal(requests.filter((s) => s.msg.type === 'lookup').length, 4);
+    assert.equal(requests.filter((s) => s.msg.type === 'lookup').length, 5);
     assert.deepEqual(codec.decodeRequest(codec.encode(echo.msg), DEFAULT_LIMITS), echo.msg);
     assert.deepEqual(codec.decodeReply(codec.encode(result.msg), DEFAULT_LIMITS), result.msg);
   });

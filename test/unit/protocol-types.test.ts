@@ -27,8 +27,15 @@ type Expect<T extends true> = T;
 
 // The interfaces as they were written by hand before the types were derived from the table.
 type Id<T extends string> = { type: T; requestId: number };
-type ExpectedLookupConfig = { pin?: boolean; prefetch?: boolean };
+type ExpectedLookupConfig = { pin?: boolean; prefetch?: boolean; computeTokensPerSec?: number };
 type ExpectedTierTokens = { tier: string; tokens: number };
+type ExpectedTierRate = {
+  tier: string;
+  decision: 'none' | 'load' | 'decline';
+  readBytesPerSec: bigint;
+  latencyUs: number;
+  declinedTokens: number;
+};
 type ExpectedLookupRequest = Id<'lookup'> & {
   lookupId: string;
   namespaces: string[];
@@ -69,6 +76,8 @@ type ExpectedLookupResult = Id<'lookup-result'> & {
   hitTokens: number;
   hitChunks: number;
   tiers: ExpectedTierTokens[];
+  bytesPerToken?: number;
+  tierRates?: ExpectedTierRate[];
 };
 type Flat<T> = { [K in keyof T]: T[K] } & {};
 type LookupPlaneRequests =
@@ -112,6 +121,7 @@ type ReplyTag = AllReplies['type'];
 export type Checks = [
   Expect<Equal<M.LookupConfig, ExpectedLookupConfig>>,
   Expect<Equal<M.TierTokens, ExpectedTierTokens>>,
+  Expect<Equal<M.TierRate, ExpectedTierRate>>,
   Expect<Equal<M.LookupRequest, Flat<ExpectedLookupRequest>>>,
   Expect<Equal<M.CancelRequest, Flat<Id<'cancel'> & { lookupId: string }>>>,
   Expect<Equal<M.ClearRequest, Flat<Id<'clear'> & { namespaces: string[] }>>>,
