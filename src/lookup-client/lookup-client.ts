@@ -39,7 +39,30 @@ export type HashesInput = Uint8Array | readonly Uint8Array[];
 
 export interface LookupCallOptions {
   namespaces?: readonly string[];
+  /**
+   * Per-lookup options (docs/protocol.md 4.1): `pin`, `prefetch`, and `computeTokensPerSec`,
+   * the engine's prefill rate (tokens/s): with it the server claims a tier's hits only where
+   * fetching them beats computing them, and the answer carries `tierRates`.
+   */
   config?: LookupConfig;
+  /**
+   * A shorter deadline for this non-blocking lookup, ms from the first call (an integer >= 1):
+   * the smaller of it and the client's `lookupTimeoutMs` applies.
+   */
+  timeoutMs?: number;
+}
+
+/** One tier as a lookup that named the engine's prefill rate reports it. */
+export interface LookupTierRate {
+  tier: string;
+  /** `load`: its hits were claimed; `decline`: fetching them could not beat computing them. */
+  decision: 'none' | 'load' | 'decline';
+  /** Read bandwidth the server measures, bytes/s; 0 while not measured. */
+  readBytesPerSec: number;
+  /** Per-request latency the server measures, ms. */
+  latencyMs: number;
+  /** Tokens the tier held that the server declined (0 when it did not ask the tier). */
+  declinedTokens: number;
 }
 
 /** A lookup answer as the server gave it. */
@@ -49,11 +72,15 @@ export interface LookupAnswer {
   hitChunks: number;
   epoch: number;
   tiers: TierTokens[];
+  /** With `computeTokensPerSec` (from a server that knows it): KV bytes per token, 0 unknown. */
+  bytesPerToken?: number;
+  /** With `computeTokensPerSec`: every tier of the server, in order. */
+  tierRates?: LookupTierRate[];
 }
 
 interface PendingLookup {
   deadline: number;
-  answer: number | undefined;
+  answer: LookupAnswer | undefined;
 }
 
 const DEFAULTS = { lookupTimeoutMs: 2000, requestTimeoutMs: 10_000, livenessTimeoutMs: 5000 };
@@ -130,24 +157,41 @@ export class LookupClient {
     tokenCounts: ArrayLike<number>,
     opts: LookupCallOptions = {},
   ): number | null {
-    if (this.#rs.closed) return 0;
+    return this.lookupAnswer(lookupId, hashes, tokenCounts, opts)?.hitTokens ?? null;
+  }
+
+  /**
+   * {@link lookup} with the whole answer: null while pending, then the answer once (its
+   * `hitTokens` is what `lookup` returns: 0 unless the status is ok); past the deadline an
+   * answer of status `timeout` (the server-side work is cancelled).
+   * @throws KvtierError `KVT_INVALID_ARGUMENT` for a `timeoutMs` that is not an integer >= 1.
+   */
+  lookupAnswer(
+    lookupId: string,
+    hashes: HashesInput,
+    tokenCounts: ArrayLike<number>,
+    opts: LookupCallOptions = {},
+  ): LookupAnswer | null {
+    if (this.#rs.closed) return missed('canceled', this.#maxEpoch);
     const state = this.#lookups.get(lookupId);
     if (state === undefined) {
-      const entry: PendingLookup = {
-        deadline: this.#now() + this.#lookupTimeoutMs,
-        answer: undefined,
-      };
+      const timeoutMs =
+        opts.timeoutMs === undefined
+          ? this.#lookupTimeoutMs
+          : Math.min(this.#lookupTimeoutMs, requireInt('timeoutMs', opts.timeoutMs, 1));
+      const entry: PendingLookup = { deadline: this.#now() + timeoutMs, answer: undefined };
       this.#lookups.set(lookupId, entry);
       // The request's own timer is only a backstop; the deadline above is what lookup() enforces.
+      const { timeoutMs: _own, ...call } = opts;
       this.lookupAsync(lookupId, hashes, tokenCounts, {
-        ...opts,
-        timeoutMs: this.#lookupTimeoutMs * 2 + 1000,
+        ...call,
+        timeoutMs: timeoutMs * 2 + 1000,
       }).then(
         (a) => {
-          entry.answer = a.status === 'ok' ? a.hitTokens : 0;
+          entry.answer = a.status === 'ok' ? a : { ...a, hitTokens: 0, hitChunks: 0 };
         },
         () => {
-          entry.answer = 0;
+          entry.answer = missed('canceled', this.#maxEpoch);
         },
       );
       return null;
@@ -159,7 +203,7 @@ export class LookupClient {
     if (this.#now() >= state.deadline) {
       this.#lookups.delete(lookupId);
       this.#abandon(lookupId);
-      return 0;
+      return missed('timeout', this.#maxEpoch);
     }
     return null;
   }
@@ -203,17 +247,27 @@ export class LookupClient {
       );
       if (rep.type !== 'lookup-result') throw unexpected(rep);
       const stale = rep.status === 'stale' || rep.epoch < this.#maxEpoch;
-      return {
+      const answer: LookupAnswer = {
         status: stale ? 'stale' : rep.status,
         hitTokens: stale || rep.status !== 'ok' ? 0 : rep.hitTokens,
         hitChunks: stale || rep.status !== 'ok' ? 0 : rep.hitChunks,
         epoch: rep.epoch,
         tiers: rep.tiers,
       };
+      if (rep.bytesPerToken !== undefined) answer.bytesPerToken = rep.bytesPerToken;
+      if (rep.tierRates !== undefined)
+        answer.tierRates = rep.tierRates.map((t) => ({
+          tier: t.tier,
+          decision: t.decision,
+          readBytesPerSec: Number(t.readBytesPerSec),
+          latencyMs: t.latencyUs / 1000,
+          declinedTokens: t.declinedTokens,
+        }));
+      return answer;
     } catch (err) {
       if (err instanceof KvtierError && err.code === 'KVT_TIMEOUT') {
         this.#abandon(lookupId);
-        return { status: 'timeout', hitTokens: 0, hitChunks: 0, epoch: this.#maxEpoch, tiers: [] };
+        return missed('timeout', this.#maxEpoch);
       }
       throw err;
     }
@@ -311,6 +365,11 @@ export class LookupClient {
     this.#lookups.clear();
     return this.#rs.close();
   }
+}
+
+/** An answer with no hit: a timeout, or a lookup that could not be made. */
+function missed(status: 'timeout' | 'canceled', epoch: number): LookupAnswer {
+  return { status, hitTokens: 0, hitChunks: 0, epoch, tiers: [] };
 }
 
 /**

@@ -1,5 +1,10 @@
 import { KvtierError } from '../errors.ts';
-import type { HashesInput, LookupCallOptions, LookupClient } from './lookup-client.ts';
+import type {
+  HashesInput,
+  LookupAnswer,
+  LookupCallOptions,
+  LookupClient,
+} from './lookup-client.ts';
 
 /**
  * Looks up the same prompt on several lookup servers (one per rank or node) and answers the
@@ -8,7 +13,7 @@ import type { HashesInput, LookupCallOptions, LookupClient } from './lookup-clie
  */
 export class MultiLookupClient {
   readonly #clients: readonly LookupClient[];
-  readonly #partial = new Map<string, (number | undefined)[]>();
+  readonly #partial = new Map<string, (LookupAnswer | undefined)[]>();
 
   /** @throws KVT_INVALID_ARGUMENT with no clients. The clients stay owned by the caller. */
   constructor(clients: readonly LookupClient[]) {
@@ -24,21 +29,37 @@ export class MultiLookupClient {
     tokenCounts: ArrayLike<number>,
     opts: LookupCallOptions = {},
   ): number | null {
+    return this.lookupAnswer(lookupId, hashes, tokenCounts, opts)?.hitTokens ?? null;
+  }
+
+  /**
+   * Non-blocking, with the whole answer: null while any server is pending, then the answer of
+   * the server that had the fewest tokens ready (the first of them), whose tiers and rates are
+   * what limited the claim.
+   */
+  lookupAnswer(
+    lookupId: string,
+    hashes: HashesInput,
+    tokenCounts: ArrayLike<number>,
+    opts: LookupCallOptions = {},
+  ): LookupAnswer | null {
     let answers = this.#partial.get(lookupId);
     if (answers === undefined) {
-      answers = new Array<number | undefined>(this.#clients.length).fill(undefined);
+      answers = new Array<LookupAnswer | undefined>(this.#clients.length).fill(undefined);
       this.#partial.set(lookupId, answers);
     }
     let pending = false;
     this.#clients.forEach((client, i) => {
       if (answers[i] !== undefined) return;
-      const a = client.lookup(lookupId, hashes, tokenCounts, opts);
+      const a = client.lookupAnswer(lookupId, hashes, tokenCounts, opts);
       if (a === null) pending = true;
       else answers[i] = a;
     });
     if (pending) return null;
     this.#partial.delete(lookupId);
-    return Math.min(...(answers as number[]));
+    let min = answers[0]!;
+    for (const a of answers as LookupAnswer[]) if (a.hitTokens < min.hitTokens) min = a;
+    return min;
   }
 
   /** Promise variant: the minimum of every server's hit tokens (a timeout counts as 0). */

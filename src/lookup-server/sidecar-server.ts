@@ -21,6 +21,7 @@ import {
   type Request,
 } from '../protocol/messages.ts';
 import { SocketSendQueue } from '../protocol/send-queue.ts';
+import { ratesOnWire } from '../storage-manager/claim-rule.ts';
 import type { StorageManager } from '../storage-manager/storage-manager.ts';
 import type { LookupInput, LookupOutcome } from '../storage-manager/storage-types.ts';
 import { Deadline } from '../util/deadline.ts';
@@ -437,6 +438,7 @@ export class SidecarServer {
       hitTokens: outcome.hitTokens,
       hitChunks: outcome.hitChunks,
       tiers: outcome.tiers,
+      ...(outcome.rates === undefined ? {} : ratesOnWire(outcome.rates)),
     });
   }
 
@@ -496,5 +498,7 @@ function lookupInput(req: LookupRequest): LookupInput {
   };
   if (req.config.pin !== undefined) input.pin = req.config.pin;
   if (req.config.prefetch !== undefined) input.prefetch = req.config.prefetch;
+  const rate = req.config.computeTokensPerSec;
+  if (rate !== undefined) input.computeTokensPerSec = rate;
   return input;
 }

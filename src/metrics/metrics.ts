@@ -12,6 +12,9 @@ import { guard, onObserve } from './prom-helpers.ts';
 /** Values of the `result` label of `kvtier_lookups_total`. */
 export type LookupResult = 'hit' | 'partial' | 'miss' | 'canceled' | 'timeout' | 'error' | 'stale';
 
+/** Values of the `decision` label of `kvtier_lookup_tier_decisions_total`. */
+export type TierDecisionLabel = 'load' | 'decline';
+
 /** Values of the `op` label of `kvtier_backend_op_duration_seconds` and `kvtier_backend_errors_total`. */
 export type BackendOp = 'contains' | 'get' | 'put' | 'remove' | 'clear';
 
@@ -58,6 +61,18 @@ export interface MetricSources {
   epoch?: () => number;
   /** Whether the sidecar can serve lookups, and whether it serves with a lower tier not up. */
   serving?: () => { ready: boolean; degraded: boolean };
+  /**
+   * Each tier's read rate as lookups use it: bandwidth in bytes/s and latency in seconds,
+   * undefined while not measured.
+   */
+  tierRates?: () => readonly MetricTierRate[];
+}
+
+/** One tier's read rate, as `kvtier_tier_read_*` report it. */
+export interface MetricTierRate {
+  readonly tier: string;
+  readonly readBytesPerSec: number | undefined;
+  readonly latencySeconds: number | undefined;
 }
 
 /** Options of {@link KvtierMetrics}. */
@@ -103,6 +118,7 @@ interface ScrapeSnapshot {
   readonly writeQueueDepth: number | undefined;
   readonly epoch: number | undefined;
   readonly serving: { ready: boolean; degraded: boolean } | undefined;
+  readonly tierRates: readonly MetricTierRate[] | undefined;
 }
 
 type Kind = 'gauge' | 'counter';
@@ -232,6 +248,13 @@ export class KvtierMetrics {
   readonly writeThroughDropped: Counter<'tier' | 'reason'>;
   /** kvtier_pins_expired_total: pins released by TTL rather than by the client. */
   readonly pinsExpired: Counter;
+  /**
+   * kvtier_lookup_tier_decisions_total{tier,decision}: lookups that named the engine's prefill
+   * rate, by what they decided about a tier below host memory (`load`: its hits claimed;
+   * `decline`: fetching them could not beat computing them, so they were not claimed or the tier
+   * not asked). One per lookup and tier decided.
+   */
+  readonly lookupTierDecisions: Counter<'tier' | 'decision'>;
 
   #sources: MetricSources = {};
   #scrape: ScrapeSnapshot | undefined;
@@ -347,6 +370,11 @@ export class KvtierMetrics {
       'kvtier_pins_expired_total',
       'Pins released because their TTL ran out rather than by the client.',
     );
+    this.lookupTierDecisions = counter(
+      'kvtier_lookup_tier_decisions_total',
+      "Lookups that named the engine's prefill rate, by tier and decision: load (fetching beat computing) or decline.",
+      ['tier', 'decision'],
+    );
     this.#registerScrapeMetrics(registers);
     // Registered after the scrape-time metrics so a scrape reports its own source failures.
     this.#sourceErrors = counter(
@@ -419,6 +447,34 @@ export class KvtierMetrics {
           : new Counter({ name, help, registers, collect }),
       );
     }
+    const rate = (name: string, help: string, read: (r: MetricTierRate) => number | undefined) =>
+      guard(
+        name,
+        () =>
+          new Gauge<'tier'>({
+            name,
+            help,
+            labelNames: ['tier'],
+            registers,
+            collect() {
+              this.reset();
+              for (const r of self.#snapshot().tierRates ?? []) {
+                const v = read(r);
+                if (v !== undefined && Number.isFinite(v)) this.set({ tier: r.tier }, v);
+              }
+            },
+          }),
+      );
+    rate(
+      'kvtier_tier_read_bandwidth_bytes_per_second',
+      'Read bandwidth of a tier as lookups measure it (decayed mean of recent prefetch gets); absent while not measured.',
+      (r) => r.readBytesPerSec,
+    );
+    rate(
+      'kvtier_tier_read_latency_seconds',
+      'Per-request latency of a tier as lookups measure it (decayed mean of recent probes); absent while not measured.',
+      (r) => r.latencySeconds,
+    );
     guard(
       'kvtier_events',
       () =>
@@ -461,6 +517,7 @@ export class KvtierMetrics {
       writeQueueDepth: this.#read('writeQueueDepth', src.writeQueueDepth),
       epoch: this.#read('epoch', src.epoch),
       serving: this.#read('serving', src.serving),
+      tierRates: this.#read('tierRates', src.tierRates),
     };
     this.#scrape = snapshot;
     queueMicrotask(() => {

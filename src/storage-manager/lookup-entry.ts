@@ -11,7 +11,7 @@ import type { LazyAbort } from './lazy-abort.ts';
 import type { LookupBytesHold } from './lookup-budget.ts';
 import type { LookupHashes } from './lookup-hashes.ts';
 import type { PinLedger } from './pin-ledger.ts';
-import type { LookupOutcome, PinnedLookup, TierTokens } from './storage-types.ts';
+import type { LookupOutcome, LookupRates, PinnedLookup, TierTokens } from './storage-types.ts';
 
 /** A running lookup's event-manager hooks, one object per lookup (no closures). */
 export class LookupHooks implements PrefetchHooks<PinnedLookup> {
@@ -46,6 +46,7 @@ export class AnsweredLookup implements PinnedLookup {
   hitTokens: number;
   hitChunks: number;
   tiers: TierTokens[];
+  rates?: LookupRates;
   readonly lookupId: string;
   readonly namespaces: readonly NamespaceId[];
   readonly ledger: PinLedger;
@@ -65,6 +66,7 @@ export class AnsweredLookup implements PinnedLookup {
     this.hitTokens = outcome.hitTokens;
     this.hitChunks = outcome.hitChunks;
     this.tiers = outcome.tiers;
+    if (outcome.rates !== undefined) this.rates = outcome.rates;
     this.lookupId = lookupId;
     this.namespaces = namespaces;
     this.#hashes = hashes;
@@ -79,11 +81,13 @@ export class AnsweredLookup implements PinnedLookup {
 
 /** The public part of an answered lookup (a copy: the pinned lookup stays internal). */
 export function outcomeOf(p: PinnedLookup): LookupOutcome {
-  return {
+  const o: LookupOutcome = {
     status: p.status,
     epoch: p.epoch,
     hitTokens: p.hitTokens,
     hitChunks: p.hitChunks,
     tiers: p.tiers,
   };
+  if (p.rates !== undefined) o.rates = p.rates;
+  return o;
 }

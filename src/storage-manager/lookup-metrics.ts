@@ -1,10 +1,11 @@
 /**
  * The lookup's metrics: `kvtier_lookups_total` by result, tokens asked about and found per tier,
- * and the lookup duration, recorded once per lookup by the lookup walk (lookup-walk.ts) with
+ * what lookups decided about each tier, and the lookup duration, recorded once per lookup by the lookup walk (lookup-walk.ts) with
  * label objects made once.
  */
 import { type CounterTally, type Tally, tallyOf } from '../metrics/counter-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
+import type { TierDecision } from './claim-rule.ts';
 import type { TierTokens } from './storage-types.ts';
 
 /** The `result` label of `kvtier_lookups_total`. */
@@ -26,6 +27,8 @@ export class LookupRecorder {
   readonly #requested: Tally | undefined;
   readonly #hitTokens: CounterTally<'tier'> | undefined;
   readonly #tierTallies = new Map<string, Tally>();
+  readonly #decisions: CounterTally<'tier' | 'decision'> | undefined;
+  readonly #decisionTallies = new Map<string, Tally>();
 
   constructor(metrics: KvtierMetrics | undefined) {
     this.#m = metrics;
@@ -36,6 +39,23 @@ export class LookupRecorder {
     ) as Record<LookupResultLabel, Tally>;
     this.#requested = tallyOf(metrics.lookupRequestedTokens).total;
     this.#hitTokens = tallyOf(metrics.lookupHitTokens);
+    this.#decisions = tallyOf(metrics.lookupTierDecisions);
+  }
+
+  /** Counts what a lookup decided about each tier (tiers it decided nothing about are left out). */
+  decided(tiers: readonly TierDecision[]): void {
+    const d = this.#decisions;
+    if (d === undefined) return;
+    for (const t of tiers) {
+      if (t.decision === 'none') continue;
+      const key = `${t.decision}\u0000${t.tier}`;
+      let tally = this.#decisionTallies.get(key);
+      if (tally === undefined) {
+        tally = d.child({ tier: t.tier, decision: t.decision });
+        this.#decisionTallies.set(key, tally);
+      }
+      tally.n++;
+    }
   }
 
   /** Counts a lookup that ended without an answer. */

@@ -27,6 +27,7 @@ import type {
   PendingPrefetch,
   PrefetchHooks,
 } from '../event-manager/event-manager.ts';
+import { ClaimRule, ratesOnly } from './claim-rule.ts';
 import { LazyAbort } from './lazy-abort.ts';
 import {
   estimateLookupBytes,
@@ -36,9 +37,10 @@ import {
 import { AnsweredLookup, LookupHooks, outcomeOf } from './lookup-entry.ts';
 import { LookupHashes } from './lookup-hashes.ts';
 import { LookupRecorder } from './lookup-metrics.ts';
+import { breakdown, fitBudget, tokensOf } from './lookup-prefix.ts';
 import { PinLedger } from './pin-ledger.ts';
 import { type PrefetchParts, prefetchIntoHost, type Segment } from './prefetch.ts';
-import type { LookupInput, LookupOutcome, PinnedLookup, TierTokens } from './storage-types.ts';
+import type { LookupInput, LookupOutcome, LookupRates, PinnedLookup } from './storage-types.ts';
 
 /** What a {@link LookupWalk} reads and writes; all owned by the storage manager. */
 export interface LookupWalkParts extends PrefetchParts {
@@ -166,17 +168,29 @@ export class LookupWalk {
   ): Promise<AnsweredLookup> {
     const epoch = this.#epoch();
     const ledger = new PinLedger();
+    const rule =
+      input.computeTokensPerSec === undefined
+        ? undefined
+        : new ClaimRule(
+            this.#tiers,
+            this.#parts.rates,
+            this.#parts.shapes,
+            input.computeTokensPerSec,
+            input.tokenCounts,
+            input.namespaces[0],
+          );
     try {
       const n = hashes.length;
       const tierCount = input.prefetch === false ? 1 : this.#tiers.length;
       const segmentsByNs: Segment[][] = [];
       let ready = n;
       for (const ns of input.namespaces) {
-        const segments = await this.#probe(ns, hashes, tierCount, ledger, abort);
+        const segments = await this.#probe(ns, hashes, tierCount, ledger, abort, rule);
         segmentsByNs.push(segments);
         ready = Math.min(ready, segments.length === 0 ? 0 : segments[segments.length - 1]!.end);
       }
-      ready = this.#fitBudget(segmentsByNs, ready);
+      if (rule !== undefined) ready = rule.apply(input.namespaces, segmentsByNs, ready);
+      ready = fitBudget(segmentsByNs, ready, this.#parts.serializer.capacity);
       ledger.releaseFrom(ready);
       if (abort.aborted) throw abortedError(abort.signal, 'lookup');
       const { namespaces, tokenCounts } = input;
@@ -188,8 +202,12 @@ export class LookupWalk {
       const status = now !== epoch ? 'stale' : 'ok';
       if (status === 'stale') ready = 0;
       const hitTokens = tokensOf(input.tokenCounts, 0, ready);
-      const tiers = this.#breakdown(segmentsByNs[0] ?? [], ready, input.tokenCounts);
+      const tiers = breakdown(this.#tiers, segmentsByNs[0] ?? [], ready, input.tokenCounts);
       const outcome: LookupOutcome = { status, epoch: now, hitTokens, hitChunks: ready, tiers };
+      if (rule !== undefined) {
+        outcome.rates = this.#rates(input, rule.report());
+        this.#recorder.decided(outcome.rates.tiers);
+      }
       // The ledger refers to `hashes` as well (compacted if the answer stays).
       return new AnsweredLookup(outcome, input.lookupId, input.namespaces, hashes, ledger, memory);
     } catch (err) {
@@ -198,13 +216,17 @@ export class LookupWalk {
     }
   }
 
-  /** One namespace's hits: contiguous per tier, each tier continuing where the last stopped. */
+  /**
+   * One namespace's hits: contiguous per tier, each tier continuing where the last stopped. With
+   * a claim rule, a tier that could not beat computing even every chunk left is not asked.
+   */
   async #probe(
     ns: NamespaceId,
     hashes: LookupHashes,
     tierCount: number,
     ledger: PinLedger,
     abort: LazyAbort,
+    rule: ClaimRule | undefined,
   ): Promise<Segment[]> {
     const segments: Segment[] = [];
     let pos = 0;
@@ -212,6 +234,7 @@ export class LookupWalk {
     for (let ti = 0; ti < tierCount && pos < n; ti++) {
       const tier = this.#tiers[ti]!;
       if (tier.health() === 'down') continue;
+      if (rule !== undefined && !rule.worthProbing(ti, ns, pos, n)) continue;
       // The host tier's packed index, when it has one, needs no hex strings.
       const packed = ti === 0 ? this.#host.packedIndex : undefined;
       let rest: ChunkHash[] | undefined;
@@ -220,12 +243,16 @@ export class LookupWalk {
         if (packed !== undefined) k = packed.contains(ns, hashes.packed, pos, n - pos, true);
         else {
           rest = hashes.hexSlice(pos);
-          // Host memory answers at once; only slower tiers get a signal to abort on.
+          // Host memory answers at once; only slower tiers get a signal to abort on, and their
+          // probe, a round trip with no payload, is their latency.
+          const started = performance.now();
           k = await tier.batchedContains(
             ns,
             rest,
             ti === 0 ? { pin: true } : { pin: true, signal: abort.signal },
           );
+          if (ti > 0)
+            this.#parts.rates.recordProbe(tier.name, (performance.now() - started) / 1000);
         }
       } catch (err) {
         if (abort.aborted) throw abortedError(abort.signal, 'lookup');
@@ -242,37 +269,11 @@ export class LookupWalk {
     return segments;
   }
 
-  /** Shortens `ready` so that the chunks to prefetch fit in the serializer's whole budget. */
-  #fitBudget(segmentsByNs: Segment[][], ready: number): number {
-    const budget = this.#parts.serializer.capacity;
-    let lower = 0;
-    for (const segs of segmentsByNs)
-      for (const s of segs)
-        if (s.tierIndex > 0) lower += Math.max(0, Math.min(s.end, ready) - s.start);
-    if (lower <= budget) return ready;
-    let used = 0;
-    for (let pos = 0; pos < ready; pos++) {
-      for (const segs of segmentsByNs) {
-        const s = segs.find((x) => x.start <= pos && pos < x.end);
-        if (s !== undefined && s.tierIndex > 0) used++;
-      }
-      if (used > budget) return pos;
-    }
-    return ready;
-  }
-
-  /** Tokens of [0, ready) per tier that holds them, in tier order; tiers with none are left out. */
-  #breakdown(
-    segments: readonly Segment[],
-    ready: number,
-    tokenCounts: ArrayLike<number>,
-  ): TierTokens[] {
-    const out: TierTokens[] = [];
-    for (const s of segments) {
-      const tokens = tokensOf(tokenCounts, s.start, Math.min(s.end, ready));
-      if (tokens > 0) out.push({ tier: this.#tiers[s.tierIndex]!.name, tokens });
-    }
-    return out;
+  /** What a lookup that named the engine's rate reports: its tiers and their bytes per token. */
+  #rates(input: LookupInput, tiers: LookupRates['tiers']): LookupRates {
+    const ns = input.namespaces[0];
+    const bpt = ns === undefined ? undefined : this.#parts.shapes.bytesPerToken(ns);
+    return { bytesPerToken: Math.round(bpt ?? 0), tiers };
   }
 
   /**
@@ -345,6 +346,8 @@ export class LookupWalk {
       hitChunks: ready,
       tiers,
     };
+    if (input.computeTokensPerSec !== undefined)
+      outcome.rates = this.#rates(input, ratesOnly(this.#tiers, this.#parts.rates));
     const { lookupId, namespaces } = input;
     const answer = new AnsweredLookup(outcome, lookupId, namespaces, hashes, ledger, memory);
     return this.#settle(input, hashes, entry, answer, started);
@@ -423,11 +426,4 @@ export class LookupWalk {
     const hooks = this.#events.hooksOf(id);
     return hooks instanceof LookupHooks ? hooks.namespaces : undefined;
   }
-}
-
-/** Tokens of chunks [from, to). */
-function tokensOf(tokenCounts: ArrayLike<number>, from: number, to: number): number {
-  let n = 0;
-  for (let i = from; i < to; i++) n += tokenCounts[i]!;
-  return n;
 }

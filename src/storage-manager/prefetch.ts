@@ -21,6 +21,7 @@ import type { ClearFence } from './clear-fence.ts';
 import type { LazyAbort } from './lazy-abort.ts';
 import type { LookupHashes } from './lookup-hashes.ts';
 import type { PinLedger } from './pin-ledger.ts';
+import type { ChunkShapes, TierRates } from './tier-rates.ts';
 
 /** Chunks [start, end) of a lookup found in tier `tierIndex` by the walk. */
 export interface Segment {
@@ -38,6 +39,10 @@ export interface PrefetchParts {
   readonly fence: ClearFence;
   readonly metrics: KvtierMetrics | undefined;
   readonly log: Logger;
+  /** Each tier's read rate: every prefetch get is a sample of it. */
+  readonly rates: TierRates;
+  /** Bytes per token by namespace: every chunk brought in is a sample of it. */
+  readonly shapes: ChunkShapes;
 }
 
 /** One lookup's prefetch, as its walk leaves it. */
@@ -85,7 +90,12 @@ export async function prefetchIntoHost(parts: PrefetchParts, job: PrefetchJob): 
         reads.map(async ({ ns, seg }) => {
           const tier = tiers[seg.tierIndex]!;
           try {
-            return await tier.batchedGet(ns, hashes.hexSlice(seg.start, seg.end), { signal: sig });
+            const t0 = performance.now();
+            const got = await tier.batchedGet(ns, hashes.hexSlice(seg.start, seg.end), {
+              signal: sig,
+            });
+            measured(parts, tier.name, ns, got, (performance.now() - t0) / 1000);
+            return got;
           } catch (err) {
             if (sig.aborted) throw abortedError(sig, 'prefetch');
             log.warn('tier get failed during prefetch; treated as a miss', {
@@ -126,4 +136,23 @@ export async function prefetchIntoHost(parts: PrefetchParts, job: PrefetchJob): 
   );
   metrics?.prefetchDuration.observe((performance.now() - started) / 1000);
   return limit;
+}
+
+/** Records a get's payload bytes and time as a sample of the tier's rate and the chunks' shape. */
+function measured(
+  parts: PrefetchParts,
+  tier: string,
+  ns: NamespaceId,
+  got: ReadonlyMap<ChunkHash, Chunk | null>,
+  seconds: number,
+): void {
+  let bytes = 0;
+  let tokens = 0;
+  for (const c of got.values())
+    if (c != null) {
+      bytes += c.data.byteLength;
+      tokens += c.tokens;
+    }
+  parts.rates.recordGet(tier, bytes, seconds);
+  parts.shapes.record(ns, bytes, tokens);
 }

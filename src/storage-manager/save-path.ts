@@ -11,6 +11,7 @@ import { closedError, KvtierError } from '../errors.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { ClearFence } from './clear-fence.ts';
 import type { SaveOutcome, StorageReservation } from './storage-types.ts';
+import type { ChunkShapes } from './tier-rates.ts';
 import type { WriteJob, WriteThroughQueue } from './write-through.ts';
 
 /** A write-through job with the fence stamp of the write that queued it. */
@@ -29,6 +30,8 @@ export interface SavePathOptions {
   readonly metrics: KvtierMetrics | undefined;
   /** Whether the manager is closing. */
   readonly closed: () => boolean;
+  /** Bytes per token by namespace: every chunk stored is a sample of it. */
+  readonly shapes: ChunkShapes;
 }
 
 /**
@@ -43,6 +46,7 @@ export class SavePath {
   readonly #queue: WriteThroughQueue<StampedJob>;
   readonly #metrics: KvtierMetrics | undefined;
   readonly #closed: () => boolean;
+  readonly #shapes: ChunkShapes;
   #writeDropped = 0;
 
   constructor(o: SavePathOptions) {
@@ -52,6 +56,7 @@ export class SavePath {
     this.#queue = o.queue;
     this.#metrics = o.metrics;
     this.#closed = o.closed;
+    this.#shapes = o.shapes;
   }
 
   /**
@@ -63,6 +68,7 @@ export class SavePath {
    */
   async put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<PutOutcome> {
     this.#checkOpen();
+    this.#shapes.record(ns, chunk.data.byteLength, chunk.tokens);
     const stamp = this.#fence.stamp();
     const pinForWrite = this.#lower.length > 0;
     const outcome = await this.#host.put(ns, hash, chunk, { pin: pinForWrite });
@@ -91,6 +97,7 @@ export class SavePath {
     tokens: number,
   ): StorageReservation | 'exists' | 'dropped' {
     this.#checkOpen();
+    this.#shapes.record(ns, bytes, tokens);
     const stamp = this.#fence.stamp();
     const r = this.#host.reserve(ns, hash, bytes, tokens);
     if (typeof r === 'string') return r;

@@ -36,6 +36,7 @@ import type {
   StorageReservation,
   TierHealth,
 } from './storage-types.ts';
+import { ChunkShapes, TierRates } from './tier-rates.ts';
 import { WriteThroughQueue } from './write-through.ts';
 
 const DEFAULTS = {
@@ -61,6 +62,11 @@ export class StorageManager {
   readonly serializer: Pick<AsyncSerializer, 'capacity' | 'inUse' | 'waiters'>;
   /** Diagnostics and tests: lookup states and counts. */
   readonly events: Pick<EventManager<PinnedLookup>, 'state' | 'sizes' | 'expiredTotal'>;
+  /**
+   * Each tier's read rate, measured by lookups (tier-rates.ts); `fix` sets one (the simulator's
+   * modeled tiers). Lookups that name the engine's prefill rate decide with it (claim-rule.ts).
+   */
+  readonly tierRates: Pick<TierRates, 'rate' | 'fix'>;
   readonly #host: HostMemoryTier;
   readonly #serializer: AsyncSerializer;
   readonly #events: EventManager<PinnedLookup>;
@@ -118,6 +124,8 @@ export class StorageManager {
     const fence = this.#fence;
     const epoch = () => this.#epoch;
     const closed = () => this.#closing !== undefined;
+    const rates = new TierRates(opts.tierRates);
+    const shapes = new ChunkShapes();
     this.#lookups = new LookupWalk({
       tiers,
       host,
@@ -129,9 +137,11 @@ export class StorageManager {
       log,
       epoch,
       closed,
+      rates,
+      shapes,
     });
     const lower = tiers.slice(1);
-    this.#save = new SavePath({ host, lower, fence, queue: writeQueue, metrics, closed });
+    this.#save = new SavePath({ host, lower, fence, queue: writeQueue, metrics, closed, shapes });
     const writeThroughDropped = () => this.#save.writeThroughDropped;
     this.#statsParts = {
       tiers,
@@ -141,7 +151,9 @@ export class StorageManager {
       serializer,
       writeQueue,
       writeThroughDropped,
+      rates,
     };
+    this.tierRates = rates;
     this.#serializer = serializer;
     this.#events = events;
     this.#writeQueue = writeQueue;

@@ -9,6 +9,7 @@ import type { MetricSources } from '../metrics/metrics.ts';
 import type { AsyncSerializer } from '../serializer/async-serializer.ts';
 import type { LookupByteBudget } from './lookup-budget.ts';
 import type { PinnedLookup } from './storage-types.ts';
+import type { TierRates } from './tier-rates.ts';
 
 /** What the views read; the functions are read when the view is. */
 export interface StorageStatsParts {
@@ -21,6 +22,8 @@ export interface StorageStatsParts {
   readonly writeQueue: { readonly depth: number; readonly bytes: number };
   /** Write-throughs refused because the queue was full, since start. */
   readonly writeThroughDropped: () => number;
+  /** Each tier's read rate as lookups measure it. */
+  readonly rates: Pick<TierRates, 'rate'>;
 }
 
 /** The scrape-time sources the metrics module reads from a storage manager. */
@@ -37,6 +40,15 @@ export function storageMetricSources(p: StorageStatsParts): MetricSources {
     pinnedLookups: () => events.sizes().done,
     writeQueueDepth: () => writeQueue.depth,
     epoch: p.epoch,
+    tierRates: () =>
+      tiers.slice(1).map((t) => {
+        const r = p.rates.rate(t.name);
+        return {
+          tier: t.name,
+          readBytesPerSec: r.readBytesPerSec,
+          latencySeconds: r.latencySeconds,
+        };
+      }),
   };
 }
 
@@ -44,11 +56,12 @@ export function storageMetricSources(p: StorageStatsParts): MetricSources {
 export function storageStats(p: StorageStatsParts): Record<string, unknown> {
   return {
     epoch: p.epoch(),
-    tiers: p.tiers.map((t) => ({
+    tiers: p.tiers.map((t, i) => ({
       name: t.name,
       kind: t.kind,
       health: t.health(),
       ...t.stats(),
+      ...(i > 0 ? { readRate: readRate(p.rates, t.name) } : {}),
     })),
     lookups: {
       ...p.events.sizes(),
@@ -67,5 +80,21 @@ export function storageStats(p: StorageStatsParts): Record<string, unknown> {
       bytes: p.writeQueue.bytes,
       dropped: p.writeThroughDropped(),
     },
+  };
+}
+
+/**
+ * A tier's read rate for STATS: bandwidth (bytes/s) and latency (ms), null while not measured,
+ * and where the figures come from (`measured`, `fixed` or `none`).
+ */
+function readRate(
+  rates: Pick<TierRates, 'rate'>,
+  tier: string,
+): { bytesPerSec: number | null; latencyMs: number | null; source: string } {
+  const r = rates.rate(tier);
+  return {
+    bytesPerSec: r.readBytesPerSec === undefined ? null : Math.round(r.readBytesPerSec),
+    latencyMs: r.latencySeconds === undefined ? null : r.latencySeconds * 1000,
+    source: r.source,
   };
 }

@@ -10,8 +10,10 @@ import type {
 } from '../backends/core/types.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { Logger } from '../util/log.ts';
+import type { TierDecision } from './claim-rule.ts';
 import type { LookupBytesHold } from './lookup-budget.ts';
 import type { PinLedger } from './pin-ledger.ts';
+import type { TierRatesOptions } from './tier-rates.ts';
 import type { WriteThroughOptions } from './write-through.ts';
 
 export interface StorageManagerOptions {
@@ -36,6 +38,8 @@ export interface StorageManagerOptions {
   log?: Logger;
   /** Clock for pin expiry (ms); default Date.now. */
   now?: () => number;
+  /** How tier read rates are measured (tier-rates.ts): half-life and clock. */
+  tierRates?: TierRatesOptions;
   /** How often expired pins are swept, ms; 0 disables the timer (call `sweep()`); default 1000. */
   sweepIntervalMs?: number;
   /**
@@ -73,6 +77,13 @@ export interface LookupInput {
   pin?: boolean;
   /** Bring lower-tier hits into host memory; default true. Without it only CPU hits count. */
   prefetch?: boolean;
+  /**
+   * The engine's prefill rate, tokens/s (a positive finite number). With it, hits in a tier
+   * below host memory are claimed only where fetching them at the tier's measured rate beats
+   * computing them at this rate (claim-rule.ts), and the outcome carries `rates`. Without it,
+   * every hit is claimed.
+   */
+  computeTokensPerSec?: number;
 }
 
 /** Tokens a lookup found ready in one tier. */
@@ -90,6 +101,16 @@ export interface LookupOutcome {
   hitChunks: number;
   /** Where the ready tokens were found (first namespace), in tier order. */
   tiers: TierTokens[];
+  /** With `computeTokensPerSec` in the input: the tiers' rates and what the lookup decided. */
+  rates?: LookupRates;
+}
+
+/** The rates a lookup that named the engine's prefill rate reports (`LookupOutcome.rates`). */
+export interface LookupRates {
+  /** KV bytes per token of the first namespace, as the manager knows them (0: unknown). */
+  bytesPerToken: number;
+  /** Every tier, in order. */
+  tiers: TierDecision[];
 }
 
 /** An answered lookup whose ready chunks are pinned in the CPU tier. */
