@@ -2,6 +2,7 @@ import { closedError, KvtierError } from '../errors.ts';
 import { CHUNK_HASHER_DEFAULTS, type HashedChunk, hashChunks } from '../hashing/chunk-hasher.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireBoolean, requireInt, requireString } from '../util/validate.ts';
+import { admittedTokens, lookupWaitMs } from './claim-bound.ts';
 import type {
   ConnectorLookup,
   ConnectorMeta,
@@ -31,6 +32,16 @@ export interface SchedulerConnectorOptions {
    * `true`; `false` claims only from chunk boundaries, as sidecars without `skipBlocks` need.
    */
   partialChunkLoads?: boolean;
+  /**
+   * The engine's prefill rate, tokens/s (a positive finite number): configured, or measured from
+   * the engine's own steps. With it (and a lookup client with `lookupAnswer`), kvtier never makes
+   * a request wait longer than computing would take (claim-bound.ts): every lookup carries the
+   * rate, so the sidecar claims a tier's hits only where fetching them beats computing them; a
+   * lookup not answered within the time computing its claimable tokens takes answers 0; only
+   * what the sidecar's rule admitted is claimed. Default: none (every hit is claimed, lookups
+   * wait up to the client's `lookupTimeoutMs`).
+   */
+  computeTokensPerSec?: number;
   log?: Logger;
   /** Monotonic clock, ms (the pause after failed loads); default `performance.now`. */
   now?: () => number;
@@ -90,6 +101,7 @@ export class KvtierSchedulerConnector {
   readonly #salt: string;
   readonly #namespaces: readonly string[] | undefined;
   readonly #partialChunkLoads: boolean;
+  readonly #computeTokensPerSec: number | undefined;
   readonly #log: Logger;
   readonly #now: () => number;
   #failuresInARow = 0;
@@ -122,6 +134,13 @@ export class KvtierSchedulerConnector {
     this.#salt = requireString('salt', opts.salt ?? '');
     this.#namespaces = opts.namespaces === undefined ? undefined : [...opts.namespaces];
     this.#partialChunkLoads = requireBoolean('partialChunkLoads', opts.partialChunkLoads ?? true);
+    const rate = opts.computeTokensPerSec;
+    if (rate !== undefined && !(typeof rate === 'number' && Number.isFinite(rate) && rate > 0))
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `computeTokensPerSec must be a positive finite number of tokens/s, got ${String(rate)}`,
+      );
+    this.#computeTokensPerSec = rate;
     this.#log = opts.log ?? silentLogger;
     this.#now = opts.now ?? (() => performance.now());
   }
@@ -174,13 +193,7 @@ export class KvtierSchedulerConnector {
       t.lookup = 'pending';
     }
     if (t.lookup === 'pending') {
-      const chunks = t.chunks.slice(0, lookupChunks);
-      const answer = this.#lookup.lookup(
-        t.lookupId,
-        Buffer.concat(chunks.map((c) => c.hash)),
-        chunks.map((c) => c.end - c.start),
-        this.#namespaces === undefined ? {} : { namespaces: this.#namespaces },
-      );
+      const answer = this.#ask(t, t.chunks.slice(0, lookupChunks), computed);
       if (answer === null) return [null, false];
       t.lookup = 'answered';
       t.hitTokens = answer;
@@ -456,6 +469,28 @@ export class KvtierSchedulerConnector {
   /** Full chunks that end before the last prompt token (which the engine always computes). */
   #lookupChunks(t: Tracked): number {
     return Math.min(t.chunks.length, Math.floor(Math.max(0, t.promptLength - 1) / this.#chunkSize));
+  }
+
+  /**
+   * The lookup of chunks `chunks` of `t` (non-blocking): the hit tokens, or with the engine's
+   * prefill rate, the tokens the rule admits (claim-bound.ts), its wait bounded by the time
+   * computing the tokens past `computed` would take.
+   */
+  #ask(t: Tracked, chunks: readonly HashedChunk[], computed: number): number | null {
+    const hashes = Buffer.concat(chunks.map((c) => c.hash));
+    const counts = chunks.map((c) => c.end - c.start);
+    const ns = this.#namespaces === undefined ? {} : { namespaces: this.#namespaces };
+    const rate = this.#computeTokensPerSec;
+    const lookup = this.#lookup;
+    if (rate === undefined || lookup.lookupAnswer === undefined)
+      return lookup.lookup(t.lookupId, hashes, counts, ns);
+    const claimable = Math.max(1, (chunks.at(-1)?.end ?? 0) - computed);
+    const answer = lookup.lookupAnswer(t.lookupId, hashes, counts, {
+      ...ns,
+      config: { computeTokensPerSec: rate },
+      timeoutMs: lookupWaitMs(claimable, rate),
+    });
+    return answer === null ? null : admittedTokens(answer);
   }
 
   #chunksOf(intent: LoadIntent): number {

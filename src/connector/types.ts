@@ -4,6 +4,7 @@
  * hands it to every worker, and the workers report completions back as a
  * {@link ConnectorOutput}.
  */
+import type { LookupAnswer, LookupCallOptions } from '../lookup-client/lookup-client.ts';
 
 /** What the connector reads from an engine request. */
 export interface ConnectorRequest {
@@ -109,7 +110,8 @@ export interface FinishedTransfers {
 
 /**
  * The part of `LookupClient` / `MultiLookupClient` the scheduler connector uses. `lookup` must
- * never block: null while pending, then the hit tokens once.
+ * never block: null while pending, then the hit tokens once; so must `lookupAnswer` (the whole
+ * answer), which the connector uses instead when it has the engine's prefill rate.
  */
 export interface ConnectorLookup {
   lookup(
@@ -118,6 +120,12 @@ export interface ConnectorLookup {
     tokenCounts: ArrayLike<number>,
     opts?: { namespaces?: readonly string[] },
   ): number | null;
+  lookupAnswer?(
+    lookupId: string,
+    hashes: Uint8Array,
+    tokenCounts: ArrayLike<number>,
+    opts?: LookupCallOptions,
+  ): LookupAnswer | null;
   /** Forgets a pending lookup and cancels it on the server. */
   forget(lookupId: string): void;
   /** Releases an answered lookup's pins on the server. */
