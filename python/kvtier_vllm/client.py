@@ -18,14 +18,25 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from . import protocol as P
-from .errors import CapacityError, InvalidArgumentError, RequestTimeoutError
+from .errors import CapacityError, InvalidArgumentError, KvtierError, RequestTimeoutError
+from .lookup_rule import MAX_KEPT_DETAILS, LookupDetails, admitted_tokens, lookup_wait_ms
+from .multi_lookup import MultiLookupClient
 from .pending import _PENDING, Pending
 from .transport import _NOBLOCK, MAX_AUTH_RECONNECTS, ClientTransport, _Again
 
 _encode_lookup = P.encode_lookup
 _LOOKUP = P.MsgType.LOOKUP
+_LOOKUP_RESULT = int(P.MsgType.LOOKUP_RESULT)
 
-__all__ = ["KvtierClient", "MultiLookupClient", "Pending", "MAX_AUTH_RECONNECTS"]
+__all__ = [
+    "KvtierClient",
+    "MultiLookupClient",
+    "Pending",
+    "MAX_AUTH_RECONNECTS",
+    "LookupDetails",
+    "admitted_tokens",
+    "lookup_wait_ms",
+]
 
 
 class KvtierClient(ClientTransport):
@@ -46,6 +57,13 @@ class KvtierClient(ClientTransport):
         default none.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # lookup id -> its LOOKUP_RESULT once it arrives (None before), for lookups that named
+        # the engine's prefill rate; then their LookupDetails until lookup_details takes them
+        self._want: dict[str, Any] = {}
+        self._details: dict[str, LookupDetails] = {}
+
 
     # ---------------------------------------------------------------------------------------
     # non-blocking lookups
@@ -58,12 +76,21 @@ class KvtierClient(ClientTransport):
         namespaces: Sequence[Any],
         pin: bool = True,
         prefetch: bool = True,
+        compute_tokens_per_s: float | None = None,
+        timeout_ms: float | None = None,
     ) -> int | None:
         """Non-blocking lookup. The first call for ``lookup_id`` sends a LOOKUP and returns
         None; later calls return None while it is pending, then the hit tokens once (the next
         call starts a new lookup). Past the deadline: 0 and a CANCEL. Canceled, stale
         (including an epoch below the highest seen) and failed answers are 0. Bad arguments
         raise :class:`InvalidArgumentError`/:class:`TooLargeError` at once.
+
+        ``compute_tokens_per_s``: the engine's prefill rate, tokens/s (a positive finite
+        number), sent with the LOOKUP: the sidecar then claims a tier's hits only where fetching
+        them beats computing them, and once this returns the number, :meth:`lookup_details` gives
+        the whole answer (tiers, rates, decisions). ``timeout_ms``: a shorter deadline for this
+        lookup (the smaller of it and ``lookup_timeout_ms`` applies; see :func:`lookup_wait_ms`).
+        Both are read on the first call only.
         """
         p = self._lookups.get(lookup_id)
         if p is None:
@@ -78,14 +105,25 @@ class KvtierClient(ClientTransport):
                 rid = self._next_id()
             else:
                 self._rid = rid
-            frame = _encode_lookup(rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch)
+            frame = _encode_lookup(
+                rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch,
+                compute_tokens_per_s=compute_tokens_per_s,
+            )
+            timeout_s = self.lookup_timeout_s
+            if timeout_ms is not None:
+                if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms > 0:
+                    raise InvalidArgumentError(f"timeout_ms must be a positive number, got {timeout_ms!r}")
+                timeout_s = min(timeout_s, timeout_ms / 1000.0)
             sock = self._sock
             try:
                 sock.send(frame, _NOBLOCK)
             except _Again:
                 self.last_lookup_error = CapacityError("send queue full: the sidecar is not taking messages")
                 return 0
-            p = Pending(self, rid, _LOOKUP, self._clock() + self.lookup_timeout_s, lookup_id)
+            self._details.pop(lookup_id, None)
+            if compute_tokens_per_s is not None:
+                self._want[lookup_id] = None
+            p = Pending(self, rid, _LOOKUP, self._clock() + timeout_s, lookup_id)
             p._sock = sock
             if self._curve is not None:
                 p._frame = frame  # for a resend after a refusal as unauthenticated
@@ -106,15 +144,54 @@ class KvtierClient(ClientTransport):
                 self._pending.pop(p.request_id, None)
                 p._resolve(0)
                 self.last_lookup_error = RequestTimeoutError(
-                    f"lookup {lookup_id!r} not answered within {self.lookup_timeout_s * 1000:g} ms"
+                    f"lookup {lookup_id!r} not answered within its deadline"
                 )
                 self._fire_cancel(lookup_id)
+                if lookup_id in self._want:
+                    self._want[lookup_id] = "timeout"
         del self._lookups[lookup_id]
+        if lookup_id in self._want:
+            self._keep_details(lookup_id, p._value, self._want.pop(lookup_id))
         return p._value
+
+    def lookup_details(self, lookup_id: str) -> LookupDetails | None:
+        """The whole answer behind the number :meth:`lookup` last returned for ``lookup_id``,
+        once (it is forgotten when read, when a new lookup of the id starts, or by
+        :meth:`forget`/:meth:`cancel`). None unless that lookup named ``compute_tokens_per_s``
+        and :meth:`lookup` has returned its number. At most ``MAX_KEPT_DETAILS`` unread answers
+        are kept (the oldest go first)."""
+        return self._details.pop(lookup_id, None)
+
+    def _keep_details(self, lookup_id: str, value: int, rep: Any) -> None:
+        if isinstance(rep, P.LookupResult):
+            status = rep.status
+            if status == "ok" and value != rep.hit_tokens:
+                status = "stale"  # an epoch below the highest this client saw
+            d = LookupDetails(status, value, list(rep.tiers) if value else [], rep.bytes_per_token, rep.tier_rates)
+        else:
+            d = LookupDetails("timeout" if rep == "timeout" else "failed", 0, [], None, None)
+        self._details[lookup_id] = d
+        while len(self._details) > MAX_KEPT_DETAILS:
+            del self._details[next(iter(self._details))]
+
+    def _take(self, frame: bytes, sock: Any = None) -> None:
+        # A LOOKUP_RESULT of a lookup that named the engine's rate is kept whole for
+        # lookup_details; the transport resolves the lookup with its number as for any other.
+        if self._want and len(frame) >= 8 and frame[3] == _LOOKUP_RESULT:
+            p = self._pending.get(P.peek_request_id(frame))
+            lookup_id = None if p is None else p.lookup_id
+            if lookup_id is not None and lookup_id in self._want and self._lookups.get(lookup_id) is p:
+                try:
+                    self._want[lookup_id] = P.decode_reply(frame)[2]
+                except KvtierError:
+                    pass  # the transport counts it as malformed; the lookup answers 0
+        super()._take(frame, sock)
 
     def forget(self, lookup_id: str) -> None:
         """Drops a lookup this client tracks (pending or answered but not yet read) and sends a
         CANCEL so the server stops its prefetch and releases its pins. Unknown ids: nothing."""
+        self._want.pop(lookup_id, None)
+        self._details.pop(lookup_id, None)
         p = self._lookups.pop(lookup_id, None)
         if p is None:
             return
@@ -126,6 +203,8 @@ class KvtierClient(ClientTransport):
     def cancel(self, lookup_id: str) -> None:
         """Fire-and-forget CANCEL (cleanup when a request finishes or is aborted); the reply is
         ignored. Also drops the lookup's local state."""
+        self._want.pop(lookup_id, None)
+        self._details.pop(lookup_id, None)
         p = self._lookups.pop(lookup_id, None)
         if p is not None and p._state == _PENDING:
             self._pending.pop(p.request_id, None)
@@ -145,12 +224,17 @@ class KvtierClient(ClientTransport):
         pin: bool = True,
         prefetch: bool = True,
         timeout_ms: float | None = None,
+        compute_tokens_per_s: float | None = None,
     ) -> Pending:
         """A LOOKUP as an ordinary request: the result is the whole :class:`~.protocol.LookupResult`
-        (status, epoch, tiers), without the epoch rule or CANCEL on timeout."""
+        (status, epoch, tiers; with ``compute_tokens_per_s``, ``bytes_per_token`` and
+        ``tier_rates`` too), without the epoch rule or CANCEL on timeout."""
         return self._start(
             P.MsgType.LOOKUP,
-            lambda rid: P.encode_lookup(rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch),
+            lambda rid: P.encode_lookup(
+                rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch,
+                compute_tokens_per_s=compute_tokens_per_s,
+            ),
             None if timeout_ms is None else timeout_ms / 1000.0,
         )
 
@@ -300,76 +384,3 @@ class KvtierClient(ClientTransport):
 
     def unregister(self, engine_id: str) -> P.UnregisterResult:
         return self.send_unregister(engine_id).wait()
-
-class MultiLookupClient:
-    """The same lookup on several sidecars (one per rank or node); the answer is the minimum,
-    so ranks never disagree. Non-blocking like :meth:`KvtierClient.lookup`: None while any
-    server is pending; a 0 from any server answers 0 at once (the others are canceled).
-
-    :param clients: one client per server (owned by the caller).
-    :param namespaces_per_client: the namespaces each server is asked about, in the same order.
-    """
-
-    def __init__(self, clients: Sequence[KvtierClient], namespaces_per_client: Sequence[Sequence[Any]]) -> None:
-        if len(clients) == 0:
-            raise InvalidArgumentError("MultiLookupClient needs at least one client")
-        if len(namespaces_per_client) != len(clients):
-            raise InvalidArgumentError(
-                f"{len(clients)} clients but {len(namespaces_per_client)} namespace lists"
-            )
-        self.clients = list(clients)
-        self.namespaces = [list(ns) for ns in namespaces_per_client]
-        self._partial: dict[str, list] = {}
-
-    def lookup(
-        self, lookup_id: str, hashes: Any, token_counts: Any, pin: bool = True, prefetch: bool = True
-    ) -> int | None:
-        answers = self._partial.get(lookup_id)
-        if answers is None:
-            answers = [None] * len(self.clients)
-            self._partial[lookup_id] = answers
-        pending = False
-        for i, client in enumerate(self.clients):
-            if answers[i] is not None:
-                continue
-            a = client.lookup(lookup_id, hashes, token_counts, self.namespaces[i], pin, prefetch)
-            if a is None:
-                pending = True
-            elif a == 0:
-                # the minimum is 0 whatever the others say: stop them and release their pins
-                del self._partial[lookup_id]
-                for j, other in enumerate(self.clients):
-                    if j != i:
-                        other.cancel(lookup_id)
-                return 0
-            else:
-                answers[i] = a
-        if pending:
-            return None
-        del self._partial[lookup_id]
-        return min(answers)
-
-    def poll(self) -> None:
-        """Takes in replies and expires deadlines on every client (once per step)."""
-        for c in self.clients:
-            c.poll()
-
-    @property
-    def reachable(self) -> bool:
-        """False while any server counts as down."""
-        return all(c.reachable for c in self.clients)
-
-    def forget(self, lookup_id: str) -> None:
-        """Forgets the lookup everywhere and cancels it on every server that has (or had) it."""
-        answers = self._partial.pop(lookup_id, None)
-        for i, c in enumerate(self.clients):
-            if answers is not None and answers[i] is not None:
-                c.cancel(lookup_id)  # answered already: release its pins
-            else:
-                c.forget(lookup_id)
-
-    def cancel(self, lookup_id: str) -> None:
-        """Fire-and-forget CANCEL on every server (cleanup)."""
-        self._partial.pop(lookup_id, None)
-        for c in self.clients:
-            c.cancel(lookup_id)
