@@ -15,13 +15,15 @@ import type { KvtierConfig } from './config.ts';
 export function configDocumentOf(cfg: KvtierConfig): Record<string, unknown> {
   const abs = (p: string) => resolve(cfg.baseDir, p);
   const security: Record<string, unknown> = {
-    clients: cfg.security.clients.map((c) =>
-      c.publicKeyFile !== undefined ? { ...c, publicKeyFile: abs(c.publicKeyFile) } : { ...c },
-    ),
     allowUnauthenticated: cfg.security.allowUnauthenticated,
   };
-  if (cfg.security.serverSecretKeyFile !== null)
+  // `clients` goes with a server key: without one the file may not name it (even empty).
+  if (cfg.security.serverSecretKeyFile !== null) {
     security.serverSecretKeyFile = abs(cfg.security.serverSecretKeyFile);
+    security.clients = cfg.security.clients.map((c) =>
+      c.publicKeyFile !== undefined ? { ...c, publicKeyFile: abs(c.publicKeyFile) } : { ...c },
+    );
+  }
   const doc = {
     listen: cfg.listen,
     metrics: cfg.metrics,
@@ -48,7 +50,9 @@ export function configDocumentOf(cfg: KvtierConfig): Record<string, unknown> {
     server: cfg.server,
     limits: cfg.limits,
     logLevel: cfg.logLevel,
+    ...(cfg.allowOversizedTiers ? { allowOversizedTiers: true } : {}),
     security,
+    ...(cfg.events !== null ? { events: cfg.events } : {}),
   };
   return redactSecrets(doc, 16) as Record<string, unknown>;
 }

@@ -1,6 +1,5 @@
-import { existsSync, statfsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { homedir, totalmem } from 'node:os';
+import { homedir } from 'node:os';
 import { dirname, join, resolve as resolvePath } from 'node:path';
 import type { TierConfig } from '../backends/registry.ts';
 import { KvtierError } from '../errors.ts';
@@ -9,6 +8,7 @@ import type { ProtocolLimits } from '../protocol/messages.ts';
 import { parseBytes } from '../util/bytes.ts';
 import type { LogLevel } from '../util/log.ts';
 import type { ConfigProblem } from '../util/schema-kit.ts';
+import { filesystemSpace, type HostPaths, hostMemory } from './host-limits.ts';
 import { jsonErrorOffset, lineColumn } from './json-position.ts';
 import { validateConfigDocument } from './schema.ts';
 import type { ClientConfig } from './security-schema.ts';
@@ -40,6 +40,8 @@ export interface KvtierConfig {
   };
   limits: ProtocolLimits;
   logLevel: LogLevel;
+  /** Start with tiers larger than the host gives (host-limits.ts) instead of refusing. */
+  allowOversizedTiers: boolean;
   /** CurveZMQ and client roles (docs/security.md); relative paths are against `baseDir`. */
   security: {
     /** The server's secret key file; null: no CurveZMQ (only loopback/ipc binds, see below). */
@@ -55,9 +57,12 @@ export interface KvtierConfig {
   baseDir: string;
 }
 
-/** Default host-memory budget: a quarter of the machine's memory, at most 8 GiB, at least 64 MiB. */
-export function defaultCpuCapacityBytes(): number {
-  const quarter = Math.floor(totalmem() / 4);
+/**
+ * Default host-memory budget: a quarter of the memory this process may use (the machine's, or its
+ * cgroup limit when lower, as in a container), at most 8 GiB, at least 64 MiB.
+ */
+export function defaultCpuCapacityBytes(paths: HostPaths = {}): number {
+  const quarter = Math.floor(hostMemory(paths).bytes / 4);
   const mib = 1024 ** 2;
   return Math.max(64 * mib, Math.floor(Math.min(quarter, 8 * 1024 ** 3) / mib) * mib);
 }
@@ -94,15 +99,7 @@ export function defaultEpochFile(
  */
 export function defaultDiskCapacityBytes(path: string): number {
   const mib = 1024 ** 2;
-  let dir = path;
-  while (!existsSync(dir) && dir !== join(dir, '..')) dir = join(dir, '..');
-  let free = 0;
-  try {
-    const st = statfsSync(dir);
-    free = st.bavail * st.bsize;
-  } catch {
-    free = 0;
-  }
+  const free = filesystemSpace(path).freeBytes;
   return Math.max(256 * mib, Math.floor(Math.min(free / 4, 32 * 1024 ** 3) / mib) * mib);
 }
 
@@ -128,6 +125,7 @@ export const CONFIG_DEFAULTS = deepFreeze({
     maxTokensPerChunk: 65536,
   },
   logLevel: 'info' as LogLevel,
+  allowOversizedTiers: false,
   security: { serverSecretKeyFile: null, clients: [], allowUnauthenticated: false },
 });
 
@@ -153,6 +151,7 @@ export function defaultConfig(env: NodeJS.ProcessEnv = process.env): KvtierConfi
     server: d.server,
     limits: d.limits,
     logLevel: d.logLevel,
+    allowOversizedTiers: d.allowOversizedTiers,
     security: {
       serverSecretKeyFile: null,
       clients: [],
@@ -214,6 +213,7 @@ export function resolveConfig(raw: unknown, base: KvtierConfig = defaultConfig()
   Object.assign(cfg.server, doc.server);
   Object.assign(cfg.limits, doc.limits);
   if (doc.logLevel !== undefined) cfg.logLevel = doc.logLevel;
+  if (doc.allowOversizedTiers !== undefined) cfg.allowOversizedTiers = doc.allowOversizedTiers;
   if (doc.security !== undefined) {
     const { serverSecretKeyFile, clients, allowUnauthenticated } = doc.security;
     if (serverSecretKeyFile !== undefined) cfg.security.serverSecretKeyFile = serverSecretKeyFile;
@@ -350,15 +350,10 @@ export async function loadConfig(
       );
     }
   }
-  if (env.KVTIER_ALLOW_UNAUTHENTICATED !== undefined && env.KVTIER_ALLOW_UNAUTHENTICATED !== '') {
-    const v = env.KVTIER_ALLOW_UNAUTHENTICATED;
-    if (v !== '1' && v !== 'true' && v !== '0' && v !== 'false')
-      throw new KvtierError(
-        'KVT_CONFIG',
-        `KVTIER_ALLOW_UNAUTHENTICATED must be "1", "true", "0" or "false", got ${JSON.stringify(v)}`,
-      );
-    cfg.security.allowUnauthenticated = v === '1' || v === 'true';
-  }
+  const allowUnauthenticated = envFlag(env, 'KVTIER_ALLOW_UNAUTHENTICATED');
+  if (allowUnauthenticated !== undefined) cfg.security.allowUnauthenticated = allowUnauthenticated;
+  const allowOversized = envFlag(env, 'KVTIER_ALLOW_OVERSIZED_TIERS');
+  if (allowOversized !== undefined) cfg.allowOversizedTiers = allowOversized;
   cfg = withEventsOverride(cfg, env, overrides.events);
   // The default epoch file is the final endpoint's (set by the file, the environment or a flag).
   if (!epochGiven) cfg.storage.epochFile = defaultEpochFile(env, cfg.listen);
@@ -370,6 +365,18 @@ export async function loadConfig(
     };
   }
   return cfg;
+}
+
+/** A boolean variable (`1`/`true`/`0`/`false`), undefined when unset. @throws KVT_CONFIG */
+function envFlag(env: NodeJS.ProcessEnv, name: string): boolean | undefined {
+  const v = env[name];
+  if (v === undefined || v === '') return undefined;
+  if (v !== '1' && v !== 'true' && v !== '0' && v !== 'false')
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `${name} must be "1", "true", "0" or "false", got ${JSON.stringify(v)}`,
+    );
+  return v === '1' || v === 'true';
 }
 
 /**

@@ -1,9 +1,10 @@
 /** The config file's `events` section: the sidecar's event stream (docs/events.md). */
 import * as v from 'valibot';
 import { bytes, int, pattern, str, strict } from '../util/schema-kit.ts';
+import { BIND_ENDPOINT, bindEndpointRule } from './endpoint-rule.ts';
 
-const ENDPOINT_RULE = 'must be a ZMQ endpoint like "tcp://127.0.0.1:5560"';
-const ENDPOINT = /^(tcp|ipc|inproc):\/\/.+/;
+const ENDPOINT_RULE = bindEndpointRule('tcp://127.0.0.1:5560');
+const ENDPOINT = BIND_ENDPOINT;
 
 /** `events`: null (the default) keeps the stream off. */
 export const eventsSchema = v.nullable(

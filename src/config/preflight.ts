@@ -13,6 +13,8 @@ import { isKvtierError } from '../errors.ts';
 import { silentLogger } from '../util/log.ts';
 import type { ConfigProblem } from '../util/schema-kit.ts';
 import type { KvtierConfig } from './config.ts';
+import { endpointClashes } from './endpoint-clash.ts';
+import { hostSizeProblems } from './host-limits.ts';
 import { serverAuthFromConfig } from './server-auth.ts';
 
 /** The built-in types that keep chunks in host memory: the only ones allowed first. */
@@ -29,6 +31,9 @@ const STATIC_TYPES: ReadonlyMap<string, string | undefined> = new Map(
 );
 
 const BUILTIN_TYPES = BUILTIN_TIERS.map((t) => t.options.type);
+
+/** Types whose directory is shared storage: it must exist, serve does not create it. */
+const SHARED_TYPES: ReadonlySet<string> = new Set(['fs']);
 
 /** Built-in types that connect to a server; `config check --offline` leaves them unbuilt. */
 export const REMOTE_TYPES: ReadonlySet<string> = new Set(
@@ -98,10 +103,14 @@ export async function staticConfigProblems(
     const key = STATIC_TYPES.get(tier.type);
     const dir = key === undefined ? undefined : tier.options[key];
     if (typeof dir === 'string') {
-      const why = await unwritableDir(dir);
+      const why =
+        SHARED_TYPES.has(tier.type) && (await stat(dir).catch(() => undefined)) === undefined
+          ? `${resolve(dir)} does not exist: a ${tier.type} tier's directory is shared storage (an NFS, Lustre or 3FS mount) and is never created, so that a share that is not mounted does not become a local directory; mount it or create it first`
+          : await unwritableDir(dir);
       if (why !== undefined) problems.push({ path: `tiers[${i}].${key}`, message: why });
     }
   }
+  problems.push(...endpointClashes(cfg), ...(await hostSizeProblems(cfg)));
   const first = cfg.tiers[0];
   if (first !== undefined && builtins.has(first.type) && !HOST_MEMORY_TYPES.has(first.type))
     problems.push({

@@ -10,6 +10,7 @@ import type { EventsDocument } from '../events/events-options.ts';
 import { BYTE_SIZE_RULE, tryParseBytes } from '../util/bytes.ts';
 import type { LogLevel } from '../util/log.ts';
 import {
+  bool,
   bytes,
   type ConfigProblem,
   check,
@@ -19,6 +20,7 @@ import {
   str,
   strict,
 } from '../util/schema-kit.ts';
+import { BIND_ENDPOINT, bindEndpointRule } from './endpoint-rule.ts';
 import { eventsSchema } from './events-schema.ts';
 import { checkSecurity, type SecurityDocument, securitySchema } from './security-schema.ts';
 import { BUILTIN_TIER_SCHEMAS, genericTierSchema } from './tier-schemas.ts';
@@ -41,7 +43,7 @@ export const rootSchema = strict({
   ),
   listen: v.optional(
     v.pipe(
-      pattern(/^(tcp|ipc|inproc):\/\/.+/, 'must be a ZMQ endpoint like "tcp://127.0.0.1:5555"'),
+      pattern(BIND_ENDPOINT, bindEndpointRule('tcp://127.0.0.1:5555')),
       v.description('ZMQ endpoint of the lookup server.'),
     ),
   ),
@@ -119,6 +121,14 @@ export const rootSchema = strict({
     }),
   ),
   logLevel: v.optional(oneOf(LOG_LEVELS)),
+  allowOversizedTiers: v.optional(
+    v.pipe(
+      bool(),
+      v.description(
+        "Start even when host-memory tiers add up to more than the memory this sidecar may use (the cgroup limit, else the machine's), or disk tiers to more than their filesystem's free space; default false: refused with the numbers.",
+      ),
+    ),
+  ),
   security: v.optional(
     v.pipe(securitySchema, v.description('CurveZMQ keys and client roles (docs/security.md).')),
   ),
@@ -146,6 +156,7 @@ export interface ConfigDocument {
   server?: { maxSendQueueBytes?: number };
   limits?: { maxChunksPerLookup?: number; maxPayloadBytes?: number; maxTokensPerChunk?: number };
   logLevel?: LogLevel;
+  allowOversizedTiers?: boolean;
   security?: SecurityDocument;
   events?: EventsDocument | null;
 }

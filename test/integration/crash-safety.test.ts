@@ -9,6 +9,7 @@
 import assert from 'node:assert/strict';
 import { randomBytes, randomInt } from 'node:crypto';
 import {
+  mkdirSync,
   mkdtempSync,
   readdirSync,
   readFileSync,
@@ -44,6 +45,8 @@ describe('crash safety under fsync: always', { timeout: 300_000 }, () => {
   const dir = mkdtempSync(join(tmpdir(), 'kvtier-crash-'));
   const diskDir = join(dir, 'disk');
   const fsDir = join(dir, 'fs');
+  // An fs tier's directory is shared storage that serve never creates.
+  mkdirSync(fsDir);
   const ns = randomBytes(16).toString('hex');
   let sidecar: SidecarProcess | undefined;
   after(async () => {
