@@ -3,12 +3,14 @@ import type { StorageBackend } from './backends/core/types.ts';
 import { BackendRegistry } from './backends/registry.ts';
 import { ConfigError, type KvtierConfig } from './config/config.ts';
 import { staticConfigProblems } from './config/preflight.ts';
-import { serverAuthFromConfig } from './config/server-auth.ts';
+import { serverAuthFromConfig, serverClientGrants } from './config/server-auth.ts';
 import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 import { instrumentCopyEngine } from './data-plane/instrumented-copy-engine.ts';
+import { KvtierError } from './errors.ts';
 import type { EventPublisher } from './events/event-publisher.ts';
 import { startSidecarEvents, withEvents } from './events/sidecar-events.ts';
+import type { ServerAuth } from './lookup-server/auth.ts';
 import { SidecarServer } from './lookup-server/sidecar-server.ts';
 import { TierWatch } from './lookup-server/tier-watch.ts';
 import { OpsHttpServer } from './metrics/http-server.ts';
@@ -16,9 +18,11 @@ import { instrumentBackend, instrumentHostTier } from './metrics/instrumented-ba
 import { KvtierMetrics } from './metrics/metrics.ts';
 import { createNativeCopyEngine } from './native/copy-engine.ts';
 import { nativeSlabAllocator } from './native/host-slabs.ts';
+import { HitCounts, type TierSummary, tierSummaries } from './sidecar-info.ts';
 import { EpochFile, startEpoch } from './storage-manager/epoch-file.ts';
 import { asHostMemoryTier, StorageManager } from './storage-manager/storage-manager.ts';
-import { createLogger, type Logger } from './util/log.ts';
+import { createLogger, type Logger, setLogLevel } from './util/log.ts';
+import { KVTIER_VERSION } from './version.ts';
 
 export interface SidecarOptions {
   config: KvtierConfig;
@@ -27,10 +31,21 @@ export interface SidecarOptions {
   log?: Logger;
   /** Collect process metrics (CPU, memory, event loop); default true. */
   processMetrics?: boolean;
+  /** Where the config came from, for the start-up line and PING; default none given. */
+  configSource?: string;
 }
 
-/** Package version reported by PING and /healthz. */
-export const KVTIER_VERSION = '0.1.0';
+/** What {@link Sidecar.reload} did. */
+export interface ReloadResult {
+  /** Settings now in effect: `logLevel`, `security.clients`. */
+  applied: string[];
+  /** Top-level keys that differ from the running config and need a restart. */
+  restartNeeded: string[];
+}
+
+export type { TierSummary };
+/** Package version reported by PING and /healthz (defined in version.ts). */
+export { KVTIER_VERSION };
 
 /**
  * A running kvtier sidecar: tiers built from config (instrumented), the storage manager, the
@@ -50,6 +65,10 @@ export class Sidecar {
   #events: EventPublisher | undefined;
   readonly #watch: TierWatch;
   #closing: Promise<void> | undefined;
+  #auth: ServerAuth | undefined;
+  #hitCounts: HitCounts | undefined;
+  /** The config reloads are compared with (the running one, with reloaded settings applied). */
+  #current: KvtierConfig;
 
   private constructor(
     config: KvtierConfig,
@@ -63,6 +82,7 @@ export class Sidecar {
   ) {
     this.#watch = watch;
     this.config = config;
+    this.#current = structuredClone(config);
     this.metrics = metrics;
     this.storage = storage;
     this.dataPlane = dataPlane;
@@ -162,6 +182,7 @@ export class Sidecar {
       copyEngine: instrumentCopyEngine(native.engine ?? createFsCopyEngine(), metrics),
       log: log.child('data-plane'),
     });
+    const hitCounts = new HitCounts(metrics);
     const server = new SidecarServer({
       endpoint: config.listen,
       storage,
@@ -174,6 +195,15 @@ export class Sidecar {
         version: KVTIER_VERSION,
         copyEngine: dataPlane.copyEngineInfo(),
         events: events?.info() ?? null,
+        config: opts.configSource ?? null,
+        tiers: tierSummaries(config).map((t, i) => ({
+          name: t.name,
+          kind: storage.tiers[i]?.kind ?? t.type,
+          health: storage.tiers[i]?.health() ?? 'down',
+          ...(t.path !== undefined ? { path: t.path } : {}),
+          ...(t.capacityBytes !== undefined ? { capacityBytes: t.capacityBytes } : {}),
+          ...hitCounts.of(t.name),
+        })),
       }),
       ...(auth !== undefined ? { auth } : {}),
     });
@@ -237,8 +267,64 @@ export class Sidecar {
       events: events?.info() ?? null,
     });
     const sidecar = new Sidecar(config, metrics, storage, dataPlane, server, ops, log, watch);
+    sidecar.#hitCounts = hitCounts;
     sidecar.#events = events;
+    sidecar.#auth = auth;
     return sidecar;
+  }
+
+  /** Every tier's name, type, bound and path, from the config. */
+  tierSummary(): TierSummary[] {
+    return tierSummaries(this.config);
+  }
+
+  /** The epoch file's absolute path, or undefined when the epoch is not kept. */
+  get epochFilePath(): string | undefined {
+    const f = this.config.storage.epochFile;
+    return f === null ? undefined : resolve(this.config.baseDir, f);
+  }
+
+  /**
+   * Applies a config read again (SIGHUP) without a restart, so host memory keeps its chunks:
+   * the log level, and the CurveZMQ allow-list (`security.clients`, read again from its key
+   * files) when CurveZMQ is on. Other changed keys are listed in `restartNeeded` and left as
+   * they run. @throws KvtierError KVT_CONFIG when a client key file cannot be read or the list
+   * is bad; nothing is applied then.
+   */
+  async reload(next: KvtierConfig): Promise<ReloadResult> {
+    const applied: string[] = [];
+    const cur = this.#current;
+    let clients: Awaited<ReturnType<typeof serverClientGrants>> | undefined;
+    const clientsChanged =
+      JSON.stringify(next.security.clients) !== JSON.stringify(cur.security.clients) ||
+      next.security.clients.some((c) => c.publicKeyFile !== undefined);
+    if (this.#auth !== undefined && clientsChanged) clients = await serverClientGrants(next);
+    if (clients !== undefined) {
+      let r: ReturnType<ServerAuth['setClients']>;
+      try {
+        r = this.#auth!.setClients(clients);
+      } catch (err) {
+        throw new KvtierError('KVT_CONFIG', `security: ${(err as Error).message}`, { cause: err });
+      }
+      cur.security.clients = next.security.clients;
+      if (r.added + r.removed + r.changed > 0) {
+        applied.push('security.clients');
+        this.#log.child('auth').info('client keys reloaded', r);
+      }
+    }
+    if (next.logLevel !== cur.logLevel) {
+      setLogLevel(this.#log, next.logLevel);
+      cur.logLevel = next.logLevel;
+      applied.push('logLevel');
+    }
+    const restartNeeded: string[] = [];
+    const a = { ...cur, security: { ...cur.security, clients: [] } } as Record<string, unknown>;
+    const b = { ...next, security: { ...next.security, clients: [] } } as Record<string, unknown>;
+    if (this.#auth === undefined && clientsChanged) restartNeeded.push('security.clients');
+    for (const key of Object.keys(b))
+      if (key !== 'logLevel' && JSON.stringify(a[key]) !== JSON.stringify(b[key]))
+        restartNeeded.push(key);
+    return { applied, restartNeeded };
   }
 
   /** The event stream (docs/events.md), or undefined when the config turns it off. */
@@ -263,6 +349,7 @@ export class Sidecar {
       await this.dataPlane.close();
       await this.ops?.close();
       this.#watch.close();
+      this.#hitCounts?.close();
       await this.storage.close();
       await this.#events?.close();
       this.#log.info('kvtier stopped');

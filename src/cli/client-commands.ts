@@ -81,14 +81,30 @@ export async function runLookup(parsed: Parsed, io: CliIo): Promise<number> {
   }
 }
 
-/** `kvtier stats` and `kvtier ping`: the answer as indented JSON. Resolves the exit code. */
+/**
+ * `kvtier stats` and `kvtier ping`: the answer as indented JSON, `--json` one line, `stats
+ * --human` a table (stats-human.ts). Resolves the exit code.
+ */
 export async function runQuery(cmd: 'stats' | 'ping', parsed: Parsed, io: CliIo): Promise<number> {
   const { client, endpoint, timeoutMs } = await openClient(parsed, io, 3000);
   try {
+    if (cmd === 'stats' && parsed.values.human === true) {
+      if (parsed.values.json === true) throw new UsageError('give --json or --human, not both');
+      const [stats, ping] = await Promise.all([client.stats(), client.ping()]);
+      const { humanStats } = await import('./stats-human.ts');
+      for (const line of humanStats(
+        stats as Record<string, unknown>,
+        ping as Record<string, unknown>,
+        endpoint,
+      ))
+        io.out(line);
+      return 0;
+    }
     const info = cmd === 'stats' ? await client.stats() : await client.ping();
-    io.out(JSON.stringify(info, null, 2));
+    io.out(parsed.values.json === true ? JSON.stringify(info) : JSON.stringify(info, null, 2));
     return 0;
   } catch (err) {
+    if (err instanceof UsageError) throw err;
     io.err(requestFailure(cmd, endpoint, timeoutMs, err));
     return 1;
   } finally {

@@ -4,10 +4,9 @@
  * are checked.
  */
 import { isKvtierError } from '../errors.ts';
-import { LookupClient } from '../lookup-client/lookup-client.ts';
+import type { LookupClient } from '../lookup-client/lookup-client.ts';
 import { checkClientEndpoint } from '../protocol/endpoint.ts';
 import { DEFAULT_ENDPOINT } from './commands.ts';
-import { clientCurveKeys } from './keygen-command.ts';
 import { type ParsedCommand, parseIntFlag, stringOption, UsageError } from './options.ts';
 
 /** Where a client command reads and writes; injected so tests run commands in-process. */
@@ -77,6 +76,11 @@ export async function openClient(
   const raw = stringOption(parsed, 'timeout-ms');
   const timeoutMs =
     raw === undefined ? defaultTimeoutMs : parseIntFlag('--timeout-ms', raw, 1, 2 ** 31 - 1);
+  // Loaded here, not at the top: `kvtier --help` and `version` need neither (cli/main.ts).
+  const [{ clientCurveKeys }, { LookupClient }] = await Promise.all([
+    import('./keygen-command.ts'),
+    import('../lookup-client/lookup-client.ts'),
+  ]);
   const curve = await clientCurveKeys(
     {
       'key-file': stringOption(parsed, 'key-file'),

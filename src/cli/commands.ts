@@ -3,7 +3,7 @@
  * accepts, and the top-level help, from one place.
  */
 import { CHUNK_HASHER_DEFAULTS, MAX_CHUNK_SIZE } from '../hashing/chunk-hasher.ts';
-import { KVTIER_VERSION } from '../sidecar.ts';
+import { KVTIER_VERSION } from '../version.ts';
 import type { CommandSpec, OptionSpec } from './options.ts';
 
 /** Default endpoint of the client commands. */
@@ -214,16 +214,26 @@ one LOOKUP without pinning, then prints the tokens cached and where they were.`,
 /** `kvtier stats`. */
 export const STATS: CommandSpec = {
   name: 'stats',
-  summary: "print the sidecar's statistics (tiers, lookups, queues) as JSON",
-  options: clientOptions(3000),
+  summary: "print the sidecar's statistics (tiers, namespaces, lookups, queues)",
+  description: `Prints the sidecar's STATS answer as indented JSON; --json prints it as one line, --human as a
+table: per tier its health, chunks, bytes, fill, hit rate (chunks found of chunks looked for)
+and evictions, then per namespace its chunks and bytes in each tier.`,
+  options: [
+    ...clientOptions(3000),
+    JSON_OUTPUT,
+    { name: 'human', type: 'boolean', help: 'print a readable overview instead of JSON' },
+  ],
   exit: CLIENT_EXIT,
 };
 
 /** `kvtier ping`. */
 export const PING: CommandSpec = {
   name: 'ping',
-  summary: 'check the sidecar answers; print its version, epoch, limits and tiers as JSON',
-  options: clientOptions(3000),
+  summary: 'check the sidecar answers; print its version, epoch, config, limits and tiers',
+  description: `Prints the sidecar's PING answer as indented JSON (--json: one line): its version, epoch,
+where its config came from, each tier with its health (and path, for disk and file tiers), the
+protocol limits and whether CUDA copies are available.`,
+  options: [...clientOptions(3000), JSON_OUTPUT],
   exit: CLIENT_EXIT,
 };
 

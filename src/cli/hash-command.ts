@@ -115,6 +115,16 @@ export async function runHashCommand(argv: string[], io: HashCommandIo): Promise
     throw err;
   }
   for (const line of lines) io.out(line);
+  if (lines.length === 0) {
+    // Nothing to print is not an error, but says nothing of why: say it.
+    const size = opts.chunkSize ?? CHUNK_HASHER_DEFAULTS.chunkSize;
+    const n = (tokens as unknown[]).length;
+    io.err(
+      n === 0
+        ? `kvtier hash: ${source} holds no tokens: no chunk to hash`
+        : `kvtier hash: ${n} token${n === 1 ? '' : 's'} make no whole chunk of ${size}: nothing to hash (--partial hashes a trailing chunk shorter than ${size}; --chunk-size N sets the chunk size)`,
+    );
+  }
   return 0;
 }
 

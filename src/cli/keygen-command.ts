@@ -66,6 +66,17 @@ export async function clientCurveKeys(
       'KVT_CONFIG',
       'CurveZMQ needs both --key-file (KVTIER_KEY_FILE) and --server-key (KVTIER_SERVER_KEY)',
     );
+  // A public key file has the same form as a secret one; its name tells them apart.
+  if (/\.pub$/i.test(keyFile))
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `--key-file ${keyFile} is a public key file (.pub): give this client's secret key file (NAME.key from kvtier keygen); its .pub goes in the sidecar's security.clients`,
+    );
+  if (!isZ85Key(serverKey) && /\.key$/i.test(serverKey))
+    throw new KvtierError(
+      'KVT_CONFIG',
+      `--server-key ${serverKey} is a secret key file (.key): give the sidecar's public key, its .pub file or the Z85 text`,
+    );
   const secretKey = await readKeyFile(keyFile, 'client secret key file', true);
   const serverPublicKey = isZ85Key(serverKey)
     ? serverKey

@@ -1,11 +1,12 @@
-import { readFile } from 'node:fs/promises';
-import { loadConfig } from '../config/config.ts';
+/**
+ * The `kvtier` command. This module loads only the command definitions and the flag parser:
+ * each command's code is imported when that command runs, so `kvtier version` and `--help` start
+ * in about the time of node itself, and a client command loads the client, not the server
+ * (bench/startup.ts measures both; test/integration/cli-startup.test.ts checks what loads).
+ */
 import { isKvtierError } from '../errors.ts';
-import { KVTIER_VERSION, Sidecar } from '../sidecar.ts';
-import { formatBytes } from '../util/bytes.ts';
-import { createLogger, type Logger } from '../util/log.ts';
-import { runLookup, runQuery } from './client-commands.ts';
-import { type CliIo, processIo } from './client-io.ts';
+import { KVTIER_VERSION } from '../version.ts';
+import type { CliIo } from './client-io.ts';
 import {
   CLEAR,
   GET,
@@ -18,34 +19,27 @@ import {
   topLevelHelp,
   VERSION,
 } from './commands.ts';
-import { runConfigCommand } from './config-command.ts';
-import { runClear, runGet, runLs, runPut } from './data-commands.ts';
-import { runHashCommand } from './hash-command.ts';
-import { runKeygenCommand } from './keygen-command.ts';
-import {
-  type CommandSpec,
-  helpText,
-  type ParsedCommand,
-  parseCommand,
-  parseIntFlag,
-  stringOption,
-  UsageError,
-} from './options.ts';
-import { processSimulateIo, runSimulateCommand } from './simulate-command.ts';
+import { type CommandSpec, helpText, type ParsedCommand, parseCommand } from './options.ts';
 
 type Parsed = ParsedCommand & { help: false };
 type Body = (parsed: Parsed, io: CliIo) => Promise<number>;
 
 /** The commands parsed from their definition in commands.ts, with what runs them. */
-const SPEC_COMMANDS: ReadonlyMap<string, readonly [CommandSpec, Body]> = new Map([
-  ['serve', [SERVE, (p, io) => serve(p, io)]],
-  ['lookup', [LOOKUP, runLookup]],
-  ['stats', [STATS, (p, io) => runQuery('stats', p, io)]],
-  ['ping', [PING, (p, io) => runQuery('ping', p, io)]],
-  ['put', [PUT, runPut]],
-  ['get', [GET, runGet]],
-  ['clear', [CLEAR, runClear]],
-  ['ls', [LS, runLs]],
+const SPEC_COMMANDS: ReadonlyMap<string, readonly [CommandSpec, Body]> = new Map<
+  string,
+  readonly [CommandSpec, Body]
+>([
+  ['serve', [SERVE, async (p, io) => (await import('./serve-command.ts')).runServe(p, io)]],
+  ['lookup', [LOOKUP, async (p, io) => (await import('./client-commands.ts')).runLookup(p, io)]],
+  [
+    'stats',
+    [STATS, async (p, io) => (await import('./client-commands.ts')).runQuery('stats', p, io)],
+  ],
+  ['ping', [PING, async (p, io) => (await import('./client-commands.ts')).runQuery('ping', p, io)]],
+  ['put', [PUT, async (p, io) => (await import('./data-commands.ts')).runPut(p, io)]],
+  ['get', [GET, async (p, io) => (await import('./data-commands.ts')).runGet(p, io)]],
+  ['clear', [CLEAR, async (p, io) => (await import('./data-commands.ts')).runClear(p, io)]],
+  ['ls', [LS, async (p, io) => (await import('./data-commands.ts')).runLs(p, io)]],
   [
     'version',
     [
@@ -58,148 +52,87 @@ const SPEC_COMMANDS: ReadonlyMap<string, readonly [CommandSpec, Body]> = new Map
   ],
 ]);
 
+/** The process's own stdin, stdout and stderr (client-io.ts, loaded when first needed). */
+async function defaultIo(): Promise<CliIo> {
+  return (await import('./client-io.ts')).processIo();
+}
+
 /**
  * Runs the CLI; resolves the process exit code. Every failure is one line on stderr
  * (`kvtier CMD: what went wrong`): 2 for bad flags, arguments or config, 1 otherwise. A stack
  * trace is printed only for an unexpected error with KVTIER_DEBUG=1.
  */
-export async function main(argv: string[], io: CliIo = processIo()): Promise<number> {
+export async function main(argv: string[], given?: CliIo): Promise<number> {
   const [cmd, ...rest] = argv;
+  const out = (line: string) =>
+    given !== undefined ? given.out(line) : process.stdout.write(`${line}\n`);
+  const err = (line: string) =>
+    given !== undefined ? given.err(line) : process.stderr.write(`${line}\n`);
   try {
     const spec = cmd === undefined ? undefined : SPEC_COMMANDS.get(cmd);
     if (spec !== undefined) {
       const parsed = parseCommand(spec[0], rest);
       if (parsed.help) {
-        io.out(helpText(spec[0]));
+        out(helpText(spec[0]));
         return 0;
       }
-      return await spec[1](parsed, io);
+      if (cmd === 'version') {
+        out(KVTIER_VERSION);
+        return 0;
+      }
+      return await spec[1](parsed, given ?? (await defaultIo()));
     }
-    const lines = { out: (l: string) => io.out(l), err: (l: string) => io.err(l) };
     switch (cmd) {
-      case 'hash':
-        return await runHashCommand(rest, {
-          ...lines,
+      case 'hash': {
+        const io = given ?? (await defaultIo());
+        const { readFile } = await import('node:fs/promises');
+        return await (await import('./hash-command.ts')).runHashCommand(rest, {
+          out,
+          err,
           stdin: async () => (await io.stdin()).toString('utf8'),
           readFile: (p) => readFile(p, 'utf8'),
         });
+      }
       case 'config':
-        return await runConfigCommand(rest, { ...lines, env: io.env });
+        return await (await import('./config-command.ts')).runConfigCommand(rest, {
+          out,
+          err,
+          env: given?.env ?? process.env,
+        });
       case 'keygen':
-        return await runKeygenCommand(rest, lines);
-      case 'simulate':
-        return await runSimulateCommand(rest, processSimulateIo());
+        return await (await import('./keygen-command.ts')).runKeygenCommand(rest, { out });
+      case 'simulate': {
+        const sim = await import('./simulate-command.ts');
+        return await sim.runSimulateCommand(rest, sim.processSimulateIo());
+      }
       case '--version':
-        io.out(KVTIER_VERSION);
+        out(KVTIER_VERSION);
         return 0;
       case undefined:
       case 'help':
       case '--help':
       case '-h':
-        if (cmd === 'help' && rest[0] !== undefined) return await main([rest[0], '--help'], io);
-        io.out(topLevelHelp());
+        if (cmd === 'help' && rest[0] !== undefined) return await main([rest[0], '--help'], given);
+        out(topLevelHelp());
         return cmd === undefined ? 2 : 0;
       default:
-        io.err(`kvtier: unknown command "${cmd}"`);
-        io.err(topLevelHelp());
+        err(`kvtier: unknown command "${cmd}"`);
+        err(topLevelHelp());
         return 2;
     }
-  } catch (err) {
-    if (err instanceof UsageError) {
-      io.err(`kvtier ${cmd}: ${err.message}`);
+  } catch (e) {
+    if (isKvtierError(e) && e.name === 'UsageError') {
+      err(`kvtier ${cmd}: ${e.message}`);
       return 2;
     }
-    if (isKvtierError(err)) {
-      io.err(`kvtier ${cmd}: ${err.message}`);
-      return err.code === 'KVT_CONFIG' || err.code === 'KVT_INVALID_ARGUMENT' ? 2 : 1;
+    if (isKvtierError(e)) {
+      err(`kvtier ${cmd}: ${e.message}`);
+      return e.code === 'KVT_CONFIG' || e.code === 'KVT_INVALID_ARGUMENT' ? 2 : 1;
     }
-    const e = err instanceof Error ? err : new Error(String(err));
-    io.err(`kvtier ${cmd}: unexpected error: ${e.message}`);
-    if (io.env.KVTIER_DEBUG === '1') io.err(e.stack ?? '');
-    else io.err('(KVTIER_DEBUG=1 prints the stack trace)');
+    const x = e instanceof Error ? e : new Error(String(e));
+    err(`kvtier ${cmd}: unexpected error: ${x.message}`);
+    if ((given?.env ?? process.env).KVTIER_DEBUG === '1') err(x.stack ?? '');
+    else err('(KVTIER_DEBUG=1 prints the stack trace)');
     return 1;
   }
-}
-
-/**
- * Node's process warnings (deprecations, the AWS SDK's notice about Node versions) as JSON log
- * lines instead of Node's own multi-line text on stderr.
- */
-function logProcessWarnings(log: Logger): void {
-  process.removeAllListeners('warning');
-  process.on('warning', (w: Error & { code?: string }) => {
-    const [first, ...more] = w.message.split('\n');
-    log.warn(first ?? w.name, {
-      warning: w.name,
-      ...(w.code !== undefined ? { code: w.code } : {}),
-      ...(more.length > 0 ? { detail: more.join('\n').trim() } : {}),
-    });
-  });
-}
-
-async function serve(parsed: Parsed, io: CliIo): Promise<number> {
-  const rawPort = stringOption(parsed, 'metrics-port');
-  const metricsPort =
-    rawPort === undefined ? undefined : parseIntFlag('--metrics-port', rawPort, 0, 65535);
-  const configPath = stringOption(parsed, 'config');
-  const listen = stringOption(parsed, 'listen');
-  const events = stringOption(parsed, 'events');
-  const config = await loadConfig(
-    {
-      ...(configPath !== undefined ? { configPath } : {}),
-      ...(listen !== undefined ? { listen } : {}),
-      ...(metricsPort !== undefined ? { metricsPort } : {}),
-      ...(events !== undefined ? { events } : {}),
-    },
-    io.env,
-  );
-  const log = createLogger('kvtier', { level: config.logLevel });
-  logProcessWarnings(log.child('process'));
-  // Signal handlers come first: a SIGTERM that lands while the sidecar starts (or right as the
-  // "serving on" line is read) must shut it down gracefully, not kill the process.
-  let signalled: string | undefined;
-  let onSignal: (signal: string) => void = (signal) => {
-    signalled ??= signal;
-  };
-  const sigterm = () => onSignal('SIGTERM');
-  const sigint = () => onSignal('SIGINT');
-  process.on('SIGTERM', sigterm);
-  process.on('SIGINT', sigint);
-  let sidecar: Sidecar;
-  try {
-    sidecar = await Sidecar.start({ config, log });
-  } catch (err) {
-    process.off('SIGTERM', sigterm);
-    process.off('SIGINT', sigint);
-    throw err;
-  }
-  const cpu = config.tiers[0]!;
-  if (typeof cpu.options.capacityBytes === 'number') {
-    io.err(
-      `kvtier: serving on ${sidecar.server.endpoint}, ${cpu.name} tier ${formatBytes(cpu.options.capacityBytes)}${sidecar.opsUrl ? `, metrics at ${sidecar.opsUrl}/metrics` : ''}`,
-    );
-  }
-  return await new Promise<number>((resolve) => {
-    let stopping = false;
-    const stop = (signal: string) => {
-      if (stopping) return;
-      stopping = true;
-      process.off('SIGTERM', sigterm);
-      process.off('SIGINT', sigint);
-      const deadline = setTimeout(() => {
-        io.err(`kvtier: graceful shutdown after ${signal} took over 10 s; exiting`);
-        resolve(1);
-      }, 10_000);
-      deadline.unref();
-      sidecar.close().then(
-        () => {
-          clearTimeout(deadline);
-          resolve(0);
-        },
-        () => resolve(1),
-      );
-    };
-    onSignal = stop;
-    if (signalled !== undefined) stop(signalled);
-  });
 }

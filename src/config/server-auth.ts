@@ -50,24 +50,12 @@ export async function serverAuthFromConfig(
     });
     return undefined;
   }
-  const path = (p: string) => resolve(config.baseDir, p);
   const secretKey = await readKeyFile(
-    path(sec.serverSecretKeyFile),
+    resolve(config.baseDir, sec.serverSecretKeyFile),
     'security.serverSecretKeyFile',
     true,
   );
-  const clients: ClientGrant[] = [];
-  for (const [i, c] of sec.clients.entries()) {
-    const publicKey =
-      c.publicKey ??
-      (await readKeyFile(path(c.publicKeyFile!), `security.clients[${i}].publicKeyFile`, false));
-    clients.push({
-      publicKey,
-      role: c.role,
-      ...(c.name !== undefined ? { name: c.name } : {}),
-      ...(c.namespaces !== undefined ? { namespaces: c.namespaces } : {}),
-    });
-  }
+  const clients = await serverClientGrants(config);
   const fault = env[TEST_FAIL_FIRST_HANDSHAKES_ENV];
   let failFirstHandshakes = 0;
   if (fault !== undefined && fault !== '') {
@@ -89,4 +77,29 @@ export async function serverAuthFromConfig(
   }
   log.info('CurveZMQ on', { serverPublicKey: auth.publicKey, clients: clients.length });
   return auth;
+}
+
+/**
+ * The allow-list of `config.security.clients`, key files read (relative paths against
+ * `config.baseDir`). @throws KvtierError KVT_CONFIG for a key file that cannot be read or holds
+ * no key.
+ */
+export async function serverClientGrants(config: KvtierConfig): Promise<ClientGrant[]> {
+  const clients: ClientGrant[] = [];
+  for (const [i, c] of config.security.clients.entries()) {
+    const publicKey =
+      c.publicKey ??
+      (await readKeyFile(
+        resolve(config.baseDir, c.publicKeyFile!),
+        `security.clients[${i}].publicKeyFile`,
+        false,
+      ));
+    clients.push({
+      publicKey,
+      role: c.role,
+      ...(c.name !== undefined ? { name: c.name } : {}),
+      ...(c.namespaces !== undefined ? { namespaces: c.namespaces } : {}),
+    });
+  }
+  return clients;
 }

@@ -131,35 +131,30 @@ export class ServerAuth {
       MAX_DELAY_MS,
     );
     this.#failFirstHandshakes = requireInt('failFirstHandshakes', opts.failFirstHandshakes ?? 0, 0);
-    opts.clients.forEach((c, i) => {
-      const at = `clients[${i}]`;
-      if (!isZ85Key(c.publicKey))
-        throw new KvtierError(
-          'KVT_INVALID_ARGUMENT',
-          `${at}.publicKey must be 40 characters of Z85, got ${describe(c.publicKey)}`,
-        );
-      if (this.#grants.has(c.publicKey))
-        throw new KvtierError('KVT_INVALID_ARGUMENT', `${at}.publicKey is listed twice`);
-      const role = requireOneOf(`${at}.role`, c.role, ROLES);
-      let namespaces: Set<string> | undefined;
-      if (c.namespaces !== undefined) {
-        namespaces = new Set();
-        for (const ns of c.namespaces) {
-          if (typeof ns !== 'string' || !/^[0-9a-fA-F]{32}$/.test(ns))
-            throw new KvtierError(
-              'KVT_INVALID_ARGUMENT',
-              `${at}.namespaces must hold namespace ids of 32 hex digits, got ${describe(ns)}`,
-            );
-          namespaces.add(ns.toLowerCase());
-        }
-      }
-      this.#grants.set(c.publicKey, {
-        name: c.name ?? c.publicKey.slice(0, 8),
-        publicKey: c.publicKey,
-        role,
-        ...(namespaces !== undefined ? { namespaces } : {}),
-      });
-    });
+    for (const [key, p] of grantsOf(opts.clients)) this.#grants.set(key, p);
+  }
+
+  /**
+   * Replaces the allow-list (SIGHUP reload): new keys complete handshakes from now on; a removed
+   * key's connections are refused (KVT_UNAUTHENTICATED) from their next request, and a changed
+   * role or namespace list applies to the next request of connections already open.
+   * @returns how many grants were added, removed and changed.
+   * @throws KvtierError KVT_INVALID_ARGUMENT as the constructor does; the old list stays then.
+   */
+  setClients(clients: readonly ClientGrant[]): { added: number; removed: number; changed: number } {
+    const next = grantsOf(clients);
+    let added = 0;
+    let changed = 0;
+    for (const [key, p] of next) {
+      const old = this.#grants.get(key);
+      if (old === undefined) added++;
+      else if (!samePrincipal(old, p)) changed++;
+    }
+    const removed = [...this.#grants.keys()].filter((k) => !next.has(k)).length;
+    this.#grants.clear();
+    for (const [key, p] of next) this.#grants.set(key, p);
+    this.#memo.clear();
+    return { added, removed, changed };
   }
 
   /** Options that make a ROUTER a Curve server authenticated by this handler. */
@@ -212,16 +207,17 @@ export class ServerAuth {
       Buffer.alloc(0),
     ];
     if (f.length < 7 || version.toString() !== '1.0') return deny('500', 'malformed ZAP request');
-    const address = f[3]!.toString();
+    // The ZAP request's address is the connecting peer's IP address.
+    const peer = f[3]!.toString();
     if (f[2]!.toString() !== ZAP_DOMAIN || f[5]!.toString() !== 'CURVE' || f[6]!.length !== 32) {
-      this.#refusals.warn('handshake refused: not a CurveZMQ client', { address });
+      this.#refusals.warn('handshake refused: not a CurveZMQ client', { peer });
       return deny('400', 'CURVE required');
     }
     const key = z85Encode(f[6]!);
     const p = this.#grants.get(key);
     if (p === undefined) {
       this.#refusals.warn('handshake refused: client key not on the allow-list', {
-        address,
+        peer,
         publicKey: key,
       });
       return deny('400', 'key not allowed');
@@ -231,12 +227,12 @@ export class ServerAuth {
     if (faulted < this.#failFirstHandshakes) {
       this.#faulted.set(key, faulted + 1);
       this.#log.warn('test fault: handshake accepted without a minted routing id', {
-        address,
+        peer,
         client: p.name,
       });
       return [...ok, Buffer.alloc(0)];
     }
-    this.#log.info('client authenticated', { address, client: p.name, role: p.role });
+    this.#log.info('client authenticated', { peer, client: p.name, role: p.role });
     return [...ok, zmtpProperty('Identity', this.#mint(f[6]!))];
   }
 
@@ -253,7 +249,8 @@ export class ServerAuth {
           : code === 'ERR_ZMTP_CRYPTOGRAPHIC'
             ? "handshake refused: the client's server key is not this server's public key"
             : 'handshake refused: protocol error';
-      this.#refusals.warn(msg, { address: e.address, ...(code !== undefined ? { code } : {}) });
+      // ZeroMQ reports the listening endpoint of a failed handshake, not the peer's address.
+      this.#refusals.warn(msg, { endpoint: e.address, ...(code !== undefined ? { code } : {}) });
     });
   }
 
@@ -307,6 +304,11 @@ export class ServerAuth {
         'this connection carries no identity the server issued; reconnect with an allow-listed key',
       );
     checkRole(p, req.type);
+    this.#log.debug('request', {
+      client: p.name,
+      type: req.type,
+      ...('lookupId' in req ? { lookupId: req.lookupId } : {}),
+    });
     if (p.namespaces === undefined) return p;
     const named = namespacesOf(req);
     checkNamespaces(p, named);
@@ -346,4 +348,44 @@ function zmtpProperty(name: string, value: Buffer): Buffer {
   head.write(name, 1, 'latin1');
   head.writeUInt32BE(value.length, 1 + name.length);
   return Buffer.concat([head, value]);
+}
+
+/** The allow-list checked and keyed by public key. @throws KvtierError KVT_INVALID_ARGUMENT */
+function grantsOf(clients: readonly ClientGrant[]): Map<string, Principal> {
+  const grants = new Map<string, Principal>();
+  clients.forEach((c, i) => {
+    const at = `clients[${i}]`;
+    if (!isZ85Key(c.publicKey))
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `${at}.publicKey must be 40 characters of Z85, got ${describe(c.publicKey)}`,
+      );
+    if (grants.has(c.publicKey))
+      throw new KvtierError('KVT_INVALID_ARGUMENT', `${at}.publicKey is listed twice`);
+    const role = requireOneOf(`${at}.role`, c.role, ROLES);
+    let namespaces: Set<string> | undefined;
+    if (c.namespaces !== undefined) {
+      namespaces = new Set();
+      for (const ns of c.namespaces) {
+        if (typeof ns !== 'string' || !/^[0-9a-fA-F]{32}$/.test(ns))
+          throw new KvtierError(
+            'KVT_INVALID_ARGUMENT',
+            `${at}.namespaces must hold namespace ids of 32 hex digits, got ${describe(ns)}`,
+          );
+        namespaces.add(ns.toLowerCase());
+      }
+    }
+    grants.set(c.publicKey, {
+      name: c.name ?? c.publicKey.slice(0, 8),
+      publicKey: c.publicKey,
+      role,
+      ...(namespaces !== undefined ? { namespaces } : {}),
+    });
+  });
+  return grants;
+}
+
+function samePrincipal(a: Principal, b: Principal): boolean {
+  const ns = (p: Principal) => (p.namespaces === undefined ? '*' : [...p.namespaces].sort().join());
+  return a.name === b.name && a.role === b.role && ns(a) === ns(b);
 }

@@ -32,12 +32,47 @@ function levelFromEnv(): LogLevel {
   return v !== undefined && (LEVELS as readonly string[]).includes(v) ? (v as LogLevel) : 'info';
 }
 
+/** The level every logger of one {@link createLogger} tree writes at; shared by its children. */
+interface LevelState {
+  level: LogLevel;
+}
+
+const LEVEL_RANK: Readonly<Record<LogLevel, number>> = {
+  debug: 20,
+  info: 30,
+  warn: 40,
+  error: 50,
+  silent: Number.POSITIVE_INFINITY,
+};
+
+const states = new WeakMap<Logger, LevelState>();
+
+/**
+ * Changes the level of `log`'s whole tree (the logger {@link createLogger} made, every child made
+ * from it before or after), as a SIGHUP reload does. A logger not made by createLogger is left
+ * as it is. @returns the level before.
+ */
+export function setLogLevel(log: Logger, level: LogLevel): LogLevel | undefined {
+  const state = states.get(log);
+  if (state === undefined) return undefined;
+  const was = state.level;
+  state.level = level;
+  return was;
+}
+
+/** The level `log`'s tree writes at, or undefined for a logger not made by createLogger. */
+export function logLevelOf(log: Logger): LogLevel | undefined {
+  return states.get(log)?.level;
+}
+
 /** Creates a logger for `component`. */
 export function createLogger(component: string, opts: LoggerOptions = {}): Logger {
   const write = opts.write ?? ((line: string) => process.stderr.write(line));
+  const state: LevelState = { level: opts.level ?? levelFromEnv() };
   const root = pino(
     {
-      level: opts.level ?? levelFromEnv(),
+      // Every line reaches pino; the tree's shared level (setLogLevel) decides what is written.
+      level: 'debug',
       base: null,
       timestamp: pino.stdTimeFunctions.isoTime,
       // Errors are rendered by redactSecrets as { name, message, code }, without stacks.
@@ -49,25 +84,27 @@ export function createLogger(component: string, opts: LoggerOptions = {}): Logge
     },
     { write },
   );
-  return wrap(root, component);
+  return wrap(root, component, state);
 }
 
-function wrap(root: pino.Logger, component: string): Logger {
+function wrap(root: pino.Logger, component: string, state: LevelState): Logger {
   const log = root.child({ component });
   const emit =
     (level: Exclude<LogLevel, 'silent'>) => (msg: string, fields?: Record<string, unknown>) => {
-      if (!log.isLevelEnabled(level)) return;
+      if (LEVEL_RANK[level] < LEVEL_RANK[state.level]) return;
       const text = msg.includes('://') ? redactUrls(msg) : msg;
       if (fields === undefined) log[level](text);
       else log[level](fields, text);
     };
-  return {
+  const logger: Logger = {
     debug: emit('debug'),
     info: emit('info'),
     warn: emit('warn'),
     error: emit('error'),
-    child: (c) => wrap(root, `${component}.${c}`),
+    child: (c) => wrap(root, `${component}.${c}`, state),
   };
+  states.set(logger, state);
+  return logger;
 }
 
 /** Keys whose values are credentials, wherever they appear. */

@@ -103,7 +103,9 @@ describe('kvtier serve with no config', () => {
     const found = new Promise<string>((resolve, reject) => {
       child.stderr.setEncoding('utf8').on('data', (d: string) => {
         serverStderr += d;
-        const m = /metrics at (http:\/\/\S+\/metrics)/.exec(serverStderr);
+        const m = /"metrics":"(http:\/\/[^"]+\/metrics)"[^\n]*"msg":"serving on /.exec(
+          serverStderr,
+        );
         if (m !== null) resolve(m[1]!);
       });
       exited!.then(({ code }) =>
@@ -121,11 +123,19 @@ describe('kvtier serve with no config', () => {
     if (tmp !== '') await rm(tmp, { recursive: true, force: true });
   });
 
-  it('prints where it serves: the requested endpoint, the CPU tier size and the metrics URL', () => {
-    assert.match(
-      serverStderr,
-      new RegExp(`serving on ${endpoint.replace(/\./g, '\\.')}, cpu tier`),
-    );
+  it('prints where it serves as a JSON line: the endpoint, the tiers, the config and the metrics URL', () => {
+    const line = serverStderr
+      .split('\n')
+      .filter((l) => l.startsWith('{'))
+      .map((l) => JSON.parse(l) as Record<string, unknown>)
+      .find((l) => String(l.msg).startsWith(`serving on ${endpoint}, metrics at `));
+    assert.ok(line !== undefined, serverStderr);
+    assert.equal(line.endpoint, endpoint);
+    assert.equal(line.metrics, metricsUrl);
+    const tiers = line.tiers as { name: string; capacityBytes?: number }[];
+    assert.equal(tiers[0]!.name, 'cpu');
+    assert.ok(typeof tiers[0]!.capacityBytes === 'number');
+    assert.equal(typeof line.config, 'string');
     assert.match(metricsUrl, /^http:\/\/127\.0\.0\.1:\d+\/metrics$/);
     assert.doesNotMatch(metricsUrl, /:0\/metrics$/, 'the real port, not 0');
   });
@@ -379,7 +389,7 @@ describe('kvtier client-side commands and errors', () => {
       assert.equal(res.code, 1);
       assert.equal(res.stdout, '');
       assert.deepEqual(nonEmptyLines(res.stderr), [
-        `${file}: listen: must be a ZMQ endpoint like "tcp://127.0.0.1:5555", got "localhost:5555"`,
+        `${file}: listen: must be a ZMQ endpoint like "tcp://127.0.0.1:5555" (tcp://HOST:PORT with PORT 0..65535 or *, ipc://PATH or inproc://NAME), got "localhost:5555"`,
         `${file}: storage.writeThrough.concurrency: must be an integer in [1, 256], got 1000`,
         `${file}: tiers[0].capacityBytes: must be a byte size >= 4096 (an integer, or a string like "512MiB" or "4GiB"), got "4 parsecs"`,
         `${file}: tiers[1].port: must be an integer in [1, 65535], got 70000`,

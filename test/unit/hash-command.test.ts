@@ -129,8 +129,22 @@ describe('kvtier hash: output', () => {
     assert.notDeepEqual(a.out, b.out);
   });
 
-  test('an empty array prints nothing and succeeds', async () => {
-    assert.deepEqual(await run(['--partial'], ' [ ]\n'), { code: 0, out: [], err: [] });
+  test('an empty array prints nothing, says why, and succeeds', async () => {
+    assert.deepEqual(await run(['--partial'], ' [ ]\n'), {
+      code: 0,
+      out: [],
+      err: ['kvtier hash: stdin holds no tokens: no chunk to hash'],
+    });
+  });
+
+  test('fewer tokens than a chunk print nothing and say why', async () => {
+    assert.deepEqual(await run(['--chunk-size', '4'], '[1, 2, 3]'), {
+      code: 0,
+      out: [],
+      err: [
+        'kvtier hash: 3 tokens make no whole chunk of 4: nothing to hash (--partial hashes a trailing chunk shorter than 4; --chunk-size N sets the chunk size)',
+      ],
+    });
   });
 
   test('--tokens reads a file instead of stdin', async () => {

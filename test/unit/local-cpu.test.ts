@@ -91,6 +91,7 @@ describe('LocalCpuBackend basics', () => {
       pinnedChunks: 0,
       evictions: 0,
       droppedPuts: 0,
+      namespaces: { [NS]: { chunks: 1, bytes: 5000 } },
     });
   });
 

@@ -67,6 +67,47 @@ export interface BackendStats {
   readonly corruptObjects?: number;
   /** Host memory committed ahead of need so far (a host-memory tier with `prefault` on). */
   readonly prefaultedBytes?: number;
+  /**
+   * Usage per namespace id (tiers that index their chunks: host memory, local disk): the
+   * {@link NAMESPACE_USAGE_LIMIT} namespaces holding the most bytes, the rest summed in
+   * `namespacesOmitted`.
+   */
+  readonly namespaces?: Readonly<Record<NamespaceId, NamespaceUsage>>;
+  /** What `namespaces` leaves out: how many namespaces, and their chunks and bytes together. */
+  readonly namespacesOmitted?: NamespaceUsage & { readonly namespaces: number };
+}
+
+/** Chunks and bytes one namespace holds in one tier. */
+export interface NamespaceUsage {
+  readonly chunks: number;
+  readonly bytes: number;
+}
+
+/** Namespaces a tier's stats name one by one (the rest are summed): bounds STATS and metrics. */
+export const NAMESPACE_USAGE_LIMIT = 16;
+
+/**
+ * `usage` as {@link BackendStats}' `namespaces` and `namespacesOmitted`: the `limit` namespaces
+ * with the most bytes (ties: by id), the others summed.
+ */
+export function boundedNamespaceUsage(
+  usage: ReadonlyMap<NamespaceId, NamespaceUsage>,
+  limit: number = NAMESPACE_USAGE_LIMIT,
+): Pick<BackendStats, 'namespaces' | 'namespacesOmitted'> {
+  const sorted = [...usage.entries()].sort(
+    (a, b) => b[1].bytes - a[1].bytes || (a[0] < b[0] ? -1 : 1),
+  );
+  const namespaces: Record<NamespaceId, NamespaceUsage> = {};
+  for (const [ns, u] of sorted.slice(0, limit)) namespaces[ns] = u;
+  const rest = sorted.slice(limit);
+  if (rest.length === 0) return { namespaces };
+  let chunks = 0;
+  let bytes = 0;
+  for (const [, u] of rest) {
+    chunks += u.chunks;
+    bytes += u.bytes;
+  }
+  return { namespaces, namespacesOmitted: { namespaces: rest.length, chunks, bytes } };
 }
 
 /**

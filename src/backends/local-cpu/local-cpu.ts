@@ -25,6 +25,7 @@ import type {
   RemovalListener,
   ReserveOutcome,
 } from '../core/types.ts';
+import { boundedNamespaceUsage } from '../core/types.ts';
 import { RecencyList } from '../index/recency-list.ts';
 import { type CpuEntry, CpuIndex, deleteIn, newCpuEntry, packedView } from './local-cpu-index.ts';
 import {
@@ -334,7 +335,24 @@ export class LocalCpuBackend implements HostMemoryTier {
       evictions: this.#evictions,
       droppedPuts: this.#droppedPuts,
       ...(this.#prefault && { prefaultedBytes: this.#prefault.state().bytes }),
+      ...boundedNamespaceUsage(this.#usageByNamespace()),
     };
+  }
+
+  /** Chunks and page bytes per namespace of the chunks indexed now. */
+  #usageByNamespace(): Map<NamespaceId, { chunks: number; bytes: number }> {
+    const out = new Map<NamespaceId, { chunks: number; bytes: number }>();
+    for (const space of this.#index.spaces()) {
+      if (space === undefined || space.size === 0) continue;
+      let bytes = 0;
+      let ns: NamespaceId | undefined;
+      for (const e of space.values()) {
+        ns = e.ns;
+        bytes += e.block.bytes;
+      }
+      out.set(ns!, { chunks: space.size, bytes });
+    }
+    return out;
   }
 
   health(): BackendHealth {

@@ -185,6 +185,27 @@ export class DiskIndex {
     return hits;
   }
 
+  /** Chunks and file bytes per namespace, walking every record (a few ms per million). */
+  usageByNamespace(): Map<NamespaceId, { chunks: number; bytes: number }> {
+    const t = this.#t;
+    const r = t.rec;
+    const byId = new Map<number, { chunks: number; bytes: number }>();
+    for (let b = 0, end = t.top * STRIDE; b < end; b += STRIDE) {
+      const id = r[b + F.NS]!;
+      if (id === 0) continue;
+      const u = byId.get(id);
+      const bytes = r[b + F.BYTES]! >>> 0;
+      if (u === undefined) byId.set(id, { chunks: 1, bytes });
+      else {
+        u.chunks++;
+        u.bytes += bytes;
+      }
+    }
+    const out = new Map<NamespaceId, { chunks: number; bytes: number }>();
+    for (const [id, u] of byId) out.set(t.nsName(id), u);
+    return out;
+  }
+
   /** Whether `slot` still holds the entry of generation `gen` (not removed or replaced since). */
   holds(slot: number, gen: number): boolean {
     const b = slot * STRIDE;

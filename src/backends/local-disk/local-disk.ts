@@ -19,6 +19,7 @@ import type {
   RemovalListener,
   StorageBackend,
 } from '../core/types.ts';
+import { boundedNamespaceUsage } from '../core/types.ts';
 import { type ChunkFileRead, ChunkFiles, TaskSet } from '../files/chunk-files.ts';
 import {
   type FileSystem,
@@ -298,6 +299,7 @@ export class LocalDiskBackend implements StorageBackend {
       filesWritten: this.#filesWritten,
       ioErrors: this.#ioErrors,
       indexComplete: this.#indexComplete,
+      ...boundedNamespaceUsage(this.#index.usageByNamespace()),
     };
   }
 
