@@ -8,6 +8,7 @@ import { setImmediate as turn } from 'node:timers/promises';
 import type { Chunk } from '../../src/backends/core/types.ts';
 import { type FileSystem, objectPath } from '../../src/backends/files/file-store.ts';
 import { CHUNK_HEADER_BYTES } from '../../src/backends/format/chunk-format.ts';
+import { LOCK_FILE } from '../../src/backends/local-disk/dir-lock.ts';
 import { JOURNAL_FILE } from '../../src/backends/local-disk/disk-journal.ts';
 import {
   createLocalDiskBackend,
@@ -121,9 +122,14 @@ describe('LocalDiskBackend', () => {
     const n = ns();
     const h = hash();
     assert.equal(await b.put(n, h, chunk(5000)), 'stored');
-    assert.deepEqual(await files(dir), [join(n, h.slice(0, 2), `${h}.kvc`), JOURNAL_FILE]);
+    assert.deepEqual(await files(dir), [
+      LOCK_FILE,
+      join(n, h.slice(0, 2), `${h}.kvc`),
+      JOURNAL_FILE,
+    ]);
     assert.equal((await fsp.stat(objectPath(dir, n, h, 2))).size, obj(5000));
     await b.close();
+    assert.ok(!(await files(dir)).includes(LOCK_FILE), 'close removes the lock');
   });
 
   it('accepts each fsync policy and rejects others with what is allowed', async () => {

@@ -1,3 +1,4 @@
+import { resolve } from 'node:path';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError } from '../../errors.ts';
 import { withDeadline } from '../../util/deadline.ts';
@@ -30,6 +31,7 @@ import {
 import { KeyedUnlinks } from '../files/keyed-unlinks.ts';
 import { nativeFilesFor } from '../files/native-files.ts';
 import { CHUNK_HEADER_BYTES } from '../format/chunk-format.ts';
+import { type DirLock, lockDirectory } from './dir-lock.ts';
 import { DiskIndex, diskKey } from './disk-index.ts';
 import { type IndexJournal, openJournal } from './disk-journal.ts';
 import { type ScanResult, scanStore } from './disk-scan.ts';
@@ -78,6 +80,7 @@ export class LocalDiskBackend implements StorageBackend {
   #ioErrors = 0;
   #health: BackendHealth = 'up';
   #closing: Promise<void> | null = null;
+  #lock: DirLock | undefined;
   #onRemoved: RemovalListener | undefined;
   #onFound: FoundListener | undefined;
 
@@ -93,7 +96,12 @@ export class LocalDiskBackend implements StorageBackend {
     fs: FileSystem = realFileSystem,
   ): Promise<LocalDiskBackend> {
     const backend = new LocalDiskBackend(resolveLocalDiskOptions(options), options, ctx, fs);
-    await backend.#load();
+    try {
+      await backend.#load();
+    } catch (err) {
+      await backend.#lock?.release();
+      throw err;
+    }
     return backend;
   }
 
@@ -328,6 +336,7 @@ export class LocalDiskBackend implements StorageBackend {
       await this.#tasks.drain();
       await this.#journal?.close();
       this.#index.clear();
+      await this.#lock?.release();
     })();
     return this.#closing;
   }
@@ -335,6 +344,9 @@ export class LocalDiskBackend implements StorageBackend {
   async #load(): Promise<void> {
     const { path, shardChars } = this.options;
     await this.#fs.mkdir(path, { recursive: true });
+    // One sidecar per directory (dir-lock.ts); a file system given for tests is not locked.
+    if (this.#fs === realFileSystem)
+      this.#lock = await lockDirectory(resolve(path), this.name, this.#log);
     this.#journal = await openJournal({
       fs: this.#fs,
       root: path,
