@@ -1,6 +1,9 @@
 /**
  * Watches every tier's health and says when it changes, in the log of the tier itself
- * (`kvtier.tier.<name>`): down or degraded at warn, back up at info, with how long it was out.
+ * (`kvtier.tier.<name>`): one warn line when it goes down (its breaker bypasses it: lookups skip
+ * it, writes are dropped), one info line when it is back, with how long it was out; a change
+ * between up and degraded at info. These are the only lines of a tier's state: the breaker
+ * says nothing else above debug.
  * A tier that was down at start (its start logged why, once) is taken as down from the start,
  * and its first coming up is logged at info as it joining.
  * Also what readiness and /healthz report: the sidecar can serve lookups while its host-memory
@@ -48,6 +51,8 @@ const MESSAGES: Readonly<Record<BackendHealth, string>> = {
   up: 'tier is back up',
 };
 
+const BACK_DEGRADED = 'tier is back, degraded: some of its calls fail or time out';
+
 const JOINED = 'tier joined: it was down at start; lookups and writes use it from now on';
 
 /** See the module comment. `close()` stops the timer. */
@@ -94,8 +99,11 @@ export class TierWatch {
           // Out of 'down' for the first time since start (up, or started but degraded).
           this.#logs[i]!.info(JOINED, fields);
           this.#notJoined[i] = false;
-        } else if (health === 'up') this.#logs[i]!.info(MESSAGES.up, fields);
-        else this.#logs[i]!.warn(MESSAGES[health], fields);
+        } else if (health === 'down') this.#logs[i]!.warn(MESSAGES.down, fields);
+        else if (was === 'down')
+          // One line back, whether it came back whole or degraded.
+          this.#logs[i]!.info(health === 'up' ? MESSAGES.up : BACK_DEGRADED, fields);
+        else this.#logs[i]!.info(MESSAGES[health], fields);
         this.#last[i] = health;
         this.#since[i] = now;
       }

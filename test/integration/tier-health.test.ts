@@ -144,18 +144,37 @@ describe('a Redis tier that fails', () => {
     );
     assert.equal(answer.hitTokens, 64, 'host memory still answers');
 
-    // A write during the outage fails at Redis: counted as the tier's error.
+    // What the line says is what writes do: a write during the outage is dropped without
+    // trying Redis (no put error), counted as a drop.
     const putErrors = await metric('kvtier_backend_errors_total', { tier: 'redis', op: 'put' });
+    const drops = await metric('kvtier_writethrough_dropped_total', { tier: 'redis' });
     await putChunks(1);
-    assert.ok(
-      (await metric('kvtier_backend_errors_total', { tier: 'redis', op: 'put' })) > putErrors,
+    let dropped = drops;
+    for (let i = 0; i < 2000 && dropped === drops; i++)
+      dropped = await metric('kvtier_writethrough_dropped_total', { tier: 'redis' });
+    assert.ok(dropped > drops, 'the write is dropped');
+    assert.equal(
+      await metric('kvtier_backend_errors_total', { tier: 'redis', op: 'put' }),
+      putErrors,
+      'and never tried',
     );
+    assert.equal(tierLines(/^tier is down/).length, 1, 'one warn line for the outage');
 
     // Back (empty: nothing persisted): logged at info, healthy, and STATS counts what Redis holds.
     await redis.restart();
     await pollUntil(() => tierLines(/^tier is back up/).length > 0, 'a "tier is back up" line');
     const up = tierLines(/^tier is back up/)[0]!;
     assert.equal(up.level, 'info');
+    assert.equal(tierLines(/^tier is back/).length, 1, 'one line back');
+    assert.deepEqual(
+      logs
+        .filter(
+          (l) => l.component === 'kvtier.tier.redis' && l.level !== 'debug' && l.level !== 'info',
+        )
+        .map((l) => l.msg),
+      [tierLines(/^tier is down/)[0]!.msg],
+      'no other warn or error line about the tier',
+    );
     assert.equal(up.was, 'down');
     assert.equal(typeof up.forMs, 'number');
     await pollUntil(

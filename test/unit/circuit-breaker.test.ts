@@ -47,12 +47,14 @@ describe('CircuitBreakerBackend', () => {
       failureThreshold: 2,
       probeIntervalMs: 500,
     });
-    inner.down = true;
-    assert.equal(await b.batchedContains(NS, [H(1)]), 0);
+    inner.failGets = true;
+    assert.equal((await b.batchedGet(NS, [H(1)])).get(H(1)), null);
     assert.equal(b.isOpen, false);
     assert.equal((await b.batchedGet(NS, [H(1)])).get(H(1)), null);
     assert.equal(b.isOpen, true, 'two failures in a row open it');
     assert.equal(b.health(), 'down');
+    inner.failGets = false;
+    inner.down = true;
     const callsBefore = { ...inner.calls };
     assert.equal(await b.batchedContains(NS, [H(1)]), 0);
     assert.equal(await b.put(NS, H(2), { tokens: 4, data: randomBytes(16) }), 'dropped');
@@ -72,6 +74,22 @@ describe('CircuitBreakerBackend', () => {
     assert.equal(b.health(), 'up');
     assert.equal(b.counters.restored, 1);
     assert.equal(await b.batchedContains(NS, [H(1)]), 1);
+    await b.close();
+  });
+
+  test('a backend that reports itself down is bypassed at once: its writes are dropped untried', async () => {
+    const inner = new GatedBackend({ name: 'remote', open: true });
+    const b = new CircuitBreakerBackend(inner, { failureThreshold: 100, probeIntervalMs: 500 });
+    inner.down = true;
+    const callsBefore = { ...inner.calls };
+    assert.equal(await b.put(NS, H(2), { tokens: 4, data: randomBytes(16) }), 'dropped');
+    assert.deepEqual(inner.calls, callsBefore, 'the put did not reach the backend');
+    assert.equal(b.isOpen, true);
+    assert.equal(b.health(), 'down');
+    inner.down = false;
+    mock.timers.tick(500);
+    await flush();
+    assert.equal(b.health(), 'up', 'a probe brings it back');
     await b.close();
   });
 

@@ -145,6 +145,7 @@ export class CircuitBreakerBackend extends ForwardingBackend {
   ): Promise<number> {
     this.#checkOpen();
     if (hashes.length === 0) return 0;
+    this.#followInner();
     if (this.#open) {
       this.counters.bypassed++;
       return 0;
@@ -167,6 +168,7 @@ export class CircuitBreakerBackend extends ForwardingBackend {
     opts: GetOptions = {},
   ): Promise<Map<ChunkHash, Chunk | null>> {
     this.#checkOpen();
+    this.#followInner();
     if (!this.#open) {
       const got = await this.#guard(
         'get',
@@ -189,6 +191,7 @@ export class CircuitBreakerBackend extends ForwardingBackend {
     opts: PutOptions = {},
   ): Promise<PutOutcome> {
     this.#checkOpen();
+    this.#followInner();
     if (this.#open) {
       this.counters.bypassed++;
       return 'dropped';
@@ -233,7 +236,34 @@ export class CircuitBreakerBackend extends ForwardingBackend {
 
   override health(): BackendHealth {
     if (this.#closing !== undefined) return 'down';
+    this.#followInner();
     return this.#open ? 'down' : this.#inner.health();
+  }
+
+  /**
+   * A backend that reports itself down (its connection lost) is bypassed at once, as after
+   * `failureThreshold` failures: 'down' always means lookups skip the tier and its writes are
+   * dropped, never that writes still try it.
+   */
+  #followInner(): void {
+    if (this.#open || this.#closing !== undefined) return;
+    let inner: BackendHealth;
+    try {
+      inner = this.#inner.health();
+    } catch {
+      inner = 'down';
+    }
+    if (inner === 'down') this.#trip('it reports itself down');
+  }
+
+  #trip(why: string): void {
+    this.#open = true;
+    this.counters.opened++;
+    this.#log.debug('breaker open: bypassing the tier until a probe succeeds', {
+      tier: this.name,
+      why,
+    });
+    this.#scheduleProbe();
   }
 
   override close(): Promise<void> {
@@ -313,18 +343,16 @@ export class CircuitBreakerBackend extends ForwardingBackend {
     if (op === 'contains' || op === 'get' || op === 'put')
       this.#onFailure?.(op, err instanceof KvtierError ? err.code : 'KVT_INTERNAL');
     this.#consecutiveFailures++;
-    this.#log.warn('tier call failed', {
+    // The tier's state changes are logged once each by the sidecar's TierWatch (warn down, info
+    // back); single failures are counted in metrics and told here at debug.
+    this.#log.debug('tier call failed', {
       tier: this.name,
       op,
       err,
       consecutive: this.#consecutiveFailures,
     });
-    if (!this.#open && this.#consecutiveFailures >= this.#opts.failureThreshold) {
-      this.#open = true;
-      this.counters.opened++;
-      this.#log.error('tier is down; bypassing it until a probe succeeds', { tier: this.name });
-      this.#scheduleProbe();
-    }
+    if (!this.#open && this.#consecutiveFailures >= this.#opts.failureThreshold)
+      this.#trip(`${this.#consecutiveFailures} calls in a row failed`);
   }
 
   #scheduleProbe(): void {
@@ -348,7 +376,7 @@ export class CircuitBreakerBackend extends ForwardingBackend {
       this.#open = false;
       this.#consecutiveFailures = 0;
       this.counters.restored++;
-      this.#log.info('tier is back; serving from it again', { tier: this.name });
+      this.#log.debug('breaker closed: a probe succeeded', { tier: this.name });
     } catch (err) {
       const e = d.timedOut ? d.error() : err;
       this.#onFailure?.('contains', e instanceof KvtierError ? e.code : 'KVT_INTERNAL');
