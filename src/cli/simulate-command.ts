@@ -2,7 +2,12 @@ import { writeFile } from 'node:fs/promises';
 import { isKvtierError } from '../errors.ts';
 import { chunkKeyTrace, lruBound } from '../sim/bounds.ts';
 import { SIM_ENGINE_DEFAULTS } from '../sim/engine-options.ts';
-import { defaultKvCacheBytes, type EngineSpeed, resolveEngineSpeed } from '../sim/gpu.ts';
+import {
+  defaultKvCacheBytes,
+  type EngineSpeed,
+  prefillRate,
+  resolveEngineSpeed,
+} from '../sim/gpu.ts';
 import type { PlannedModel } from '../sim/models.ts';
 import {
   boundFlags,
@@ -115,6 +120,12 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
   const gpuBytes = plan.gpuMemoryBytes ?? defaultKvCacheBytes(planned, speed);
   const engine = { ...plan.engine };
   engine.numGpuBlocks ??= gpuBlocksIn(gpuBytes, shapes);
+  // The rate the engines' scheduler connectors send with their lookups: never slower than this.
+  engine.prefillTokensPerSec ??= prefillRate(
+    planned,
+    speed,
+    workload.requests.map((r) => r.promptTokens.length),
+  );
   const req: RunRequest = {
     plan,
     shapes,

@@ -98,6 +98,11 @@ export class SimLookupClient extends LookupClient {
   readonly tiersByLookup = new Map<string, TierTokens[]>();
   /** Lookups that returned 0 because their deadline passed first. */
   timedOut = 0;
+  /**
+   * What answered lookups that named the engine's prefill rate decided per tier: lookups that
+   * loaded from it, lookups that declined it, and the tokens declined.
+   */
+  readonly decisions: Record<string, TierDecisionCount> = {};
 
   constructor(opts: SimLookupClientOptions) {
     super(opts);
@@ -126,19 +131,29 @@ export class SimLookupClient extends LookupClient {
     return this.#now();
   }
 
-  override lookup(
+  override lookupAnswer(
     lookupId: string,
     hashes: HashesInput,
     tokenCounts: ArrayLike<number>,
     opts: LookupCallOptions = {},
-  ): number | null {
-    const answer = super.lookup(lookupId, hashes, tokenCounts, opts);
+  ): LookupAnswer | null {
+    const answer = super.lookupAnswer(lookupId, hashes, tokenCounts, opts);
     if (answer !== null) {
       const rec = this.#records.get(lookupId);
       if (rec !== undefined && !rec.settled) this.timedOut++;
       this.#records.delete(lookupId);
     }
     return answer;
+  }
+
+  #count(a: LookupAnswer): void {
+    for (const t of a.tierRates ?? []) {
+      if (t.decision === 'none') continue;
+      const c = this.decisions[t.tier] ?? { load: 0, decline: 0, declinedTokens: 0 };
+      this.decisions[t.tier] = c;
+      c[t.decision]++;
+      c.declinedTokens += t.declinedTokens;
+    }
   }
 
   override forget(lookupId: string): void {
@@ -161,6 +176,7 @@ export class SimLookupClient extends LookupClient {
     return super.lookupAsync(lookupId, hashes, tokenCounts, opts).then(
       (a) => {
         if (a.status === 'ok' && a.hitTokens > 0) this.tiersByLookup.set(lookupId, a.tiers);
+        if (a.status === 'ok') this.#count(a);
         settle();
         return a;
       },
@@ -170,6 +186,13 @@ export class SimLookupClient extends LookupClient {
       },
     );
   }
+}
+
+/** What lookups decided about one tier (`SimLookupClient.decisions`). */
+export interface TierDecisionCount {
+  load: number;
+  decline: number;
+  declinedTokens: number;
 }
 
 /** Options of {@link SimDataPlaneClient}: a `DataPlaneClient`'s, plus what it reports into. */

@@ -1,4 +1,4 @@
-import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { defaultConfig, type KvtierConfig } from '../config/config.ts';
 import { KvtierSchedulerConnector } from '../connector/scheduler-connector.ts';
@@ -47,6 +47,13 @@ export interface NodeTiming {
   decodeStepMs(batch: number, contextTokens: number): number;
   /** Modeled ms of a kvtier load of tokens, by sidecar tier name. */
   loadMs(tokensByTier: Readonly<Record<string, number>>): number;
+  /**
+   * The modeled read rate of a sidecar tier below host memory: seconds per token of the planned
+   * model and the latency of one read. The node fixes its sidecar's rates to these, so that the
+   * sidecar's rule (claim a tier's hits only where fetching them beats computing them) decides as
+   * the model times the loads.
+   */
+  tierRate(tier: string): { secondsPerToken: number; latencySeconds: number };
 }
 
 /** Options of {@link SimNode.start}. */
@@ -101,6 +108,11 @@ export interface StepFaultHooks {
 }
 
 const MODEL_ID = 'kvtier-sim/deterministic';
+
+/** KV bytes of one token of the verification model (every layer, K and V, bf16). */
+function tokenBytesOf(m: SimModel): number {
+  return 2 * m.numLayers * m.numKvHeads * m.headDim * 2;
+}
 const EMPTY = new Set<string>();
 
 /** One engine and (with kvtier on) its sidecar; see the module comment. */
@@ -167,10 +179,15 @@ export class SimNode {
     const o = this.#o;
     const { model } = o;
     const bptl = model.numKvHeads * model.headDim * 2;
-    const tokenBytes = 2 * model.numLayers * bptl;
+    const tokenBytes = tokenBytesOf(model);
     let connector: SchedulerConnectorLike = new NullSchedulerConnector();
     if (this.config !== undefined) {
+      // An fs tier's directory stands for a mounted share, which kvtier never creates.
+      for (const t of o.lowerTiers)
+        if (t.type === 'fs' && typeof t.options.path === 'string')
+          mkdirSync(t.options.path, { recursive: true });
       this.#sidecar = await Sidecar.start({ config: this.config, processMetrics: false });
+      this.#fixTierRates(this.#sidecar, tokenBytes);
       const endpoint = this.#sidecar.server.endpoint;
       // tmpfs when there is one: the engine's KV cache is memory, never written back to a disk.
       this.#shmDir = existsSync('/dev/shm') ? mkdtempSync('/dev/shm/kvtier-sim-') : undefined;
@@ -202,6 +219,9 @@ export class SimNode {
         blockSize: reg.blockSize,
         chunkSize: reg.chunkSize,
         partialChunkLoads: o.engine.partialChunkLoads,
+        // On the planner's model (whose runs settle every lookup before the step that asks) the
+        // engine's prefill rate goes with every lookup: never slower than recomputing.
+        ...(o.timing === undefined ? {} : { computeTokensPerSec: o.engine.prefillTokensPerSec }),
       });
       this.#admin = new LookupClient({ endpoint });
     }
@@ -299,6 +319,7 @@ export class SimNode {
       config: { ...this.config, listen: s.server.endpoint },
       processMetrics: false,
     });
+    this.#fixTierRates(this.#sidecar, tokenBytesOf(this.#o.model));
     const again = await w.registerKvCaches(this.registration());
     if (again.namespace !== this.#namespace)
       throw new KvtierError('KVT_INTERNAL', 'namespace changed across a sidecar restart');
@@ -434,6 +455,23 @@ export class SimNode {
     this.#kv = undefined;
     if (this.#shmDir !== undefined) rmSync(this.#shmDir, { recursive: true, force: true });
     this.#shmDir = undefined;
+  }
+
+  /**
+   * With a timing model, fixes the sidecar's rates of the tiers below host memory to the modeled
+   * ones, in the bytes that move (`tokenBytes` per token): the loopback rates it would measure
+   * are those of this machine and of the small verification model, not the planned ones.
+   */
+  #fixTierRates(sidecar: Sidecar, tokenBytes: number): void {
+    const t = this.#o.timing;
+    if (t === undefined) return;
+    for (const tier of sidecar.storage.tiers.slice(1)) {
+      const r = t.tierRate(tier.name);
+      sidecar.storage.tierRates.fix(tier.name, {
+        readBytesPerSec: tokenBytes / r.secondsPerToken,
+        latencySeconds: r.latencySeconds,
+      });
+    }
   }
 
   #stepMs(segments: readonly { start: number; end: number }[]): number {

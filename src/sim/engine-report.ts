@@ -112,6 +112,9 @@ export function nodeReport(node: SimNode, x: NodeReportContext): SimReport {
       utilization: makespanMs > 0 ? node.busyMs / makespanMs : 0,
     },
     crossNodeTokens: c.crossNode,
+    ...(lookup === undefined || Object.keys(lookup.decisions).length === 0
+      ? {}
+      : { tierDecisions: structuredClone(lookup.decisions) }),
     gpuHitTokens: Object.fromEntries(c.prefills.map((p) => [p.requestId, p.gpu - p.selfGpu])),
     kvtier: node.config !== undefined,
     wallMs: x.wallMs,

@@ -260,10 +260,25 @@ function fleetReport(
       utilization: makespanMs > 0 ? busyMs / (per.length * makespanMs) : 0,
     },
     crossNodeTokens: sum((r) => r.crossNodeTokens ?? 0),
+    ...mergedDecisions(per),
     gpuHitTokens: Object.assign({}, ...per.map((r) => r.gpuHitTokens ?? {})),
     wallMs,
     steps: sum((r) => r.steps),
     fastForwardedSteps: sum((r) => r.fastForwardedSteps ?? 0),
     engines: per,
   };
+}
+
+/** The engines' tier decisions added up (nothing when none decided). */
+function mergedDecisions(per: readonly SimReport[]): Pick<SimReport, 'tierDecisions'> {
+  const out: NonNullable<SimReport['tierDecisions']> = {};
+  for (const r of per)
+    for (const [tier, d] of Object.entries(r.tierDecisions ?? {})) {
+      const c = out[tier] ?? { load: 0, decline: 0, declinedTokens: 0 };
+      out[tier] = c;
+      c.load += d.load;
+      c.decline += d.decline;
+      c.declinedTokens += d.declinedTokens;
+    }
+  return Object.keys(out).length === 0 ? {} : { tierDecisions: out };
 }

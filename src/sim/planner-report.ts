@@ -8,6 +8,7 @@ import {
   servedShares,
   type Target,
 } from './planner.ts';
+import { ruleLines } from './planner-rule.ts';
 import {
   formatDuration as dur,
   formatSize,
@@ -65,6 +66,12 @@ export function formatPlan(p: PlanResult): string[] {
   if (!p.sweep && p.engines === 1 && first !== undefined) out.push('', ...singleLines(p, first));
   else out.push('', ...tableLines(p));
   if (p.engines > 1) out.push('', ...fleetLines(p));
+  const rule = ruleLines(
+    [...(p.nodeLocal ?? []).map((r) => ({ ...r, label: `${r.label}, node-local` })), ...p.rows],
+    p.planned,
+    p.load.prefillTokensPerSec,
+  );
+  if (rule.length > 0) out.push('', ...rule);
   out.push(
     '',
     `Calibration (the model's constants reproduce these figures by construction; not a check): ${p.calibration}`,
@@ -286,7 +293,7 @@ function tableLines(p: PlanResult): string[] {
   return [
     ...formatTable(body, headers),
     ...flags,
-    `Shares of prompt tokens; kvtier (${anyLower ? 'below CPU: from the tiers under host memory' : 'all tiers'}) and +GPU count other requests' prefixes, self-reuse a preempted request's own prefix found again (each token once: kvtier + GPU + self-reuse + recomputed + unserved = 100%). Bounds: an LRU tier of the configuration's largest capacity behind the run's own GPU cache, one LRU cache of tier + GPU capacity, an infinite cache (! = above its bound). saved: prompt tokens/s the engine no longer computed over the run without kvtier. TTFT includes queueing; with kvtier on, a new request also waits one engine step for its lookup, which moves TTFT even when kvtier serves nothing. cost: rough 3-year cost of the tiers.`,
+    `Shares of prompt tokens; kvtier (${anyLower ? 'below CPU: from the tiers under host memory' : 'all tiers'}) and +GPU count other requests' prefixes, self-reuse a preempted request's own prefix found again (each token once: kvtier + GPU + self-reuse + recomputed + unserved = 100%). Bounds: an LRU tier of the configuration's largest capacity behind the run's own GPU cache, one LRU cache of tier + GPU capacity, an infinite cache (! = above its bound). saved: prompt tokens/s the engine no longer computed over the run without kvtier. TTFT includes queueing; with kvtier on, a new request also waits one engine step for its lookup, which moves TTFT even when kvtier serves nothing (a request skipped for a step lets the ones behind it in). cost: rough 3-year cost of the tiers.`,
     `Verified ${int(verified)} loaded blocks byte for byte: ${int(mism)} mismatched.`,
   ];
 }

@@ -29,5 +29,9 @@ export function plannerTiming(
       }
       return 1000 * loadDurationSeconds(bytes, tiers);
     },
+    tierRate: (name) => {
+      const m = tiers[(name in tiers ? name : slowest) as PlannerTier];
+      return { secondsPerToken: bpt / m.readBytesPerSec, latencySeconds: m.floorSeconds };
+    },
   };
 }

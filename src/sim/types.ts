@@ -187,6 +187,12 @@ export interface SimReport {
   timeline?: SimTimeline;
   /** kvtier tokens in chunks another engine of a fleet computed (0 for one engine). */
   crossNodeTokens?: number;
+  /**
+   * What lookups decided about each tier below host memory when the engine's prefill rate went
+   * with them (planner runs): lookups that loaded from the tier, lookups that declined it because
+   * fetching could not beat computing, and the tokens declined. Absent when none decided.
+   */
+  tierDecisions?: Record<string, { load: number; decline: number; declinedTokens: number }>;
   /** Whether kvtier was on (false: the baseline run of the same engine without kvtier). */
   kvtier?: boolean;
   /** Wall time of the run (ms), measured. */

@@ -257,3 +257,72 @@ describe('self-reuse after preemption', () => {
     assert.equal(total, 1000);
   });
 });
+
+describe('never slower than recomputing, on the model', () => {
+  /**
+   * Writers of a long and a short prompt, fillers that push them out of the 200-block GPU cache
+   * and the 40-chunk CPU tier, then a reader of each: the readers find the writers' chunks in the
+   * `s3` tier only. The engine computes 12,000 tokens/s.
+   */
+  function stale(): SimRequest[] {
+    const long = tokens(41, 2048);
+    const short = tokens(42, 256);
+    return [
+      { id: 'wl', arrivalMs: 0, promptTokens: long, outputTokens: 2 },
+      { id: 'ws', arrivalMs: 10, promptTokens: short, outputTokens: 2 },
+      ...Array.from({ length: 4 }, (_, i) => ({
+        id: `f${i}`,
+        arrivalMs: 1000 + 100 * i,
+        promptTokens: tokens(200 + i, 900),
+        outputTokens: 2,
+      })),
+      {
+        id: 'rl',
+        arrivalMs: 5000,
+        promptTokens: Uint32Array.from([...long, ...tokens(51, 64)]),
+        outputTokens: 2,
+      },
+      {
+        id: 'rs',
+        arrivalMs: 6000,
+        promptTokens: Uint32Array.from([...short, ...tokens(52, 64)]),
+        outputTokens: 2,
+      },
+    ];
+  }
+
+  async function run(s3: { readBytesPerSec: number; floorSeconds: number }) {
+    const models = resolveTierModels(speed.gpu.hostLinkBytesPerSec, { s3 });
+    return runSimulation({
+      workload: { name: 'stale', requests: stale() },
+      model: MODEL,
+      engine: { numGpuBlocks: 200, prefillTokensPerSec: 12_000 },
+      // 40 chunks (64 tokens of 512 bytes): a request's saves fit, the fillers push them out.
+      cpuBytes: 40 * 64 * 512,
+      cpuTierOptions: { pageBytes: 64 * 512 },
+      lowerTiers: [{ name: 's3', type: 'fs', options: { capacityBytes: 64 << 20 } }],
+      waitsAdvanceClock: false,
+      settle: true,
+      timing: plannerTiming(llama, speed, models),
+    });
+  }
+
+  it('a slow S3 tier is declined for the short prefix and read for the long one', async () => {
+    // 5 GB/s after 50 ms: fetching Llama-3.1-8B KV wins over 12,000 tokens/s of compute past
+    // about 880 tokens.
+    const rep = await run({ readBytesPerSec: 5e9, floorSeconds: 0.05 });
+    assertAddsUp(rep, 'realistic s3');
+    const d = rep.tierDecisions?.s3;
+    assert.ok(d !== undefined && d.load >= 1 && d.decline >= 1, JSON.stringify(d));
+    assert.equal(rep.tokens.byTier.s3, 2048, 'the long prefix came from S3, the short one did not');
+  });
+
+  it('a tier slower than computing at any length is never read', async () => {
+    // 0.4 GB/s is 3,070 tokens/s of Llama-3.1-8B KV: slower than the engine's 12,000.
+    const rep = await run({ readBytesPerSec: 0.4e9, floorSeconds: 0.00575 });
+    assertAddsUp(rep, 'slow s3');
+    const d = rep.tierDecisions?.s3;
+    assert.ok(d !== undefined && d.load === 0 && d.decline >= 2, JSON.stringify(d));
+    assert.equal(rep.tokens.byTier.s3 ?? 0, 0);
+  });
+});
