@@ -102,7 +102,10 @@ export class Sidecar {
     const log = opts.log ?? createLogger('kvtier', { level: config.logLevel });
     // Keys (or the refusal of an open non-loopback bind) before anything is built.
     const auth = await serverAuthFromConfig(config, log.child('auth'));
-    const metrics = new KvtierMetrics({ defaultMetrics: opts.processMetrics ?? true });
+    const metrics = new KvtierMetrics({
+      defaultMetrics: opts.processMetrics ?? true,
+      buildInfo: { version: KVTIER_VERSION, node: process.version },
+    });
     const registry =
       opts.registry ??
       new BackendRegistry({

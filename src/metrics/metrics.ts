@@ -1,5 +1,5 @@
 import { Counter, collectDefaultMetrics, Gauge, Histogram, Registry } from 'prom-client';
-import type { BackendHealth, BackendStats } from '../backends/core/types.ts';
+import type { BackendHealth, BackendStats, NamespaceUsage } from '../backends/core/types.ts';
 import { KvtierError } from '../errors.ts';
 import { guard, onObserve } from './prom-helpers.ts';
 
@@ -87,6 +87,11 @@ export interface KvtierMetricsOptions {
    * 2, the default `lookupTimeoutMs` of the TypeScript and Python lookup clients.
    */
   lookupDeadlineSeconds?: number;
+  /**
+   * Labels of `kvtier_build_info` (value 1), e.g. `{ version, node }`; default none (the
+   * metric is left out).
+   */
+  buildInfo?: Readonly<Record<string, string>>;
 }
 
 /** Defaults of {@link KvtierMetricsOptions}. */
@@ -383,6 +388,18 @@ export class KvtierMetrics {
       ['source'],
     );
 
+    const build = options.buildInfo;
+    if (build !== undefined)
+      guard('kvtier_build_info', () => {
+        const g = new Gauge({
+          name: 'kvtier_build_info',
+          help: 'Always 1; the labels say which kvtier runs (version, Node.js, native addon, CUDA).',
+          labelNames: Object.keys(build),
+          registers: [registry],
+        });
+        g.set({ ...build }, 1);
+        return g;
+      });
     if (defaultMetrics) {
       collectDefaultMetrics({ register: registry, prefix: 'kvtier_' });
       // prom-client exports these three gauges with a `_total` suffix, which Prometheus reserves
@@ -474,6 +491,38 @@ export class KvtierMetrics {
       'kvtier_tier_read_latency_seconds',
       'Per-request latency of a tier as lookups measure it (decayed mean of recent probes); absent while not measured.',
       (r) => r.latencySeconds,
+    );
+    // Per namespace and tier: at most NAMESPACE_USAGE_LIMIT namespaces per tier (the largest),
+    // the rest summed under namespace="other", so the label count stays bounded.
+    const usage = (name: string, help: string, read: (u: NamespaceUsage) => number) =>
+      guard(
+        name,
+        () =>
+          new Gauge<'tier' | 'namespace'>({
+            name,
+            help,
+            labelNames: ['tier', 'namespace'],
+            registers,
+            collect() {
+              this.reset();
+              for (const b of self.#snapshot().backends) {
+                for (const [ns, u] of Object.entries(b.stats?.namespaces ?? {}))
+                  this.set({ tier: b.name, namespace: ns }, read(u));
+                const rest = b.stats?.namespacesOmitted;
+                if (rest !== undefined) this.set({ tier: b.name, namespace: 'other' }, read(rest));
+              }
+            },
+          }),
+      );
+    usage(
+      'kvtier_namespace_chunks',
+      'Chunks held per namespace and tier (the largest namespaces of a tier; the rest as namespace="other").',
+      (u) => u.chunks,
+    );
+    usage(
+      'kvtier_namespace_bytes',
+      'Bytes held per namespace and tier (the largest namespaces of a tier; the rest as namespace="other").',
+      (u) => u.bytes,
     );
     guard(
       'kvtier_events',
