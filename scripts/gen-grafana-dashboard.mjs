@@ -288,6 +288,38 @@ panels.push(
   ),
 );
 y += 8;
+panels.push(
+  ts(
+    'Read bandwidth (measured)',
+    "Each lower tier's read bandwidth as lookups measure it (recent prefetch gets, less the tier's latency); absent while not measured.",
+    0,
+    8,
+    'Bps',
+    [[`max by (tier) (kvtier_tier_read_bandwidth_bytes_per_second{${SEL}})`, '{{tier}}']],
+  ),
+  ts(
+    'Read latency (measured)',
+    "Each lower tier's per-request latency as lookups measure it (recent probes).",
+    8,
+    8,
+    's',
+    [[`max by (tier) (kvtier_tier_read_latency_seconds{${SEL}})`, '{{tier}}']],
+  ),
+  ts(
+    'Load or recompute',
+    "Lookups that named the engine's prefill rate, per tier: load (fetching beat computing) or decline (recomputed; the tier not asked, or its hits left).",
+    16,
+    8,
+    'ops',
+    [
+      [
+        `sum by (tier, decision) (rate(kvtier_lookup_tier_decisions_total{${SEL}}[${RI}]))`,
+        '{{tier}} {{decision}}',
+      ],
+    ],
+  ),
+);
+y += 8;
 
 panels.push(row('Pins and write-through'));
 panels.push(
