@@ -62,6 +62,66 @@ if [ "$mode" = cuda ]; then
   fi
 fi
 
+# The sidecar as the CUDA image runs it (Dockerfile.cuda, the compose file's gpu profile): no
+# config, the image's and the kvtier-gpu service's environment (test/integration/compose-config.test.ts
+# keeps these equal to theirs), its volume a directory here. It must serve (CUDA copies on, with
+# --cpu the host device), answer PING, stop on SIGTERM with exit 0, and leave its chunk
+# directory and epoch on the volume, nothing in HOME.
+echo "== the sidecar as the CUDA image runs it"
+image_run() {
+  local vol="$work/image/cache" home="$work/image/home" log="$out/image-sidecar.log"
+  mkdir -p "$vol/kvtier" "$home"
+  : >"$log"
+  env -i PATH="$PATH" HOME="$home" \
+    XDG_CACHE_HOME="$vol" NVIDIA_VISIBLE_DEVICES="${NVIDIA_VISIBLE_DEVICES:-all}" NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    KVTIER_LOG_LEVEL=info KVTIER_LISTEN='tcp://127.0.0.1:*' KVTIER_METRICS_HOST=127.0.0.1 KVTIER_METRICS_PORT=0 \
+    ${CUDA_VISIBLE_DEVICES:+CUDA_VISIBLE_DEVICES="$CUDA_VISIBLE_DEVICES"} \
+    "$work/node" "$work/kvtier/dist/kvtier.mjs" serve >"$log" 2>&1 &
+  local pid=$! endpoint="" i
+  for i in $(seq 1 600); do
+    endpoint=$(sed -n 's/.*"msg":"serving on \(tcp:[^,"]*\).*/\1/p' "$log" | head -1)
+    [ -n "$endpoint" ] && break
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+  done
+  if [ -z "$endpoint" ]; then
+    echo "gpu-check: the sidecar did not start as the image runs it:"; tail -5 "$log"
+    kill -9 "$pid" 2>/dev/null; return 1
+  fi
+  env -i PATH="$PATH" HOME="$home" "$work/node" "$work/kvtier/dist/kvtier.mjs" ping --json \
+    --endpoint "$endpoint" >"$out/image-ping.json" 2>>"$log"
+  local ping=$?
+  kill -TERM "$pid"; wait "$pid"; local rc=$?
+  "$python" - "$out/image-ping.json" "$vol" "$home" "$mode" "$ping" "$rc" "$out/image-run.json" <<'PY'
+import json, os, sys
+ping_file, vol, home, mode, ping_rc, exit_rc, report = sys.argv[1:]
+failures = []
+try:
+    ping = json.load(open(ping_file))
+except Exception as e:
+    ping = {}
+    failures.append(f"PING gave no JSON (exit {ping_rc}): {e}")
+cuda = (ping.get("copyEngine") or {}).get("cuda") or {}
+if mode == "cuda" and cuda.get("available") is not True:
+    failures.append(f"PONG says CUDA copies are not available: {cuda}")
+if exit_rc != "0":
+    failures.append(f"SIGTERM: exit {exit_rc}, not 0")
+tiers = {t.get("name"): t for t in ping.get("tiers", [])}
+disk = (tiers.get("disk") or {}).get("path")
+if disk != os.path.join(vol, "kvtier", "chunks"):
+    failures.append(f"the disk tier is at {disk}, not on the volume")
+if not os.path.isdir(os.path.join(vol, "kvtier", "epochs")):
+    failures.append("no epoch on the volume")
+if os.listdir(home):
+    failures.append(f"HOME holds {os.listdir(home)}")
+json.dump({"ok": not failures, "failures": failures, "config": ping.get("config"),
+           "tiers": list(tiers.values()), "cuda": cuda}, open(report, "w"), indent=2)
+print("gpu-check: image run", "ok" if not failures else f"FAILED: {failures}")
+sys.exit(0 if not failures else 1)
+PY
+}
+image_run || status=1
+
 echo "== kvtier check ($mode)"
 cpu_flag=()
 [ "$mode" = cpu ] && cpu_flag=(--cpu)

@@ -159,6 +159,24 @@ describe('docker-compose config', {
   });
 });
 
+describe('scripts/gpu-check.sh runs the sidecar as the CUDA image does', () => {
+  it("with the image's and the kvtier-gpu service's environment, no config", () => {
+    const script = readFileSync(join(REPO_ROOT, 'scripts', 'gpu-check.sh'), 'utf8');
+    const run = script.slice(script.indexOf('image_run() {'), script.indexOf('image_run ||'));
+    const svc = (parse(readFileSync(join(REPO_ROOT, 'docker-compose.yml'), 'utf8')) as Compose)
+      .services['kvtier-gpu']!;
+    const image = dockerfileEnv('Dockerfile.cuda');
+    assert.deepEqual(svc.command, ['serve'], 'the service gives no config');
+    assert.match(run, /kvtier\.mjs" serve >/, 'nor does the check');
+    assert.match(run, /XDG_CACHE_HOME="\$vol"/, "the image's XDG_CACHE_HOME, on a volume");
+    assert.equal(image.XDG_CACHE_HOME, '/var/cache');
+    assert.match(run, new RegExp(`NVIDIA_DRIVER_CAPABILITIES=${image.NVIDIA_DRIVER_CAPABILITIES}`));
+    assert.match(run, new RegExp(`KVTIER_LOG_LEVEL=${svc.environment!.KVTIER_LOG_LEVEL}`));
+    const host = /^tcp:\/\/([^:]+):/.exec(svc.environment!.KVTIER_LISTEN!)![1];
+    assert.match(run, new RegExp(`KVTIER_LISTEN='tcp://${host!.replace(/\./g, '\\.')}:\\*'`));
+  });
+});
+
 describe('the gpu profile sidecar, as processes', () => {
   let tmp = '';
   const svc = (parse(readFileSync(join(REPO_ROOT, 'docker-compose.yml'), 'utf8')) as Compose)

@@ -56,6 +56,10 @@ describe('GPU check bundle and its host dry run', { timeout: 900_000 }, () => {
     const r = JSON.parse(readFileSync(join(report, 'gpu-report.json'), 'utf8'));
     assert.equal(r.mode, 'cpu');
     assert.equal(r.ok, true, JSON.stringify(r.failures));
+    // The sidecar as the CUDA image runs it: no config, its chunks and epoch on the volume.
+    const image = JSON.parse(readFileSync(join(report, 'image-run.json'), 'utf8'));
+    assert.equal(image.ok, true, JSON.stringify(image.failures));
+    assert.equal(image.config, 'defaults (no config file)');
     assert.deepEqual(
       r.layouts.map((l: { layout: string }) => l.layout),
       ['flash_attn', 'flash_attn_hnd', 'flashinfer', 'mla'],
