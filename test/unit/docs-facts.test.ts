@@ -68,6 +68,18 @@ describe('the docs say what the code and the measurements say', () => {
     assert.doesNotMatch(readme, /about half a second|about 12 s/);
   });
 
+  it("the README's CLI start-up numbers are bench/results/startup.json's", () => {
+    const r = JSON.parse(
+      readFileSync(join(REPO_ROOT, 'bench', 'results', 'startup.json'), 'utf8'),
+    ) as Record<string, { medianMs: number }> & { versionOverNode: number; helpOverNode: number };
+    const flat = readme.replace(/\s+/g, ' ');
+    assert.ok(flat.includes(`\`kvtier version\` took ${r.version!.medianMs} ms`), 'version');
+    assert.ok(flat.includes(`\`kvtier --help\` ${r.help!.medianMs} ms`), '--help');
+    assert.ok(flat.includes(`\`node -e 0\` took ${r.nodeExit!.medianMs} ms`), 'node -e 0');
+    assert.ok(flat.includes(`${r.versionOverNode}× and ${r.helpOverNode}× of Node`), 'ratios');
+    assert.ok(flat.includes(`answer ${r.ping!.medianMs} ms after it started`), 'ping');
+  });
+
   it("the README's vLLM command sets the load failure policy docs/vllm.md requires", () => {
     const configs = [readme, read('docs/vllm.md')].map((text) => {
       const m = /--kv-transfer-config '(\{.*?\})'/.exec(text);
