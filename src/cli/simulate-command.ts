@@ -120,7 +120,8 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
   const gpuBytes = plan.gpuMemoryBytes ?? defaultKvCacheBytes(planned, speed);
   const engine = { ...plan.engine };
   engine.numGpuBlocks ??= gpuBlocksIn(gpuBytes, shapes);
-  // The rate the engines' scheduler connectors send with their lookups: never slower than this.
+  // Never slower than recomputing: the engines' lookups carry their prefill rate on this workload.
+  engine.neverSlower = true;
   engine.prefillTokensPerSec ??= prefillRate(
     planned,
     speed,

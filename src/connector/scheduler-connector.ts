@@ -33,6 +33,16 @@ export interface SchedulerConnectorOptions {
    */
   partialChunkLoads?: boolean;
   /**
+   * How long the engine's next step is expected to take, ms (e.g. its last step's duration, 0
+   * while it is idle): what a request whose lookup is pending waits before it is asked again.
+   * With `computeTokensPerSec`, a pending lookup is waited for only when computing the tokens it
+   * could claim takes longer than that: otherwise `getNumNewMatchedTokens` answers 0 at once (the
+   * request computes if the engine admits it now) and the lookup goes on; if the request is
+   * asked again before it is admitted (it had to wait anyway), its answer counts. Default: none
+   * (every lookup is waited for).
+   */
+  stepMs?: () => number;
+  /**
    * The engine's prefill rate, tokens/s (a positive finite number): configured, or measured from
    * the engine's own steps. With it (and a lookup client with `lookupAnswer`), kvtier never makes
    * a request wait longer than computing would take (claim-bound.ts): every lookup carries the
@@ -53,7 +63,13 @@ export const LOAD_FAILURES_BEFORE_PAUSE = 2;
 export const FIRST_PAUSE_MS = 1000;
 export const LONGEST_PAUSE_MS = 60_000;
 
-type LookupState = 'none' | 'pending' | 'answered' | 'consumed';
+/**
+ * `covered`: answered, with every hit inside the engine's own prefix: its pins released, its
+ * number kept, so a request that waits to be admitted does not look up again every other step
+ * (and lose its place in the queue while each new lookup is pending); a fresh lookup is made
+ * only once the engine's prefix no longer covers the hits.
+ */
+type LookupState = 'none' | 'pending' | 'answered' | 'covered' | 'consumed';
 
 interface Tracked {
   readonly requestId: string;
@@ -102,6 +118,7 @@ export class KvtierSchedulerConnector {
   readonly #namespaces: readonly string[] | undefined;
   readonly #partialChunkLoads: boolean;
   readonly #computeTokensPerSec: number | undefined;
+  readonly #stepMs: (() => number) | undefined;
   readonly #log: Logger;
   readonly #now: () => number;
   #failuresInARow = 0;
@@ -141,6 +158,9 @@ export class KvtierSchedulerConnector {
         `computeTokensPerSec must be a positive finite number of tokens/s, got ${String(rate)}`,
       );
     this.#computeTokensPerSec = rate;
+    if (opts.stepMs !== undefined && typeof opts.stepMs !== 'function')
+      throw new KvtierError('KVT_INVALID_ARGUMENT', 'stepMs must be a function returning ms');
+    this.#stepMs = opts.stepMs;
     this.#log = opts.log ?? silentLogger;
     this.#now = opts.now ?? (() => performance.now());
   }
@@ -187,6 +207,7 @@ export class KvtierSchedulerConnector {
       this.#releaseLookup(t);
       return [0, false];
     }
+    if (t.lookup === 'covered' && this.#claim(t, lookupChunks) > computed) t.lookup = 'none';
     if (t.lookup === 'none' || t.lookup === 'consumed') {
       t.attempt++;
       t.lookupId = `${t.requestId}#${t.attempt}`;
@@ -194,20 +215,24 @@ export class KvtierSchedulerConnector {
     }
     if (t.lookup === 'pending') {
       const answer = this.#ask(t, t.chunks.slice(0, lookupChunks), computed);
-      if (answer === null) return [null, false];
+      if (answer === null)
+        return this.#worthAStep(lookupChunks * this.#chunkSize - computed)
+          ? [null, false]
+          : [0, false];
       t.lookup = 'answered';
       t.hitTokens = answer;
       this.#dropStaleLookup(t);
       t.storedChunks = Math.max(t.storedChunks, Math.floor(answer / this.#chunkSize));
       this.#log.debug('lookup answered', { requestId: t.requestId, hitTokens: answer });
     }
-    let claim = Math.min(t.hitTokens, t.promptLength - 1, lookupChunks * this.#chunkSize);
-    claim -= claim % this.#blockSize;
-    claim -= claim % this.#chunkSize;
+    const claim = this.#claim(t, lookupChunks);
     const tokens = claim > computed ? claim - computed : 0;
     if (tokens === 0) {
       // Nothing to load: the pins would only wait for their TTL.
-      if (t.hitTokens > 0) this.#releaseLookup(t);
+      if (t.hitTokens > 0 && t.lookup === 'answered') {
+        this.#releaseLookup(t);
+        t.lookup = 'covered';
+      }
       return [0, false];
     }
     t.offered = { numComputed: computed, tokens };
@@ -234,7 +259,10 @@ export class KvtierSchedulerConnector {
     const t = this.#requests.get(request?.requestId);
     if (t !== undefined) t.admitted = true;
     if (tokens === 0) {
-      if (t !== undefined) t.intent = null;
+      if (t === undefined) return;
+      t.intent = null;
+      // Admitted with nothing to load: a lookup in flight or its pins are no longer wanted.
+      if (t.lookup === 'pending' || t.lookup === 'answered') this.#releaseLookup(t);
       return;
     }
     const offered = t?.offered;
@@ -498,8 +526,27 @@ export class KvtierSchedulerConnector {
   }
 
   /** The next ask starts a new lookup; an answer's pins stay until that one is in. */
+  /**
+   * Whether waiting a step for a lookup that could let the request claim `claimable` tokens can
+   * beat computing them in that step (always, without the engine's rate and step time).
+   */
+  #worthAStep(claimable: number): boolean {
+    const rate = this.#computeTokensPerSec;
+    if (rate === undefined || this.#stepMs === undefined) return true;
+    const stepMs = this.#stepMs();
+    return !(Number.isFinite(stepMs) && (claimable * 1000) / rate <= stepMs);
+  }
+
+  /** Tokens the last answer lets the request claim from its start: whole chunks, not the last token. */
+  #claim(t: Tracked, lookupChunks: number): number {
+    let claim = Math.min(t.hitTokens, t.promptLength - 1, lookupChunks * this.#chunkSize);
+    claim -= claim % this.#blockSize;
+    return claim - (claim % this.#chunkSize);
+  }
+
   #renewLookup(t: Tracked): void {
     t.admitted = false;
+    if (t.lookup === 'covered') t.lookup = 'none';
     if (t.lookup !== 'answered') return;
     this.#dropStaleLookup(t);
     if (t.hitTokens > 0) t.staleLookupId = t.lookupId;

@@ -131,6 +131,8 @@ export class SimNode {
   #admin: LookupClient | undefined;
   #namespace = '';
   #skewMs = 0;
+  /** Modeled length of the last step that computed (fast-forwarded ones included). */
+  #lastStepMs = 0;
   /** Modeled ready time of each load in flight, and loads reported done but not yet due. */
   readonly #loads = new LoadClock();
   #nextSweepMs: number;
@@ -219,9 +221,13 @@ export class SimNode {
         blockSize: reg.blockSize,
         chunkSize: reg.chunkSize,
         partialChunkLoads: o.engine.partialChunkLoads,
-        // On the planner's model (whose runs settle every lookup before the step that asks) the
-        // engine's prefill rate goes with every lookup: never slower than recomputing.
-        ...(o.timing === undefined ? {} : { computeTokensPerSec: o.engine.prefillTokensPerSec }),
+        // On the planner's model (whose runs settle every lookup before the step that asks).
+        ...(o.timing === undefined || !o.engine.neverSlower
+          ? {}
+          : {
+              computeTokensPerSec: o.engine.prefillTokensPerSec,
+              stepMs: () => this.#expectedStepMs,
+            }),
       });
       this.#admin = new LookupClient({ endpoint });
     }
@@ -404,6 +410,7 @@ export class SimNode {
     w?.waitForSave();
     this.steps++;
     if (computed > 0) {
+      this.#lastStepMs = stepMs;
       this.busyMs += stepMs;
       this.usedBlockMs += stepMs * (this.allocator.numBlocks - this.allocator.freeBlocks);
     }
@@ -435,6 +442,7 @@ export class SimNode {
       withWaiting: this.config === undefined,
       stepMs: (b, c) => t.decodeStepMs(b, c),
       onStep: (ms, used) => {
+        this.#lastStepMs = ms;
         this.busyMs += ms;
         this.usedBlockMs += ms * used;
       },
@@ -455,6 +463,14 @@ export class SimNode {
     this.#kv = undefined;
     if (this.#shmDir !== undefined) rmSync(this.#shmDir, { recursive: true, force: true });
     this.#shmDir = undefined;
+  }
+
+  /**
+   * What the scheduler connector expects the step being scheduled to last: the last step's
+   * length while requests run (they run in it too), 0 while the engine is idle.
+   */
+  get #expectedStepMs(): number {
+    return this.sched.runningRequests.length > 0 ? this.#lastStepMs : 0;
   }
 
   /**

@@ -27,6 +27,7 @@ export const SIM_ENGINE_DEFAULTS: Readonly<SimEngineOptions> = Object.freeze({
   kvLoadFailurePolicy: 'recompute',
   lookupTimeoutMs: 2000,
   partialChunkLoads: true,
+  neverSlower: false,
 });
 
 /** Default CPU tier capacity: 256 MiB. */
@@ -109,6 +110,7 @@ export function resolveSimOptions(opts: {
     ] as const),
     lookupTimeoutMs: requireInt('engine.lookupTimeoutMs', e.lookupTimeoutMs, 1),
     partialChunkLoads: requireBoolean('engine.partialChunkLoads', e.partialChunkLoads),
+    neverSlower: requireBoolean('engine.neverSlower', e.neverSlower),
   };
   const cpuBytes = requireInt('cpuBytes', opts.cpuBytes ?? SIM_DEFAULT_CPU_BYTES, 1);
   const lowerTiers = opts.lowerTiers ?? [];

@@ -367,6 +367,8 @@ export class SimScheduler {
       }
       if (hits.length > 0) this.#takeHits(r, hits);
       this.#ensureBlocks(r, computed + numNew);
+      // As vLLM, after every admission's allocation: here with nothing to load.
+      d.connector.updateStateAfterAlloc(r.conn, r.blocks, 0);
       r.numComputed = computed;
       this.#running.push(r);
       this.#setStatus(r, 'running');

@@ -58,6 +58,15 @@ export interface SimEngineOptions {
    * boundaries only, for comparison.
    */
   partialChunkLoads: boolean;
+  /**
+   * kvtier's rule "never slower than recomputing" in the scheduler connector (docs/connector.md):
+   * lookups carry `prefillTokensPerSec`, and a lookup is waited for only when computing the
+   * tokens it could claim takes longer than the step the request would wait (the last step's
+   * length while requests run, 0 while the engine is idle). Applies on a timing model only (its
+   * runs settle every lookup before the step that asks), where the sidecar's lower tiers are
+   * fixed to the modeled rates. Default false; the planner turns it on.
+   */
+  neverSlower: boolean;
 }
 
 /** Tiers of the sidecar under test (the simulator starts it), as kvtier config tiers. */

@@ -213,9 +213,10 @@ describe('kvtier simulate: flags', () => {
     assert.equal(run.planned.name, 'Llama-3.1-8B');
     assert.equal(run.speed.gpu.name, 'NVIDIA H100 SXM');
     assert.deepEqual(run.model, { numLayers: 1, numKvHeads: 1, headDim: 2, chunkSize: 128 });
-    // The engine's prefill rate on the workload: what its lookups carry (never slower than it).
-    const { prefillTokensPerSec, ...engine } = run.engine;
+    // Never slower than recomputing: the engine's prefill rate on the workload goes with its lookups.
+    const { prefillTokensPerSec, neverSlower, ...engine } = run.engine;
     assert.ok(prefillTokensPerSec !== undefined && prefillTokensPerSec > 0);
+    assert.equal(neverSlower, true);
     assert.deepEqual(engine, {
       numGpuBlocks: 64,
       kvLoadFailurePolicy: 'fail',

@@ -740,3 +740,54 @@ describe('worker connector', () => {
     );
   });
 });
+
+describe('scheduler connector: lookups that cannot help cost no step', () => {
+  it('keeps an answer whose hits the engine holds already: no new lookup while the request waits', () => {
+    const f = setup();
+    const req = prompt('covered', 100);
+    assert.deepEqual(matched(f, req, 48, 48), [0, false]);
+    assert.deepEqual(f.lookup.canceled, [f.lookup.calls[0]!.lookupId], 'its pins released');
+    const calls = f.lookup.calls.length;
+    // Not admitted (no room): asked again each step, answered at once from what it knows.
+    for (let i = 0; i < 3; i++) assert.deepEqual(f.sc.getNumNewMatchedTokens(req, 48), [0, false]);
+    assert.equal(f.lookup.calls.length, calls, 'no lookup sent');
+    // The engine's prefix shrank (its blocks were evicted): worth a fresh lookup now.
+    assert.deepEqual(f.sc.getNumNewMatchedTokens(req, 16), [null, false]);
+    assert.equal(f.lookup.calls.length, calls + 1);
+  });
+
+  it('does not make a request wait a step for a lookup whose tokens the step would compute', () => {
+    let stepMs = 50;
+    const lookup = new FakeLookup();
+    const extended = Object.assign(lookup, {
+      lookupAnswer: (id: string, h: Uint8Array, c: ArrayLike<number>) => {
+        const n = lookup.lookup(id, h, c);
+        return n === null
+          ? null
+          : { status: 'ok' as const, hitTokens: n, hitChunks: 0, epoch: 1, tiers: [] };
+      },
+    });
+    const sc = new KvtierSchedulerConnector({
+      lookup: extended,
+      blockSize: BLOCK,
+      chunkSize: CHUNK,
+      computeTokensPerSec: 1000, // 96 claimable tokens: 96 ms to compute
+      stepMs: () => stepMs,
+    });
+    const req = prompt('short', 100);
+    assert.deepEqual(sc.getNumNewMatchedTokens(req, 0), [null, false], 'a 50 ms step: worth it');
+    stepMs = 100;
+    const other = prompt('later', 100);
+    assert.deepEqual(sc.getNumNewMatchedTokens(other, 0), [0, false], 'a 100 ms step: computed');
+    const id = lookup.calls.at(-1)!.lookupId;
+    assert.equal(lookup.forgotten.length, 0, 'the lookup goes on');
+    // Not admitted after all (it waited anyway): its answer counts.
+    lookup.answers.set(id, 64);
+    assert.deepEqual(sc.getNumNewMatchedTokens(other, 0), [64, true]);
+    // Admitted with nothing to load while a lookup is in flight: the lookup is dropped.
+    const third = prompt('third', 100);
+    assert.deepEqual(sc.getNumNewMatchedTokens(third, 0), [0, false]);
+    sc.updateStateAfterAlloc(third, table(25), 0);
+    assert.deepEqual(lookup.forgotten, [lookup.calls.at(-1)!.lookupId]);
+  });
+});

@@ -84,7 +84,9 @@ describe('the planner engine', () => {
     // A step hook turns the tight decode loop off; everything else is the same.
     const slow = await runSimulation({ ...base, hooks: { onStep: () => {} } });
     assertAddsUp(fast, 'fast-forward');
-    assert.ok((fast.fastForwardedSteps ?? 0) > 50, `fast-forwarded ${fast.fastForwardedSteps}`);
+    // How many steps run in the loop depends on when this machine finishes the transfers (none
+    // runs while one is in flight); that some do is the point.
+    assert.ok((fast.fastForwardedSteps ?? 0) > 0, `fast-forwarded ${fast.fastForwardedSteps}`);
     assert.equal(slow.fastForwardedSteps, 0);
     assert.equal(fast.steps, slow.steps, 'the same steps, counted');
     assert.deepEqual(fast.tokens, slow.tokens);
@@ -296,7 +298,7 @@ describe('never slower than recomputing, on the model', () => {
     return runSimulation({
       workload: { name: 'stale', requests: stale() },
       model: MODEL,
-      engine: { numGpuBlocks: 200, prefillTokensPerSec: 12_000 },
+      engine: { numGpuBlocks: 200, prefillTokensPerSec: 12_000, neverSlower: true },
       // 40 chunks (64 tokens of 512 bytes): a request's saves fit, the fillers push them out.
       cpuBytes: 40 * 64 * 512,
       cpuTierOptions: { pageBytes: 64 * 512 },
