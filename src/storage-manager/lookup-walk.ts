@@ -130,7 +130,16 @@ export class LookupWalk {
       events.fail(entry, err);
       if (abort.aborted) {
         this.#recorder.ended('canceled');
-        return { status: 'canceled', epoch: this.#epoch(), hitTokens: 0, hitChunks: 0, tiers: [] };
+        const out: LookupOutcome = {
+          status: 'canceled',
+          epoch: this.#epoch(),
+          hitTokens: 0,
+          hitChunks: 0,
+          tiers: [],
+        };
+        if (input.computeTokensPerSec !== undefined)
+          out.rates = this.#rates(input, ratesOnly(this.#tiers, this.#parts.rates));
+        return out;
       }
       this.#recorder.ended('error');
       throw err;

@@ -214,6 +214,22 @@ describe('claim rule: never slower than recomputing', () => {
     assert.deepEqual(tiers[1]!.readRate, { bytesPerSec: 1e6, latencyMs: 50, source: 'fixed' });
   });
 
+  test('a lookup cancelled while it fetches reports the rates too', async () => {
+    const s = setup();
+    await learnShape(s);
+    const hs = taggedHashes(2, 'cancelled');
+    await putTier(s.gated, hs);
+    const pending = s.storage.lookup(input('x', hs)); // unmeasured: fetched, the gate holds it
+    while (s.gated.gate.waiting === 0) await new Promise((r) => setImmediate(r));
+    assert.equal(s.storage.cancel('x'), true);
+    const out = await pending;
+    assert.equal(out.status, 'canceled');
+    assert.deepEqual(
+      out.rates?.tiers.map((t) => t.tier),
+      ['cpu', 'gated'],
+    );
+  });
+
   test('a lookup host memory answers alone reports the rates, deciding nothing', async () => {
     const s = setup();
     s.storage.tierRates.fix('gated', SLOW);
