@@ -121,10 +121,6 @@ export async function main(argv: string[], given?: CliIo): Promise<number> {
         return 2;
     }
   } catch (e) {
-    if (isKvtierError(e) && e.name === 'UsageError') {
-      err(`kvtier ${cmd}: ${e.message}`);
-      return 2;
-    }
     if (isKvtierError(e)) {
       err(`kvtier ${cmd}: ${e.message}`);
       return e.code === 'KVT_CONFIG' || e.code === 'KVT_INVALID_ARGUMENT' ? 2 : 1;

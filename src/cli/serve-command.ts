@@ -5,8 +5,14 @@
  * SIGUSR1, which would open Node's inspector to every local user, is refused with a log line.
  * Every line it writes is a JSON log line, the one saying where it serves included.
  */
-import { type ConfigOverrides, type KvtierConfig, loadConfig } from '../config/config.ts';
+import {
+  ConfigError,
+  type ConfigOverrides,
+  type KvtierConfig,
+  loadConfig,
+} from '../config/config.ts';
 import { configDocumentOf } from '../config/config-output.ts';
+import { hostSizeProblems } from '../config/host-limits.ts';
 import { KVTIER_VERSION, Sidecar } from '../sidecar.ts';
 import { createLogger, type Logger } from '../util/log.ts';
 import type { CliIo } from './client-io.ts';
@@ -63,6 +69,10 @@ export async function runServe(parsed: Parsed, io: CliIo): Promise<number> {
     ...(events !== undefined ? { events } : {}),
   };
   const config = await loadConfig(overrides, io.env);
+  // Sizes beyond the host: refused here, where a person configured them (config check does the
+  // same); a program that embeds Sidecar.start sizes its tiers itself.
+  const tooBig = await hostSizeProblems(config);
+  if (tooBig.length > 0) throw new ConfigError(tooBig);
   const source = configSourceOf(overrides, io.env);
   log = createLogger('kvtier', { level: config.logLevel });
   logProcessWarnings(log.child('process'));

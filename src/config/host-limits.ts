@@ -11,7 +11,12 @@ import { totalmem } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { formatBytes } from '../util/bytes.ts';
 import type { ConfigProblem } from '../util/schema-kit.ts';
-import type { KvtierConfig } from './config.ts';
+
+/** What {@link hostSizeProblems} reads of a config (KvtierConfig has it). */
+export interface SizedConfig {
+  readonly tiers: readonly { readonly type: string; readonly options: Record<string, unknown> }[];
+  readonly allowOversizedTiers: boolean;
+}
 
 /** Where the cgroup filesystem and this process's cgroup file are; tests point them elsewhere. */
 export interface HostPaths {
@@ -139,7 +144,7 @@ const DISK_TYPES = new Set(['local-disk']);
  * hold. Each problem names the numbers and the override. Empty when `allowOversizedTiers`.
  */
 export async function hostSizeProblems(
-  cfg: KvtierConfig,
+  cfg: SizedConfig,
   paths: HostPaths = {},
 ): Promise<ConfigProblem[]> {
   if (cfg.allowOversizedTiers) return [];

@@ -110,7 +110,7 @@ export async function staticConfigProblems(
       if (why !== undefined) problems.push({ path: `tiers[${i}].${key}`, message: why });
     }
   }
-  problems.push(...endpointClashes(cfg), ...(await hostSizeProblems(cfg)));
+  problems.push(...endpointClashes(cfg));
   const first = cfg.tiers[0];
   if (first !== undefined && builtins.has(first.type) && !HOST_MEMORY_TYPES.has(first.type))
     problems.push({
@@ -150,7 +150,9 @@ export interface ConfigCheck {
 }
 
 /**
- * Everything serve checks short of binding its sockets: {@link staticConfigProblems}; the
+ * Everything serve checks short of binding its sockets: {@link staticConfigProblems}; the tiers'
+ * sizes against the host (host-limits.ts; `kvtier serve` checks them before it starts the
+ * sidecar, an embedder's `Sidecar.start` does not); the
  * CurveZMQ key files (present, keys, the secret one owner-only) and the rule that a non-loopback
  * endpoint needs keys; then every tier that is not checked statically (plug-ins, Redis, S3,
  * types registered by an embedder) is built as serve builds it (a tier below host memory within
@@ -162,7 +164,10 @@ export async function checkConfig(
   registry: BackendRegistry,
   opts: CheckConfigOptions = {},
 ): Promise<ConfigCheck> {
-  const problems = await staticConfigProblems(cfg, registry);
+  const problems = [
+    ...(await staticConfigProblems(cfg, registry)),
+    ...(await hostSizeProblems(cfg)),
+  ];
   const unreachable: UnreachableTier[] = [];
   try {
     const auth = await serverAuthFromConfig(cfg, silentLogger, {});

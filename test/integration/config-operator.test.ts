@@ -5,6 +5,7 @@
  * fed back to it. Host limits come from a cgroup tree written in a temp dir.
  */
 import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
 import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
@@ -13,7 +14,7 @@ import { runConfigCommand } from '../../src/cli/config-command.ts';
 import { defaultCpuCapacityBytes, loadConfig } from '../../src/config/config.ts';
 import { cgroupMemoryLimitBytes, hostSizeProblems } from '../../src/config/host-limits.ts';
 import { generateCurveKeyPair, writeKeyPair } from '../../src/security/curve-keys.ts';
-import { freeTcpPort } from '../support/fixtures.ts';
+import { freeTcpPort, REPO_ROOT } from '../support/fixtures.ts';
 import { type S3Harness, S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 
 let tmp = '';
@@ -104,6 +105,20 @@ describe('config check refuses what serve cannot do', () => {
       d.err,
       /tiers\[1\]\.capacityBytes: 100 TiB is more than the .* free on the filesystem of/,
     );
+    // serve refuses it the same way, before it builds anything.
+    const file = join(tmp, 'big.json');
+    writeFileSync(file, JSON.stringify(big));
+    const served = spawnSync(
+      process.execPath,
+      [join(REPO_ROOT, 'bin', 'kvtier.js'), 'serve', '--config', file],
+      {
+        encoding: 'utf8',
+        timeout: 120_000,
+        env: { PATH: process.env.PATH, HOME: tmp },
+      },
+    );
+    assert.equal(served.status, 2, served.stderr);
+    assert.match(served.stderr, /tiers\[0\]\.capacityBytes: 1 TiB of host memory is more than/);
     // The override prints it back (a round trip keeps it).
     assert.equal((await check({ ...big, allowOversizedTiers: true }, ['--offline'])).code, 0);
     assert.equal((await check(big, [], { KVTIER_ALLOW_OVERSIZED_TIERS: '1' })).code, 0);
