@@ -83,6 +83,7 @@ class RealEngine:
         from vllm.config import set_current_vllm_config
         from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
         from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.attention.backends.utils import set_kv_cache_layout
         from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
         from vllm.v1.core.sched.async_scheduler import AsyncScheduler
         from vllm.v1.core.sched.scheduler import Scheduler
@@ -106,6 +107,8 @@ class RealEngine:
         init_none_hash(hash_fn)
         self._block_hasher = get_request_block_hasher(spec.block_size, hash_fn)
         cls = AsyncScheduler if spec.async_scheduling else Scheduler
+        # Each engine is a fresh vLLM process: nothing an earlier engine cached (the layout).
+        set_kv_cache_layout(None)
         with set_current_vllm_config(self.config):
             self.scheduler = cls(
                 vllm_config=self.config,
@@ -131,6 +134,8 @@ class RealEngine:
         pair.busy = True
         self.aggregator = KVOutputAggregator.from_connector(self.scheduler.connector, spec.tp)
         self._queue: deque = deque()
+        #: Tokens the last step taken in computed.
+        self.last_scheduled_tokens = 0
 
     def _instrument(self, connector: Any) -> None:
         calls = self.stats.scheduler_call_s
@@ -225,6 +230,7 @@ class RealEngine:
             raise EngineAssertionError("; ".join(problems))
         merged = self.aggregator.aggregate([out for out, _ in results])
         outs = self.scheduler.update_from_output(so, merged)
+        self.last_scheduled_tokens = so.total_num_scheduled_tokens
         self.stats.steps += 1
         done = []
         for eco in outs.values():
@@ -275,14 +281,27 @@ class RealEngine:
         arrive; here it steps until the workers report the transfers over)."""
         return bool(self.scheduler.requests) or self.scheduler.has_requests() or bool(self._queue)
 
-    def run(self, max_steps: int = 2000) -> None:
-        """Steps until every request has finished and been freed; raises past ``max_steps``."""
-        for _ in range(max_steps):
-            if not self.busy():
-                return
+    def run(self, max_steps: int = 2000, idle_s: float = 120.0) -> None:
+        """Steps until every request has finished and been freed. Raises past ``max_steps``
+        steps that computed tokens, or after ``idle_s`` seconds in a row of steps that computed
+        none (requests waiting only for lookups or transfers: bounded by time, not by a step
+        count a busy machine would exhaust)."""
+        steps, idle_since = 0, None
+        while self.busy():
             self.step()
-        left = sorted(self.scheduler.requests)
-        raise EngineAssertionError(f"requests not finished within {max_steps} steps: {left[:6]}")
+            if self.last_scheduled_tokens:
+                steps, idle_since = steps + 1, None
+                if steps > max_steps:
+                    raise EngineAssertionError(f"requests not finished within {max_steps} steps: {sorted(self.scheduler.requests)[:6]}")
+            else:
+                idle_since = idle_since or time.monotonic()
+                if time.monotonic() - idle_since > idle_s:
+                    raise EngineAssertionError(
+                        f"requests waiting {idle_s} s without a step: {self._describe_held()}"
+                    )
+
+    def _describe_held(self) -> str:
+        return ", ".join(f"{rid} {r.status.name}" for rid, r in sorted(self.scheduler.requests.items())[:6])
 
     # ------------------------------------------------------------------ end
 
@@ -299,6 +318,10 @@ class RealEngine:
                 so = self.scheduler.schedule()
                 self._take(so, self.pair.call_all("step", so))
         finally:
+            # After a failure, steps may still be queued: their answers are read and dropped.
+            while self._queue:
+                self._queue.pop()
+                self.pair.collect_raw()
             infos = self.pair.call_all("close", None)
             self.pair.busy = False
             for info in infos:

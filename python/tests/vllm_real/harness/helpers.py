@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 
 from .engine import EngineAssertionError
 
@@ -12,13 +13,18 @@ def prompt(seed: int, n: int) -> list[int]:
     return [rnd.randrange(3, 32000) for _ in range(n)]
 
 
-def step_until(engine, cond, max_steps: int = 500) -> None:
-    """Steps until ``cond()`` holds; raises past ``max_steps``."""
-    for _ in range(max_steps):
-        if cond():
-            return
+def step_until(engine, cond, max_steps: int = 500, idle_s: float = 120.0) -> None:
+    """Steps until ``cond()`` holds; raises past ``max_steps`` steps that computed tokens or
+    ``idle_s`` seconds in a row of steps that computed none (see ``RealEngine.run``)."""
+    steps, idle_since = 0, None
+    while not cond():
         engine.step()
-    raise EngineAssertionError(f"condition not reached within {max_steps} steps")
+        if engine.last_scheduled_tokens:
+            steps, idle_since = steps + 1, None
+        else:
+            idle_since = idle_since or time.monotonic()
+        if steps > max_steps or (idle_since is not None and time.monotonic() - idle_since > idle_s):
+            raise EngineAssertionError(f"condition not reached within {max_steps} steps")
 
 
 def status(engine, request_id: str):

@@ -29,7 +29,7 @@ def model_dir(layers: int, kv_heads: int, head_dim: int, mla: bool = False) -> P
             "hidden_size": 64, "intermediate_size": 128, "moe_intermediate_size": 32,
             "num_attention_heads": 4, "num_key_value_heads": 4, "num_hidden_layers": layers,
             "kv_lora_rank": head_dim - 8, "qk_rope_head_dim": 8, "qk_nope_head_dim": 16,
-            "v_head_dim": 16, "q_lora_rank": None, "n_routed_experts": None, "first_k_dense_replace": layers,
+            "v_head_dim": 16, "q_lora_rank": None, "n_routed_experts": 4, "num_experts_per_tok": 2, "first_k_dense_replace": layers,
             "vocab_size": 32000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
             "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": 2,
         }
@@ -79,6 +79,8 @@ class EngineSpec:
     unopenable_ranks: tuple = ()
     #: Environment of the workers while the engine lives (the scheduler's is the test's own).
     env: dict = field(default_factory=dict)
+    #: vLLM ``KVCacheGroupSpec`` list replacing the one full-attention group (hybrid models).
+    kv_cache_groups: list | None = None
     engine_id: str = field(default_factory=lambda: f"vllm-real-{uuid.uuid4().hex[:8]}")
 
     def extra_config(self) -> dict:
@@ -163,4 +165,5 @@ class EngineSpec:
             spec = MLAAttentionSpec(block_size=self.block_size, num_kv_heads=1, head_size=self.head_dim, dtype=dtype)
         else:
             spec = FullAttentionSpec(block_size=self.block_size, num_kv_heads=per_rank_heads, head_size=self.head_dim, dtype=dtype)
-        return KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=[KVCacheGroupSpec(names, spec)])
+        groups = self.kv_cache_groups if self.kv_cache_groups is not None else [KVCacheGroupSpec(names, spec)]
+        return KVCacheConfig(num_blocks=self.num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)

@@ -10,9 +10,9 @@ forward ``wait_for_save``, ``get_finished``, ``get_block_ids_with_load_errors``,
 events, ``clear_connector_metadata``). Each attention layer is a function decorated with vLLM's
 ``maybe_transfer_kv_layer``, so ``wait_for_layer_load`` and ``save_kv_layer`` are called by vLLM.
 
-The forward pass is a stand-in: per layer it first compares, bit for bit, the KV that attention
-would read (every scheduled request's computed tokens) with what the model computes for those
-tokens (:mod:`tests.engine_kit.kv_content`), then writes the scheduled tokens' KV. Blocks that a
+The forward pass is a stand-in: per layer it writes the scheduled tokens' KV, then compares, bit
+for bit, the KV that attention reads (every scheduled request's computed tokens) with what the
+model computes for those tokens (:mod:`tests.engine_kit.kv_content`). Blocks that a
 kvtier LOAD wrote are counted as they are first compared, so a test can tell loaded KV from
 recomputed KV. Every connector call's duration is measured.
 """
@@ -155,6 +155,9 @@ class StandInModelRunner:
         self.reqs: dict[str, _Req] = {}
         self.provided: dict[str, np.ndarray] = {}
         self.loaded_blocks: set[int] = set()
+        #: Block id -> the last writes into it, "<request> <what> @<step>" (diagnostics).
+        self.writers: dict[int, list[str]] = {}
+        self.steps = 0
         self.closed = False
 
     # ------------------------------------------------------------------ request states
@@ -177,8 +180,11 @@ class StandInModelRunner:
         c = so.scheduled_cached_reqs
         for i, rid in enumerate(c.req_ids):
             r = self.reqs.get(rid)
+            # vLLM sends a request's tokens when it was not scheduled in the previous step (a
+            # resumed one included): they are the truth (tokens of steps a preemption discarded
+            # are gone from them).
             tokens = c.all_token_ids.get(rid)
-            if r is None or (tokens is not None and list(tokens) != r.tokens.tokens[: len(tokens)]):
+            if r is None or (tokens is not None and list(tokens) != r.tokens.tokens):
                 ph = PrefixHashes()
                 ph.extend(tokens if tokens is not None else [])
                 r = self.reqs[rid] = self._new_req(rid, ph, [] if r is None else r.table)
@@ -212,10 +218,13 @@ class StandInModelRunner:
         from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, ModelRunnerOutput
 
         self.calls.clear()
+        self.steps += 1
         report = StepReport()
         meta = so.kv_connector_metadata
         for load in getattr(getattr(meta, "meta", None), "loads", ()):
             self.loaded_blocks.update(load.block_ids)
+            for b in load.block_ids:
+                self._wrote(b, f"{load.request_id} kvtier LOAD")
         if has_kv_transfer_group():
             assert meta is not None
             get_kv_transfer_group().handle_preemptions(meta)
@@ -247,6 +256,11 @@ class StandInModelRunner:
         )
         report.call_s = dict(self.calls)
         return out, report
+
+    def _wrote(self, block: int, what: str) -> None:
+        w = self.writers.setdefault(block, [])
+        w.append(f"{what} @{self.steps}")
+        del w[:-4]
 
     def gather(self, block_ids: list[int], num_tokens: int) -> np.ndarray:
         """The KV of a request's first ``num_tokens`` tokens in these blocks (int16)."""
@@ -285,27 +299,15 @@ class _Forward:
         self.runner, self.so, self.computed, self.report = runner, so, computed, report
 
     def attend(self, layer_name: str) -> None:
+        """One attention layer as vLLM runs it: the batch's new KV is written into the cache
+        first, then attention reads every request's tokens (a request's prefix-cache hit may
+        name blocks another request of the same step computes)."""
         r_ = self.runner
         layer = r_.names.index(layer_name)
         only = range(layer, layer + 1)
+        bs = r_.block_size
         for rid, n in self.computed.items():
             r = r_.reqs[rid]
-            if n > 0:
-                got = r_.kv.read(r.table, 0, n, only).numpy()
-                want = r_._expected(r, n)[:, layer : layer + 1]
-                bad = np.nonzero((got != want).reshape(n, -1).any(axis=1))[0]
-                if bad.size:
-                    blocks = sorted({r.table[p // r_.block_size] for p in bad.tolist()})
-                    self.report.mismatches.append(
-                        f"rank {r_.rank} {layer_name}: request {rid} holds wrong KV at {bad.size} of {n} "
-                        f"computed tokens (first at token {int(bad[0])}; blocks {blocks[:8]})"
-                    )
-                if layer == r_.layers - 1:
-                    for j in range(-(-n // r_.block_size)):
-                        b = r.table[j]
-                        if b in r_.loaded_blocks and b not in r.verified_blocks:
-                            self.report.loaded_blocks_compared += 1
-                            r.verified_blocks.add(b)
             s = self.so.num_scheduled_tokens[rid]
             vals = r_._expected(r, n + s)[n:]
             if n < r.compute_from:
@@ -314,6 +316,33 @@ class _Forward:
                 if layer == 0:
                     self.report.forbidden_computes += min(s, r.compute_from - n)
             r_.kv.write(r.table, n, vals, only)
+            if layer == 0 and s:
+                for j in range(n // bs, -(-(n + s) // bs)):
+                    r_._wrote(r.table[j], f"{rid} tokens {max(n, j * bs)}..{min(n + s, (j + 1) * bs) - 1}")
+        for rid, n in self.computed.items():
+            if n > 0:
+                self._compare(rid, n, layer, layer_name)
+
+    def _compare(self, rid: str, n: int, layer: int, layer_name: str) -> None:
+        """What attention reads of the request's first ``n`` tokens, against the model's KV."""
+        r_ = self.runner
+        r = r_.reqs[rid]
+        got = r_.kv.read(r.table, 0, n, range(layer, layer + 1)).numpy()
+        want = r_._expected(r, n)[:, layer : layer + 1]
+        bad = np.nonzero((got != want).reshape(n, -1).any(axis=1))[0]
+        if bad.size:
+            blocks = sorted({r.table[p // r_.block_size] for p in bad.tolist()})
+            self.report.mismatches.append(
+                f"rank {r_.rank} {layer_name}: request {rid} holds wrong KV at {bad.size} of {n} "
+                f"computed tokens (first at token {int(bad[0])}; blocks {blocks[:8]}; last writes "
+                f"{ {b: r_.writers.get(b) for b in blocks[:3]} })"
+            )
+        if layer == r_.layers - 1:
+            for j in range(-(-n // r_.block_size)):
+                b = r.table[j]
+                if b in r_.loaded_blocks and b not in r.verified_blocks:
+                    self.report.loaded_blocks_compared += 1
+                    r.verified_blocks.add(b)
 
     def sample(self) -> dict[str, list[int]]:
         """The stand-in model's next token for requests whose prompt this step completed."""

@@ -120,6 +120,10 @@ class WorkerPair:
                 raise WorkerError(value)
         return [value for _, value in replies]
 
+    def collect_raw(self, timeout_s: float = 120.0) -> list[tuple[str, Any]]:
+        """Every rank's answer to the oldest command sent, errors included (not raised)."""
+        return [self._raw(conn, timeout_s) for conn in self.conns]
+
     def call_all(self, cmd: str, arg: Any, timeout_s: float = 120.0) -> list[Any]:
         self.send_all(cmd, arg)
         return self.collect(timeout_s)
