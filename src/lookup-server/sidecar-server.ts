@@ -252,6 +252,7 @@ export class SidecarServer {
 
   /** Runs one request to its reply (an error reply when it fails); never rejects. */
   async #handle(envelope: Buffer[], req: Request, input?: LookupInput): Promise<void> {
+    const t0 = performance.now();
     try {
       await (req.type === 'lookup'
         ? this.#lookup(envelope, req, input ?? lookupInput(req))
@@ -260,6 +261,7 @@ export class SidecarServer {
       this.#replyError(envelope, req.requestId, err);
     } finally {
       this.#inflight--;
+      this.#log.debug('request', { type: req.type, ms: performance.now() - t0 });
     }
   }
 
