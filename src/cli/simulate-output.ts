@@ -44,6 +44,12 @@ export function adviceLine(
       ? (p.rows[0]?.label ?? '')
       : `the configurations shown (${p.rows[0]?.label} to ${p.rows.at(-1)?.label})`;
   if (best === undefined || best.gain.savedShare < WORTH) {
+    const declined = declinedTiers(p.rows);
+    if (declined.length > 0)
+      return {
+        advice: `Advice: ${what} saved at most ${formatPercent(Math.max(0, best?.gain.savedShare ?? 0))} of prefill: every lookup declined ${declined.join(' and ')}, whose modeled reads (latency, then bandwidth) are slower than the engine computing the same tokens (${int(p.load.prefillTokensPerSec)} tokens/s), so kvtier recomputed instead. Give the tier's real figures (--bandwidth, --latency), or sweep a faster tier (disk, fs).`,
+        ...extra,
+      };
     const knee = lruKnee(trace);
     const chunk = kvBytesPerToken(s.planned) * s.chunkTokens;
     const most = best === undefined ? 0 : best.gain.savedShare;
@@ -126,4 +132,16 @@ export async function writeChart(
   } catch (err) {
     io.err(`kvtier simulate: chart written to ${path}; no PNG: ${oneLine(err)}`);
   }
+}
+
+/** Tiers that every configuration's lookups declined and none loaded from. */
+function declinedTiers(rows: readonly PlanRow[]): string[] {
+  const out = new Set<string>();
+  for (const r of rows)
+    for (const [tier, d] of Object.entries(r.report.tierDecisions ?? {}))
+      if (d.load === 0 && d.decline > 0) out.add(tier);
+  for (const r of rows)
+    for (const [tier, d] of Object.entries(r.report.tierDecisions ?? {}))
+      if (d.load > 0) out.delete(tier);
+  return [...out];
 }

@@ -245,6 +245,28 @@ describe('kvtier simulate: flags', () => {
     assert.match(out, /^Advice: /m);
   });
 
+  it('reports what lookups decided per tier, and advises against a tier every lookup declined', async () => {
+    const c = capture((o) => {
+      const r = fakeReport(o);
+      if (!o.kvtier) return r;
+      r.tokens = { ...r.tokens, byTier: { cpu: 0, s3: 0 }, recomputed: r.promptTokens };
+      r.tierDecisions = { s3: { load: 0, decline: 7, declinedTokens: 256 } };
+      return r;
+    });
+    const code = await runSimulateCommand(
+      ['--workload', 'multi-round', '--users', '2', '--rounds', '2', '--sweep', 's3=1TiB,2TiB'],
+      c.io,
+    );
+    assert.equal(code, 0, c.err.join('\n'));
+    const out = c.out.join('\n');
+    assert.match(
+      out,
+      /^Never slower than recomputing: every lookup carried the engine's prefill rate, [\d,]+ tokens\/s/m,
+    );
+    assert.match(out, /^\s*s3 1 TiB\s+s3\s+0\s+7\s+256$/m);
+    assert.match(out, /^Advice: .* every lookup declined s3, whose modeled reads/m);
+  });
+
   it('sweeps capacities in order against one run without kvtier, prints the table and chart, exits 1 on mismatches', async () => {
     const c = capture((o) => fakeReport(o, o.kvtier && o.cpuBytes === 2 ** 21 ? 3 : 0));
     const code = await runSimulateCommand(
