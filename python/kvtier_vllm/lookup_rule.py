@@ -1,7 +1,8 @@
 """The engine side of "never slower than recomputing" (docs/connector.md): what a lookup that
 named the engine's prefill rate answered (:class:`LookupDetails`, from
 :meth:`~.client.KvtierClient.lookup_details`), how long such a lookup may take
-(:func:`lookup_wait_ms`) and what of its answer to claim (:func:`admitted_tokens`). The
+(:func:`lookup_wait_ms`), whether it is worth making a request wait a step for
+(:func:`worth_a_step`) and what of its answer to claim (:func:`admitted_tokens`). The
 TypeScript reference is ``src/connector/claim-bound.ts``.
 """
 
@@ -12,7 +13,7 @@ from typing import NamedTuple
 
 from . import protocol as P
 
-__all__ = ["LookupDetails", "MAX_KEPT_DETAILS", "admitted_tokens", "lookup_wait_ms"]
+__all__ = ["LookupDetails", "MAX_KEPT_DETAILS", "admitted_tokens", "lookup_wait_ms", "worth_a_step"]
 
 #: answers kept for ``lookup_details`` that nobody took; past it the oldest go
 MAX_KEPT_DETAILS = 4096
@@ -64,3 +65,14 @@ def admitted_tokens(details: LookupDetails) -> int:
             return pos
         pos += t.tokens
     return details.hit_tokens
+
+
+def worth_a_step(claimable_tokens: int, compute_tokens_per_s: float, step_ms: float) -> bool:
+    """Whether a request should wait for its pending lookup (``get_num_new_matched_tokens``
+    answering None) rather than compute now: only when computing the ``claimable_tokens`` the
+    lookup could let it claim takes longer than the engine's next step (``step_ms``: its last
+    step's duration while requests run, 0 while it is idle), which is what the request waits
+    before it is asked again. When it is not worth it, answer 0 and keep the lookup: if the
+    request is asked again before it is admitted, the answer counts."""
+    rate = P.check_rate(compute_tokens_per_s)
+    return max(0, claimable_tokens) * 1000 / rate > step_ms

@@ -17,6 +17,7 @@ import zmq
 
 from kvtier_vllm import protocol as P
 from kvtier_vllm.client import KvtierClient, LookupDetails, MultiLookupClient, admitted_tokens, lookup_wait_ms
+from kvtier_vllm.lookup_rule import worth_a_step
 from kvtier_vllm.errors import InvalidArgumentError
 from kvtier_vllm.hashing import hash_chunks, pack_hashes
 from kvtier_vllm.namespace import derive_namespace
@@ -188,3 +189,12 @@ def test_a_lookup_result_carrying_rates_decodes_on_the_slow_path_as_the_fast_one
     assert rep.tier_rates == [P.TierRate("cpu", "none", 0, 0, 0)]
     _, _, plain = P.decode_reply(P.encode_header(0x81, 9) + body)
     assert plain.bytes_per_token is None and plain.tier_rates is None
+
+
+def test_worth_a_step_only_when_computing_would_take_longer_than_the_step():
+    assert worth_a_step(2048, 12_000, 0.0), "an idle engine waits for nothing"
+    assert worth_a_step(2048, 12_000, 100.0)  # 171 ms of compute
+    assert not worth_a_step(1024, 12_000, 100.0)  # 85 ms: the step computes them
+    assert not worth_a_step(0, 12_000, 0.0)
+    with pytest.raises(InvalidArgumentError):
+        worth_a_step(10, 0, 1.0)
