@@ -99,8 +99,8 @@ export class SimLookupClient extends LookupClient {
   /** Lookups that returned 0 because their deadline passed first. */
   timedOut = 0;
   /**
-   * What answered lookups that named the engine's prefill rate decided per tier: lookups that
-   * loaded from it, lookups that declined it, and the tokens declined.
+   * What the lookups that named the engine's prefill rate decided per tier, over the answers the
+   * connector took: lookups that loaded from it, lookups that declined it, and the tokens declined.
    */
   readonly decisions: Record<string, TierDecisionCount> = {};
 
@@ -138,6 +138,9 @@ export class SimLookupClient extends LookupClient {
     opts: LookupCallOptions = {},
   ): LookupAnswer | null {
     const answer = super.lookupAnswer(lookupId, hashes, tokenCounts, opts);
+    // Counted when the connector takes the answer: a lookup it dropped first counts nowhere,
+    // whether or not the sidecar answered it before the CANCEL came.
+    if (answer !== null && answer.status === 'ok') this.#count(answer);
     if (answer !== null) {
       const rec = this.#records.get(lookupId);
       if (rec !== undefined && !rec.settled) this.timedOut++;
@@ -176,7 +179,6 @@ export class SimLookupClient extends LookupClient {
     return super.lookupAsync(lookupId, hashes, tokenCounts, opts).then(
       (a) => {
         if (a.status === 'ok' && a.hitTokens > 0) this.tiersByLookup.set(lookupId, a.tiers);
-        if (a.status === 'ok') this.#count(a);
         settle();
         return a;
       },
