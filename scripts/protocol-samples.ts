@@ -192,6 +192,37 @@ export const REQUESTS: { name: string; req: Request }[] = [
     },
   },
   {
+    name: 'save with a fence and no CUDA event',
+    req: {
+      type: 'save',
+      requestId: 33,
+      engineId: 'engine-0',
+      engineRequestId: 'req-5',
+      skipChunks: 0,
+      blockIds: Uint32Array.from([20, 21]),
+      chunkHashes: packed(6),
+      notAfterNs: 55_000_000_000n,
+      fenceSlot: 4095,
+      fenceTicket: 0xfffffffd,
+    },
+  },
+  {
+    name: 'save with a CUDA event and a fence',
+    req: {
+      type: 'save',
+      requestId: 34,
+      engineId: 'engine-0',
+      engineRequestId: 'req-6',
+      skipChunks: 0,
+      blockIds: Uint32Array.from([22, 23]),
+      chunkHashes: packed(7),
+      notAfterNs: 56_000_000_000n,
+      cudaEvent: Buffer.from(Array.from({ length: 64 }, (_, i) => (i * 13 + 1) & 0xff)),
+      fenceSlot: 0,
+      fenceTicket: 5,
+    },
+  },
+  {
     name: 'load with a not-after time, no skip',
     req: {
       type: 'load',

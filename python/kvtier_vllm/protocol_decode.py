@@ -137,6 +137,13 @@ def _list(r: _Reader, f: dict) -> list:
     return [record(*_fields(r, f["of"])) for _ in range(n)]
 
 
+def _fixed_bytes(r: "_Reader", f: dict) -> bytes | None:
+    """Exactly ``size`` bytes; an optional field written as zeros (absent before a present one)
+    reads as None."""
+    b = r.bytes(f["size"], f["label"])
+    return None if f.get("optional") and not any(b) else b
+
+
 #: field kind -> reader of one reply field
 _READ = {
     "bool": lambda r, f: r.u8(f["label"]) == 1,
@@ -150,7 +157,7 @@ _READ = {
     "u32s": _u32s,
     "json": _json,
     "blob": _blob,
-    "bytes": lambda r, f: r.bytes(f["size"], f["label"]),
+    "bytes": _fixed_bytes,
     "list": _list,
 }
 

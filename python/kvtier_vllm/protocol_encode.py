@@ -114,13 +114,17 @@ def encode_save(
     hashes: Any,
     not_after_ns: int | None = None,
     cuda_event: bytes | None = None,
+    fence: tuple[int, int] | None = None,
 ) -> bytes:
     """SAVE blocks as chunks (``engine_request_id`` is the engine's request, a string).
     ``not_after_ns`` (the host's monotonic clock, ns; ``time.monotonic_ns()``) adds the optional
     trailing field: the server copies nothing past it and discards a copy that finishes after it;
     None leaves it out. ``cuda_event`` (the 64-byte ``cudaIpcEventHandle_t`` of an interprocess
     event recorded after the blocks were written) follows it: the server's copies wait for the
-    event on the GPU (``not_after_ns`` is then written as 0 when None)."""
+    event on the GPU (``not_after_ns`` is then written as 0 when None). ``fence`` = ``(slot,
+    ticket)`` follows them (zeros before it when absent): the SAVE stands while slot ``slot`` of
+    the registered state file holds ``ticket`` (docs/protocol.md 4.9, only to a server whose
+    PONG lists ``saveFence``)."""
     values = {
         "engine_id": engine_id,
         "engine_request_id": engine_request_id,
@@ -129,6 +133,8 @@ def encode_save(
         "chunk_hashes": hashes,
         "not_after_ns": not_after_ns,
         "cuda_event": cuda_event,
+        "fence_slot": None if fence is None else fence[0],
+        "fence_ticket": None if fence is None else fence[1],
     }
     return encode_message("SAVE", request_id, values)
 

@@ -298,7 +298,7 @@ def _check_rules(rules: tuple, values: dict, counts: dict) -> None:
 def encode_message(name: str, request_id: int, values: dict) -> bytes:
     """One request frame of message ``name`` (a key of :data:`MESSAGES`) from ``values`` by
     snake_case field name, laid out by the generated message table. Trailing optional fields
-    are written up to the last one not None (earlier ones as 0).
+    are written up to the last one not None (earlier ones as 0, or zero bytes).
 
     :raises InvalidArgumentError: a value the message cannot carry.
     :raises TooLargeError: a value over its wire limit.
@@ -311,7 +311,9 @@ def encode_message(name: str, request_id: int, values: dict) -> bytes:
     counts: dict = {}
     for f, key, pack, optional in fields[:count] if count < len(fields) else fields:
         v = values.get(key)
-        pack(f, 0 if v is None and optional else v, out, counts)
+        if v is None and optional:  # absent before a present one: zeros (bytes) or 0
+            v = bytes(f["size"]) if f["kind"] == "bytes" else 0
+        pack(f, v, out, counts)
     if rules:
         _check_rules(rules, values, counts)
     return b"".join(out)

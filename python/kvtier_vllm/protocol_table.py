@@ -128,6 +128,8 @@ MESSAGES = {
             {"kind": "hashes", "key": "chunk_hashes", "name": "chunkHashes", "label": "chunkHashes", "max": 65536},
             {"kind": "u64", "key": "not_after_ns", "name": "notAfterNs", "label": "notAfterNs", "optional": True},
             {"kind": "bytes", "key": "cuda_event", "name": "cudaEvent", "label": "cudaEvent", "size": 64, "optional": True},
+            {"kind": "u32", "key": "fence_slot", "name": "fenceSlot", "label": "fenceSlot", "optional": True},
+            {"kind": "u32", "key": "fence_ticket", "name": "fenceTicket", "label": "fenceTicket", "optional": True},
         ),
         "rules": ({"rule": "atMostCount", "field": "skip_chunks", "of": "chunk_hashes"},),
     },

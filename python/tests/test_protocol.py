@@ -94,9 +94,10 @@ def _encode_fixture_request(f: dict) -> bytes:
     if t == "save":
         not_after = int(f["notAfterNs"]) if "notAfterNs" in f else None
         event = bytes.fromhex(f["cudaEvent"]) if "cudaEvent" in f else None
+        fence = (f["fenceSlot"], f["fenceTicket"]) if "fenceSlot" in f else None
         return P.encode_save(
             rid, f["engineId"], f["engineRequestId"], f["skipChunks"], f["blockIds"], bytes.fromhex(f["chunkHashes"]),
-            not_after_ns=not_after, cuda_event=event,
+            not_after_ns=not_after, cuda_event=event, fence=fence,
         )
     if t == "load":
         return P.encode_load(

@@ -7,6 +7,11 @@
 /** A KV container the copy engine opened: a host file (mapped or by positional I/O) or a GPU allocation. */
 export interface DeviceSurface {
   readonly sizeBytes: number;
+  /**
+   * The little-endian u32 at `offset`, read now from a host mapping (state files); absent where
+   * the surface is not mapped into this process (then read it with a copy).
+   */
+  readWord?(offset: number): number;
   /** Releases the mapping or handle; idempotent. */
   close(): Promise<void>;
 }

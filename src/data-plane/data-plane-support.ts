@@ -7,7 +7,13 @@ import { KvtierError } from '../errors.ts';
 import type { Logger } from '../util/log.ts';
 import { describe } from '../util/validate.ts';
 import type { CopyEngine, DeviceSurface } from './copy-engine-types.ts';
-import { LOAD_STATE, type LoadRequest, type LoadResult } from './data-plane-types.ts';
+import {
+  LOAD_STATE,
+  type LoadRequest,
+  type LoadResult,
+  type SaveFence,
+} from './data-plane-types.ts';
+import type { EngineState } from './engine-state.ts';
 import { chunkPayloadBytes, type KvLayout } from './kv-layout.ts';
 
 /**
@@ -39,6 +45,52 @@ export async function writeLoadState(
   } catch (err) {
     log.warn('could not write the load state word', { engineId: req.engineId, slot, err });
   }
+}
+
+/** A SAVE's fence word, read from the engine's state file (see `SaveRequest.fence`). */
+export interface FenceWord {
+  /** Whether the word still holds the ticket (the engine still wants the save). */
+  stands(): Promise<boolean>;
+  /** True when a read that needs no waiting shows the save cancelled (false when it cannot tell). */
+  cancelledNow(): boolean;
+}
+
+/**
+ * The fence of a SAVE on its engine's state file.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` without a state file, or for a slot past its end.
+ */
+export function saveFence(copy: CopyEngine, eng: EngineState, fence: SaveFence): FenceWord {
+  const file = eng.stateSurface;
+  const slots = eng.layout.stateFile?.slots ?? 0;
+  if (file === null || !Number.isInteger(fence.slot) || fence.slot < 0 || fence.slot >= slots)
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `save.fenceSlot ${fence.slot} names no slot of the registered state file (${slots} slots)`,
+    );
+  const offset = fence.slot * 4;
+  const ticket = fence.ticket >>> 0;
+  return {
+    async stands() {
+      return (await readStateWord(copy, file, offset)) === ticket;
+    },
+    cancelledNow() {
+      const word = file.readWord?.(offset);
+      return word !== undefined && word !== ticket;
+    },
+  };
+}
+
+/** The little-endian u32 at `offset` of a state file: directly where mapped, else by a copy. */
+async function readStateWord(
+  copy: CopyEngine,
+  file: DeviceSurface,
+  offset: number,
+): Promise<number> {
+  const direct = file.readWord?.(offset);
+  if (direct !== undefined) return direct;
+  const word = new Uint8Array(4);
+  await copy.copy([file, word], Float64Array.of(0, offset, 1, 0, 4));
+  return new DataView(word.buffer).getUint32(0, true);
 }
 
 /** The hashes themselves were validated where they entered (a `ChunkHash` is never re-checked). */

@@ -54,6 +54,18 @@ export interface SaveRequest {
    * the device-to-host copies wait for it on the GPU (engines without CUDA ignore it).
    */
   cudaEvent?: Uint8Array;
+  /**
+   * A save fence: the save stands while slot `slot` of the engine's registered state file holds
+   * `ticket`. Nothing is copied when the word differs before the copy, and nothing is stored
+   * when it differs after it (the engine cancelled the save and may have reused the blocks).
+   */
+  fence?: SaveFence;
+}
+
+/** See {@link SaveRequest.fence}. */
+export interface SaveFence {
+  slot: number;
+  ticket: number;
 }
 
 /** Chunk counts of a save; they add up to the number of chunk hashes. */
@@ -115,6 +127,8 @@ export interface DataPlaneStats {
   loads: number;
   /** SAVEs cut short by their not-after time (nothing stored). */
   lateSaves: number;
+  /** SAVEs their engine cancelled through the save fence before they were stored (nothing stored). */
+  cancelledSaves: number;
   /** LOADs cut short by their not-after time (the chunks from there on invalid). */
   lateLoads: number;
 }

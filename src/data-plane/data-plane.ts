@@ -6,7 +6,13 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
 import type { CopyEngine } from './copy-engine-types.ts';
 import { COPY_GROUP_BYTES, COPY_GROUPS_IN_FLIGHT, copyChunks } from './copy-groups.ts';
-import { checkHashes, hasRepeat, loadablePrefix, writeLoadState } from './data-plane-support.ts';
+import {
+  checkHashes,
+  hasRepeat,
+  loadablePrefix,
+  saveFence,
+  writeLoadState,
+} from './data-plane-support.ts';
 import type {
   DataPlaneOptions,
   DataPlaneStats,
@@ -63,6 +69,7 @@ export class DataPlane {
   #saves = 0;
   #loads = 0;
   #lateSaves = 0;
+  #cancelledSaves = 0;
   #lateLoads = 0;
   #closing: Promise<void> | undefined;
 
@@ -175,8 +182,14 @@ export class DataPlane {
     const skip = requireInt('save.skipChunks', req.skipChunks ?? 0, 0, hashes.length);
     const ns = layout.namespace.id;
     const result: SaveResult = { saved: 0, skipped: skip, dropped: 0 };
+    const fence = req.fence === undefined ? undefined : saveFence(this.#copy, eng, req.fence);
     if (this.#late(req.notAfterNs)) {
       this.#lateSaves++;
+      result.dropped = hashes.length - skip;
+      return result;
+    }
+    if (fence !== undefined && !(await fence.stands())) {
+      this.#cancelledSaves++;
       result.dropped = hashes.length - skip;
       return result;
     }
@@ -202,9 +215,12 @@ export class DataPlane {
           eng,
           'gather',
           pending.map((r, k) => ({ ids: pendingIds[k]!, payload: r.view })),
-          req.cudaEvent === undefined
-            ? this.#grouping
-            : { ...this.#grouping, copy: { waitEvent: req.cudaEvent } },
+          {
+            ...this.#grouping,
+            ...(req.cudaEvent === undefined ? {} : { copy: { waitEvent: req.cudaEvent } }),
+            // Later groups are not started once the engine cancelled (checked without waiting).
+            ...(fence === undefined ? {} : { stop: () => fence.cancelledNow() }),
+          },
         ),
       );
       if (copied.error !== undefined) throw copied.error;
@@ -216,6 +232,14 @@ export class DataPlane {
     if (this.#late(req.notAfterNs)) {
       for (const r of pending) r.abort();
       this.#lateSaves++;
+      result.dropped += pending.length;
+      return result;
+    }
+    // Read after the copy completed: a cancel the engine published before it reused the blocks
+    // is seen here whenever the copy could have read reused bytes.
+    if (fence !== undefined && !(await fence.stands())) {
+      for (const r of pending) r.abort();
+      this.#cancelledSaves++;
       result.dropped += pending.length;
       return result;
     }
@@ -436,6 +460,7 @@ export class DataPlane {
       saves: this.#saves,
       loads: this.#loads,
       lateSaves: this.#lateSaves,
+      cancelledSaves: this.#cancelledSaves,
       lateLoads: this.#lateLoads,
     };
   }

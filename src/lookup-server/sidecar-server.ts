@@ -4,6 +4,7 @@
  * manager, the data-plane messages to the data plane; it owns its socket, send queue and auth,
  * not the storage manager or the data plane (the sidecar builds and closes both).
  */
+import { randomUUID } from 'node:crypto';
 import * as zmq from 'zeromq';
 import type { DataPlane } from '../data-plane/data-plane.ts';
 import type { KvRegistration } from '../data-plane/kv-layout.ts';
@@ -87,6 +88,8 @@ export class SidecarServer {
   #loop: Promise<void> | undefined;
   #closing: Promise<void> | undefined;
   readonly #startedAt = Date.now();
+  /** Names this server process: a worker that sees it change knows the old one is gone. */
+  readonly #instanceId = randomUUID();
   /** `kvtier_requests_total` by request type, tallied (counter-tally.ts). */
   readonly #requestTallies = new Map<string, Tally>();
   /** Requests decoded and not yet answered (STATS `server.inflight`). */
@@ -355,6 +358,9 @@ export class SidecarServer {
           skipChunks: req.skipChunks,
           ...(req.notAfterNs ? { notAfterNs: req.notAfterNs } : {}),
           ...(req.cudaEvent !== undefined ? { cudaEvent: req.cudaEvent } : {}),
+          ...(req.fenceSlot !== undefined && req.fenceTicket !== undefined
+            ? { fence: { slot: req.fenceSlot, ticket: req.fenceTicket } }
+            : {}),
         });
         return this.#reply(envelope, { type: 'save-result', requestId, ...r });
       }
@@ -449,8 +455,11 @@ export class SidecarServer {
       protocolVersion: PROTOCOL_VERSION,
       epoch: this.#storage.epoch,
       uptimeMs: Date.now() - this.#startedAt,
+      instanceId: this.#instanceId,
       limits: this.#limits,
       dataPlane: this.#dataPlane === undefined ? null : DATA_PLANE_LIMITS,
+      // What a client may use beyond protocol v1's first release: SAVE's fence fields.
+      features: this.#dataPlane === undefined ? [] : ['saveFence'],
       tiers: this.#storage.tiers.map((t) => ({ name: t.name, kind: t.kind, health: t.health() })),
       ...this.#info(),
     };

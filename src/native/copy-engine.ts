@@ -25,6 +25,10 @@ class MappedFile implements DeviceSurface {
     if (this.#memory === null) throw new KvtierError('KVT_CLOSED', 'KV file mapping is closed');
     return this.#memory;
   }
+  readWord(offset: number): number {
+    const m = this.memory;
+    return new DataView(m.buffer, m.byteOffset, m.byteLength).getUint32(offset, true);
+  }
   close(): Promise<void> {
     // The mapping is unmapped when its ArrayBuffer is collected; dropping our reference is all.
     this.#memory = null;

@@ -318,6 +318,8 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         ...base,
         fixed: f.size,
         prep: (v) => {
+          // An absent optional field before a present one is written as zeros, read as absent.
+          if (v === undefined && f.optional) return new Uint8Array(f.size);
           if (!(v instanceof Uint8Array) || v.length !== f.size)
             throw invalid(`${key} must be ${f.size} bytes`);
           return v;
@@ -325,7 +327,8 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         size: () => f.size,
         write: (w, p) => w.bytes(p as Uint8Array),
         read: (r) => {
-          return Buffer.from(r.bytes(f.size, label));
+          const b = r.bytes(f.size, label);
+          return f.optional && b.every((x) => x === 0) ? undefined : Buffer.from(b);
         },
       };
     case 'list': {

@@ -131,6 +131,13 @@ export const MESSAGES = [
       // wait for it on the GPU, so the engine need not synchronize its stream before sending
       // the SAVE. Follows `notAfterNs` (written as 0 when that is undefined); absent: no event.
       { kind: 'bytes', key: 'cudaEvent', size: 64, optional: true },
+      // A save fence: slot `fenceSlot` of the registered state file holds `fenceTicket` while the
+      // engine still wants this SAVE, and anything else once it cancelled it (then it may reuse
+      // the blocks at once). The server copies nothing when the word differs before the copy and
+      // stores nothing when it differs after. Follows `cudaEvent` (written as 64 zero bytes, read
+      // as no event, when there is none); only to a server whose PONG lists `saveFence`.
+      { kind: 'u32', key: 'fenceSlot', optional: true },
+      { kind: 'u32', key: 'fenceTicket', optional: true },
     ],
     [{ rule: 'atMostCount', field: 'skipChunks', of: 'chunkHashes' }],
   ),

@@ -112,7 +112,16 @@ export const PYTHON_LAYERS: readonly (readonly string[])[] = [
     'protocol_encode',
     'protocol_decode',
   ],
-  ['hashing', 'namespace', 'protocol', 'sidecar_events', 'kv_caches', 'pending', 'lookup_rule'],
+  [
+    'hashing',
+    'namespace',
+    'protocol',
+    'sidecar_events',
+    'kv_caches',
+    'pending',
+    'lookup_rule',
+    'save_fence',
+  ],
   ['multi_lookup'],
   ['transport', 'kv_events'],
   ['client', 'scheduler', 'worker', 'vllm_glue'],
@@ -131,7 +140,8 @@ export function pythonModuleGraph(root = REPO_ROOT): Map<string, string[]> {
   for (const name of readdirSync(dir).filter((n) => n.endsWith('.py'))) {
     const text = readFileSync(join(dir, name), 'utf8');
     const deps = new Set<string>();
-    for (const m of text.matchAll(/^\s*from \.(\w*) import ([\w\s,()]+)/gm)) {
+    // The names: one line, or a parenthesized list over several.
+    for (const m of text.matchAll(/^\s*from \.(\w*) import (\([^)]*\)|[^\n]+)/gm)) {
       if (m[1] !== '') deps.add(m[1]!);
       else for (const n of m[2]!.matchAll(/(\w+)(?:\s+as\s+\w+)?/g)) deps.add(n[1]!);
     }

@@ -647,6 +647,7 @@ describe('DataPlane lifecycle', () => {
       saves: 1,
       loads: 0,
       lateSaves: 0,
+      cancelledSaves: 0,
       lateLoads: 0,
     });
     const out = await e.dp.load({
@@ -1151,6 +1152,7 @@ describe('DataPlane engine release during a load (UNREGISTER)', () => {
       saves: 1,
       loads: 1,
       lateSaves: 0,
+      cancelledSaves: 0,
       lateLoads: 0,
     });
   });

@@ -57,6 +57,8 @@ type ExpectedSave = Id<'save'> & {
   chunkHashes: Buffer;
   notAfterNs?: bigint;
   cudaEvent?: Uint8Array;
+  fenceSlot?: number;
+  fenceTicket?: number;
 };
 type ExpectedLoad = Id<'load'> & {
   engineId: string;
