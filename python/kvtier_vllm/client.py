@@ -275,15 +275,19 @@ class KvtierClient(ClientTransport):
         hashes: Any,
         not_after_ns: int | None = None,
         cuda_event: bytes | None = None,
+        fence: tuple[int, int] | None = None,
     ) -> Pending:
         """SAVE; ``not_after_ns`` (``time.monotonic_ns()`` scale): the sidecar copies nothing
         past it (docs/protocol.md 4.9). The caller must keep the blocks until then, even when the
-        request fails earlier. ``cuda_event``: the 64-byte IPC handle of an interprocess CUDA
-        event recorded after the blocks were written; the sidecar's copies wait for it."""
+        request fails earlier, unless the SAVE has a ``fence`` = ``(slot, ticket)`` of the
+        registered state file, which it may cancel at any time (:mod:`kvtier_vllm.save_fence`;
+        only to a sidecar whose PONG lists ``saveFence``). ``cuda_event``: the 64-byte IPC
+        handle of an interprocess CUDA event recorded after the blocks were written; the
+        sidecar's copies wait for it."""
         return self._start(
             P.MsgType.SAVE,
             lambda rid: P.encode_save(
-                rid, engine_id, request_id, skip_chunks, block_ids, hashes, not_after_ns, cuda_event
+                rid, engine_id, request_id, skip_chunks, block_ids, hashes, not_after_ns, cuda_event, fence
             ),
         )
 

@@ -50,8 +50,16 @@ class KvtierConfig:
     load: bool | None = None
     #: Save to kvtier (default: unless ``kv_role`` is ``kv_consumer``).
     save: bool | None = None
-    #: Bound on waiting for transfers and UNREGISTER at shutdown.
-    shutdown_timeout_ms: int = 5000
+    #: Bound on waiting for the sidecar at shutdown (transfers in flight, UNREGISTER's answer);
+    #: fenced saves are cancelled at once, and the sidecar releases an engine that did not say
+    #: goodbye after its heartbeat timeout.
+    shutdown_timeout_ms: int = 40
+    #: With a sidecar that takes save fences: the longest ``handle_preemptions`` waits for a
+    #: preempted request's saves before it cancels them (then the engine reuses the blocks).
+    preemption_wait_ms: int = 25
+    #: With save fences: a SAVE unanswered after this long is cancelled and its blocks go back to
+    #: the engine; its chunks are saved again while the engine still has them.
+    save_timeout_ms: int = 1000
     #: CurveZMQ (docs/security.md): the sidecar's public key, Z85 text or the path of its .pub.
     server_public_key: str | None = None
     #: CurveZMQ: this engine's secret key file (mode 0600); its public key is on the sidecar's
@@ -121,8 +129,11 @@ def _check(name: str, v: Any) -> Any:
         "liveness_timeout_ms",
         "heartbeat_interval_ms",
         "shutdown_timeout_ms",
+        "save_timeout_ms",
     ):
         return _int(name, v, 1, 3_600_000)
+    if name == "preemption_wait_ms":
+        return _int(name, v, 0, 60_000)
     if name == "kv_events_max_chunks":
         return _int(name, v, 1, 1 << 26)
     if name in ("events_endpoint", "events_replay_endpoint"):

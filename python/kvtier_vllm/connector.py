@@ -52,6 +52,7 @@ from .connector_types import ConnectorMeta, ConnectorOutput
 from .kv_caches import build_registration
 from .kv_events import BlockEventMapper, ChunkTransitions, open_worker_events
 from .rank_lookup import RankLookup, rank_index, rank_suffix
+from .save_fence import SaveFences
 from .scheduler import SchedulerConnector
 from .vllm_glue import (
     BlockTables,
@@ -106,6 +107,27 @@ def _vllm_event(ev: tuple, block_size: int) -> Any:
     return AllBlocksCleared()
 
 
+try:  # vLLM whose workers send metadata back to the scheduler's connector
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorWorkerMetadata
+except ImportError:  # older vLLM: a save that failed is saved again only by a later request
+    KVConnectorWorkerMetadata = None  # type: ignore[assignment,misc]
+
+if KVConnectorWorkerMetadata is not None:
+
+    class KvtierWorkerMetadata(KVConnectorWorkerMetadata):  # type: ignore[misc,valid-type]
+        """Saves that did not happen, from the workers to the scheduler: request id -> first
+        chunk not saved (merged over ranks: the earliest)."""
+
+        def __init__(self, failed_saves: dict[str, int]) -> None:
+            self.failed_saves = dict(failed_saves)
+
+        def aggregate(self, other: "KvtierWorkerMetadata") -> "KvtierWorkerMetadata":
+            merged = dict(self.failed_saves)
+            for rid, chunk in getattr(other, "failed_saves", {}).items():
+                merged[rid] = min(chunk, merged.get(rid, chunk))
+            return KvtierWorkerMetadata(merged)
+
+
 class KvtierConnectorMetadata(KVConnectorMetadata):
     """One step's loads, saves and ended requests, shipped from the scheduler to the workers."""
 
@@ -135,6 +157,16 @@ def _kv_layout() -> str | None:
 
         return _layout_name(get_kv_connector_cache_layout())
     except Exception:  # vLLM without either helper
+        return None
+
+
+def _save_fences() -> SaveFences | None:
+    """The worker's state file of save fences, in shared memory; None (saves go without fences,
+    their blocks kept until their not-after time) where it cannot be made."""
+    try:
+        return SaveFences()
+    except OSError as err:
+        _log.warning("kvtier: no state file for save fences (%s); a frozen sidecar can then hold preempted blocks", err)
         return None
 
 
@@ -259,6 +291,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             lookup_suffix=rank_suffix(k, self._shape.world),
             heartbeat_client_factory=lambda: self._client(ep),
             heartbeat_interval_s=self._cfg.heartbeat_interval_ms / 1000,
+            save_fences=_save_fences(),
+            preemption_wait_s=self._cfg.preemption_wait_ms / 1000,
+            save_timeout_s=self._cfg.save_timeout_ms / 1000,
         )
 
     # ==============================
@@ -318,6 +353,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             pp_size=s.pp_size,
             pp_rank=self._pp_rank,
             pp_first_layer=first,
+            state_file=self._worker.state_file,
         )
 
     def handle_preemptions(self, kv_connector_metadata: KVConnectorMetadata):
@@ -380,6 +416,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is None:
             return set()
         return self._worker.get_block_ids_with_load_errors()
+
+    def build_connector_worker_meta(self) -> Any:
+        if self._worker is None or KVConnectorWorkerMetadata is None:
+            return None
+        failed = self._worker.take_failed_saves()
+        return KvtierWorkerMetadata(failed) if failed else None
 
     def get_kv_connector_kv_cache_events(self) -> Any:
         if not self._events_on or self._worker is None:
@@ -456,6 +498,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         events = getattr(connector_output, "kv_cache_events", None)
         if self._event_map is not None and isinstance(events, ChunkTransitions):
             self._event_map.apply(events.get_all_events())
+        for rid, chunk in (getattr(getattr(connector_output, "kv_connector_worker_meta", None), "failed_saves", None) or {}).items():
+            self._scheduler.saves_failed(rid, chunk)
         self._scheduler.update_connector_output(
             ConnectorOutput(
                 finished_sending=getattr(connector_output, "finished_sending", None) or (),

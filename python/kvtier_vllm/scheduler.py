@@ -362,8 +362,19 @@ class SchedulerConnector:
             return
         t.intent = None
         t.offered = None
+        # What kvtier holds of it is what the next lookup finds: a save cancelled by the
+        # preemption is made again when the request computes those chunks again.
+        t.stored_chunks = 0
         self._renew_lookup(t)
         self._ended.append(RequestEnd(t.request_id, "preempted", False))
+
+    def saves_failed(self, request_id: str, first_chunk: int) -> None:
+        """The workers report that a save of this request did not happen from ``first_chunk``
+        on (failed, timed out, cancelled): while the request runs, the next metadata saves those
+        chunks again from its blocks. Unknown (ended) requests: nothing."""
+        t = self._requests.get(request_id)
+        if t is not None and first_chunk < t.stored_chunks:
+            t.stored_chunks = int(first_chunk)
 
     def reset_cache(self) -> bool:
         """vLLM ``reset_cache`` / ``reset_prefix_cache``: forgets cached lookup answers (releasing

@@ -16,7 +16,16 @@ out of the blocks past a SAVE's and starts no chunk of a LOAD past its. When a t
 reply (the sidecar froze or went down), its blocks are kept until that time has passed (for a
 LOAD, :data:`LOAD_GRACE_S` more, for a chunk copy under way), so a sidecar that reads the
 request late never copies blocks the engine has reused. A transfer the sidecar answered, even
-with an error, is settled at once. A
+with an error, is settled at once.
+
+With a sidecar that takes save fences (its PONG lists ``saveFence``) every SAVE holds a slot of
+the worker's state file (:mod:`kvtier_vllm.save_fence`) and can be cancelled at once instead:
+:meth:`~WorkerConnector.handle_preemptions` waits at most ``preemption_wait_s`` for the saves of
+preempted requests and cancels the rest, and a SAVE unanswered after ``save_timeout_s`` is
+cancelled, so a frozen sidecar holds no step and a finished request's blocks for no longer than
+that. A save that failed, timed out or was cancelled this way (not one the sidecar dropped for
+want of room) is reported by :meth:`~WorkerConnector.take_failed_saves`, so that the scheduler
+saves those chunks again while the engine still has them. A
 daemon thread with its **own** client (zmq sockets are not thread-safe) sends HEARTBEAT when the
 worker has been silent for ``heartbeat_interval_s`` and registers again when the sidecar no longer
 knows the engine (after a restart). :meth:`~WorkerConnector.close` sends UNREGISTER.
@@ -32,8 +41,9 @@ from typing import Any, Callable, Iterable
 
 from .connector_types import ConnectorMeta, LoadIntent, SaveIntent
 from .errors import ClosedError, InvalidArgumentError, NotFoundError, RequestTimeoutError
+from .save_fence import SaveFences
 
-__all__ = ["WorkerConnector", "WorkerStats", "LOAD_GRACE_S"]
+__all__ = ["WorkerConnector", "WorkerStats", "LOAD_GRACE_S", "PREEMPTION_WAIT_S", "SAVE_TIMEOUT_S"]
 
 _log = logging.getLogger("kvtier_vllm.worker")
 
@@ -42,6 +52,11 @@ _log = logging.getLogger("kvtier_vllm.worker")
 LOAD_GRACE_S = 1.0
 #: The sidecar's LOAD deadline when the worker names none (docs/protocol.md 4.9).
 _DEFAULT_LOAD_DEADLINE_S = 20.0
+#: With save fences: how long ``handle_preemptions`` waits for a preempted request's saves
+#: before it cancels them (the engine step's bound on what kvtier costs it).
+PREEMPTION_WAIT_S = 0.025
+#: With save fences: a SAVE still unanswered after this long is cancelled (its blocks go back).
+SAVE_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -55,6 +70,8 @@ class WorkerStats:
     chunks_saved: int = 0
     chunks_dropped: int = 0
     registrations: int = 0
+    #: SAVEs cancelled through their fence (preempted, past ``save_timeout_s``, shutdown).
+    saves_cancelled: int = 0
 
 
 @dataclass
@@ -65,6 +82,12 @@ class _Transfer:
     intent: Any
     #: Monotonic seconds before which the blocks are kept if no reply comes (see the module).
     hold_until: float = 0.0
+    #: A fenced SAVE's ``(slot, ticket)``: it can be cancelled without waiting.
+    fence: tuple[int, int] | None = None
+    #: Monotonic seconds when it was sent.
+    started: float = 0.0
+    #: The worker's count of sidecar restarts seen when it was sent.
+    generation: int = 0
 
 
 class WorkerConnector:
@@ -77,6 +100,10 @@ class WorkerConnector:
         :mod:`kvtier_vllm.rank_lookup`).
     :param heartbeat_client_factory: makes the heartbeat thread's own client; None: no thread.
     :param heartbeat_interval_s: silence after which the thread sends HEARTBEAT.
+    :param save_fences: the worker's state file (owned: closed by :meth:`close`), registered by
+        the caller as the registration's ``stateFile``; None: SAVEs are never fenced.
+    :param preemption_wait_s: with fences, the longest ``handle_preemptions`` waits.
+    :param save_timeout_s: with fences, how long a SAVE may go unanswered before it is cancelled.
     :param clock: monotonic seconds (tests inject one).
     """
 
@@ -88,6 +115,9 @@ class WorkerConnector:
         lookup_suffix: str = "",
         heartbeat_client_factory: Callable[[], Any] | None = None,
         heartbeat_interval_s: float = 5.0,
+        save_fences: SaveFences | None = None,
+        preemption_wait_s: float = PREEMPTION_WAIT_S,
+        save_timeout_s: float = SAVE_TIMEOUT_S,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not callable(getattr(client, "send_load", None)):
@@ -101,6 +131,21 @@ class WorkerConnector:
         self._suffix = lookup_suffix
         self._hb_factory = heartbeat_client_factory
         self._hb_interval = float(heartbeat_interval_s)
+        if not preemption_wait_s >= 0 or not save_timeout_s > 0:
+            raise InvalidArgumentError(
+                f"preemption_wait_s must be >= 0 and save_timeout_s > 0, got {preemption_wait_s!r}, {save_timeout_s!r}"
+            )
+        self._fences = save_fences
+        self._preemption_wait_s = float(preemption_wait_s)
+        self._save_timeout_s = float(save_timeout_s)
+        #: Whether the sidecar takes save fences (its PONG's ``features``), learned at REGISTER.
+        self._sidecar_fences = False
+        #: Request id -> first chunk of a save that did not happen (reported once).
+        self._failed_saves: dict[str, int] = {}
+        #: The sidecar process answering (its PONG's ``instanceId``), and how many times another
+        #: one took its place on a TCP endpoint: transfers sent before are then void.
+        self._instance: str | None = None
+        self._generation = 0
         self._clock = clock
         self._registration: dict | None = None
         self._result: Any = None
@@ -122,6 +167,11 @@ class WorkerConnector:
     @property
     def engine_id(self) -> str | None:
         return None if self._registration is None else self._registration["engineId"]
+
+    @property
+    def state_file(self) -> dict | None:
+        """The registration's ``stateFile`` (the save fences' file), or None without one."""
+        return None if self._fences is None else self._fences.spec
 
     @property
     def registration_result(self) -> Any:
@@ -147,8 +197,33 @@ class WorkerConnector:
         result = self._client.send_register(registration).wait(timeout_ms)
         self._result = result
         self._stats.registrations += 1
+        self._learn_features(self._client)
         self._touch()
         return result
+
+    @property
+    def fenced(self) -> bool:
+        """True when SAVEs go with a fence (a state file, and a sidecar that takes them)."""
+        return self._fences is not None and self._sidecar_fences
+
+    def _learn_features(self, client: Any, timeout_ms: float = 1000.0) -> None:
+        """Asks the sidecar (PING) whether it takes save fences (without an answer, SAVEs go
+        without: the safe side, their blocks are kept until their not-after time) and which
+        process it is. A new process on a TCP endpoint means the old one is gone (a port has one
+        owner): what was sent to it is void, its blocks free at once (see ``poll``)."""
+        try:
+            info = client.send_ping(timeout_ms).wait(timeout_ms)
+        except Exception as err:
+            _log.info("the sidecar did not say whether it takes save fences (%s); saves go without", err)
+            self._sidecar_fences = False
+            return
+        self._sidecar_fences = self._fences is not None and "saveFence" in (info.get("features") or ())
+        instance = info.get("instanceId")
+        if isinstance(instance, str) and instance:
+            if self._instance is not None and instance != self._instance and str(getattr(client, "endpoint", "")).startswith("tcp://"):
+                self._generation += 1
+                _log.warning("the sidecar restarted; transfers sent to the old one are void")
+            self._instance = instance
 
     def drop_meta(self, meta: ConnectorMeta) -> None:
         """Settles a metadata without a sidecar (no registration could be made): its loads fail
@@ -217,22 +292,35 @@ class WorkerConnector:
 
     def handle_preemptions(self, request_ids: Iterable[str], timeout_s: float | None = None) -> bool:
         """vLLM ``handle_preemptions``: returns once no save still reads the blocks of these
-        requests, so the engine may reuse them. Waits on the socket (no sleeping); bounded by the
-        client's request deadline, or ``timeout_s``. Returns False if it gave up."""
+        requests, so the engine may reuse them. Fenced saves are waited for at most
+        ``preemption_wait_s`` (on the socket, no sleeping) and then cancelled; a save without a
+        fence (a sidecar that takes none) is waited for until its not-after time, bounded by
+        ``timeout_s``. Returns False if it gave up on one (then the sidecar's not-after check
+        is what keeps the reused blocks out of the store)."""
         ids = set(request_ids)
         if not ids:
             return True
         deadline = None if timeout_s is None else self._clock() + timeout_s
+        wait_until = self._clock() + self._preemption_wait_s
         while True:
             self.poll()
             saves = [t for t in self._transfers if t.kind == "save" and t.request_id in ids]
             if not saves:
                 return True
+            now = self._clock()
+            if now >= wait_until:
+                fenced = [t for t in saves if t.fence is not None]
+                for t in fenced:
+                    self._cancel(t, "its request was preempted", report=False)
+                self._transfers = [t for t in self._transfers if t not in fenced]
+                saves = [t for t in saves if t not in fenced]
+                if not saves:
+                    return True
             # Never before the saves' not-after times: the sidecar may read the blocks until then.
-            if deadline is not None and self._clock() >= deadline and time.monotonic() >= max(t.hold_until for t in saves):
+            if deadline is not None and now >= deadline and time.monotonic() >= max(t.hold_until for t in saves):
                 _log.warning("handle_preemptions gave up waiting for saves of %s", sorted(ids))
                 return False
-            self._client.poll(timeout_ms=20)
+            self._client.poll(timeout_ms=max(1.0, min(5.0, (wait_until - now) * 1000)) if now < wait_until else 20)
 
     def get_finished(self, finished_req_ids: Iterable[str] | None = None) -> tuple[set[str], set[str]]:
         """vLLM ``get_finished``: ``(finished_sending, finished_recving)``. ``finished_recving``:
@@ -253,6 +341,12 @@ class WorkerConnector:
         out, self._load_errors = self._load_errors, set()
         return out
 
+    def take_failed_saves(self) -> dict[str, int]:
+        """Requests whose saves did not happen since the last call (drained): request id -> the
+        first chunk not saved. Saves the sidecar dropped for want of room are not among them."""
+        out, self._failed_saves = self._failed_saves, {}
+        return out
+
     # ------------------------------------------------------------------ progress
 
     def poll(self) -> int:
@@ -266,9 +360,27 @@ class WorkerConnector:
         left: list[_Transfer] = []
         settled = 0
         now = time.monotonic()
+        generation = self._generation
         for t in self._transfers:
+            if t.generation < generation:
+                # Sent to a sidecar process that is gone (another one answers on its endpoint):
+                # no answer will come and nothing more will touch the blocks.
+                if t.fence is not None:
+                    self._fences.release(t.fence[0])
+                    t.fence = None
+                self._settle(t, ClosedError("the sidecar restarted before answering"))
+                settled += 1
+                continue
             if t.pending is not None and not t.pending.done:
+                if t.fence is not None and now - t.started >= self._save_timeout_s:
+                    self._cancel(t, f"no answer within {self._save_timeout_s:g} s")
+                    settled += 1
+                    continue
                 left.append(t)
+                continue
+            if t.fence is not None and t.pending is not None and isinstance(t.pending.exception(), RequestTimeoutError):
+                self._cancel(t, "no answer before its deadline")
+                settled += 1
                 continue
             if t.pending is not None and now < t.hold_until and isinstance(t.pending.exception(), RequestTimeoutError):
                 left.append(t)  # no reply: the sidecar may still copy until the not-after time
@@ -289,27 +401,39 @@ class WorkerConnector:
             self.poll()
             if not self._transfers:
                 return True
-            if deadline is not None and self._clock() >= deadline:
+            left_ms = 20.0 if deadline is None else (deadline - self._clock()) * 1000
+            if left_ms <= 0:
                 return False
-            self._client.poll(timeout_ms=20)
+            self._client.poll(timeout_ms=max(1.0, min(20.0, left_ms)))
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """Waits (bounded) for transfers in flight, stops the heartbeat thread, sends UNREGISTER
-        (best effort) and closes the client. Idempotent."""
+    def close(self, timeout_s: float = 0.04) -> None:
+        """Cancels fenced saves, waits at most ``timeout_s`` for the other transfers and the
+        answer to UNREGISTER (best effort: the sidecar's heartbeat timeout releases the engine
+        otherwise), stops the heartbeat thread and closes the client and the state file.
+        Idempotent."""
         if self._closed:
             return
-        self.wait_idle(timeout_s)
+        end = self._clock() + timeout_s
+        fenced = [t for t in self._transfers if t.fence is not None]
+        for t in fenced:
+            self._cancel(t, "the worker is shutting down", report=False)
+        self._transfers = [t for t in self._transfers if t not in fenced]
+        self.wait_idle(max(0.0, end - self._clock()))
         self._hb_stop.set()
         self._hb_wake.set()
-        if self._hb_thread is not None:
-            self._hb_thread.join(timeout=timeout_s)
         if self._registration is not None:
             try:
-                self._client.send_unregister(self.engine_id).wait(int(timeout_s * 1000))
+                left_ms = max(1.0, (end - self._clock()) * 1000)
+                self._client.send_unregister(self.engine_id).wait(left_ms)
             except Exception as err:
                 _log.info("UNREGISTER not answered (the heartbeat timeout releases the engine): %s", err)
+        if self._hb_thread is not None:
+            # The thread checks the stop flag between short waits and closes its own client.
+            self._hb_thread.join(timeout=max(0.0, end - self._clock()))
         self._closed = True
         self._client.close()
+        if self._fences is not None:
+            self._fences.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -339,26 +463,52 @@ class WorkerConnector:
         except Exception as err:
             _log.warning("load of %s not sent; its blocks are reported invalid: %s", intent.request_id, err)
             pending = None
-        self._transfers.append(_Transfer("load", intent.request_id, pending, intent, not_after + LOAD_GRACE_S))
+        self._transfers.append(
+            _Transfer("load", intent.request_id, pending, intent, not_after + LOAD_GRACE_S, generation=self._generation)
+        )
 
     def _start_save(self, intent: SaveIntent, cuda_event: bytes | None = None) -> None:
         self._stats.saves_started += 1
-        not_after = time.monotonic() + float(getattr(self._client, "request_timeout_s", 30.0))
+        now = time.monotonic()
+        not_after = now + float(getattr(self._client, "request_timeout_s", 30.0))
+        fence = self._fences.arm() if self.fenced else None
         try:
             pending = self._client.send_save(
                 self.engine_id, intent.request_id, 0, list(intent.block_ids), intent.chunk_hashes,
                 not_after_ns=int(not_after * 1e9),
                 **({"cuda_event": cuda_event} if cuda_event is not None else {}),
+                **({"fence": fence} if fence is not None else {}),
             )
         except Exception as err:
             _log.warning("save of %s not sent: %s", intent.request_id, err)
             pending = None
-        self._transfers.append(_Transfer("save", intent.request_id, pending, intent, not_after))
+            if fence is not None:
+                self._fences.release(fence[0])
+                fence = None
+        self._transfers.append(_Transfer("save", intent.request_id, pending, intent, not_after, fence, now, self._generation))
 
-    def _settle(self, t: _Transfer) -> None:
-        err: BaseException | None = None
+    def _cancel(self, t: _Transfer, why: str, report: bool = True) -> None:
+        """Cancels a fenced SAVE through its fence and settles it: from here the engine may
+        reuse its blocks. ``report``: its chunks count as not saved (see take_failed_saves)."""
+        assert t.fence is not None
+        self._fences.cancel(*t.fence)
+        t.fence = None
+        self._stats.saves_failed += 1
+        self._stats.saves_cancelled += 1
+        _log.info("save of %s cancelled: %s", t.request_id, why)
+        if report:
+            self._note_failed_save(t)
+
+    def _note_failed_save(self, t: _Transfer) -> None:
+        first = int(getattr(t.intent, "first_chunk", 0))
+        self._failed_saves[t.request_id] = min(first, self._failed_saves.get(t.request_id, first))
+
+    def _settle(self, t: _Transfer, forced: BaseException | None = None) -> None:
+        err: BaseException | None = forced
         result = None
-        if t.pending is None:
+        if forced is not None:
+            pass
+        elif t.pending is None:
             err = ClosedError("not sent")
         else:
             try:
@@ -390,9 +540,13 @@ class WorkerConnector:
                 self._loading.pop(t.request_id, None)
                 self._finished_recving.add(t.request_id)
         else:
+            if t.fence is not None:
+                self._fences.release(t.fence[0])
+                t.fence = None
             if err is not None:
-                self._stats.saves_failed += 1  # a lost save only costs a future hit
+                self._stats.saves_failed += 1  # a lost save costs a future hit: saved again
                 _log.info("save of %s failed: %s", t.request_id, err)
+                self._note_failed_save(t)
             else:
                 self._stats.chunks_saved += int(result.saved)
                 self._stats.chunks_dropped += int(result.dropped)
@@ -428,7 +582,7 @@ class WorkerConnector:
             if left_ms <= 0 and not pending.done:
                 raise RequestTimeoutError(f"no reply within {timeout_ms:g} ms")
             try:
-                return pending.wait(min(100.0, max(left_ms, 1.0)))
+                return pending.wait(min(10.0, max(left_ms, 1.0)))
             except RequestTimeoutError:
                 if pending.done:
                     raise
@@ -448,6 +602,7 @@ class WorkerConnector:
             try:
                 self._result = self._await(client.send_register(self._registration), timeout_ms)
                 self._stats.registrations += 1
+                self._learn_features(client, timeout_ms)
                 _log.warning("sidecar had forgotten engine %s; registered again", engine)
             except Exception as err:
                 _log.warning("registering again failed: %s", err)

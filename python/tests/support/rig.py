@@ -21,6 +21,7 @@ from kvtier_vllm.connector_types import ConnectorOutput, ConnectorRequest, Sched
 from kvtier_vllm.kv_caches import allocate_host_kv_cache, build_registration
 from kvtier_vllm.namespace import derive_namespace
 from kvtier_vllm.rank_lookup import RankLookup, rank_suffix
+from kvtier_vllm.save_fence import SaveFences
 from kvtier_vllm.scheduler import SchedulerConnector
 from kvtier_vllm.worker import WorkerConnector
 
@@ -68,6 +69,9 @@ class Rig:
     request_timeout_ms: int = 5000
     load_timeout_ms: int = 0
     heartbeat_interval_s: float = 5.0
+    #: SAVEs with save fences (a state file per rank), as the vLLM adapter sends them.
+    fences: bool = False
+    save_timeout_s: float = 1.0
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
 
     def __post_init__(self) -> None:
@@ -93,6 +97,8 @@ class Rig:
                 lookup_suffix=rank_suffix(k, self.ranks),
                 heartbeat_client_factory=self.client,
                 heartbeat_interval_s=self.heartbeat_interval_s,
+                save_fences=SaveFences() if self.fences else None,
+                save_timeout_s=self.save_timeout_s,
             )
             reg = build_registration(
                 cache.layers,
@@ -106,6 +112,7 @@ class Rig:
                 tp_rank=k,
                 chunk_size=self.chunk,
                 layout=self.layout,
+                state_file=worker.state_file,
             )
             result = worker.register_kv_caches(reg, timeout_ms=10000)
             ns = derive_namespace(

@@ -37,7 +37,7 @@ def test_random_run(engine, sidecar, capsys, seed, async_scheduling):
     thaw_at: float | None = None
     preempted: dict = {}
     deadline = time.monotonic() + 600
-    while added < total or any(e.busy() for e in engines):
+    while added < total or any(e.busy() for e in engines) or faults["restarts"] == 0:
         steps += 1
         assert time.monotonic() < deadline, f"seed {seed}: requests not finished in 10 minutes ({steps} steps)"
         if added < total and rnd.random() < 0.3:

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .faults import arm
 from .model import EngineSpec
 from .workers import WorkerPair
 
@@ -118,6 +119,8 @@ class RealEngine:
                 log_stats=True,
             )
         self._instrument(self.scheduler.connector)
+        if spec.fault_at is not None and spec.fault_at[0] == "scheduler":
+            arm(self.scheduler.connector, spec.fault_at[1], spec.fault_at[2])
         worker_spec = {
             "vllm_config": self.config,
             "kv_cache_config": self.kv_cache_config,
@@ -125,6 +128,7 @@ class RealEngine:
             "dtype": spec.dtype,
             "unopenable_ranks": tuple(spec.unopenable_ranks),
             "env": dict(spec.env),
+            "fault_at": spec.fault_at,
         }
         try:
             self.worker_info = pair.call_all("init", worker_spec)

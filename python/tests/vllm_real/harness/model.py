@@ -68,6 +68,9 @@ class EngineSpec:
     async_scheduling: bool = False
     #: vLLM's scheduling policy: ``fcfs`` or ``priority`` (preempts the lowest priority first).
     policy: str = "fcfs"
+    #: vLLM's ``scheduler_reserve_full_isl``: a request is admitted only when its whole prompt
+    #: fits (False: when its first chunk does, so running requests can outgrow the blocks).
+    reserve_full_isl: bool = True
     kv_role: str = "kv_both"
     kv_load_failure_policy: str = "recompute"
     disable_hybrid_kv_cache_manager: bool = True
@@ -81,18 +84,27 @@ class EngineSpec:
     env: dict = field(default_factory=dict)
     #: vLLM ``KVCacheGroupSpec`` list replacing the one full-attention group (hybrid models).
     kv_cache_groups: list | None = None
+    #: A sidecar fault to start at a connector call: ``(role, method, action)``, role
+    #: ``scheduler`` or ``worker`` (rank 0), see :mod:`.faults`.
+    fault_at: tuple | None = None
     engine_id: str = field(default_factory=lambda: f"vllm-real-{uuid.uuid4().hex[:8]}")
 
+    #: The connector's timeouts at kvtier's defaults, as a deployment has them; else shorter
+    #: ones that keep fault scenarios short (a sidecar found down in 0.6 s, heartbeats at 0.2 s).
+    default_timeouts: bool = False
+
     def extra_config(self) -> dict:
-        return {
-            "endpoint": self.endpoint,
-            "chunk_size": self.chunk_size,
-            "model_id": self.model_id,
+        short = {
             "lookup_timeout_ms": 3000,
             "request_timeout_ms": 5000,
             "liveness_timeout_ms": 300,
             "heartbeat_interval_ms": 200,
-            "shutdown_timeout_ms": 3000,
+        }
+        return {
+            "endpoint": self.endpoint,
+            "chunk_size": self.chunk_size,
+            "model_id": self.model_id,
+            **({} if self.default_timeouts else short),
             **self.extra,
         }
 
@@ -131,6 +143,7 @@ class EngineSpec:
                 is_encoder_decoder=False,
                 async_scheduling=self.async_scheduling,
                 policy=self.policy,
+                scheduler_reserve_full_isl=self.reserve_full_isl,
                 disable_hybrid_kv_cache_manager=self.disable_hybrid_kv_cache_manager,
             ),
             parallel_config=ParallelConfig(tensor_parallel_size=self.tp),

@@ -30,6 +30,7 @@ import numpy as np
 from tests.engine_kit.kv_content import PrefixHashes, next_token, token_kv
 from tests.engine_kit.paged_kv import PagedKv
 
+from .faults import arm
 from .model import LAYER_NAME
 
 #: The connector methods whose durations a worker reports (vLLM's worker-side calls).
@@ -125,6 +126,9 @@ class StandInModelRunner:
                 self.connector = get_kv_transfer_group()
                 for name in WORKER_CALLS:
                     _timed(self.connector, name, self.calls)
+                fault = spec.get("fault_at")
+                if fault is not None and fault[0] == "worker" and rank == 0:
+                    arm(self.connector, fault[1], fault[2])
                 self.in_block = get_kv_cache_layout() or "NHD"
                 self.kv = PagedKv(
                     f"/dev/shm/kvtier-vllm-{uuid.uuid4().hex[:10]}-r{rank}",
@@ -267,8 +271,12 @@ class StandInModelRunner:
         return self.kv.read(block_ids, 0, num_tokens).numpy()
 
     def connector_stats(self) -> dict:
+        """The worker connector's counters, and what it has in flight (``in_flight``: kind and
+        request of each transfer not settled)."""
         w = getattr(self.connector, "_worker", None)
-        return {} if w is None else vars(w.stats())
+        if w is None:
+            return {}
+        return {**vars(w.stats()), "in_flight": [(t.kind, t.request_id) for t in w._transfers]}
 
     def close(self) -> dict:
         """vLLM's worker shutdown (``ensure_kv_transfer_shutdown``); what was still in flight."""

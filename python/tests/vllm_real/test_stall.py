@@ -1,0 +1,36 @@
+"""What a misbehaving sidecar can cost vLLM's engine step: the sidecar is frozen (SIGSTOP) at each
+connector call site in turn (and killed, and overloaded, at some), and held so for
+``HOLD_S`` seconds while a workload runs that loads, saves, has vLLM preempt a request whose
+saves are in flight, delays frees and shuts down. Every connector call vLLM's scheduler and
+workers make is timed: none may wait for the sidecar, so every one returns long before the
+fault ends (the measured worst waits, against the 50 ms goal, are ``npm run bench:stall``'s).
+vLLM's own assertions run throughout, every computed token's KV is compared, and the engine ends
+with its scheduler empty and no pin left on the sidecar."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.vllm_real.harness.stall import SITES, stall_run
+
+HOLD_S = 3.0
+
+CASES = [("frozen", site) for site in SITES] + [
+    ("killed", ("worker", "wait_for_save")),
+    ("killed", ("scheduler", "get_num_new_matched_tokens")),
+    ("overloaded", ("worker", "start_load_kv")),
+]
+
+
+@pytest.mark.parametrize("kind,site", CASES, ids=[f"{k}-at-{m}" for k, (_, m) in CASES])
+def test_no_connector_call_waits_for_the_sidecar(engine, sidecar, capsys, kind, site):
+    out = stall_run(engine, sidecar, site, kind, HOLD_S)
+    assert out["fired"], f"the fault never started at {site[1]}"
+    assert out["preempted"] >= 1, "vLLM preempted the low-priority request"
+    worst = max(out["calls"].items(), key=lambda kv: kv[1])
+    with capsys.disabled():
+        print(f"\nvllm stall: {kind} at {site[1]}: worst call {worst[0]} {worst[1] * 1000:.1f} ms over {out['steps']} steps", file=sys.stderr)
+    slow = {m: round(s, 3) for m, s in out["calls"].items() if s >= HOLD_S / 2}
+    assert not slow, f"calls that waited for the {kind} sidecar (seconds): {slow}"
