@@ -1,7 +1,8 @@
 /**
- * Runs the twin of vLLM's engine loop (python/tests/vllm_twin: both modelled vLLM revisions,
- * every fault scenario, the seeded random run, the tiny-Llama logits check) with pytest in a
- * virtual environment that has PyTorch, pyzmq, numpy, pytest and transformers. The environment is
+ * Runs the twin of vLLM's engine loop (python/tests/vllm_twin: the two modelled vLLM revisions
+ * whose code the tests cannot run, their fault scenarios and seeded random runs) with pytest in a
+ * virtual environment that has PyTorch, pyzmq, numpy, pytest and transformers. What does not
+ * depend on the revision runs under vLLM's own code (vllm.test.ts). The environment is
  * made once and cached outside the repository (python/tests/vllm_twin/venv.py); where it cannot
  * be made (no package index reachable, no venv module), the twin is skipped with the reason. The
  * random run's counts are printed as diagnostics.

@@ -1,4 +1,6 @@
-"""A twin of vLLM's engine loop for kvtier's connector.
+"""A twin of vLLM's engine loop for kvtier's connector, for the vLLM revisions whose code the
+tests cannot run (python/tests/vllm_real runs vLLM's own code at the vendored commit; the
+scenarios that do not depend on the revision live there).
 
 ``stub/vllm`` is a stand-in for the vLLM modules the connector touches, at vLLM's module paths;
 ``twin`` is an engine built on it the way vLLM builds one: a scheduler that calls the connector

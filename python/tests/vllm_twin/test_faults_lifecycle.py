@@ -36,6 +36,11 @@ def test_preempted_request_looks_up_again(twin, version):
     p = prompt(2, 60)
     e.add_request("r", p, max_tokens=12)
     step_until(e, lambda: e.scheduler.requests["r"].num_output_tokens >= 4)
+    # The scenario is about the lookups after the preemption: r's three chunks must be stored
+    # first. (Preempted with a save still in flight, the save is cancelled, and both lookups
+    # rightly miss what it would have stored: on a busy machine the saves are slower than the
+    # four decode steps.)
+    step_until(e, lambda: sum(s["chunks_saved"] for s in e.worker_stats()) >= 2 * 3, max_steps=2000)
     assert e.scheduler.preempt("r")
     e.add_request("s", p + [5], max_tokens=2)
     e.run(300)

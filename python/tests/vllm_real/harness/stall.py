@@ -44,6 +44,9 @@ def stall_run(
     seed = prompt(71, 100)
     serve(a, "seed", seed)
     a.close()
+    if stall_file is not None:
+        # Host memory gone: the load finds the prefix in the lower (stalling) tier only.
+        sidecar.restart()
     fault = None if kind is None else SidecarFault(sidecar, kind, hold_s, stall_file)
     # Tight blocks, admission on the first chunk and the priority policy: the low-priority
     # request is preempted while it prefills (its chunks' saves in flight), the others run on.
