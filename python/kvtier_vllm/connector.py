@@ -160,6 +160,47 @@ def _kv_layout() -> str | None:
         return None
 
 
+def _into_shared_memory(kv_caches: dict[str, torch.Tensor], directory: str = "/dev/shm") -> list:
+    """vLLM's CPU backend keeps the KV cache in process memory, where the sidecar cannot reach
+    it: each such storage is moved into a shared-memory file, and every tensor vLLM handed over
+    is pointed at the new storage in place (``Tensor.set_``), so vLLM's attention layers, which
+    hold these very tensors and take their views from them each step, use the shared copy. Views
+    of one storage keep sharing it. Returns what keeps the files declared (hold it while the KV
+    cache is in use; the files are removed at shutdown): ``(path, tensor)`` pairs; nothing for
+    caches already in shared memory or on a GPU."""
+    import uuid
+
+    from .host_memory import describe_host_tensor, register_shared_file
+
+    by_storage: dict[int, list[torch.Tensor]] = {}
+    for t in kv_caches.values():
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            return []
+        try:
+            describe_host_tensor(t)
+            continue  # already in a shared file
+        except Exception:
+            by_storage.setdefault(t.untyped_storage().data_ptr(), []).append(t)
+    keep = []
+    for views in by_storage.values():
+        old = views[0].untyped_storage()
+        path = os.path.join(directory, f"kvtier-kv-{os.getpid()}-{uuid.uuid4().hex[:12]}")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, old.nbytes())
+        finally:
+            os.close(fd)
+        shm = torch.UntypedStorage.from_file(path, shared=True, nbytes=old.nbytes())
+        shm.copy_(old)
+        for t in views:
+            t.set_(shm, t.storage_offset(), t.size(), t.stride())
+        whole = torch.empty(0, dtype=torch.uint8).set_(shm)
+        register_shared_file(path, whole)
+        keep.append((path, whole))
+        _log.info("kvtier: vLLM's KV cache (%d MiB) moved into shared memory %s", old.nbytes() >> 20, path)
+    return keep
+
+
 def _save_fences() -> SaveFences | None:
     """The worker's state file of save fences, in shared memory; None (saves go without fences,
     their blocks kept until their not-after time) where it cannot be made."""
@@ -212,6 +253,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler: SchedulerConnector | None = None
         self._worker: WorkerConnector | None = None
         self._tables = BlockTables(self._shape.block_size)
+        # Shared-memory copies of a KV cache vLLM kept in process memory (the CPU backend).
+        self._shared: list = []
         # Set when the registered KV caches are CUDA tensors: saves then carry a CUDA event.
         self._kv_on_cuda = False
         self._save_event: Any = None
@@ -315,6 +358,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             )
         engine_id = f"{getattr(self._vllm_config.kv_transfer_config, 'engine_id', None) or 'vllm'}-pp{self._pp_rank}-tp{self._tp_rank}"
         try:
+            self._shared = _into_shared_memory(kv_caches)
             reg = self._registration_for(kv_caches, engine_id, first)
         except Exception as err:  # e.g. expandable segments: serve without kvtier, loudly
             _log.error("kvtier: cannot hand the KV caches to the sidecar: %s; kvtier is off for this worker", err)
@@ -456,6 +500,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             self._worker_events.close()
         if self._worker is not None:
             self._worker.close(timeout_s)
+        for path, _ in self._shared:
+            try:
+                os.unlink(path)  # the mappings outlive the name
+            except FileNotFoundError:
+                pass
+        self._shared = []
         if self._scheduler is not None:
             self._scheduler.close()
 

@@ -12,7 +12,8 @@ mla             ``[blocks, block_size, latent]``        (one latent per token)
 ============== ====================================== ==================================
 
 Every layer lives in one file under /dev/shm, mapped shared (the sidecar opens the same file),
-and is declared with :func:`kvtier_vllm.kv_caches.register_shared_file`.
+and is declared with :func:`kvtier_vllm.kv_caches.register_shared_file`; or, as vLLM's CPU
+backend allocates it, in process memory (``in_process``).
 """
 
 from __future__ import annotations
@@ -41,25 +42,30 @@ class PagedKv:
         block_size: int,
         heads: int,
         head_dim: int,
+        in_process: bool = False,
     ) -> None:
         self.path, self.backend, self.in_block = path, backend, in_block
         self.block_size, self.heads, self.head_dim = block_size, heads, head_dim
         self.kv = 1 if backend == "mla" else 2
         el = torch.empty((), dtype=DTYPES[dtype]).element_size()
         per_layer = self.kv * num_blocks * block_size * (1 if backend == "mla" else heads) * head_dim
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, per_layer * el * num_layers)
-        finally:
-            os.close(fd)
-        self.raw = torch.from_file(path, shared=True, size=per_layer * el * num_layers, dtype=torch.uint8)
-        register_shared_file(path, self.raw)
+        if in_process:
+            # As vLLM's CPU backend allocates it: process memory, no file.
+            self.path = None
+            self.raw = torch.zeros(per_layer * el * num_layers, dtype=torch.uint8)
+        else:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                os.ftruncate(fd, per_layer * el * num_layers)
+            finally:
+                os.close(fd)
+            self.raw = torch.from_file(path, shared=True, size=per_layer * el * num_layers, dtype=torch.uint8)
+            register_shared_file(path, self.raw)
         flat = self.raw.view(DTYPES[dtype])
         self.layers: dict[str, torch.Tensor] = {}
         for i in range(num_layers):
             part = flat[i * per_layer : (i + 1) * per_layer]
             self.layers[f"model.layers.{i}.self_attn.attn"] = self._shape(part, num_blocks)
-        self._i16 = [t.view(torch.int16) for t in self.layers.values()]
 
     def _shape(self, part: torch.Tensor, nb: int) -> torch.Tensor:
         bs, h, d = self.block_size, self.heads, self.head_dim
@@ -82,7 +88,9 @@ class PagedKv:
         return table[pos // self.block_size], pos % self.block_size
 
     def _slot(self, layer: int, kv: int) -> torch.Tensor:
-        t = self._i16[layer]
+        # Views are taken from the layer tensors at each use, as vLLM's attention does: a tensor
+        # moved to other storage in place (set_) is followed.
+        t = list(self.layers.values())[layer].view(torch.int16)
         if self.backend == "mla":
             return t
         return t[kv] if self.backend == "flash_attn" else t.select(1, kv)
@@ -102,7 +110,7 @@ class PagedKv:
         of those layers only)."""
         blk, off = self._index(block_table, start, end)
         out = []
-        for layer in layers if layers is not None else range(len(self._i16)):
+        for layer in layers if layers is not None else range(len(self.layers)):
             per_kv = []
             for kv in range(self.kv):
                 v = self._slot(layer, kv)[blk, off]
@@ -115,15 +123,16 @@ class PagedKv:
         if not block_ids:
             return
         ids = torch.tensor(block_ids, dtype=torch.long)
-        for layer in range(len(self._i16)):
+        for layer in range(len(self.layers)):
             for kv in range(self.kv):
                 self._slot(layer, kv)[ids] = 0
 
     def close(self) -> None:
-        unregister_shared_file(self.path)
         self.layers = {}
-        self._i16 = []
         self.raw = None
+        if self.path is None:
+            return
+        unregister_shared_file(self.path)
         try:
             os.unlink(self.path)
         except FileNotFoundError:

@@ -92,3 +92,18 @@ def test_hybrid_models_are_refused_with_what_to_do(engine, kind):
         assert "--disable-hybrid-kv-cache-manager" in text
     else:
         assert "without kvtier" in text and "Mamba" in text
+
+
+def test_kv_cache_in_process_memory_as_vllms_cpu_backend_allocates_it(engine):
+    """vLLM's CPU backend keeps the KV cache in plain tensors of process memory (its attention
+    backend's shape, HND): the connector moves it into shared memory when it is registered, in
+    place, and vLLM's tensors keep working; saves and loads are byte-exact."""
+    spec = dict(backend="flash_attn", dtype="bfloat16", in_process_kv=True, extra={"kv_layout": "HND"})
+    a = engine(**spec)
+    p = prompt(55, 100)
+    serve(a, "a", p)
+    b = engine(model_id=a.spec.model_id, **spec)
+    serve(b, "filler", prompt(56, 40), max_tokens=1)
+    serve(b, "b", p + [9])
+    assert offered(b, "b") == [96]
+    assert b.stats.loaded_blocks_compared == 2 * 6

@@ -129,6 +129,7 @@ class RealEngine:
             "unopenable_ranks": tuple(spec.unopenable_ranks),
             "env": dict(spec.env),
             "fault_at": spec.fault_at,
+            "in_process_kv": spec.in_process_kv,
         }
         try:
             self.worker_info = pair.call_all("init", worker_spec)

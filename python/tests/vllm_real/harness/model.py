@@ -80,6 +80,8 @@ class EngineSpec:
     extra: dict = field(default_factory=dict)
     #: Ranks whose KV cache file the sidecar cannot open (their REGISTER fails).
     unopenable_ranks: tuple = ()
+    #: The KV caches in process memory, as vLLM's CPU backend allocates them (no file).
+    in_process_kv: bool = False
     #: Environment of the workers while the engine lives (the scheduler's is the test's own).
     env: dict = field(default_factory=dict)
     #: vLLM ``KVCacheGroupSpec`` list replacing the one full-attention group (hybrid models).

@@ -140,6 +140,7 @@ class StandInModelRunner:
                     block_size=self.block_size,
                     heads=self.heads,
                     head_dim=mc.get_head_size(),
+                    in_process=spec.get("in_process_kv", False),
                 )
                 if spec.get("unopenable"):
                     os.unlink(self.kv.path)  # the sidecar cannot open what the worker registers
