@@ -15,7 +15,7 @@ import pytest
 
 from tests.vllm_real.harness.stall import SITES, stall_run
 
-HOLD_S = 3.0
+HOLD_S = 2.0
 
 CASES = [("frozen", site) for site in SITES] + [
     ("killed", ("worker", "wait_for_save")),
