@@ -17,6 +17,9 @@ import time
 
 import pytest
 
+from kvtier_vllm.client import KvtierClient
+from tests.vllm_real.harness.helpers import offered, serve
+
 SEEDS = [(1, False), (2, True), (3, False), (4, True)]
 
 
@@ -68,6 +71,26 @@ def test_random_run(engine, sidecar, capsys, seed, async_scheduling):
         if added >= kill_at and faults["restarts"] == 0 and thaw_at is None:
             sidecar.restart()  # SIGKILL, then a fresh process on the same endpoint
             faults["restarts"] += 1
+    # The random part may load little on a busy machine (lookups past their deadline count as
+    # misses): a last, known prefix is saved and then loaded by the engine without a prefix
+    # cache, once the sidecar knows the workers again and offers are not paused.
+    # After the kill the workers register again (their heartbeat): saves until then fail.
+    admin = KvtierClient(sidecar.endpoint, request_timeout_ms=5000)
+    try:
+        ranks = sum(e.spec.tp - len(e.spec.unopenable_ranks) for e in engines)
+        while admin.stats()["dataPlane"]["engines"] < ranks:
+            assert time.monotonic() < deadline, "the workers never registered with the restarted sidecar"
+            time.sleep(0.05)
+    finally:
+        admin.close()
+    final = [rnd.randrange(3, 32000) for _ in range(3 * 32 + 5)]
+    serve(e2, f"s{seed}-save", final, max_tokens=1)
+    # Loads that failed in a row (those the kill voided) pause offers for a while: it ends.
+    while e2.scheduler.connector._scheduler.offers_paused:
+        assert time.monotonic() < deadline, "offers stayed paused"
+        e2.step()
+    serve(e2, f"s{seed}-load", final + [1], max_tokens=1)
+    assert offered(e2, f"s{seed}-load") == [96], "the known prefix was loaded"
     counts = {
         "requests": added,
         "loads": sum(1 for e in engines for _, n in e.admissions if n > 0),

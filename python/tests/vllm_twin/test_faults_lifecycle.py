@@ -34,7 +34,7 @@ def test_preempted_request_looks_up_again(twin, version):
     gone, as under the memory pressure that preempts)."""
     e = twin(version=version, enable_prefix_caching=False)
     p = prompt(2, 60)
-    e.add_request("r", p, max_tokens=12)
+    e.add_request("r", p, max_tokens=200)  # still running however many steps its saves take
     step_until(e, lambda: e.scheduler.requests["r"].num_output_tokens >= 4)
     # The scenario is about the lookups after the preemption: r's three chunks must be stored
     # first. (Preempted with a save still in flight, the save is cancelled, and both lookups

@@ -273,6 +273,7 @@ class RealEngine:
             if executed and len(self._queue) < 2 and not self.pair.ready():
                 return []
         elif not self._queue:
+            time.sleep(0.002)  # an idle engine: vLLM's would wait for requests
             return []
         so = self._queue.pop()
         done = self._take(so, self.pair.collect())

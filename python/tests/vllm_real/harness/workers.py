@@ -37,6 +37,7 @@ def _worker_main(conn: Any, rank: int, world: int, port: int) -> None:
 
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.WARNING, format=f"[worker {rank}] %(name)s %(levelname)s %(message)s")
+    logging.getLogger("kvtier_vllm.worker").setLevel(os.environ.get("KVTIER_DEBUG_WORKER", "WARNING"))
     from vllm.config import DeviceConfig, ParallelConfig, VllmConfig, set_current_vllm_config
     from vllm.distributed.parallel_state import ensure_model_parallel_initialized, init_distributed_environment
 
