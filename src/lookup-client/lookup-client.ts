@@ -181,11 +181,13 @@ export class LookupClient {
           : Math.min(this.#lookupTimeoutMs, requireInt('timeoutMs', opts.timeoutMs, 1));
       const entry: PendingLookup = { deadline: this.#now() + timeoutMs, answer: undefined };
       this.#lookups.set(lookupId, entry);
-      // The request's own timer is only a backstop; the deadline above is what lookup() enforces.
+      // The request's own timer is only a backstop (the client's deadline, not a shorter one of
+      // this call, so that a slow answer still arrives to be asked for); the deadline above is
+      // what lookup() enforces.
       const { timeoutMs: _own, ...call } = opts;
       this.lookupAsync(lookupId, hashes, tokenCounts, {
         ...call,
-        timeoutMs: timeoutMs * 2 + 1000,
+        timeoutMs: this.#lookupTimeoutMs * 2 + 1000,
       }).then(
         (a) => {
           entry.answer = a.status === 'ok' ? a : { ...a, hitTokens: 0, hitChunks: 0 };
