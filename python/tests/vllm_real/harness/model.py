@@ -92,14 +92,15 @@ class EngineSpec:
     engine_id: str = field(default_factory=lambda: f"vllm-real-{uuid.uuid4().hex[:8]}")
 
     #: The connector's timeouts at kvtier's defaults, as a deployment has them; else shorter
-    #: ones that keep fault scenarios short (a sidecar found down in 0.6 s, heartbeats at 0.2 s).
+    #: ones that keep fault scenarios short (heartbeats at 0.2 s, so a restarted sidecar knows
+    #: the workers again at once; a silent sidecar probed after 2 s).
     default_timeouts: bool = False
 
     def extra_config(self) -> dict:
         short = {
             "lookup_timeout_ms": 3000,
             "request_timeout_ms": 5000,
-            "liveness_timeout_ms": 300,
+            "liveness_timeout_ms": 2000,
             "heartbeat_interval_ms": 200,
         }
         return {
