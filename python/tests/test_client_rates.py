@@ -192,7 +192,7 @@ def test_a_lookup_result_carrying_rates_decodes_on_the_slow_path_as_the_fast_one
 
 
 def test_worth_a_step_only_when_computing_would_take_longer_than_the_step():
-    assert worth_a_step(2048, 12_000, 0.0), "an idle engine waits for nothing"
+    assert worth_a_step(2048, 12_000, 0.0), "waiting costs an idle engine nothing"
     assert worth_a_step(2048, 12_000, 100.0)  # 171 ms of compute
     assert not worth_a_step(1024, 12_000, 100.0)  # 85 ms: the step computes them
     assert not worth_a_step(0, 12_000, 0.0)
