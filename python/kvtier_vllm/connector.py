@@ -80,6 +80,9 @@ __all__ = ["KvtierConnector", "KvtierConnectorMetadata"]
 
 _log = logging.getLogger("kvtier_vllm.connector")
 
+#: The longest vLLM's start-up waits for the sidecar's answer to a worker's REGISTER.
+REGISTER_WAIT_MS = 5000
+
 
 if KVConnectorKVEvents is not None:
 
@@ -365,7 +368,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return
         self._kv_on_cuda = reg.get("device") == "cuda"
         try:
-            result = self._worker.register_kv_caches(reg)
+            # vLLM's start-up waits on this: a sidecar that does not answer (frozen, not kvtier)
+            # costs it 5 s at most; the heartbeat thread registers once the sidecar answers.
+            result = self._worker.register_kv_caches(reg, timeout_ms=min(self._cfg.request_timeout_ms, REGISTER_WAIT_MS))
         except Exception as err:  # sidecar down or refusing: the heartbeat thread registers later
             _log.error("kvtier: REGISTER failed (%s); requests recompute until the sidecar is back", err)
             return
@@ -414,8 +419,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return
         meta = self._get_connector_metadata()
         assert isinstance(meta, KvtierConnectorMetadata)
-        if self._worker.engine_id is None:
-            self._worker.drop_meta(meta.meta)  # no registration: loads fail (recompute), never hang
+        if not self._worker.registered:
+            # The sidecar never answered a REGISTER (down, frozen, not kvtier): loads fail at once
+            # (recompute) and saves are dropped, never sent to wait for an answer.
+            self._worker.drop_meta(meta.meta)
             return
         self._worker.start_load_kv(meta.meta)
 
@@ -432,7 +439,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         return  # saves gather every layer of a chunk at once, in wait_for_save
 
     def wait_for_save(self):
-        if self._worker is None or self._worker.engine_id is None:
+        if self._worker is None or not self._worker.registered:
             return
         # The sidecar reads the blocks from another process, after this step's KV writes: on a
         # GPU its copies wait for an event recorded here, so the CPU does not wait for the GPU.

@@ -50,6 +50,8 @@ from .pending import _FAILED, _PENDING, Pending
 __all__ = ["ClientTransport", "MAX_AUTH_RECONNECTS"]
 
 _log = logging.getLogger("kvtier_vllm.client")
+#: Endpoints whose malformed answers this process has logged (until one answers well again).
+_MALFORMED_LOGGED: set[str] = set()
 
 #: Fresh sockets opened in a row after refusals as unauthenticated, and resends of one request,
 #: before the refusal is surfaced (see the module docstring).
@@ -119,6 +121,7 @@ class ClientTransport:
         self.unmatched_replies = 0
         #: Frames that could not be decoded.
         self.malformed_replies = 0
+        self._malformed_logged = False
         # liveness (see the module docstring)
         self._heard_at = clock()
         self._probe: Pending | None = None
@@ -215,10 +218,22 @@ class ClientTransport:
             msg_type, rid, rep = P.decode_reply(frame)
         except KvtierError as err:
             self.malformed_replies += 1
+            if not self._malformed_logged and self.endpoint not in _MALFORMED_LOGGED:
+                # Once per process until the sidecar answers well again: not a line per lookup.
+                self._malformed_logged = True
+                _MALFORMED_LOGGED.add(self.endpoint)
+                _log.error(
+                    "the sidecar at %s answered with something that is not kvtier protocol v1 (%s); "
+                    "its lookups count as misses and its loads and saves fail until it answers well",
+                    self.endpoint, err,
+                )
             p = self._pending.pop(P.peek_request_id(frame), None)
             if p is not None:
                 self._complete_error(p, err if isinstance(err, ProtocolError) else ProtocolError(str(err)))
             return
+        if self._malformed_logged:
+            self._malformed_logged = False
+            _MALFORMED_LOGGED.discard(self.endpoint)
         if msg_type == _LOOKUP_RESULT or msg_type == _CLEAR_RESULT:
             if rep.epoch > self.max_epoch:
                 self.max_epoch = rep.epoch

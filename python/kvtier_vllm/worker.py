@@ -169,6 +169,11 @@ class WorkerConnector:
         return None if self._registration is None else self._registration["engineId"]
 
     @property
+    def registered(self) -> bool:
+        """True once the sidecar answered a REGISTER (the first, or the heartbeat thread's)."""
+        return self._result is not None
+
+    @property
     def state_file(self) -> dict | None:
         """The registration's ``stateFile`` (the save fences' file), or None without one."""
         return None if self._fences is None else self._fences.spec
