@@ -146,6 +146,10 @@ class WorkerConnector:
         #: one took its place on a TCP endpoint: transfers sent before are then void.
         self._instance: str | None = None
         self._generation = 0
+        #: Set by the heartbeat thread: another sidecar process answers (its instanceId); the
+        #: engine thread registers with it on its own socket (see poll).
+        self._restart_seen: str | None = None
+        self._reregister: Any = None
         self._clock = clock
         self._registration: dict | None = None
         self._result: Any = None
@@ -211,24 +215,64 @@ class WorkerConnector:
         """True when SAVEs go with a fence (a state file, and a sidecar that takes them)."""
         return self._fences is not None and self._sidecar_fences
 
-    def _learn_features(self, client: Any, timeout_ms: float = 1000.0) -> None:
+    def _learn_features(self, client: Any, timeout_ms: float = 1000.0) -> str | None:
         """Asks the sidecar (PING) whether it takes save fences (without an answer, SAVEs go
         without: the safe side, their blocks are kept until their not-after time) and which
-        process it is. A new process on a TCP endpoint means the old one is gone (a port has one
-        owner): what was sent to it is void, its blocks free at once (see ``poll``)."""
+        process it is: its ``instanceId``, returned (None without an answer). The first one
+        seen is this worker's."""
         try:
             info = client.send_ping(timeout_ms).wait(timeout_ms)
         except Exception as err:
             _log.info("the sidecar did not say whether it takes save fences (%s); saves go without", err)
             self._sidecar_fences = False
-            return
+            return None
         self._sidecar_fences = self._fences is not None and "saveFence" in (info.get("features") or ())
         instance = info.get("instanceId")
-        if isinstance(instance, str) and instance:
-            if self._instance is not None and instance != self._instance and str(getattr(client, "endpoint", "")).startswith("tcp://"):
-                self._generation += 1
-                _log.warning("the sidecar restarted; transfers sent to the old one are void")
+        if not isinstance(instance, str) or not instance:
+            return None
+        if self._instance is None:
             self._instance = instance
+        return instance
+
+    def _restarted(self, instance: str | None) -> bool:
+        """Whether ``instance`` is another sidecar process than the one this worker registered
+        with, on a TCP endpoint (where a port has one owner: the old process is gone)."""
+        return (
+            instance is not None
+            and self._instance is not None
+            and instance != self._instance
+            and str(getattr(self._client, "endpoint", "")).startswith("tcp://")
+        )
+
+    def _register_after_restart(self) -> None:
+        """Registers with a restarted sidecar on this thread's own socket, and voids everything
+        sent before: a transfer sent before reached the old process (gone) or reaches the new
+        one before this REGISTER on the same connection (it answers ``KVT_NOT_FOUND`` and acts on
+        nothing), so its blocks are free at once; what is sent after reaches the new one after
+        the REGISTER."""
+        instance, self._restart_seen = self._restart_seen, None
+        if self._reregister is not None or self._registration is None or not self._restarted(instance):
+            return
+        try:
+            self._reregister = self._client.send_register(self._registration)
+        except Exception as err:
+            _log.warning("registering with the restarted sidecar not sent: %s", err)
+            return
+        self._instance = instance
+        self._generation += 1
+        _log.warning("the sidecar restarted; transfers sent to the old one are void")
+
+    def _take_reregistration(self) -> None:
+        p = self._reregister
+        if p is None or not p.done:
+            return
+        self._reregister = None
+        try:
+            self._result = p.result()
+            self._stats.registrations += 1
+            _log.warning("registered again with the restarted sidecar")
+        except Exception as err:  # the heartbeat thread tries again
+            _log.warning("registering with the restarted sidecar failed: %s", err)
 
     def drop_meta(self, meta: ConnectorMeta) -> None:
         """Settles a metadata without a sidecar (no registration could be made): its loads fail
@@ -241,7 +285,16 @@ class WorkerConnector:
             self._stats.loads_failed += 1
             self._load_errors.update(intent.block_ids)
             self._finished_recving.add(intent.request_id)
+            self._release_lookup(intent.lookup_id)
         self._pending_saves = ()
+
+    def _release_lookup(self, lookup_id: str) -> None:
+        """Fire-and-forget CANCEL of a lookup whose LOAD is not sent: its pins go now rather
+        than at their TTL (a sidecar that does not answer releases them at the TTL)."""
+        try:
+            self._client.cancel(lookup_id + self._suffix)
+        except Exception as err:
+            _log.debug("cancel of %s failed (the pin TTL releases it): %s", lookup_id, err)
 
     # ------------------------------------------------------------------ vLLM hooks
 
@@ -358,10 +411,13 @@ class WorkerConnector:
         """Collects replies without blocking and settles finished transfers; returns how many settled."""
         if self._closed:
             return 0
+        if self._restart_seen is not None:
+            self._register_after_restart()
         try:
             self._client.poll()
         except Exception as err:
             _log.debug("poll failed: %s", err)
+        self._take_reregistration()
         left: list[_Transfer] = []
         settled = 0
         now = time.monotonic()
@@ -528,11 +584,7 @@ class WorkerConnector:
                 self._stats.loads_failed += 1
                 self._load_errors.update(t.intent.block_ids)
                 _log.warning("load of %s failed; its blocks are reported invalid: %s", t.request_id, err)
-                # Nobody took the lookup's pins: release them now rather than at their TTL.
-                try:
-                    self._client.cancel(t.intent.lookup_id + self._suffix)
-                except Exception as cerr:
-                    _log.debug("cancel of %s failed (the pin TTL releases it): %s", t.intent.lookup_id, cerr)
+                self._release_lookup(t.intent.lookup_id)
             else:
                 invalid = list(result.invalid_block_ids)
                 if invalid:
@@ -605,9 +657,14 @@ class WorkerConnector:
             return
         if not known:
             try:
+                instance = self._learn_features(client, timeout_ms)
+                if self._restarted(instance):
+                    # Another process: the engine thread registers on its own socket, where the
+                    # order of what it sent is kept (see _register_after_restart).
+                    self._restart_seen = instance
+                    return
                 self._result = self._await(client.send_register(self._registration), timeout_ms)
                 self._stats.registrations += 1
-                self._learn_features(client, timeout_ms)
                 _log.warning("sidecar had forgotten engine %s; registered again", engine)
             except Exception as err:
                 _log.warning("registering again failed: %s", err)

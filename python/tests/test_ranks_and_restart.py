@@ -79,11 +79,13 @@ def test_sidecar_killed_and_restarted_requests_recompute_nothing_hangs(sidecar):
         rig.step()
         rig.idle(timeout_s=20)
         rig.finished()
-        # Back up: the heartbeat thread registers again, and kvtier works again.
+        # Back up: the heartbeat thread finds another sidecar process, the worker registers
+        # again at its next call from the engine (on its own socket), and kvtier works again.
         sidecar.start()
         deadline = time.monotonic() + 20
         while rig.rank_list[0].worker.stats().registrations < 2:
             assert time.monotonic() < deadline, "the worker did not register again"
+            rig.rank_list[0].worker.get_finished()
             time.sleep(0.05)
         # The scheduler's client counted the sidecar down; stepping probes it and finds it back.
         deadline = time.monotonic() + 20
