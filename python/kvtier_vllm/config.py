@@ -25,6 +25,10 @@ class KvtierConfig:
     rank_endpoints: tuple = ()
     #: How long the scheduler waits for a lookup before counting it a miss (and cancelling it).
     lookup_timeout_ms: int = 2000
+    #: The engine's prefill rate (tokens/s) for "never slower than recomputing": a number,
+    #: ``"auto"`` (learned from the engine's own steps) or ``"off"`` (every hit is claimed and a
+    #: lookup waits up to ``lookup_timeout_ms``).
+    prefill_tokens_per_s: float | str = "auto"
     #: Deadline of every other request (REGISTER, SAVE, LOAD replies, ...) on the client.
     request_timeout_ms: int = 30000
     #: Silence (with requests in flight) after which a PING probes the sidecar, and the time that
@@ -132,6 +136,19 @@ def _check(name: str, v: Any) -> Any:
         "save_timeout_ms",
     ):
         return _int(name, v, 1, 3_600_000)
+    if name == "prefill_tokens_per_s":
+        if v in ("auto", "off"):
+            return v
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v < 1e12:
+            raise ConfigError(
+                f"kv_connector_extra_config.prefill_tokens_per_s must be a positive number of tokens/s, 'auto' or 'off', got {v!r}"
+            )
+        return float(v)
     if name == "preemption_wait_ms":
         return _int(name, v, 0, 60_000)
     if name == "kv_events_max_chunks":

@@ -324,6 +324,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             block_size=self._shape.block_size,
             chunk_size=self._cfg.chunk_size,
             salt=self._cfg.salt,
+            prefill_tokens_per_s=None if self._cfg.prefill_tokens_per_s == "off" else self._cfg.prefill_tokens_per_s,
         )
 
     def _make_worker(self) -> WorkerConnector:
@@ -546,6 +547,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         assert self._scheduler is not None
         for rid in getattr(scheduler_output, "preempted_req_ids", None) or ():
             self._scheduler.request_preempted(str(rid))
+        per_request = getattr(scheduler_output, "num_scheduled_tokens", None) or {}
+        self._scheduler.engine_step(
+            int(getattr(scheduler_output, "total_num_scheduled_tokens", 0) or 0), (str(r) for r in per_request)
+        )
         scheduled = self._tables.scheduled(scheduler_output) if self._save else []
         return KvtierConnectorMetadata(self._scheduler.build_connector_meta(scheduled))
 

@@ -9,11 +9,19 @@ TypeScript reference is ``src/connector/claim-bound.ts``.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+import time
+from typing import Callable, NamedTuple
 
 from . import protocol as P
 
-__all__ = ["LookupDetails", "MAX_KEPT_DETAILS", "admitted_tokens", "lookup_wait_ms", "worth_a_step"]
+__all__ = [
+    "LookupDetails",
+    "MAX_KEPT_DETAILS",
+    "StepClock",
+    "admitted_tokens",
+    "lookup_wait_ms",
+    "worth_a_step",
+]
 
 #: answers kept for ``lookup_details`` that nobody took; past it the oldest go
 MAX_KEPT_DETAILS = 4096
@@ -76,3 +84,65 @@ def worth_a_step(claimable_tokens: int, compute_tokens_per_s: float, step_ms: fl
     request is asked again before it is admitted, the answer counts."""
     rate = P.check_rate(compute_tokens_per_s)
     return max(0, claimable_tokens) * 1000 / rate > step_ms
+
+
+class StepClock:
+    """The engine's pace, learned from its own steps (one :meth:`step` per scheduler step, from
+    ``build_connector_meta``): how long its last step took and how many tokens per second it
+    computes (the rate "never slower than recomputing" compares loads against).
+
+    A step's duration is the time from its schedule to the next one (vLLM schedules the next
+    step once the last one's output is in, also with async scheduling, where the schedules run
+    one step ahead). Its rate is the tokens it scheduled over that time; only steps of at least
+    ``min_tokens`` tokens count (decode-only steps are bound by memory, not compute, and would
+    understate the prefill rate), and none that took longer than ``longest_step_s`` (the engine
+    was held up by something else). The rate is an exponentially weighted mean (weight
+    ``alpha``) and is reported once ``min_samples`` steps counted.
+
+    :param clock: monotonic seconds (tests inject one).
+    """
+
+    def __init__(
+        self,
+        min_tokens: int,
+        clock: Callable[[], float] = time.monotonic,
+        alpha: float = 0.25,
+        min_samples: int = 3,
+        longest_step_s: float = 5.0,
+    ) -> None:
+        self._min_tokens = max(1, int(min_tokens))
+        self._clock = clock
+        self._alpha = float(alpha)
+        self._min_samples = max(1, int(min_samples))
+        self._longest_s = float(longest_step_s)
+        self._last: tuple[float, int] | None = None
+        self._rate = 0.0
+        self._samples = 0
+        #: The last step's duration, ms (0 before two steps were seen).
+        self.step_ms = 0.0
+
+    @property
+    def samples(self) -> int:
+        """Steps that counted towards the rate."""
+        return self._samples
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """The learned rate, tokens/s; None until ``min_samples`` steps counted."""
+        return self._rate if self._samples >= self._min_samples else None
+
+    def step(self, tokens: int) -> None:
+        """A step was scheduled with ``tokens`` tokens (0: nothing ran)."""
+        now = self._clock()
+        last, self._last = self._last, ((now, int(tokens)) if tokens > 0 else None)
+        if last is None:
+            return
+        took = now - last[0]
+        if took <= 0 or took > self._longest_s:
+            return
+        self.step_ms = took * 1000.0
+        if last[1] < self._min_tokens:
+            return
+        sample = last[1] / took
+        self._rate = sample if self._samples == 0 else self._rate + self._alpha * (sample - self._rate)
+        self._samples += 1

@@ -15,6 +15,8 @@ from __future__ import annotations
 import logging
 from typing import Any, Sequence, Tuple
 
+from .lookup_rule import MAX_KEPT_DETAILS, LookupDetails, admitted_tokens
+
 __all__ = ["RankLookup", "rank_suffix", "rank_index"]
 
 _log = logging.getLogger("kvtier_vllm.rank_lookup")
@@ -45,24 +47,53 @@ class RankLookup:
         if len({sfx for _, _, sfx in self._targets}) != len(self._targets):
             raise ValueError("every rank needs its own lookup-id suffix")
         self._answers: dict[str, dict[int, int]] = {}
+        self._rank_details: dict[str, dict[int, LookupDetails]] = {}
+        self._details: dict[str, LookupDetails] = {}
 
-    def lookup(self, lookup_id: str, hashes: bytes, token_counts: Sequence[int]) -> int | None:
-        """Never blocks: None until every rank answered, then the minimum (once)."""
+    def lookup(
+        self,
+        lookup_id: str,
+        hashes: bytes,
+        token_counts: Sequence[int],
+        compute_tokens_per_s: float | None = None,
+        timeout_ms: float | None = None,
+    ) -> int | None:
+        """Never blocks: None until every rank answered, then the minimum (once).
+        ``compute_tokens_per_s`` and ``timeout_ms`` go to every rank's lookup (see
+        :meth:`~.client.KvtierClient.lookup`); :meth:`lookup_details` then gives the answer of
+        the rank whose rule admitted the fewest tokens."""
         got = self._answers.setdefault(lookup_id, {})
+        if not got:
+            self._details.pop(lookup_id, None)
+        extra = {} if compute_tokens_per_s is None else {
+            "compute_tokens_per_s": compute_tokens_per_s, "timeout_ms": timeout_ms}
         for i, (client, ns, sfx) in enumerate(self._targets):
             if i in got:
                 continue
-            answer = client.lookup(lookup_id + sfx, hashes, token_counts, [ns])
+            answer = client.lookup(lookup_id + sfx, hashes, token_counts, [ns], **extra)
             if answer is not None:
                 got[i] = int(answer)
+                d = client.lookup_details(lookup_id + sfx) if extra else None
+                if d is not None:
+                    self._rank_details.setdefault(lookup_id, {})[i] = d
         if len(got) < len(self._targets):
             return None
         del self._answers[lookup_id]
+        details = self._rank_details.pop(lookup_id, {})
+        if details:
+            self._details[lookup_id] = min(details.values(), key=admitted_tokens)
+            while len(self._details) > MAX_KEPT_DETAILS:
+                del self._details[next(iter(self._details))]
         low = min(got.values())
         if low == 0 and any(got.values()):
             # Nobody will load: release the pins the other ranks took.
             self.cancel(lookup_id)
         return low
+
+    def lookup_details(self, lookup_id: str) -> LookupDetails | None:
+        """The answer behind the number :meth:`lookup` returned, for a lookup that named the
+        rate: the rank whose rule admitted the fewest tokens (once); None otherwise."""
+        return self._details.pop(lookup_id, None)
 
     def _clients(self) -> list:
         seen: dict[int, Any] = {}
@@ -85,12 +116,16 @@ class RankLookup:
     def forget(self, lookup_id: str) -> None:
         """Drops a pending lookup on every rank (a CANCEL each)."""
         self._answers.pop(lookup_id, None)
+        self._rank_details.pop(lookup_id, None)
+        self._details.pop(lookup_id, None)
         for client, _, sfx in self._targets:
             client.forget(lookup_id + sfx)
 
     def cancel(self, lookup_id: str) -> None:
         """Releases an answered lookup's pins on every rank (fire and forget)."""
         self._answers.pop(lookup_id, None)
+        self._rank_details.pop(lookup_id, None)
+        self._details.pop(lookup_id, None)
         for client, _, sfx in self._targets:
             try:
                 client.cancel(lookup_id + sfx)

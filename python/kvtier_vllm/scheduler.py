@@ -29,6 +29,7 @@ from .connector_types import (
 from ._validate import require_int as _int
 from .errors import ClosedError, InvalidArgumentError
 from .hashing import hash_chunks
+from .lookup_rule import StepClock, admitted_tokens, lookup_wait_ms, worth_a_step
 
 __all__ = ["SchedulerConnector"]
 
@@ -55,7 +56,11 @@ class _Tracked:
     hashes: list
     attempt: int = 0
     lookup_id: str = ""
-    lookup: str = "none"  # none | pending | answered | consumed
+    #: none | pending | answered | covered | consumed. ``covered``: answered with every hit
+    #: inside the engine's own prefix; its pins released and its number kept, so a request
+    #: waiting to be admitted does not look up again every other step (losing its place while
+    #: each new lookup is pending). A new lookup is made once the prefix no longer covers it.
+    lookup: str = "none"
     hit_tokens: int = 0
     offered: _Offer | None = None
     intent: LoadIntent | None = None
@@ -86,7 +91,17 @@ class SchedulerConnector:
     :param namespaces: namespace ids (16 bytes each) every lookup names — one per rank this
         sidecar hosts, derived with :func:`kvtier_vllm.namespace.derive_namespace`; None when the
         lookup client knows its own (a ``MultiLookupClient``).
-    :param clock: monotonic seconds (the pause after failed loads; tests inject one).
+    :param clock: monotonic seconds (the pause after failed loads, the engine's steps; tests
+        inject one).
+    :param prefill_tokens_per_s: the engine's prefill rate for "never slower than recomputing"
+        (docs/vllm.md): a positive number (tokens/s), ``"auto"`` (learned from the engine's
+        steps, see :class:`~.lookup_rule.StepClock`; until then the rule is off) or None (off:
+        every hit is claimed, a lookup waits up to the client's ``lookup_timeout_ms``). With a
+        rate, every lookup names it, so the sidecar claims a tier below host memory only where
+        fetching beats computing; a lookup gets at most the time computing its claimable tokens
+        takes; only what the sidecar's rule admitted is claimed; and a pending lookup holds a
+        request back a step only when computing what it could claim takes longer than that step
+        (else the request computes if admitted now; asked again before that, the answer counts).
     :raises InvalidArgumentError: on bad options.
 
     Loads that fail are not offered again: a request whose load failed is never offered the
@@ -105,6 +120,7 @@ class SchedulerConnector:
         salt: str = "",
         namespaces: Sequence[bytes] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        prefill_tokens_per_s: float | str | None = None,
     ) -> None:
         if not callable(getattr(lookup, "lookup", None)):
             raise InvalidArgumentError("lookup must be a KvtierClient or MultiLookupClient")
@@ -124,6 +140,21 @@ class SchedulerConnector:
         self._clock = clock
         self._failures_in_a_row = 0
         self._paused_until = 0.0
+        self._fixed_rate: float | None = None
+        self._steps: StepClock | None = None
+        if prefill_tokens_per_s == "auto":
+            self._steps = StepClock(self._chunk, clock)
+        elif prefill_tokens_per_s is not None:
+            r = prefill_tokens_per_s
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r < float("inf"):
+                raise InvalidArgumentError(
+                    f"prefill_tokens_per_s must be a positive number of tokens/s, 'auto' or None, got {r!r}"
+                )
+            self._fixed_rate = float(r)
+        self._details = callable(getattr(lookup, "lookup_details", None))
+        #: Requests the last step scheduled (the step a waiting request would wait for).
+        self._running: set[str] = set()
+        self._rule = {"declined_tokens": 0, "computed_instead": 0, "lookups_bounded": 0}
 
     @property
     def block_size(self) -> int:
@@ -148,6 +179,36 @@ class SchedulerConnector:
         """The kvtier hashes of a tracked request's full prompt chunks (empty when untracked)."""
         t = self._requests.get(request_id)
         return [] if t is None else list(t.hashes)
+
+    @property
+    def prefill_tokens_per_s(self) -> float | None:
+        """The rate the rule uses now (configured or learned); None while it is off."""
+        if self._fixed_rate is not None:
+            return self._fixed_rate
+        return None if self._steps is None else self._steps.tokens_per_s
+
+    def rule_stats(self) -> dict:
+        """What "never slower than recomputing" did: ``lookups_bounded`` (lookups sent with the
+        rate and a deadline from it), ``declined_tokens`` (hits the sidecar's rule did not admit),
+        ``computed_instead`` (asks answered 0 because waiting a step for the pending lookup could
+        not beat computing)."""
+        return dict(self._rule)
+
+    def engine_step(self, tokens: int, request_ids: Iterable[str] = ()) -> None:
+        """The engine scheduled a step of ``tokens`` tokens for ``request_ids`` (from vLLM's
+        ``SchedulerOutput``; the adapter calls it before :meth:`build_connector_meta`): its pace
+        for the learned rate, and which requests run (a request waiting for a lookup waits for
+        their step)."""
+        self._running = set(request_ids)
+        if self._steps is not None:
+            self._steps.step(_int("tokens", tokens))
+
+    def _step_ms(self, request_id: str) -> float:
+        """What a request asked now waits before it is asked again: the engine's last step while
+        other requests run, 0 while it is idle (it steps again at once)."""
+        if self._steps is None or not (self._running - {request_id}):
+            return 0.0
+        return self._steps.step_ms
 
     @property
     def offers_paused(self) -> bool:
@@ -178,31 +239,36 @@ class SchedulerConnector:
         if computed % self._block or computed >= lookup_chunks * self._chunk or self.offers_paused:
             self._release_lookup(t)
             return 0, False
+        if t.lookup == "covered" and self._claim(t, lookup_chunks) > computed:
+            t.lookup = "none"  # the engine's prefix no longer covers the answer: ask afresh
         if t.lookup in ("none", "consumed"):
             t.attempt += 1
             t.lookup_id = f"{t.request_id}#{t.attempt}"
             t.lookup = "pending"
+            if self._details and self.prefill_tokens_per_s is not None:
+                self._rule["lookups_bounded"] += 1
         if t.lookup == "pending":
-            hashes = b"".join(t.hashes[:lookup_chunks])
-            counts = [self._chunk] * lookup_chunks
-            if self._namespaces is None:
-                answer = self._lookup.lookup(t.lookup_id, hashes, counts)
-            else:
-                answer = self._lookup.lookup(t.lookup_id, hashes, counts, self._namespaces)
+            rate = self.prefill_tokens_per_s
+            claimable = lookup_chunks * self._chunk - computed
+            answer = self._ask(t, lookup_chunks, claimable, rate)
             if answer is None:
-                return None, False
+                if rate is None or worth_a_step(claimable, rate, self._step_ms(t.request_id)):
+                    return None, False
+                # Computing what it could claim takes less than the step it would wait: it
+                # computes if admitted now; the lookup goes on for an ask before that.
+                self._rule["computed_instead"] += 1
+                return 0, False
             t.lookup = "answered"
             t.hit_tokens = int(answer)
             self._drop_stale_lookup(t)
             t.stored_chunks = max(t.stored_chunks, t.hit_tokens // self._chunk)
             _log.debug("lookup answered: request %s, %d tokens", t.request_id, t.hit_tokens)
-        claim = min(t.hit_tokens, t.prompt_length - 1, lookup_chunks * self._chunk)
-        claim -= claim % self._block
-        claim -= claim % self._chunk
+        claim = self._claim(t, lookup_chunks)
         tokens = claim - computed if claim > computed else 0
         if tokens == 0:
-            if t.hit_tokens > 0:
+            if t.hit_tokens > 0 and t.lookup == "answered":
                 self._release_lookup(t)  # nothing to load: the pins would only wait for their TTL
+                t.lookup = "covered"
             return 0, False
         t.offered = _Offer(computed, tokens)
         return tokens, True
@@ -224,6 +290,9 @@ class SchedulerConnector:
         if tokens == 0:
             if t is not None:
                 t.intent = None
+                # Admitted with nothing to load: a lookup in flight or its pins are not wanted.
+                if t.lookup in ("pending", "answered"):
+                    self._release_lookup(t)
             return
         offered = None if t is None else t.offered
         if offered is None or tokens > offered.tokens or (offered.num_computed + tokens) % self._chunk:
@@ -343,6 +412,7 @@ class SchedulerConnector:
         t = self._requests.pop(getattr(request, "request_id", None), None)
         if t is None:
             return False, None
+        self._running.discard(t.request_id)
         self._release_lookup(t)
         t.intent = None
         delay = t.saved_any and t.loading is None
@@ -431,12 +501,43 @@ class SchedulerConnector:
         """Full chunks that end before the last prompt token (which the engine always computes)."""
         return min(len(t.hashes), max(0, t.prompt_length - 1) // self._chunk)
 
+    def _claim(self, t: _Tracked, lookup_chunks: int) -> int:
+        """Tokens the last answer lets the request claim from its start: whole chunks, never the
+        last prompt token."""
+        claim = min(t.hit_tokens, t.prompt_length - 1, lookup_chunks * self._chunk)
+        claim -= claim % self._block
+        return claim - claim % self._chunk
+
+    def _ask(self, t: _Tracked, lookup_chunks: int, claimable: int, rate: float | None) -> int | None:
+        """The request's lookup (non-blocking): None while pending, else the hit tokens, or with
+        a rate, what the sidecar's rule admitted, the wait bounded by the time computing the
+        ``claimable`` tokens takes."""
+        hashes = b"".join(t.hashes[:lookup_chunks])
+        counts = [self._chunk] * lookup_chunks
+        args: tuple = (t.lookup_id, hashes, counts) if self._namespaces is None else (
+            t.lookup_id, hashes, counts, self._namespaces)
+        if rate is None or not self._details:
+            return self._lookup.lookup(*args)
+        answer = self._lookup.lookup(
+            *args, compute_tokens_per_s=rate, timeout_ms=lookup_wait_ms(max(1, claimable), rate)
+        )
+        if answer is None:
+            return None
+        details = self._lookup.lookup_details(t.lookup_id)
+        if details is None:
+            return int(answer)
+        admitted = min(int(answer), admitted_tokens(details))
+        self._rule["declined_tokens"] += int(answer) - admitted
+        return admitted
+
     def _chunks_of(self, intent: LoadIntent) -> int:
         return (len(intent.block_ids) + intent.skip_blocks) // self._bpc
 
     def _renew_lookup(self, t: _Tracked) -> None:
         """The next ask starts a new lookup; an answer's pins stay until that one is in."""
         t.admitted = False
+        if t.lookup == "covered":
+            t.lookup = "none"
         if t.lookup == "answered":
             self._drop_stale_lookup(t)
             if t.hit_tokens > 0:

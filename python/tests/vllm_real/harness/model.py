@@ -91,9 +91,12 @@ class EngineSpec:
     fault_at: tuple | None = None
     engine_id: str = field(default_factory=lambda: f"vllm-real-{uuid.uuid4().hex[:8]}")
 
-    #: The connector's timeouts at kvtier's defaults, as a deployment has them; else shorter
-    #: ones that keep fault scenarios short (heartbeats at 0.2 s, so a restarted sidecar knows
-    #: the workers again at once; a silent sidecar probed after 2 s).
+    #: The connector's settings at kvtier's defaults, as a deployment has them; else shorter
+    #: timeouts that keep fault scenarios short (heartbeats at 0.2 s, so a restarted sidecar
+    #: knows the workers again at once; a silent sidecar probed after 2 s) and the rule "never
+    #: slower than recomputing" off: the stand-in model computes far faster than a real one,
+    #: so its learned rate would decline what these tests load (tests/vllm_real/test_prefill_rate.py
+    #: tests the rule).
     default_timeouts: bool = False
 
     def extra_config(self) -> dict:
@@ -102,6 +105,7 @@ class EngineSpec:
             "request_timeout_ms": 5000,
             "liveness_timeout_ms": 2000,
             "heartbeat_interval_ms": 200,
+            "prefill_tokens_per_s": "off",
         }
         return {
             "endpoint": self.endpoint,

@@ -78,6 +78,8 @@ class EngineSpec:
             "liveness_timeout_ms": 300,
             "heartbeat_interval_ms": 200,
             "shutdown_timeout_ms": 3000,
+            # the twin's steps are not a model's: its learned rate would decline what tests load
+            "prefill_tokens_per_s": "off",
             **self.extra,
         }
         return VllmConfig(
