@@ -63,30 +63,12 @@ def real_sidecar():
 @pytest.fixture
 def engine(pairs, real_sidecar, request):
     """``engine(**spec)`` makes an engine on the shared sidecar (or ``sidecar=`` another)."""
-    from tests.engine_kit.sidecar_pins import assert_no_pins
+    from tests.engine_kit.engines import engine_maker
     from tests.vllm_real.harness.engine import RealEngine
     from tests.vllm_real.harness.model import EngineSpec
 
-    made: list = []
-    sidecars: set = set()
+    def build(sc, n, kw):
+        kw.setdefault("model_id", f"vllm-{request.node.name}-{n}")
+        return RealEngine(EngineSpec(endpoint=sc.endpoint, **kw), pairs.free())
 
-    def make(sidecar=None, **kw):
-        sc = sidecar or real_sidecar
-        kw.setdefault("model_id", f"vllm-{request.node.name}-{len(made)}")
-        eng = RealEngine(EngineSpec(endpoint=sc.endpoint, **kw), pairs.free())
-        made.append(eng)
-        sidecars.add(sc)
-        return eng
-
-    yield make
-    errors = []
-    for eng in made:
-        try:
-            eng.close()
-        except Exception as err:  # every engine is closed; the first problem is raised
-            errors.append(err)
-    for sc in sidecars:
-        if sc.proc is not None and sc.proc.poll() is None:
-            assert_no_pins(sc)
-    if errors:
-        raise errors[0]
+    yield from engine_maker(build, real_sidecar)

@@ -51,29 +51,11 @@ def twin(pool, twin_sidecar, request):
     """``twin(**spec)`` makes an engine on the shared sidecar (or ``sidecar=`` another); every
     engine made is closed after the test and the end-of-run invariants checked: nothing held by
     the scheduler or the workers, and the sidecar holding no pins."""
+    from tests.engine_kit.engines import engine_maker
     from tests.vllm_twin.twin.engine import EngineSpec, TwinEngine
-    from tests.engine_kit.sidecar_pins import assert_no_pins
 
-    made: list = []
-    sidecars: set = set()
+    def build(sc, n, kw):
+        kw.setdefault("model", f"twin-{request.node.name}-{n}")
+        return TwinEngine(EngineSpec(endpoint=sc.endpoint, **kw), pool)
 
-    def make(sidecar=None, **kw):
-        sc = sidecar or twin_sidecar
-        kw.setdefault("model", f"twin-{request.node.name}-{len(made)}")
-        eng = TwinEngine(EngineSpec(endpoint=sc.endpoint, **kw), pool)
-        made.append(eng)
-        sidecars.add(sc)
-        return eng
-
-    yield make
-    errors = []
-    for eng in made:
-        try:
-            eng.close()
-        except Exception as err:  # report every engine's problem, not only the first
-            errors.append(err)
-    for sc in sidecars:
-        if sc.proc is not None and sc.proc.poll() is None:
-            assert_no_pins(sc)
-    if errors:
-        raise errors[0]
+    yield from engine_maker(build, twin_sidecar)
