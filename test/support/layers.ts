@@ -101,7 +101,7 @@ export function unmatchedEntries(
  * same rule as {@link LAYERS}: a module imports only modules of its own layer or a lower one.
  */
 export const PYTHON_LAYERS: readonly (readonly string[])[] = [
-  ['errors', 'protocol_table', 'protocol_types', 'connector_types', 'rank_lookup'],
+  ['errors', 'protocol_table', 'protocol_types', 'connector_types'],
   [
     '_validate',
     'curve',
@@ -122,7 +122,7 @@ export const PYTHON_LAYERS: readonly (readonly string[])[] = [
     'lookup_rule',
     'save_fence',
   ],
-  ['multi_lookup'],
+  ['multi_lookup', 'rank_lookup'],
   ['transport', 'kv_events'],
   ['client', 'scheduler', 'worker', 'vllm_glue'],
   ['connector'],
