@@ -64,6 +64,10 @@ class LoadIntent:
     #: Packed 32-byte chunk hashes, one per chunk.
     chunk_hashes: bytes
     skip_blocks: int = 0
+    #: The LOAD's deadline, ms (0: the worker's ``load_timeout_ms``): with the engine's prefill
+    #: rate, about the time computing the tokens takes, so a sidecar that cannot load them in
+    #: that time holds the request no longer than computing them would.
+    deadline_ms: int = 0
 
 
 @dataclass(frozen=True)

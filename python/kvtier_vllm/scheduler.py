@@ -37,6 +37,8 @@ _log = logging.getLogger("kvtier_vllm.scheduler")
 
 #: Loads failing in a row (no load succeeding in between) after which offers pause.
 LOAD_FAILURES_BEFORE_PAUSE = 2
+#: With a prefill rate, a LOAD's deadline is the time computing its tokens takes, at least this.
+LOAD_DEADLINE_FLOOR_MS = 1000
 #: The first pause, doubled for every further failure in a row, up to the longest.
 FIRST_PAUSE_S = 1.0
 LONGEST_PAUSE_S = 60.0
@@ -316,6 +318,7 @@ class SchedulerConnector:
             block_ids=tuple(table[first * self._bpc + skip : end * self._bpc]),
             chunk_hashes=b"".join(t.hashes[first:end]),
             skip_blocks=skip,
+            deadline_ms=self._load_deadline_ms(tokens),
         )
 
     def build_connector_meta(self, scheduled: Iterable[ScheduledRequest] = ()) -> ConnectorMeta:
@@ -500,6 +503,12 @@ class SchedulerConnector:
     def _lookup_chunks(self, t: _Tracked) -> int:
         """Full chunks that end before the last prompt token (which the engine always computes)."""
         return min(len(t.hashes), max(0, t.prompt_length - 1) // self._chunk)
+
+    def _load_deadline_ms(self, tokens: int) -> int:
+        """A load may take as long as computing its tokens would (at least
+        :data:`LOAD_DEADLINE_FLOOR_MS`); 0 (the workers' ``load_timeout_ms``) without a rate."""
+        rate = self.prefill_tokens_per_s
+        return 0 if rate is None else max(LOAD_DEADLINE_FLOOR_MS, lookup_wait_ms(tokens, rate))
 
     def _claim(self, t: _Tracked, lookup_chunks: int) -> int:
         """Tokens the last answer lets the request claim from its start: whole chunks, never the

@@ -51,7 +51,7 @@ _log = logging.getLogger("kvtier_vllm.worker")
 #: the sidecar started just before that time completes within it.
 LOAD_GRACE_S = 1.0
 #: The sidecar's LOAD deadline when the worker names none (docs/protocol.md 4.9).
-_DEFAULT_LOAD_DEADLINE_S = 20.0
+_DEFAULT_LOAD_DEADLINE_MS = 20_000  # the sidecar's default LOAD deadline
 #: With save fences: how long ``handle_preemptions`` waits for a preempted request's saves
 #: before it cancels them (the engine step's bound on what kvtier costs it).
 PREEMPTION_WAIT_S = 0.025
@@ -508,8 +508,8 @@ class WorkerConnector:
     def _start_load(self, intent: LoadIntent) -> None:
         self._stats.loads_started += 1
         self._loading[intent.request_id] = self._loading.get(intent.request_id, 0) + 1
-        deadline_s = self._load_timeout_ms / 1000 if self._load_timeout_ms else _DEFAULT_LOAD_DEADLINE_S
-        not_after = time.monotonic() + deadline_s
+        deadline_ms = min(x for x in (intent.deadline_ms, self._load_timeout_ms, _DEFAULT_LOAD_DEADLINE_MS) if x > 0)
+        not_after = time.monotonic() + deadline_ms / 1000
         try:
             pending = self._client.send_load(
                 self.engine_id,
@@ -517,7 +517,7 @@ class WorkerConnector:
                 intent.lookup_id + self._suffix,
                 list(intent.block_ids),
                 intent.chunk_hashes,
-                deadline_ms=self._load_timeout_ms,
+                deadline_ms=deadline_ms,
                 skip_blocks=intent.skip_blocks,
                 not_after_ns=int(not_after * 1e9),
             )

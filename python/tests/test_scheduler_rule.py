@@ -219,3 +219,29 @@ def test_bad_prefill_tokens_per_s_is_refused_by_name(bad):
         KvtierConfig.from_extra({"prefill_tokens_per_s": bad})
     with pytest.raises(InvalidArgumentError, match="prefill_tokens_per_s"):
         SchedulerConnector(RateLookup(), BLOCK, CHUNK, prefill_tokens_per_s=bad if bad is not None else "x")
+
+
+def test_a_loads_deadline_is_the_time_computing_its_tokens_takes():
+    from kvtier_vllm.scheduler import LOAD_DEADLINE_FLOOR_MS
+
+    lk = RateLookup()
+    sc = SchedulerConnector(lk, BLOCK, CHUNK, prefill_tokens_per_s=10)  # 10 tokens/s: 48 tokens in 4.8 s
+    req = prompt("a", 70)
+    sc.get_num_new_matched_tokens(req, 16)
+    lk.answers["a#1"] = 64
+    assert sc.get_num_new_matched_tokens(req, 16) == (48, True)
+    sc.update_state_after_alloc(req, list(range(18)), 48)
+    (load,) = sc.build_connector_meta().loads
+    assert load.deadline_ms == 4800
+    fast = SchedulerConnector(RateLookup(), BLOCK, CHUNK, prefill_tokens_per_s=1e9)
+    fast._lookup.answers["b#1"] = 64
+    b = prompt("b", 70)
+    fast.get_num_new_matched_tokens(b, 0)
+    fast.update_state_after_alloc(b, list(range(18)), 64)
+    assert fast.build_connector_meta().loads[0].deadline_ms == LOAD_DEADLINE_FLOOR_MS, "never below the floor"
+    off = SchedulerConnector(RateLookup(), BLOCK, CHUNK)
+    off._lookup.answers["c#1"] = 64
+    c = prompt("c", 70)
+    off.get_num_new_matched_tokens(c, 0)
+    off.update_state_after_alloc(c, list(range(18)), 64)
+    assert off.build_connector_meta().loads[0].deadline_ms == 0, "no rate: the workers' load_timeout_ms"

@@ -44,6 +44,7 @@ class FakeClient:
         self.not_after: list = []
         self.cuda_events: list = []
         self.canceled: list = []
+        self.load_deadlines: list = []
 
     def _add(self, kind, *args, value=None):
         p = FakePending(value)
@@ -56,6 +57,7 @@ class FakeClient:
 
     def send_load(self, engine, rid, lookup_id, block_ids, hashes, deadline_ms=0, state_slot=-1, skip_blocks=0, not_after_ns=None):
         self.not_after.append(not_after_ns)
+        self.load_deadlines.append(deadline_ms)
         return self._add("load", rid, lookup_id, tuple(block_ids), skip_blocks)
 
     def send_save(self, engine, rid, skip, block_ids, hashes, not_after_ns=None, cuda_event=None):
@@ -252,3 +254,18 @@ def test_transfers_without_a_reply_keep_their_blocks_until_the_not_after_time():
     w.start_load_kv(ConnectorMeta(loads=(load("b", [9, 10, 11, 12]),)))
     c.of("load")[-1][1].settle(error=InvalidArgumentError("refused"))
     assert w.get_finished(set()) == (set(), {"b"})
+
+
+@pytest.mark.parametrize("intent_ms,config_ms,sent_ms", [(0, 0, 20_000), (1500, 0, 1500), (1500, 800, 800), (0, 800, 800), (400, 5000, 400)])
+def test_a_loads_deadline_is_the_shortest_of_the_intents_the_settings_and_the_sidecars_default(intent_ms, config_ms, sent_ms):
+    """The scheduler bounds a LOAD by the time computing its tokens takes (the intent's
+    ``deadline_ms``); ``load_timeout_ms`` and the sidecar's 20 s bound it too. The blocks are
+    held until the not-after time that deadline gives."""
+    c = FakeClient()
+    w = WorkerConnector(c, load_timeout_ms=config_ms)
+    w.register_kv_caches({"engineId": "e0"})
+    sent_at = time.monotonic()
+    intent = LoadIntent("a", "a#1", 0, 16, (1, 2, 3, 4), b"\0" * 32, 0, deadline_ms=intent_ms)
+    w.start_load_kv(ConnectorMeta(loads=(intent,)))
+    assert c.load_deadlines == [sent_ms]
+    assert abs(c.not_after[0] / 1e9 - sent_at - sent_ms / 1000) < 0.25
