@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -66,6 +67,23 @@ def _die_with_parent() -> None:
 
 
 def free_port() -> int:
+    """A TCP port free a moment ago, below the kernel's ephemeral range: a sidecar restarted on
+    its endpoint must not lose the port to an outgoing connection or a ``bind(0)`` of another
+    suite on the machine (they take ephemeral ports only). Random, checked by binding it."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            start = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        start = 32768
+    lo = max(1024, start - 12_000)
+    for _ in range(50 if start >= 2048 else 0):
+        port = random.randrange(lo, start)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+                return port
+            except OSError:
+                continue
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

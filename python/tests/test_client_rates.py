@@ -23,6 +23,8 @@ from kvtier_vllm.hashing import hash_chunks, pack_hashes
 from kvtier_vllm.namespace import derive_namespace
 
 WAIT_S = 20.0
+#: The clients' lookup deadline: a busy machine may take seconds over a lookup that reads disk.
+SLOW_OK = {"lookup_timeout_ms": int(WAIT_S * 1000)}
 NEVER_WINS = 1e15  # tokens/s no engine computes: any measured tier loses
 ALWAYS_WINS = 1.0  # one token a second: any tier wins
 PAYLOAD = bytes(range(256)) * 4  # 1 KiB over 16 tokens: 64 bytes per token
@@ -55,7 +57,7 @@ def answered(c, lookup_id: str, chunks, ns, **kw) -> int:
 
 
 def test_details_of_a_lookup_that_named_the_rate(sidecar, client_factory):
-    c = client_factory(sidecar.endpoint)
+    c = client_factory(sidecar.endpoint, **SLOW_OK)
     ns = ns_for("details")
     chunks = chunks_for(1, 3)
     put(c, ns, chunks)
@@ -74,7 +76,7 @@ def test_details_of_a_lookup_that_named_the_rate(sidecar, client_factory):
 
 
 def test_rate_and_timeout_are_checked_before_anything_is_sent(sidecar, client_factory):
-    c = client_factory(sidecar.endpoint)
+    c = client_factory(sidecar.endpoint, **SLOW_OK)
     ns = ns_for("bad")
     for bad in (0, -1.0, math.nan, math.inf, "1000", True):
         with pytest.raises(InvalidArgumentError, match="compute_tokens_per_s"):
@@ -90,7 +92,7 @@ def test_rate_and_timeout_are_checked_before_anything_is_sent(sidecar, client_fa
 
 @pytest.mark.sidecar_options(disk=True)
 def test_a_disk_tier_the_engine_outruns_is_declined(sidecar, client_factory):
-    c = client_factory(sidecar.endpoint)
+    c = client_factory(sidecar.endpoint, **SLOW_OK)
     ns = ns_for("disk")
     first, second = chunks_for(2, 2), chunks_for(3, 2)
     put(c, ns, first + second)
@@ -99,7 +101,11 @@ def test_a_disk_tier_the_engine_outruns_is_declined(sidecar, client_factory):
         assert time.monotonic() < deadline
     c.close()
     sidecar.restart()  # host memory empty, the disk tier warm
-    c = client_factory(sidecar.endpoint)
+    c = client_factory(sidecar.endpoint, **SLOW_OK)
+    deadline = time.monotonic() + WAIT_S
+    while c.stats()["tiers"][1]["chunks"] < 4:  # the restarted disk tier has read its index
+        assert time.monotonic() < deadline, "the disk tier did not come back with its chunks"
+        time.sleep(0.05)
     # The disk tier is not measured yet: its hits are fetched, which measures it.
     assert answered(c, "a", first, ns, compute_tokens_per_s=NEVER_WINS) == 32
     d = c.lookup_details("a")
@@ -152,7 +158,7 @@ def test_timeout_ms_shortens_the_deadline():
 
 
 def test_multi_lookup_client_gives_the_details_of_the_server_with_the_fewest_tokens(sidecar, client_factory):
-    a, b = client_factory(sidecar.endpoint), client_factory(sidecar.endpoint)
+    a, b = client_factory(sidecar.endpoint, **SLOW_OK), client_factory(sidecar.endpoint, **SLOW_OK)
     ns_a, ns_b = ns_for("multi-a"), ns_for("multi-b")
     chunks = chunks_for(4, 3)
     put(a, ns_a, chunks)

@@ -93,7 +93,16 @@ def test_sidecar_killed_and_restarted_requests_recompute_nothing_hangs(sidecar):
             assert time.monotonic() < deadline, "the scheduler never found the sidecar back"
             rig.step()
             time.sleep(0.05)
-        rig.save_prompt("W3", w)
+        # A save the worker's client sends while it still counts the sidecar down fails (it is
+        # dropped, never waited for): save until one is stored.
+        worker = rig.rank_list[0].worker
+        deadline = time.monotonic() + 20
+        for attempt in range(1000):
+            failed = worker.stats().saves_failed
+            rig.save_prompt(f"W3-{attempt}", w)
+            if worker.stats().saves_failed == failed:
+                break
+            assert time.monotonic() < deadline, f"saves kept failing after the restart: {worker.stats()}"
         # A lookup the fresh sidecar answers after the client's deadline on a busy machine is a
         # miss (recompute); the next one hits.
         deadline = time.monotonic() + 20
@@ -102,7 +111,11 @@ def test_sidecar_killed_and_restarted_requests_recompute_nothing_hangs(sidecar):
             n, _ = rig.ask(z)
             if n != 0 or time.monotonic() > deadline:
                 break
-        assert n == 96
+        sc = rig.scheduler
+        assert n == 96, (
+            f"after the restart: offers paused {sc.offers_paused}, sidecar reachable {sc.sidecar_reachable}, "
+            f"worker {worker.stats()}"
+        )
         t3 = rig.alloc(25, reverse=True)
         rig.scheduler.update_state_after_alloc(z, t3, n)
         rig.step()

@@ -110,7 +110,11 @@ describe('the event stream', { timeout: 300_000 }, () => {
       assert.ok(f.inTier(ns, 'cpu').size < 30, 'the CPU tier evicted some');
       assert.ok(f.inTier(ns, 'disk').size < 30, 'the disk tier evicted some');
       const onDisk = f.inTier(ns, 'disk').size;
-      assert.ok(f.reachable(ns).size < 30 && f.reachable(ns).size >= onDisk);
+      // What some tier holds: the union of the tiers' own indexes (which chunks each kept
+      // depends on the write-through's pace, which a busy machine changes).
+      const held = new Set([...truth(sidecar, ns).values()].flatMap((set) => [...set]));
+      assert.deepEqual(f.reachable(ns), held);
+      assert.ok(held.size >= onDisk);
 
       const other = randomNamespace();
       await client.put(other, randomHashes(1)[0]!, 16, randomPayload(4096));

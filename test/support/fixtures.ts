@@ -1,4 +1,5 @@
 import { randomBytes } from 'node:crypto';
+import { readFileSync } from 'node:fs';
 import { createServer } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
@@ -187,17 +188,48 @@ export async function withDeadline<T>(promise: Promise<T>, ms: number, what: str
   }
 }
 
-/** A TCP port that was free a moment ago (bound on port 0, read, released). */
+/**
+ * A TCP port that was free a moment ago, below the kernel's ephemeral range: a test that closes
+ * and binds the same endpoint again (a restart) must not lose it to an outgoing connection or a
+ * `bind(0)` of another suite on the machine, which only ever take ephemeral ports. Picked at
+ * random and checked by binding it; port 0's answer where no range lies below.
+ */
 export async function freeTcpPort(): Promise<number> {
+  const [lo, hi] = belowEphemeral();
+  for (let i = 0; i < 50 && hi > lo; i++) {
+    const port = lo + Math.floor(Math.random() * (hi - lo));
+    if ((await tryListen(port)) !== null) return port;
+  }
+  const port = await tryListen(0);
+  if (port === null) throw new Error('no TCP port was assigned');
+  return port;
+}
+
+/** The ports [lo, hi) below the ephemeral range (`ip_local_port_range`), at most 12,000 of them. */
+function belowEphemeral(): [number, number] {
+  let start = 32768;
+  try {
+    start = Number(
+      readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0],
+    );
+  } catch {
+    // not Linux: the IANA range's start
+  }
+  if (!Number.isInteger(start) || start < 2048) return [0, 0];
+  return [Math.max(1024, start - 12_000), start];
+}
+
+/** Binds 127.0.0.1:`port` and releases it: the port bound, or null when it is taken. */
+async function tryListen(port: number): Promise<number | null> {
   const srv = createServer();
-  await new Promise<void>((resolve, reject) => {
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => resolve());
+  const ok = await new Promise<boolean>((resolve) => {
+    srv.once('error', () => resolve(false));
+    srv.listen(port, '127.0.0.1', () => resolve(true));
   });
+  if (!ok) return null;
   const addr = srv.address();
   await new Promise<void>((resolve) => srv.close(() => resolve()));
-  if (addr === null || typeof addr === 'string') throw new Error('no TCP port was assigned');
-  return addr.port;
+  return addr === null || typeof addr === 'string' ? null : addr.port;
 }
 
 /** A lookup server running in a child process (test/support/server-process.ts). */

@@ -17,6 +17,7 @@ import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { silentLogger } from '../../src/util/log.ts';
 import type { ContractSubject, CorruptionKind } from '../contract/backend.contract.ts';
 import { spawnGuarded } from './child-guard.ts';
+import { freeTcpPort } from './fixtures.ts';
 
 /** How long a server may take to start answering, and a cluster to agree on its slots (ms). */
 const START_TIMEOUT_MS = 60_000;
@@ -41,7 +42,7 @@ function findProgram(name: string): string {
 /** A free loopback port (and, with `busPort`, port + 10000 free too, for the cluster bus). */
 async function freePort(busPort = false): Promise<number> {
   for (let attempt = 0; attempt < 50; attempt++) {
-    const port = await bindable(0);
+    const port = await freeTcpPort(); // below the ephemeral range: restarts keep it
     if (!busPort || (port + 10000 <= 65535 && (await bindable(port + 10000)) !== -1)) return port;
   }
   throw new Error('no free port pair found for a redis cluster node');
