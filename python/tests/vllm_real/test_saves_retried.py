@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from kvtier_vllm.client import KvtierClient
-from tests.vllm_real.harness.faults import SidecarFault
+from tests.engine_kit.faults import SidecarFault
 from tests.vllm_real.harness.helpers import offered, prompt, serve, step_until
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .faults import arm
+from tests.engine_kit.faults import arm
 from .model import EngineSpec
 from .workers import WorkerPair
 

@@ -20,7 +20,6 @@ recomputed KV. Every connector call's duration is measured.
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,7 +29,7 @@ import numpy as np
 from tests.engine_kit.kv_content import PrefixHashes, next_token, token_kv
 from tests.engine_kit.paged_kv import PagedKv
 
-from .faults import arm
+from tests.engine_kit.faults import arm, time_calls
 from .model import LAYER_NAME
 
 #: The connector methods whose durations a worker reports (vLLM's worker-side calls).
@@ -79,21 +78,6 @@ class _AttnMetadata:
     """Non-None attention metadata: vLLM's layer hooks run only with metadata."""
 
 
-def _timed(obj: Any, name: str, sink: dict[str, float]) -> None:
-    fn = getattr(obj, name)
-
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        t0 = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            dt = time.perf_counter() - t0
-            if dt > sink.get(name, 0.0):
-                sink[name] = dt
-
-    setattr(obj, name, wrapper)
-
-
 class StandInModelRunner:
     """The worker-side engine (see the module). ``spec`` is a dict: ``vllm_config``,
     ``kv_cache_config``, ``backend``, ``dtype``, ``unopenable``, ``env``, ``rank``."""
@@ -124,8 +108,7 @@ class StandInModelRunner:
             with set_current_vllm_config(cfg):
                 ensure_kv_transfer_initialized(cfg, spec["kv_cache_config"])
                 self.connector = get_kv_transfer_group()
-                for name in WORKER_CALLS:
-                    _timed(self.connector, name, self.calls)
+                time_calls(self.connector, WORKER_CALLS, self.calls)
                 fault = spec.get("fault_at")
                 if fault is not None and fault[0] == "worker" and rank == 0:
                     arm(self.connector, fault[1], fault[2])

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .faults import SidecarFault
+from tests.engine_kit.faults import SidecarFault
 from .helpers import prompt, serve
 
 #: Where a fault starts: (role, method).

@@ -28,6 +28,8 @@ from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
 from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec, MLAAttentionSpec
 from vllm.v1.request import Request, RequestStatus
 
+from tests.engine_kit.faults import arm, time_calls
+
 from .block_pool import block_hashes
 from .checks import TwinAssertionError, check
 from .executor import WorkerPool
@@ -67,12 +69,16 @@ class EngineSpec:
     unopenable_ranks: tuple = ()
     #: Environment of the workers while the engine lives (the scheduler's is the test's own).
     env: dict = field(default_factory=dict)
+    #: A sidecar fault to start at a connector call: ``(role, method, action)``, role
+    #: ``scheduler`` or ``worker`` (rank 0), see :mod:`tests.engine_kit.faults`.
+    fault_at: tuple | None = None
+    #: kvtier's own defaults for every setting but the endpoint and chunk size (as a deployment
+    #: has them); else short timeouts for fault scenarios and the prefill-rate rule off.
+    default_settings: bool = False
     engine_id: str = field(default_factory=lambda: f"twin-{uuid.uuid4().hex[:8]}")
 
     def vllm_config(self) -> VllmConfig:
-        extra = {
-            "endpoint": self.endpoint,
-            "chunk_size": self.chunk_size,
+        short = {
             "lookup_timeout_ms": 3000,
             "request_timeout_ms": 5000,
             "liveness_timeout_ms": 300,
@@ -80,6 +86,11 @@ class EngineSpec:
             "shutdown_timeout_ms": 3000,
             # the twin's steps are not a model's: its learned rate would decline what tests load
             "prefill_tokens_per_s": "off",
+        }
+        extra = {
+            "endpoint": self.endpoint,
+            "chunk_size": self.chunk_size,
+            **({} if self.default_settings else short),
             **self.extra,
         }
         return VllmConfig(
@@ -116,6 +127,24 @@ class EngineStats:
     loaded_blocks_compared: int = 0
     aborts: int = 0
     finished: int = 0
+    #: The longest call of each scheduler-side connector method, seconds.
+    scheduler_call_s: dict = field(default_factory=dict)
+    #: The longest call of each worker-side connector method over the ranks, seconds.
+    worker_call_s: dict = field(default_factory=dict)
+
+
+#: Scheduler-side connector methods timed (those the connector has).
+SCHEDULER_CALLS = (
+    "get_num_new_matched_tokens", "update_state_after_alloc", "build_connector_meta",
+    "update_connector_output", "request_finished", "request_finished_all_groups", "take_events",
+    "shutdown",
+)
+
+
+def _merge_longest(into: dict, calls: dict) -> None:
+    for name, dt in calls.items():
+        if dt > into.get(name, 0.0):
+            into[name] = dt
 
 
 class TwinEngine:
@@ -133,6 +162,10 @@ class TwinEngine:
         self.finished: dict[str, EngineCoreOutput] = {}
         with set_current_vllm_config(self.config):
             self.scheduler = Scheduler(self.config, self.kv_cache_config, reverse_blocks=spec.reverse_blocks)
+        connector = self.scheduler.connector
+        time_calls(connector, [n for n in SCHEDULER_CALLS if hasattr(connector, n)], self.stats.scheduler_call_s)
+        if spec.fault_at is not None and spec.fault_at[0] == "scheduler":
+            arm(connector, spec.fault_at[1], spec.fault_at[2])
         worker_spec = {
             "version": spec.version,
             "vllm_config": self.config,
@@ -142,6 +175,7 @@ class TwinEngine:
             "backend_layout_override": spec.backend_layout_override,
             "unopenable_ranks": tuple(spec.unopenable_ranks),
             "env": dict(spec.env),
+            "fault_at": spec.fault_at,
         }
         try:
             self.worker_info = pool.call_all("init", spec.engine_id, [worker_spec] * spec.tp)
@@ -190,6 +224,7 @@ class TwinEngine:
         for _, report in results:
             problems += report.mismatches + report.contract
             self.stats.loaded_blocks_compared += report.loaded_blocks_compared
+            _merge_longest(self.stats.worker_call_s, report.call_s)
         if problems:
             raise TwinAssertionError("; ".join(problems))
         merged = self.aggregator.aggregate([out for out, _ in results])
@@ -225,6 +260,8 @@ class TwinEngine:
         self.closed = True
         _twin.use(self.spec.version)
         infos = self.pool.call_all("close", self.spec.engine_id, [None] * self.spec.tp)
+        for info in infos:
+            _merge_longest(self.stats.worker_call_s, info.get("call_s", {}))
         self.scheduler.connector.shutdown()
         if check_leaks:
             sched = self.scheduler

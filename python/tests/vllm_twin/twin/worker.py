@@ -31,6 +31,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1 import KVConnectorRole
 from vllm.v1.attention.backends.utils import get_kv_cache_layout, set_kv_cache_layout
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 
+from tests.engine_kit.faults import arm, time_calls
 from tests.engine_kit.kv_content import PrefixHashes, next_token, token_kv
 from tests.engine_kit.paged_kv import PagedKv
 
@@ -52,6 +53,17 @@ class WorkerReport:
     mismatches: list[str] = field(default_factory=list)
     loaded_blocks_compared: int = 0
     contract: list[str] = field(default_factory=list)
+    #: The longest call of each connector method this step, seconds.
+    call_s: dict[str, float] = field(default_factory=dict)
+
+
+#: Worker-side connector methods timed (those the revision's connector has).
+WORKER_CALLS = (
+    "handle_preemptions", "bind_connector_metadata", "start_load_kv", "wait_for_layer_load",
+    "save_kv_layer", "wait_for_save", "get_finished", "get_transfer_results",
+    "get_block_ids_with_load_errors", "get_kv_connector_kv_cache_events", "clear_connector_metadata",
+    "shutdown",
+)
 
 
 class TwinWorker:
@@ -104,6 +116,11 @@ class TwinWorker:
                     os.environ.pop(k, None)
                 else:
                     os.environ[k] = v
+        self.calls: dict[str, float] = {}
+        time_calls(self.connector, [n for n in WORKER_CALLS if hasattr(self.connector, n)], self.calls)
+        fault = spec.get("fault_at")
+        if fault is not None and fault[0] == "worker" and rank == 0:
+            arm(self.connector, fault[1], fault[2])
         self.reqs: dict[str, _Req] = {}
         self.finished_seen: set[str] = set()
         self.provided: dict[str, np.ndarray] = {}
@@ -209,6 +226,8 @@ class TwinWorker:
         if stray:
             report.contract.append(f"rank {self.rank}: finished_sending {sorted(stray)} never passed to get_finished")
         self.loaded_blocks -= set(invalid)
+        report.call_s = dict(self.calls)
+        self.calls.clear()
         ids = list(so.num_scheduled_tokens)
         out = ModelRunnerOutput(
             req_ids=ids,
@@ -261,6 +280,8 @@ class TwinWorker:
         if w is not None:
             info["in_flight"] = w.in_flight()
             info["stats"] = vars(w.stats())
+        self.calls.clear()
         self.connector.shutdown()
+        info["call_s"] = dict(self.calls)
         self.kv.close()
         return info

@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 #: The fault kinds.
 KINDS = ("frozen", "killed", "overloaded", "disk-stalled")
@@ -59,6 +59,24 @@ def arm(connector: Any, method: str, action: dict) -> None:
         return fn(*args, **kwargs)
 
     setattr(connector, method, wrapper)
+
+
+def time_calls(obj: Any, names: Iterable[str], sink: dict[str, float]) -> None:
+    """Wraps each method ``names`` of ``obj`` so that ``sink[name]`` keeps its longest call, in
+    seconds."""
+    for name in names:
+        fn = getattr(obj, name)
+
+        def wrapper(*args: Any, __fn=fn, __name=name, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return __fn(*args, **kwargs)
+            finally:
+                dt = time.perf_counter() - t0
+                if dt > sink.get(__name, 0.0):
+                    sink[__name] = dt
+
+        setattr(obj, name, wrapper)
 
 
 def _state(pid: int) -> str:
