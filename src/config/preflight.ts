@@ -10,6 +10,7 @@ import { access, stat } from 'node:fs/promises';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { type BackendRegistry, BUILTIN_TIERS } from '../backends/registry.ts';
 import { isKvtierError } from '../errors.ts';
+import { exposedEventEndpoints } from '../events/sidecar-events.ts';
 import { silentLogger } from '../util/log.ts';
 import type { ConfigProblem } from '../util/schema-kit.ts';
 import type { KvtierConfig } from './config.ts';
@@ -174,6 +175,17 @@ export async function checkConfig(
     await auth?.close();
   } catch (err) {
     problems.push({ path: 'security', message: (err as Error).message });
+  }
+  if (cfg.events !== null) {
+    try {
+      exposedEventEndpoints(
+        cfg.events,
+        cfg.security.serverSecretKeyFile !== null,
+        cfg.security.allowUnauthenticated,
+      );
+    } catch (err) {
+      problems.push({ path: 'events', message: (err as Error).message });
+    }
   }
   const failed = new Set(problems.map((p) => /^tiers\[(\d+)\]/.exec(p.path)?.[1]).filter(Boolean));
   for (const [i, tier] of cfg.tiers.entries()) {

@@ -36,18 +36,14 @@ export interface SidecarEventsOptions {
  */
 export async function startSidecarEvents(opts: SidecarEventsOptions): Promise<EventPublisher> {
   const { events } = opts;
-  for (const ep of [events.endpoint, events.replayEndpoint]) {
-    if (ep === null || isLocalEndpoint(ep) || opts.curve !== undefined) continue;
-    if (!opts.allowUnauthenticated)
-      throw new KvtierError(
-        'KVT_CONFIG',
-        `refusing to publish events on ${ep} without CurveZMQ keys: anyone who can reach it learns which prompts are cached. ` +
-          'Bind it to loopback, set security.serverSecretKeyFile (docs/security.md), or set security.allowUnauthenticated',
-      );
+  for (const ep of exposedEventEndpoints(
+    events,
+    opts.curve !== undefined,
+    opts.allowUnauthenticated,
+  ))
     opts.log.warn('publishing events on a non-loopback endpoint without authentication', {
       endpoint: ep,
     });
-  }
   return EventPublisher.start({
     ...events,
     ...(opts.curve !== undefined ? { socketOptions: opts.curve } : {}),
@@ -55,6 +51,31 @@ export async function startSidecarEvents(opts: SidecarEventsOptions): Promise<Ev
     metrics: new EventMetrics(opts.registry),
     log: opts.log,
   });
+}
+
+/**
+ * The rule for the stream's endpoints (`kvtier serve` and `kvtier config check` alike): one
+ * beyond this machine needs the server's CurveZMQ keys (`hasKeys`) or `allowUnauthenticated`.
+ * Returns the endpoints served without authentication (allowed: to be warned about).
+ * @throws KvtierError `KVT_CONFIG` naming the first endpoint that is not allowed.
+ */
+export function exposedEventEndpoints(
+  events: Pick<ResolvedEventsOptions, 'endpoint' | 'replayEndpoint'>,
+  hasKeys: boolean,
+  allowUnauthenticated: boolean,
+): string[] {
+  const exposed: string[] = [];
+  for (const ep of [events.endpoint, events.replayEndpoint]) {
+    if (ep === null || isLocalEndpoint(ep) || hasKeys) continue;
+    if (!allowUnauthenticated)
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `refusing to publish events on ${ep} without CurveZMQ keys: anyone who can reach it learns which prompts are cached. ` +
+          'Bind it to loopback, set security.serverSecretKeyFile (docs/security.md), or set security.allowUnauthenticated',
+      );
+    exposed.push(ep);
+  }
+  return exposed;
 }
 
 /** The tiers, each wrapped so that it reports into `sink` (the first as the host-memory tier). */

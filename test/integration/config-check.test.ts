@@ -195,6 +195,24 @@ describe('kvtier config check runs the checks serve runs before it binds', () =>
     );
   });
 
+  it('an event stream on a non-loopback endpoint without keys', async () => {
+    await bothRefuse(
+      base({ events: { endpoint: 'tcp://0.0.0.0:*', replayEndpoint: null } }),
+      'events',
+      /refusing to publish events on tcp:\/\/0\.0\.0\.0:\* without CurveZMQ keys/,
+    );
+    // allowed explicitly: both accept it (serve then warns)
+    const file = await configFile(
+      base({
+        events: { endpoint: 'tcp://0.0.0.0:*', replayEndpoint: null },
+        security: { allowUnauthenticated: true },
+      }),
+    );
+    const r = await check(file);
+    assert.equal(r.code, 0, r.err.join('\n'));
+    assert.equal(await serve(file), '');
+  });
+
   it('a disk tier path that cannot be created (its parent is a file)', async () => {
     const file = join(dir, 'a-file');
     await writeFile(file, 'x');
