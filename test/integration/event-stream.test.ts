@@ -10,6 +10,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
+import * as zmq from 'zeromq';
 import type { TierConfig } from '../../src/backends/registry.ts';
 import { defaultConfig, type KvtierConfig } from '../../src/config/config.ts';
 import { type EventsDocument, resolveEventsOptions } from '../../src/events/events-options.ts';
@@ -225,6 +226,30 @@ describe('the event stream', { timeout: 300_000 }, () => {
       assert.equal(snap.messages[0]!.events.length, 1);
       const bad = (await r.raw([Buffer.from('not a request')])) as unknown[];
       assert.equal(bad[0], 'error');
+      // vLLM's replay clients put an empty delimiter frame first: every message of the answer
+      // mirrors it, the end marker too (docs/events.md: a DEALER, since a REQ socket would
+      // take only the first message of the answer).
+      const dealer = new zmq.Dealer({ linger: 0, receiveTimeout: 60_000 });
+      try {
+        dealer.connect(events.replayEndpoint!);
+        const from = Buffer.alloc(8);
+        from.writeBigUInt64BE(BigInt(last - 1));
+        await dealer.send([Buffer.alloc(0), from]);
+        const answer: Buffer[][] = [];
+        do answer.push(await dealer.receive());
+        while (answer.at(-1)![1]!.readBigUInt64BE(0) !== 0xffff_ffff_ffff_ffffn);
+        assert.deepEqual(
+          answer.map((m) => [m.length, m[0]!.length, m[1]!.readBigUInt64BE(0)]),
+          [
+            [3, 0, BigInt(last - 1)],
+            [3, 0, BigInt(last)],
+            [3, 0, 0xffff_ffff_ffff_ffffn],
+          ],
+        );
+        assert.equal(answer.at(-1)![2]!.length, 0, 'a replay ends with an empty payload');
+      } finally {
+        dealer.close();
+      }
     } finally {
       r.close();
       await client.close();
