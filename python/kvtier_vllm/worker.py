@@ -307,6 +307,8 @@ class WorkerConnector:
         self._open()
         if self._registration is None:
             raise InvalidArgumentError("start_load_kv before register_kv_caches")
+        if self._restart_seen is not None:
+            self._register_after_restart()  # before this step's transfers, on the same socket
         engine = self.engine_id
         for end in meta.finished:
             if end.delay_free:
@@ -339,6 +341,8 @@ class WorkerConnector:
         saves, self._pending_saves = self._pending_saves, ()
         if not saves:
             return
+        if self._restart_seen is not None:
+            self._register_after_restart()  # before these SAVEs, on the same socket
         event = None
         if cuda_event is not None:
             event = cuda_event()

@@ -74,12 +74,18 @@ def test_random_run(engine, sidecar, capsys, seed, async_scheduling):
     # The random part may load little on a busy machine (lookups past their deadline count as
     # misses): a last, known prefix is saved and then loaded by the engine without a prefix
     # cache, once the sidecar knows the workers again and offers are not paused.
-    # After the kill the workers register again (their heartbeat): saves until then fail.
+    # After the kill a worker registers again at its first step once its heartbeat thread has
+    # seen the new sidecar (an idle vLLM engine does not step): short requests drive steps until
+    # every worker has.
     admin = KvtierClient(sidecar.endpoint, request_timeout_ms=5000)
     try:
         ranks = sum(e.spec.tp - len(e.spec.unopenable_ranks) for e in engines)
+        wake = 0
         while admin.stats()["dataPlane"]["engines"] < ranks:
             assert time.monotonic() < deadline, "the workers never registered with the restarted sidecar"
+            for e in engines:
+                serve(e, f"s{seed}-wake-{wake}", [5 + wake % 1000, 6, 7], max_tokens=1)
+            wake += 1
             time.sleep(0.05)
     finally:
         admin.close()
