@@ -53,16 +53,22 @@ def test_a_tier_any_engine_loses_to_is_loaded_from_disk(engine, sidecar):
     a = engine(sidecar=sidecar)
     p = prompt(90, 100)
     serve(a, "a", p)
-    admin = KvtierClient(sidecar.endpoint, request_timeout_ms=5000)
-    try:
-        deadline = time.monotonic() + 30
-        while admin.stats()["tiers"][1]["chunks"] < 3:  # written through to the disk tier
-            assert time.monotonic() < deadline, "the saved chunks never reached the disk tier"
-            time.sleep(0.05)
-    finally:
-        admin.close()
+    on_disk = 3 * a.spec.tp  # three chunks per rank (each rank has its own namespace)
+    _wait_disk_chunks(sidecar, on_disk, "the saved chunks never reached the disk tier")
     sidecar.restart()
+    _wait_disk_chunks(sidecar, on_disk, "the restarted disk tier did not come back with its chunks")
     b = engine(sidecar=sidecar, model_id=a.spec.model_id, extra={"prefill_tokens_per_s": 1})
     serve(b, "b", p + [3], max_tokens=1)
     assert offered(b, "b") == [96]
     assert b.stats.loaded_blocks_compared == 2 * 6, "both ranks' six loaded blocks were read by attention"
+
+
+def _wait_disk_chunks(sidecar, n: int, why: str) -> None:
+    admin = KvtierClient(sidecar.endpoint, request_timeout_ms=5000)
+    try:
+        deadline = time.monotonic() + 30
+        while admin.stats()["tiers"][1]["chunks"] < n:
+            assert time.monotonic() < deadline, why
+            time.sleep(0.05)
+    finally:
+        admin.close()
