@@ -80,8 +80,13 @@ async function failAfter(err: unknown, untilNs: bigint): Promise<never> {
   const noReply =
     err instanceof KvtierError && (err.code === 'KVT_TIMEOUT' || err.code === 'KVT_ABORTED');
   if (noReply) {
-    const left = Number(untilNs - process.hrtime.bigint()) / 1e6;
-    if (left > 0) await new Promise((r) => setTimeout(r, Math.ceil(left)));
+    // A timer can fire a little before its delay by this clock (the event loop's cached time
+    // lags it): wait again until the clock itself has passed `untilNs`.
+    for (;;) {
+      const left = Number(untilNs - process.hrtime.bigint()) / 1e6;
+      if (left <= 0) break;
+      await new Promise((r) => setTimeout(r, Math.ceil(left)));
+    }
   }
   throw err;
 }
