@@ -20,6 +20,21 @@ from typing import Any, Callable, Iterable
 #: The fault kinds.
 KINDS = ("frozen", "killed", "overloaded", "disk-stalled")
 
+#: The connector call sites a fault starts at: (role, method). ``get_finished`` is
+#: ``get_transfer_results`` in vLLM revisions that have it.
+CALL_SITES = (
+    ("scheduler", "get_num_new_matched_tokens"),
+    ("scheduler", "update_state_after_alloc"),
+    ("scheduler", "build_connector_meta"),
+    ("scheduler", "request_finished"),
+    ("worker", "start_load_kv"),
+    # Frozen from a SAVE on, the preemption that follows finds that request's saves in flight:
+    # a run measures handle_preemptions then.
+    ("worker", "wait_for_save"),
+    ("worker", "get_finished"),
+    ("worker", "shutdown"),
+)
+
 
 def interesting(method: str, connector: Any, args: tuple) -> bool:
     """Whether this call of ``method`` is one a fault should start at: the call has work for

@@ -15,26 +15,16 @@ import pytest
 
 from vllm import _twin
 
-from tests.engine_kit.faults import SidecarFault
+from tests.engine_kit.faults import CALL_SITES, SidecarFault
 from tests.vllm_twin.twin.helpers import prompt, serve
 
 HOLD_S = 2.0
 
-SITES = [
-    ("scheduler", "get_num_new_matched_tokens"),
-    ("scheduler", "update_state_after_alloc"),
-    ("scheduler", "build_connector_meta"),
-    ("scheduler", "request_finished"),
-    ("worker", "start_load_kv"),
-    ("worker", "wait_for_save"),
-    ("worker", "finished"),  # get_finished, or get_transfer_results at the current revision
-    ("worker", "shutdown"),
-]
-CASES = [(v, s) for v in _twin.VERSIONS for s in SITES]
+CASES = [(v, s) for v in _twin.VERSIONS for s in CALL_SITES]
 
 
 def _method(version: str, site: tuple[str, str]) -> str:
-    if site[1] != "finished":
+    if site[1] != "get_finished":
         return site[1]
     _twin.use(version)
     return "get_transfer_results" if _twin.is_current() else "get_finished"

@@ -10,22 +10,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from tests.engine_kit.faults import SidecarFault
+from tests.engine_kit.faults import CALL_SITES, SidecarFault
 from .helpers import prompt, serve
 
 #: Where a fault starts: (role, method).
-SITES = (
-    ("scheduler", "get_num_new_matched_tokens"),
-    ("scheduler", "update_state_after_alloc"),
-    ("scheduler", "build_connector_meta"),
-    ("scheduler", "request_finished"),
-    ("worker", "start_load_kv"),
-    # Frozen from a SAVE on, the preemption that follows finds that request's saves in flight:
-    # the run measures handle_preemptions then.
-    ("worker", "wait_for_save"),
-    ("worker", "get_finished"),
-    ("worker", "shutdown"),
-)
+SITES = CALL_SITES
 
 
 def stall_run(
