@@ -122,6 +122,27 @@ async function held(e: Env, ns: string, hs: ChunkHash[]): Promise<number> {
   return out.hitChunks;
 }
 
+/** An engine `A` registered with a state file of `SLOTS` words, on a fresh data plane. */
+async function fencedEngine(make: () => CopyEngine) {
+  const e = env(make());
+  const state = file(SLOTS * 4);
+  const layout = await e.dp.register(registration(file(2 * NUM_BLOCKS * BLOCK_BYTES), state, 'A'));
+  return { e, state, ns: layout.namespace.id };
+}
+
+/** A SAVE of two chunks (blocks 0..3) fenced by `slot`/`ticket`: its result and hashes. */
+async function saveTwo(e: Env, slot: number, ticket: number) {
+  const hs = hashes(2);
+  const r = await e.dp.save({
+    engineId: 'A',
+    requestId: 'r',
+    blockIds: [0, 1, 2, 3],
+    chunkHashes: hs,
+    fence: { slot, ticket },
+  });
+  return { r, hs };
+}
+
 const native = createNativeCopyEngine();
 const engines: Array<[string, () => CopyEngine, string | false]> = [
   ['fallback copy engine (the word read by a copy)', () => createFsCopyEngine(), false],
@@ -135,64 +156,31 @@ const engines: Array<[string, () => CopyEngine, string | false]> = [
 for (const [name, make, skip] of engines) {
   describe(`SAVE fence, ${name}`, { skip }, () => {
     test('a fence that holds its ticket: the save is stored', async () => {
-      const e = env(make());
-      const state = file(SLOTS * 4);
-      const layout = await e.dp.register(
-        registration(file(2 * NUM_BLOCKS * BLOCK_BYTES), state, 'A'),
-      );
+      const { e, state, ns } = await fencedEngine(make);
       await setWord(state, 3, 0x1235);
-      const hs = hashes(2);
-      const r = await e.dp.save({
-        engineId: 'A',
-        requestId: 'r',
-        blockIds: [0, 1, 2, 3],
-        chunkHashes: hs,
-        fence: { slot: 3, ticket: 0x1235 },
-      });
+      const { r, hs } = await saveTwo(e, 3, 0x1235);
       assert.deepEqual(r, { saved: 2, skipped: 0, dropped: 0 });
-      assert.equal(await held(e, layout.namespace.id, hs), 2);
+      assert.equal(await held(e, ns, hs), 2);
       assert.equal(e.dp.stats().cancelledSaves, 0);
     });
 
     test('cancelled before the copy: nothing is copied or stored', async () => {
-      const e = env(make());
-      const state = file(SLOTS * 4);
-      const layout = await e.dp.register(
-        registration(file(2 * NUM_BLOCKS * BLOCK_BYTES), state, 'A'),
-      );
+      const { e, state, ns } = await fencedEngine(make);
       await setWord(state, 0, 0x1237); // the engine's cancel: ticket | 3
-      const hs = hashes(2);
-      const r = await e.dp.save({
-        engineId: 'A',
-        requestId: 'r',
-        blockIds: [0, 1, 2, 3],
-        chunkHashes: hs,
-        fence: { slot: 0, ticket: 0x1235 },
-      });
+      const { r, hs } = await saveTwo(e, 0, 0x1235);
       assert.deepEqual(r, { saved: 0, skipped: 0, dropped: 2 });
-      assert.equal(await held(e, layout.namespace.id, hs), 0);
+      assert.equal(await held(e, ns, hs), 0);
       assert.equal(e.dp.stats().cancelledSaves, 1);
       assert.equal(e.kvCopies.n, 0, 'no block was read');
     });
 
     test('cancelled while the copy runs: the copy is discarded', async () => {
-      const e = env(make());
-      const state = file(SLOTS * 4);
-      const layout = await e.dp.register(
-        registration(file(2 * NUM_BLOCKS * BLOCK_BYTES), state, 'A'),
-      );
+      const { e, state, ns } = await fencedEngine(make);
       await setWord(state, 7, 0x40001);
       e.afterCopy.fn = () => setWord(state, 7, 0x40003);
-      const hs = hashes(2);
-      const r = await e.dp.save({
-        engineId: 'A',
-        requestId: 'r',
-        blockIds: [0, 1, 2, 3],
-        chunkHashes: hs,
-        fence: { slot: 7, ticket: 0x40001 },
-      });
+      const { r, hs } = await saveTwo(e, 7, 0x40001);
       assert.deepEqual(r, { saved: 0, skipped: 0, dropped: 2 });
-      assert.equal(await held(e, layout.namespace.id, hs), 0, 'nothing stored under the hashes');
+      assert.equal(await held(e, ns, hs), 0, 'nothing stored under the hashes');
       assert.equal(e.dp.stats().cancelledSaves, 1);
     });
 
