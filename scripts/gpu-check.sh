@@ -73,7 +73,7 @@ image_run() {
   mkdir -p "$vol/kvtier" "$home"
   : >"$log"
   env -i PATH="$PATH" HOME="$home" \
-    XDG_CACHE_HOME="$vol" NVIDIA_VISIBLE_DEVICES="${NVIDIA_VISIBLE_DEVICES:-all}" NVIDIA_DRIVER_CAPABILITIES=compute,utility \
+    XDG_CACHE_HOME="$vol" CUDA_CACHE_PATH="$vol/kvtier/cuda" NVIDIA_VISIBLE_DEVICES="${NVIDIA_VISIBLE_DEVICES:-all}" NVIDIA_DRIVER_CAPABILITIES=compute,utility \
     KVTIER_LOG_LEVEL=info KVTIER_LISTEN='tcp://127.0.0.1:*' KVTIER_METRICS_HOST=127.0.0.1 KVTIER_METRICS_PORT=0 \
     ${CUDA_VISIBLE_DEVICES:+CUDA_VISIBLE_DEVICES="$CUDA_VISIBLE_DEVICES"} \
     "$work/node" "$work/kvtier/dist/kvtier.mjs" serve >"$log" 2>&1 &

@@ -170,6 +170,12 @@ describe('scripts/gpu-check.sh runs the sidecar as the CUDA image does', () => {
     assert.match(run, /kvtier\.mjs" serve >/, 'nor does the check');
     assert.match(run, /XDG_CACHE_HOME="\$vol"/, "the image's XDG_CACHE_HOME, on a volume");
     assert.equal(image.XDG_CACHE_HOME, '/var/cache');
+    assert.equal(
+      image.CUDA_CACHE_PATH,
+      '/var/cache/kvtier/cuda',
+      "the driver's cache on the volume",
+    );
+    assert.match(run, /CUDA_CACHE_PATH="\$vol\/kvtier\/cuda"/, "the image's CUDA_CACHE_PATH");
     assert.match(run, new RegExp(`NVIDIA_DRIVER_CAPABILITIES=${image.NVIDIA_DRIVER_CAPABILITIES}`));
     assert.match(run, new RegExp(`KVTIER_LOG_LEVEL=${svc.environment!.KVTIER_LOG_LEVEL}`));
     const host = /^tcp:\/\/([^:]+):/.exec(svc.environment!.KVTIER_LISTEN!)![1];
