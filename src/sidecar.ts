@@ -4,6 +4,7 @@ import { BackendRegistry } from './backends/registry.ts';
 import { ConfigError, type KvtierConfig } from './config/config.ts';
 import { staticConfigProblems } from './config/preflight.ts';
 import { serverAuthFromConfig, serverClientGrants } from './config/server-auth.ts';
+import { copyGroupingFromEnv } from './data-plane/copy-groups.ts';
 import { DataPlane } from './data-plane/data-plane.ts';
 import { createFsCopyEngine } from './data-plane/fs-copy-engine.ts';
 import { instrumentCopyEngine } from './data-plane/instrumented-copy-engine.ts';
@@ -183,6 +184,7 @@ export class Sidecar {
     const dataPlane = new DataPlane({
       storage,
       copyEngine: instrumentCopyEngine(native.engine ?? createFsCopyEngine(), metrics),
+      ...copyGroupingFromEnv(),
       log: log.child('data-plane'),
     });
     const hitCounts = new HitCounts(metrics);

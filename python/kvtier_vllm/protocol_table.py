@@ -146,6 +146,7 @@ MESSAGES = {
             {"kind": "hashes", "key": "chunk_hashes", "name": "chunkHashes", "label": "chunkHashes", "max": 65536},
             {"kind": "u32", "key": "skip_blocks", "name": "skipBlocks", "label": "skipBlocks", "optional": True},
             {"kind": "u64", "key": "not_after_ns", "name": "notAfterNs", "label": "notAfterNs", "optional": True},
+            {"kind": "u32", "key": "progress_slot", "name": "progressSlot", "label": "progressSlot", "optional": True},
         ),
         "rules": ({"rule": "zeroWithoutCount", "field": "skip_blocks", "of": "chunk_hashes"},),
     },

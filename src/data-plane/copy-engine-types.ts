@@ -12,6 +12,8 @@ export interface DeviceSurface {
    * the surface is not mapped into this process (then read it with a copy).
    */
   readWord?(offset: number): number;
+  /** Writes the little-endian u32 at `offset` now, into a host mapping (state files); absent likewise. */
+  writeWord?(offset: number, value: number): void;
   /** Releases the mapping or handle; idempotent. */
   close(): Promise<void>;
 }

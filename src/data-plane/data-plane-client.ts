@@ -252,6 +252,9 @@ export class DataPlaneClient {
    *   holds `chunks * blocksPerChunk - skipBlocks` ids (the last chunk may be short). Must be
    *   below `blocksPerChunk`; default 0 (then the field is not sent at all). `loadedTokens` counts
    *   only the blocks written.
+   * @param a.progressSlot a layer-wise load (only to a sidecar whose PONG lists `layerwiseLoad`):
+   *   the sidecar copies layer by layer and keeps the count of layers in place in this slot of
+   *   the state file (docs/protocol.md 4.9).
    * @throws KvtierError as {@link save}.
    */
   async load(
@@ -263,6 +266,7 @@ export class DataPlaneClient {
       deadlineMs?: number;
       stateSlot?: number;
       skipBlocks?: number;
+      progressSlot?: number;
     },
     opts: DataPlaneCallOptions = {},
   ): Promise<{ loadedTokens: number; invalidBlockIds: number[] }> {
@@ -284,6 +288,9 @@ export class DataPlaneClient {
         chunkHashes: asPackedHashes(a.chunkHashes),
         skipBlocks,
         notAfterNs,
+        ...(a.progressSlot !== undefined
+          ? { progressSlot: requireInt('progressSlot', a.progressSlot, 0, U32_MAX) }
+          : {}),
       },
       opts,
     ).catch((err: unknown) => failAfter(err, notAfterNs + BigInt(LOAD_GRACE_MS) * 1_000_000n));

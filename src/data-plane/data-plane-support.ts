@@ -47,6 +47,44 @@ export async function writeLoadState(
   }
 }
 
+/**
+ * Writes a layer-wise load's progress (layers in place) to slot `slot` of the state file: at
+ * once into a host mapping, else through the copy engine, one write after another so a later
+ * count never lands before an earlier one. A failed write is logged once, never thrown.
+ */
+export function progressWriter(
+  copy: CopyEngine,
+  log: Logger,
+  file: DeviceSurface | null,
+  slot: number,
+): { write(layers: number): void; flush(): Promise<void> } {
+  let chain = Promise.resolve();
+  let warned = false;
+  const failed = (err: unknown) => {
+    if (!warned) log.warn('could not write the load progress word', { slot, err });
+    warned = true;
+  };
+  return {
+    write(layers) {
+      if (file === null) return;
+      if (file.writeWord !== undefined) {
+        try {
+          file.writeWord(slot * 4, layers);
+        } catch (err) {
+          failed(err);
+        }
+        return;
+      }
+      const word = new Uint8Array(4);
+      new DataView(word.buffer).setUint32(0, layers, true);
+      chain = chain
+        .then(() => copy.copy([word, file], Float64Array.of(0, 0, 1, slot * 4, 4)), failed)
+        .catch(failed);
+    },
+    flush: () => chain,
+  };
+}
+
 /** A SAVE's fence word, read from the engine's state file (see `SaveRequest.fence`). */
 export interface FenceWord {
   /** Whether the word still holds the ticket (the engine still wants the save). */

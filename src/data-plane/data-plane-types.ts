@@ -25,8 +25,18 @@ export interface DataPlaneOptions {
    * its signal and its deadline before each group.
    */
   copyGroupBytes?: number;
-  /** Copy groups of one save or load in flight at once; 1..64, default 2. */
+  /** Copy groups of one save in flight at once; 1..64, default 2. */
   copyGroupsInFlight?: number;
+  /**
+   * Payload bytes of one copy group of a load; default `copyGroupBytes` when that is given,
+   * else 32 MiB. Loads keep more, smaller groups in flight than saves (`LOAD_GROUP_BYTES`).
+   */
+  loadGroupBytes?: number;
+  /**
+   * Copy groups of one load in flight at once, 1..64; default `copyGroupsInFlight` when that is
+   * given, else half the libuv pool, 2..8 (`defaultLoadGroupsInFlight`).
+   */
+  loadGroupsInFlight?: number;
   /**
    * The host's monotonic clock in ns (`CLOCK_MONOTONIC`), which SAVE and LOAD not-after times
    * are read on; default `process.hrtime.bigint`.
@@ -100,6 +110,14 @@ export interface LoadRequest {
   notAfterNs?: bigint;
   /** Slot of the registered state file to set to DONE or FAILED. */
   stateSlot?: number;
+  /**
+   * A layer-wise load: the chunks are copied layer by layer (every chunk's first layer, then the
+   * next, ...) and slot `progressSlot` of the registered state file is set to the number of
+   * leading layers in place after each, so the engine computes a layer while later ones load.
+   * The slot ends at the layer count only when every chunk loaded; a load cut short leaves it
+   * where it stopped (the completion word says FAILED and every block is invalid).
+   */
+  progressSlot?: number;
   /** In-process completion word (element 0), set with `Atomics.store` and notified. */
   stateWord?: Int32Array;
 }
@@ -131,4 +149,6 @@ export interface DataPlaneStats {
   cancelledSaves: number;
   /** LOADs cut short by their not-after time (the chunks from there on invalid). */
   lateLoads: number;
+  /** LOADs copied layer by layer (`progressSlot`). */
+  layerwiseLoads: number;
 }

@@ -5,11 +5,19 @@ import type { PinnedLookup, StorageReservation } from '../storage-manager/storag
 import { type Logger, silentLogger } from '../util/log.ts';
 import { describe, requireInt, requireString } from '../util/validate.ts';
 import type { CopyEngine } from './copy-engine-types.ts';
-import { COPY_GROUP_BYTES, COPY_GROUPS_IN_FLIGHT, copyChunks } from './copy-groups.ts';
+import {
+  COPY_GROUP_BYTES,
+  COPY_GROUPS_IN_FLIGHT,
+  copyChunks,
+  defaultLoadGroupsInFlight,
+  LOAD_GROUP_BYTES,
+  scatterLayerwise,
+} from './copy-groups.ts';
 import {
   checkHashes,
   hasRepeat,
   loadablePrefix,
+  progressWriter,
   saveFence,
   writeLoadState,
 } from './data-plane-support.ts';
@@ -32,6 +40,7 @@ import {
   chunkPayloadBytes,
   type KvLayout,
   type KvRegistration,
+  layerRegions,
   resolveKvRegistration,
   splitBlocks,
 } from './kv-layout.ts';
@@ -60,6 +69,7 @@ export class DataPlane {
   readonly #storage: StorageManager;
   readonly #copy: CopyEngine;
   readonly #grouping: { groupBytes: number; inFlight: number };
+  readonly #loadGrouping: { groupBytes: number; inFlight: number };
   readonly #now: () => number;
   readonly #monoNs: () => bigint;
   readonly #log: Logger;
@@ -71,6 +81,7 @@ export class DataPlane {
   #lateSaves = 0;
   #cancelledSaves = 0;
   #lateLoads = 0;
+  #layerwiseLoads = 0;
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
@@ -82,6 +93,19 @@ export class DataPlane {
       inFlight: requireInt(
         'copyGroupsInFlight',
         opts.copyGroupsInFlight ?? COPY_GROUPS_IN_FLIGHT,
+        1,
+        64,
+      ),
+    };
+    this.#loadGrouping = {
+      groupBytes: requireInt(
+        'loadGroupBytes',
+        opts.loadGroupBytes ?? opts.copyGroupBytes ?? LOAD_GROUP_BYTES,
+        1,
+      ),
+      inFlight: requireInt(
+        'loadGroupsInFlight',
+        opts.loadGroupsInFlight ?? opts.copyGroupsInFlight ?? defaultLoadGroupsInFlight(),
         1,
         64,
       ),
@@ -306,6 +330,19 @@ export class DataPlane {
         throw new KvtierError('KVT_INVALID_ARGUMENT', 'load.blockIds must not repeat a block');
       if (req.stateSlot !== undefined)
         requireInt('load.stateSlot', req.stateSlot, 0, (eng.layout.stateFile?.slots ?? 0) - 1);
+      if (req.progressSlot !== undefined) {
+        requireInt(
+          'load.progressSlot',
+          req.progressSlot,
+          0,
+          (eng.layout.stateFile?.slots ?? 0) - 1,
+        );
+        if (req.progressSlot === req.stateSlot)
+          throw new KvtierError(
+            'KVT_INVALID_ARGUMENT',
+            'load.progressSlot must differ from load.stateSlot',
+          );
+      }
       const state = this.#request(
         eng,
         requireString('load.requestId', req.requestId, { nonEmpty: true }),
@@ -354,37 +391,60 @@ export class DataPlane {
     const wanted = hashes.filter((h) => ready.has(h));
     const found = wanted.length === 0 ? new Map() : await this.#storage.hostChunks(ns, wanted);
     const loadable = loadablePrefix(layout, hashes, chunks, skipBlocks, ready, found, this.#log);
-    // Copied in groups of chunks, a few in flight; the request's end, its engine going away, the
-    // signal, the deadline and the not-after time are checked before each group (a group being
-    // copied completes).
+    // Copied in groups, a few in flight; the request's end, its engine going away, the signal,
+    // the deadline and the not-after time are checked before each group (a group being copied
+    // completes).
     let late = false;
-    const outcome = await copyChunks(
-      this.#copy,
-      eng,
-      'scatter',
-      loadable.map((c, i) => ({
-        ids: chunks[i]!,
-        payload: c.data,
-        skip: i === 0 ? skipBlocks : 0,
-      })),
-      {
-        ...this.#grouping,
-        stop: () => {
-          if (state.finished || eng.gone || signal?.aborted === true) return true;
-          if (deadlineMs !== undefined && this.#now() >= deadlineMs) return true;
-          late = this.#late(notAfterNs);
-          return late;
-        },
-      },
-    );
-    if (late) this.#lateLoads++;
-    if (outcome.error !== undefined)
-      this.#log.warn('scatter failed; its chunks reported invalid', {
-        err: outcome.error,
-        fromChunk: outcome.copied,
+    const stop = () => {
+      if (state.finished || eng.gone || signal?.aborted === true) return true;
+      if (deadlineMs !== undefined && this.#now() >= deadlineMs) return true;
+      late = this.#late(notAfterNs);
+      return late;
+    };
+    const items = loadable.map((c, i) => ({
+      ids: chunks[i]!,
+      payload: c.data,
+      skip: i === 0 ? skipBlocks : 0,
+    }));
+    let n: number;
+    let error: unknown;
+    let copyMs: number;
+    if (req.progressSlot !== undefined) {
+      // Layer by layer: every chunk's layer is in place before the next layer starts, and the
+      // engine reads how many layers are in from its state file. All or nothing per chunk.
+      this.#layerwiseLoads++;
+      const progress = progressWriter(this.#copy, this.#log, eng.stateSurface, req.progressSlot);
+      const all = loadable.length === chunks.length;
+      const layers = layerRegions(layout).length;
+      const r = await scatterLayerwise(this.#copy, eng, items, {
+        ...this.#loadGrouping,
+        stop,
+        // Without every chunk the last layer is never announced (the completion word fails the
+        // load): the count stops one short.
+        onLayers: (l) => progress.write(l < layers || all ? l : layers - 1),
       });
-    const n = outcome.copied;
-    this.#log.debug('scatter', { chunks: hashes.length, copied: n, copyMs: outcome.ms });
+      await progress.flush();
+      n = r.layers === layers ? items.length : 0;
+      error = r.error;
+      copyMs = r.ms;
+    } else {
+      const r = await copyChunks(this.#copy, eng, 'scatter', items, {
+        ...this.#loadGrouping,
+        stop,
+      });
+      n = r.copied;
+      error = r.error;
+      copyMs = r.ms;
+    }
+    if (late) this.#lateLoads++;
+    if (error !== undefined)
+      this.#log.warn('scatter failed; its chunks reported invalid', { err: error, fromChunk: n });
+    this.#log.debug('scatter', {
+      chunks: hashes.length,
+      copied: n,
+      copyMs,
+      layerwise: req.progressSlot !== undefined,
+    });
     let loadedTokens = 0;
     for (let i = 0; i < n; i++) loadedTokens += chunks[i]!.length * layout.blockSize;
     return { loadedTokens, invalidBlockIds: chunks.slice(n).flatMap((c) => Array.from(c)) };
@@ -462,6 +522,7 @@ export class DataPlane {
       lateSaves: this.#lateSaves,
       cancelledSaves: this.#cancelledSaves,
       lateLoads: this.#lateLoads,
+      layerwiseLoads: this.#layerwiseLoads,
     };
   }
 

@@ -410,22 +410,64 @@ export function writeChunkOps(
   payloadBase = 0,
   skipBlocks = 0,
 ): number {
+  let o = at;
+  for (let r = 0; r < layout.regions.length; r++)
+    o = writeRegionOps(
+      out,
+      o,
+      layout,
+      direction,
+      blockIds,
+      r,
+      regionSurface[r]!,
+      payload,
+      skipBlocks,
+      payloadBase,
+    );
+  return o;
+}
+
+/**
+ * {@link writeChunkOps} for region `r` alone (`5 * blockIds.length` slots): a layer-wise load
+ * writes every chunk's regions of one layer before the next layer's.
+ */
+export function writeRegionOps(
+  out: Float64Array,
+  at: number,
+  layout: KvLayout,
+  direction: 'gather' | 'scatter',
+  blockIds: ArrayLike<number>,
+  r: number,
+  surface: number,
+  payload: number,
+  skipBlocks = 0,
+  payloadBase = 0,
+): number {
   const n = skipBlocks + blockIds.length;
   const len = layout.blockBytes;
+  const gather = direction === 'gather';
   let o = at;
-  for (let r = 0; r < layout.regions.length; r++) {
-    const surface = regionSurface[r]!;
-    for (let j = 0; j < blockIds.length; j++) {
-      const dev = blockOffset(layout, r, blockIds[j]!);
-      const pay = payloadBase + payloadOffset(layout, r, skipBlocks + j, n);
-      const gather = direction === 'gather';
-      out[o] = gather ? surface : payload;
-      out[o + 1] = gather ? dev : pay;
-      out[o + 2] = gather ? payload : surface;
-      out[o + 3] = gather ? pay : dev;
-      out[o + 4] = len;
-      o += 5;
-    }
+  for (let j = 0; j < blockIds.length; j++) {
+    const dev = blockOffset(layout, r, blockIds[j]!);
+    const pay = payloadBase + payloadOffset(layout, r, skipBlocks + j, n);
+    out[o] = gather ? surface : payload;
+    out[o + 1] = gather ? dev : pay;
+    out[o + 2] = gather ? payload : surface;
+    out[o + 3] = gather ? pay : dev;
+    out[o + 4] = len;
+    o += 5;
   }
   return o;
+}
+
+/** The layers of a layout in payload order: `[first region, end region)` of each. */
+export function layerRegions(layout: KvLayout): Array<[number, number]> {
+  const out: Array<[number, number]> = [];
+  for (let r = 0; r < layout.regions.length; r++) {
+    const last = out.at(-1);
+    if (last !== undefined && layout.regions[last[0]]!.layer === layout.regions[r]!.layer)
+      last[1] = r + 1;
+    else out.push([r, r + 1]);
+  }
+  return out;
 }

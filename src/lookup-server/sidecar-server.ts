@@ -385,6 +385,7 @@ export class SidecarServer {
               ...(req.stateSlot >= 0 ? { stateSlot: req.stateSlot } : {}),
               ...(req.skipBlocks ? { skipBlocks: req.skipBlocks } : {}),
               ...(req.notAfterNs ? { notAfterNs: req.notAfterNs } : {}),
+              ...(req.progressSlot !== undefined ? { progressSlot: req.progressSlot } : {}),
             },
             { signal: deadline.signal },
           );
@@ -458,8 +459,9 @@ export class SidecarServer {
       instanceId: this.#instanceId,
       limits: this.#limits,
       dataPlane: this.#dataPlane === undefined ? null : DATA_PLANE_LIMITS,
-      // What a client may use beyond protocol v1's first release: SAVE's fence fields.
-      features: this.#dataPlane === undefined ? [] : ['saveFence'],
+      // What a client may use beyond protocol v1's first release: SAVE's fence fields, LOAD's
+      // progress slot.
+      features: this.#dataPlane === undefined ? [] : ['saveFence', 'layerwiseLoad'],
       tiers: this.#storage.tiers.map((t) => ({ name: t.name, kind: t.kind, health: t.health() })),
       ...this.#info(),
     };

@@ -29,6 +29,10 @@ class MappedFile implements DeviceSurface {
     const m = this.memory;
     return new DataView(m.buffer, m.byteOffset, m.byteLength).getUint32(offset, true);
   }
+  writeWord(offset: number, value: number): void {
+    const m = this.memory;
+    new DataView(m.buffer, m.byteOffset, m.byteLength).setUint32(offset, value >>> 0, true);
+  }
   close(): Promise<void> {
     // The mapping is unmapped when its ArrayBuffer is collected; dropping our reference is all.
     this.#memory = null;

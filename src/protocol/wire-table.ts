@@ -160,6 +160,12 @@ export const MESSAGES = [
       // (0 included), and as 0 when only `notAfterNs` is; the decoder sets it only when present.
       { kind: 'u32', key: 'skipBlocks', optional: true },
       NOT_AFTER,
+      // A layer-wise load: the server copies layer by layer (every chunk's layer 0, then layer
+      // 1, ...) and writes to slot `progressSlot` of the registered state file, as a 4-byte
+      // little-endian int32, how many leading layers are in place, so the engine can compute
+      // layer N while later layers load. Follows `notAfterNs` (written as 0, read as none, when
+      // that is undefined); only to a server whose PONG lists `layerwiseLoad`.
+      { kind: 'u32', key: 'progressSlot', optional: true },
     ],
     [{ rule: 'zeroWithoutCount', field: 'skipBlocks', of: 'chunkHashes' }],
   ),

@@ -649,6 +649,7 @@ describe('DataPlane lifecycle', () => {
       lateSaves: 0,
       cancelledSaves: 0,
       lateLoads: 0,
+      layerwiseLoads: 0,
     });
     const out = await e.dp.load({
       engineId: 'A',
@@ -1154,6 +1155,7 @@ describe('DataPlane engine release during a load (UNREGISTER)', () => {
       lateSaves: 0,
       cancelledSaves: 0,
       lateLoads: 0,
+      layerwiseLoads: 0,
     });
   });
 });

@@ -70,6 +70,7 @@ type ExpectedLoad = Id<'load'> & {
   chunkHashes: Buffer;
   skipBlocks?: number;
   notAfterNs?: bigint;
+  progressSlot?: number;
 };
 type ExpectedLookupResult = Id<'lookup-result'> & {
   lookupId: string;
