@@ -8,6 +8,7 @@ import json
 import os
 import select
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -77,6 +78,33 @@ class Sidecar:
         return self.proc.returncode
 
 
+class StateFile:
+    """A state file of 4-byte words in shared memory, as a worker registers it (``stateFile``)."""
+
+    def __init__(self, slots: int = 16) -> None:
+        import mmap
+
+        fd, self.path = tempfile.mkstemp(prefix="kvtier-gpu-check-state-", dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+        os.ftruncate(fd, 4 * slots)
+        self.slots = slots
+        self.mm = mmap.mmap(fd, 4 * slots)
+        os.close(fd)
+
+    def word(self, slot: int) -> int:
+        return struct.unpack_from("<i", self.mm, 4 * slot)[0]
+
+    def zero(self, *slots: int) -> None:
+        for s in slots:
+            struct.pack_into("<i", self.mm, 4 * s, 0)
+
+    def close(self) -> None:
+        self.mm.close()
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+
 class Driver:
     """The Node driver (scripts/gpu/driver.ts): one JSON request a line, one answer a line."""
 
@@ -94,11 +122,19 @@ class Driver:
         self._buf = b""
 
     def call(self, op: str, timeout_s: float = 90.0, **kw: Any) -> dict:
+        self.send(op, **kw)
+        return self.receive(op, timeout_s)
+
+    def send(self, op: str, **kw: Any) -> None:
+        """Sends a request without waiting (then :meth:`receive` its answer)."""
         self._next += 1
         msg = {"id": self._next, "op": op, **kw}
-        assert self.proc.stdin is not None and self.proc.stdout is not None
+        assert self.proc.stdin is not None
         self.proc.stdin.write((json.dumps(msg) + "\n").encode())
         self.proc.stdin.flush()
+
+    def receive(self, op: str, timeout_s: float = 90.0) -> dict:
+        assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout_s
         fd = self.proc.stdout.fileno()
         while b"\n" not in self._buf:

@@ -46,6 +46,7 @@ from check_support import (  # noqa: E402
     Geometry,
     KvCache,
     Sidecar,
+    StateFile,
     mismatched_blocks,
     numpy_kv_cache,
     poison_blocks,
@@ -255,6 +256,133 @@ class Check:
             self.expect(probed["probe"]["p99Ms"] < P99_TARGET_MS, f"lookup p99 {probed['probe']['p99Ms']:.2f} ms during the load, target < {P99_TARGET_MS} ms")
         self.report[key] = out
 
+    def layer_compute(self, geo: Geometry) -> tuple:
+        """A stand-in for one layer's forward: a square matmul repeated, sized so that the
+        model's layers take about as long as loading their KV at the link's rate (the case
+        where overlap matters most). Returns (run(layer), ms for all layers alone)."""
+        lib = self.lib
+        blocks = self.args.big_chunks * CHUNK // geo.block_size
+        per_layer_s = geo.bytes_for(blocks) / geo.layers / 50e9 if self.cuda else 0.002
+        if self.cuda:
+            n = 4096
+            a = lib.randn(n, n, device="cuda", dtype=lib.bfloat16)
+            b = lib.randn(n, n, device="cuda", dtype=lib.bfloat16)
+            out = lib.empty(n, n, device="cuda", dtype=lib.bfloat16)
+            lib.matmul(a, b, out=out)
+            lib.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                lib.matmul(a, b, out=out)
+            lib.cuda.synchronize()
+            one = (time.perf_counter() - t0) / 20
+        else:
+            n = 128
+            a = lib.ones((n, n), dtype=lib.float32)
+            b, out = a.copy(), a.copy()
+            t0 = time.perf_counter()
+            for _ in range(20):
+                lib.matmul(a, b, out=out)
+            one = (time.perf_counter() - t0) / 20
+        reps = max(1, round(per_layer_s / max(one, 1e-9)))
+
+        def run(_layer: int) -> None:
+            for _ in range(reps):
+                lib.matmul(a, b, out=out)
+
+        t0 = time.perf_counter()
+        for layer in range(geo.layers):
+            run(layer)
+        self.sync()
+        return run, (time.perf_counter() - t0) * 1000, reps
+
+    def layerwise(self, drv: Driver, key: str = "layerwise") -> None:
+        """A layer-wise LOAD (progressSlot) of the big cache while a stand-in forward computes
+        each layer as soon as the state file says it is in: time to the first and the last
+        layer, byte-exactness, and the time saved against loading everything first."""
+        a = self.args
+        bpc = CHUNK // a.block_size
+        geo = Geometry("flash_attn", a.layers, 2 * a.big_chunks * bpc + 64, a.block_size, a.heads, a.head_dim)
+        cache = self.new_cache(geo)
+        state = StateFile(16)
+        engine = "check-layerwise"
+        try:
+            ns = self.register(drv, cache, engine, mutate=lambda reg: reg.update(stateFile={"path": state.path, "slots": state.slots}))["namespace"]
+            compute, compute_ms, reps = self.layer_compute(geo)
+            runs = []
+            for i in range(a.reps + 1):
+                row: dict = {}
+                for mode in ("serial", "layerwise"):
+                    src, dst = self.disjoint_blocks(geo, a.big_chunks * bpc)
+                    hashes = self.prompt_hashes(a.big_chunks)
+                    self.sync()
+                    drv.call("save", engineId=engine, requestId=self.fresh("w"), blockIds=src, hashes=hashes)
+                    dst_ids = self.lib.tensor(dst, device="cuda") if self.cuda else dst
+                    for t in cache.tensors.values():
+                        poison_blocks(self.lib, t, geo.layout, dst_ids)
+                    self.sync()
+                    rid = self.fresh("r")
+                    drv.call("lookup", lookupId=rid, hashes=hashes, tokens=[CHUNK] * a.big_chunks, namespace=ns)
+                    state.zero(0, 1)
+                    kw = {"stateSlot": 0, **({"progressSlot": 1} if mode == "layerwise" else {})}
+                    t0 = time.perf_counter()
+                    drv.send("load", engineId=engine, requestId=rid, lookupId=rid, blockIds=dst, hashes=hashes, **kw)
+                    layer_at = []
+                    if mode == "layerwise":
+                        for layer in range(geo.layers):
+                            while state.word(1) <= layer and state.word(0) == 0:
+                                pass
+                            if state.word(1) <= layer:
+                                break  # the load failed: the completion word says so
+                            layer_at.append((time.perf_counter() - t0) * 1000)
+                            compute(layer)
+                    else:
+                        while state.word(0) == 0:
+                            pass
+                        layer_at.append((time.perf_counter() - t0) * 1000)
+                        for layer in range(geo.layers):
+                            compute(layer)
+                    self.sync()
+                    total = (time.perf_counter() - t0) * 1000
+                    loaded = drv.receive("load")
+                    bad = mismatched_blocks(self.lib, cache, src, dst)
+                    drv.call("finish", engineId=engine, requestId=rid)
+                    drv.call("clear")
+                    self.expect(
+                        loaded["loadedTokens"] == a.big_chunks * CHUNK and bad == 0 and state.word(0) == 1,
+                        f"{mode} load: {loaded['loadedTokens']} tokens, {bad} mismatched blocks, state {state.word(0)}",
+                    )
+                    row[mode] = {
+                        "firstLayerMs": layer_at[0] if layer_at else None,
+                        "lastLayerMs": layer_at[-1] if layer_at else None,
+                        "loadMs": loaded["ms"],
+                        "totalMs": total,
+                        "mismatchedBlocks": bad,
+                        "layersSeen": len(layer_at) if mode == "layerwise" else geo.layers,
+                    }
+                if i > 0:
+                    runs.append(row)
+            drv.call("unregister", engineId=engine)
+        finally:
+            state.close()
+            cache.close()
+        med = lambda mode, k: statistics.median(r[mode][k] for r in runs)  # noqa: E731
+        out = {
+            "bytes": geo.bytes_for(a.big_chunks * bpc),
+            "layers": geo.layers,
+            "computeMsAlone": round(compute_ms, 2),
+            "matmulsPerLayer": reps,
+            "serial": {k: round(med("serial", k), 2) for k in ("lastLayerMs", "totalMs")},
+            "layerwise": {k: round(med("layerwise", k), 2) for k in ("firstLayerMs", "lastLayerMs", "totalMs")},
+            "runs": runs,
+        }
+        serial, lw = out["serial"]["totalMs"], out["layerwise"]["totalMs"]
+        load_ms = out["serial"]["lastLayerMs"]
+        out["savedMs"] = round(serial - lw, 2)
+        # The share of the shorter of load and compute hidden behind the other (1 = perfect overlap).
+        out["overlap"] = round((serial - lw) / max(1e-9, min(load_ms, compute_ms)), 3)
+        out["layerwiseLoadGBps"] = round(out["bytes"] / out["layerwise"]["lastLayerMs"] / 1e6, 2)
+        self.report[key] = out
+
     def other_methods(self, node: str) -> None:
         """The bandwidth step again on a fresh sidecar per copy method (KVTIER_CUDA_COPY)."""
         for method in [m for m in self.args.methods.split(",") if m and m != "auto"]:
@@ -263,8 +391,29 @@ class Check:
             try:
                 wait_ready(drv)
                 self.bandwidth(drv, key=f"bandwidth-{method}")
+                self.layerwise(drv, key=f"layerwise-{method}")
                 copies = ((drv.call("ping")["info"].get("copyEngine") or {}).get("cuda") or {}).get("copies")
                 self.report[f"bandwidth-{method}"]["copyCounts"] = copies
+            finally:
+                drv.close()
+                side.stop()
+
+    def groupings(self, node: str) -> None:
+        """The bandwidth step again on a fresh sidecar per copy grouping ``MiBxInFlight``
+        (``KVTIER_COPY_GROUP_BYTES``, ``KVTIER_COPY_GROUPS_IN_FLIGHT``), optionally ``tThreads``
+        (``UV_THREADPOOL_SIZE``: each batch in flight holds a libuv pool thread while it waits)."""
+        for g in [g for g in self.args.groupings.split(",") if g]:
+            spec, _, threads = g.partition("t")
+            mib, _, inflight = spec.partition("x")
+            env = {"KVTIER_COPY_GROUP_BYTES": str(int(mib) << 20), "KVTIER_COPY_GROUPS_IN_FLIGHT": inflight or "1"}
+            if threads:
+                env["UV_THREADPOOL_SIZE"] = threads
+            side = Sidecar(node, self.kvtier, self.cpu_bytes, self.out / "sidecar.log", prefault=True, env=env, log_level=self.args.sidecar_log_level)
+            drv = Driver(node, self.kvtier, side, self.out / "driver.log")
+            try:
+                wait_ready(drv)
+                self.bandwidth(drv, key=f"bandwidth-group-{g}")
+                self.layerwise(drv, key=f"layerwise-group-{g}")
             finally:
                 drv.close()
                 side.stop()
@@ -453,7 +602,11 @@ class Check:
             cuda = (pong.get("copyEngine") or {}).get("cuda") or {}
             if self.cuda:
                 self.expect(cuda.get("available") is True, f"PONG does not report CUDA: {cuda}")
-            steps = [("layouts", lambda: self.layouts(drv)), ("bandwidth", lambda: self.bandwidth(drv))]
+            steps = [
+                ("layouts", lambda: self.layouts(drv)),
+                ("bandwidth", lambda: self.bandwidth(drv)),
+                ("layerwise", lambda: self.layerwise(drv)),
+            ]
             if self.cuda:
                 steps += [
                     ("eventOrdering", lambda: self.event_ordering(drv)),
@@ -479,14 +632,17 @@ class Check:
             drv.close()
             self.report["sidecarExit"] = side.stop()
         self.expect(self.report["sidecarExit"] == 0, f"the sidecar exited with {self.report['sidecarExit']}")
-        if self.cuda and self.args.methods != "auto":
+        extra = [("methods", self.args.methods != "auto", self.other_methods), ("groupings", bool(self.args.groupings), self.groupings)]
+        for name, wanted, step in extra:
+            if not (self.cuda and wanted):
+                continue
             t1 = time.monotonic()
             try:
-                self.other_methods(node)
+                step(node)
             except Exception as err:
-                self.failures.append(f"methods: {err}")
-                self.report.setdefault("errors", {})["methods"] = traceback.format_exc()[-3000:]
-            self.report.setdefault("stepSeconds", {})["methods"] = round(time.monotonic() - t1, 2)
+                self.failures.append(f"{name}: {err}")
+                self.report.setdefault("errors", {})[name] = traceback.format_exc()[-3000:]
+            self.report.setdefault("stepSeconds", {})[name] = round(time.monotonic() - t1, 2)
         return self.finish(0)
 
     def finish(self, rc: int) -> int:
@@ -516,6 +672,15 @@ def summarize(r: dict) -> None:
             if "saveRatio" in b:
                 line += f", ratios {b['saveRatio']:.2f} / {b['loadRatio']:.2f}"
             print(line)
+    for key, lw in sorted(r.items()):
+        if not key.startswith("layerwise") or not isinstance(lw, dict) or "serial" not in lw:
+            continue
+        print(
+            f"  {key}: {lw['layers']} layers: first layer in {lw['layerwise']['firstLayerMs']:.2f} ms, "
+            f"last in {lw['layerwise']['lastLayerMs']:.2f} ms ({lw['layerwiseLoadGBps']:.2f} GB/s; whole load first: "
+            f"{lw['serial']['lastLayerMs']:.2f} ms) | with {lw['computeMsAlone']:.1f} ms of compute: "
+            f"{lw['layerwise']['totalMs']:.2f} ms against {lw['serial']['totalMs']:.2f} ms, overlap {lw['overlap']:.2f}"
+        )
     for key in ("eventOrdering", "saveEvent", "deviceUuid", "expandableSegments", "copyCounts"):
         if key in r:
             print(f"  {key}: {json.dumps(r[key])[:400]}")
@@ -542,6 +707,7 @@ def main() -> int:
     ap.add_argument("--layout-blocks", type=int)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--methods", default="auto", help="copy methods to time, comma-separated (auto,memcpy,batch,kernel,staged): each but auto on a fresh sidecar")
+    ap.add_argument("--groupings", default="", help="copy groupings to time, comma-separated MiBxInFlight[tThreads] (e.g. 128x1,512x1,128x4t16: UV_THREADPOOL_SIZE 16): each on a fresh sidecar")
     a = ap.parse_args()
     # CUDA: Llama-3-8B's KV (32 layers, 8 KV heads of 128: 32 MiB a chunk), 128 chunks = 4 GiB.
     # Host dry run: a small model, 64 MiB.

@@ -70,6 +70,8 @@ async function load(m: Msg): Promise<Record<string, unknown>> {
       blockIds: ids(m.blockIds),
       chunkHashes: hex(m.hashes, 'hashes'),
       ...(typeof m.skipBlocks === 'number' ? { skipBlocks: m.skipBlocks } : {}),
+      ...(typeof m.stateSlot === 'number' ? { stateSlot: m.stateSlot } : {}),
+      ...(typeof m.progressSlot === 'number' ? { progressSlot: m.progressSlot } : {}),
     });
   const probe = m.probe as { hashes: string; namespace: string } | undefined;
   if (probe === undefined) {
