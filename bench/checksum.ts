@@ -13,7 +13,6 @@ import { cpus } from 'node:os';
 import { monitorEventLoopDelay } from 'node:perf_hooks';
 import { setImmediate as turn } from 'node:timers/promises';
 import { crc32 } from 'node:zlib';
-import { loadNative } from '../src/addon/native-addon.ts';
 import { CHECKSUM_XXH64, crc32cEngine, payloadChecksum } from '../src/backends/format/checksum.ts';
 import {
   CHUNK_HEADER_BYTES,
@@ -22,6 +21,7 @@ import {
   encodeChunkObjectIntoAsync,
 } from '../src/backends/format/chunk-format.ts';
 import { chunkHash } from '../src/hashing/chunk-hash.ts';
+import { loadNative } from '../src/native/native-addon.ts';
 import { crc32c } from '../src/util/crc32c.ts';
 import { printTable, writeResults } from './support/child.ts';
 

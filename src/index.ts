@@ -3,12 +3,6 @@
  * author needs is named here; modules not re-exported are internal.
  */
 
-export {
-  type LoadNativeResult,
-  loadNative,
-  type NativeAddon,
-  type NativeProbe,
-} from './addon/native-addon.ts';
 export { STORAGE_BACKEND_METHODS, storageBackendProblems } from './backends/core/backend-check.ts';
 export {
   CIRCUIT_BREAKER_DEFAULTS,
@@ -61,9 +55,12 @@ export {
   verifyChunkPayloadAsync,
 } from './backends/format/chunk-format.ts';
 export { FsBackend, type FsBackendOptions } from './backends/fs/fs-backend.ts';
-export { LocalCpuBackend, type LocalCpuOptions } from './backends/local-cpu/local-cpu.ts';
-export { LocalDiskBackend, type LocalDiskOptions } from './backends/local-disk/local-disk.ts';
-export { MemoryBackend, type MemoryBackendOptions } from './backends/memory/memory.ts';
+export { LocalCpuBackend, type LocalCpuOptions } from './backends/local-cpu/local-cpu-backend.ts';
+export {
+  LocalDiskBackend,
+  type LocalDiskOptions,
+} from './backends/local-disk/local-disk-backend.ts';
+export { MemoryBackend, type MemoryBackendOptions } from './backends/memory/memory-backend.ts';
 export { type KvtierInstance, kvtierInstances } from './backends/plugin/instance.ts';
 export {
   createPluginContext,
@@ -132,6 +129,7 @@ export {
   type KvRegistration,
   resolveKvRegistration,
 } from './data-plane/kv-layout.ts';
+export { createNativeCopyEngine } from './data-plane/native-copy-engine.ts';
 // Errors
 export {
   abortedError,
@@ -176,14 +174,9 @@ export {
   type LookupClientOptions,
 } from './lookup-client/lookup-client.ts';
 export { MultiLookupClient } from './lookup-client/multi-lookup-client.ts';
-// Worker side. `LookupServer` is the design card's name for the server (src/lookup-server/):
-// the same class as `SidecarServer`, and `LookupServerOptions` the same type as its options.
-export {
-  SidecarServer as LookupServer,
-  SidecarServer,
-  type SidecarServerOptions as LookupServerOptions,
-  type SidecarServerOptions,
-} from './lookup-server/sidecar-server.ts';
+// Worker side: the server of the design card's lookup server (src/lookup-server/), which also
+// serves the data plane's messages.
+export { SidecarServer, type SidecarServerOptions } from './lookup-server/sidecar-server.ts';
 export { OpsHttpServer, type OpsServerOptions } from './metrics/http-server.ts';
 export { instrumentBackend, instrumentHostTier } from './metrics/instrumented-backend.ts';
 export { KvtierMetrics, type KvtierMetricsOptions } from './metrics/metrics.ts';
@@ -195,7 +188,12 @@ export {
   type NamespaceSpec,
   requireNamespaceId,
 } from './namespace/namespace.ts';
-export { createNativeCopyEngine } from './native/copy-engine.ts';
+export {
+  type LoadNativeResult,
+  loadNative,
+  type NativeAddon,
+  type NativeProbe,
+} from './native/native-addon.ts';
 // Protocol v1 (docs/protocol.md)
 export { decodeReply, decodeRequest, encodeReply, encodeRequest } from './protocol/codec.ts';
 export {

@@ -6,7 +6,7 @@
  * Prints a table and writes bench/results/gpu.json; exits with a clear line when CUDA is missing.
  */
 import { cpus } from 'node:os';
-import { loadNative } from '../../src/addon/native-addon.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 import { printTable, writeResults } from '../support/child.ts';
 
 const MiB = 1024 * 1024;

@@ -7,9 +7,9 @@ import { randomBytes } from 'node:crypto';
 import { mkdtemp, open, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { loadNative } from '../../src/addon/native-addon.ts';
 import { BackendRegistry } from '../../src/backends/registry.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 
 const MiB = 1024 * 1024;
 const BATCH = 4;

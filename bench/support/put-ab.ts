@@ -9,7 +9,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdtemp, open, rename, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { loadNative } from '../../src/addon/native-addon.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 
 const MiB = 1024 * 1024;
 const [mib = 2, files = 64, rounds = 5] = process.argv.slice(2).map(Number);

@@ -7,7 +7,7 @@
 import { mkdtemp, open, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { loadNative } from '../../src/addon/native-addon.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 
 const MiB = 1024 * 1024;
 const [mib = 2, files = 64, inFlight = 4, rounds = 5] = process.argv.slice(2).map(Number);

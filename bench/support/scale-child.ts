@@ -8,7 +8,7 @@
  * Argument: a JSON object {dir, n, churnMs, lookups}; prints `result <json>`.
  */
 import { performance } from 'node:perf_hooks';
-import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk.ts';
+import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk-backend.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { percentile } from './child.ts';
 import {

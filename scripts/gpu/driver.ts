@@ -14,12 +14,12 @@
  */
 import { createHash } from 'node:crypto';
 import { createInterface } from 'node:readline';
-import { loadNative } from '../../src/addon/native-addon.ts';
 import { DataPlaneClient } from '../../src/data-plane/data-plane-client.ts';
 import { normalizeDeviceUuid, resolveCudaDevice } from '../../src/data-plane/device-uuid.ts';
 import type { KvRegistration } from '../../src/data-plane/kv-layout.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 
 type Msg = Record<string, unknown> & { id?: number; op?: string };
 

@@ -3,7 +3,10 @@ import { homedir } from 'node:os';
 import { dirname, join, resolve as resolvePath } from 'node:path';
 import type { TierConfig } from '../backends/registry.ts';
 import { KvtierError } from '../errors.ts';
-import { type ResolvedEventsOptions, resolveEventsOptions } from '../events/events-options.ts';
+import {
+  type ResolvedEventsOptions,
+  resolveEventsOptions,
+} from '../event-stream/events-options.ts';
 import type { ProtocolLimits } from '../protocol/messages.ts';
 import { parseBytes } from '../util/bytes.ts';
 import type { LogLevel } from '../util/log.ts';

@@ -10,7 +10,7 @@ import { access, stat } from 'node:fs/promises';
 import { dirname, isAbsolute, resolve } from 'node:path';
 import { type BackendRegistry, BUILTIN_TIERS } from '../backends/registry.ts';
 import { isKvtierError } from '../errors.ts';
-import { exposedEventEndpoints } from '../events/sidecar-events.ts';
+import { exposedEventEndpoints } from '../event-stream/sidecar-events.ts';
 import { silentLogger } from '../util/log.ts';
 import type { ConfigProblem } from '../util/schema-kit.ts';
 import type { KvtierConfig } from './config.ts';

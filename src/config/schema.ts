@@ -6,7 +6,7 @@
 import * as v from 'valibot';
 import { resolveCircuitBreakerOptions } from '../backends/core/circuit-breaker.ts';
 import type { TierConfig } from '../backends/registry.ts';
-import type { EventsDocument } from '../events/events-options.ts';
+import type { EventsDocument } from '../event-stream/events-options.ts';
 import { BYTE_SIZE_RULE, tryParseBytes } from '../util/bytes.ts';
 import type { LogLevel } from '../util/log.ts';
 import {

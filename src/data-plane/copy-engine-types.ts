@@ -1,6 +1,6 @@
 /**
  * The copy-engine port of the data plane: what a copy engine opens and copies between. A leaf
- * module, so the data plane and every engine (`fs-copy-engine.ts`, `native/copy-engine.ts`)
+ * module, so the data plane and every engine (`fs-copy-engine.ts`, `native-copy-engine.ts`)
  * import it without importing each other.
  */
 

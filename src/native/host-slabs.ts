@@ -1,4 +1,4 @@
-import { loadNative } from '../addon/native-addon.ts';
+import { loadNative } from './native-addon.ts';
 
 /**
  * The native addon's page-aligned slabs (pinned for CUDA when it is available) as the host

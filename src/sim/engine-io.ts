@@ -1,5 +1,4 @@
 import { closeSync, ftruncateSync, openSync, readSync, writeSync } from 'node:fs';
-import { loadNative } from '../addon/native-addon.ts';
 import {
   type DataPlaneCallOptions,
   DataPlaneClient,
@@ -14,6 +13,7 @@ import {
   LookupClient,
   type LookupClientOptions,
 } from '../lookup-client/lookup-client.ts';
+import { loadNative } from '../native/native-addon.ts';
 import type { TierTokens } from '../protocol/messages.ts';
 import type { Sidecar } from '../sidecar.ts';
 

@@ -1,4 +1,4 @@
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import { describeBackendContract } from './backend.contract.ts';
 
 const capacityBytes = 64 * 1024 * 1024;

@@ -7,7 +7,7 @@ import { CHUNK_HEADER_BYTES, encodeChunkObject } from '../../src/backends/format
 import {
   LocalDiskBackend,
   type LocalDiskOptions,
-} from '../../src/backends/local-disk/local-disk.ts';
+} from '../../src/backends/local-disk/local-disk-backend.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { type CorruptionKind, describeBackendContract } from './backend.contract.ts';

@@ -1,4 +1,4 @@
-import { MemoryBackend } from '../../src/backends/memory/memory.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory-backend.ts';
 import { describeBackendContract } from './backend.contract.ts';
 
 describeBackendContract('MemoryBackend contract (unbounded)', async () => {

@@ -14,7 +14,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { MemoryBackend } from '../../src/backends/memory/memory.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory-backend.ts';
 import type { TierConfig } from '../../src/backends/registry.ts';
 import { defaultConfig, type KvtierConfig } from '../../src/config/config.ts';
 import { DataPlaneClient } from '../../src/data-plane/data-plane-client.ts';

@@ -20,7 +20,7 @@ import { generateCurveKeyPair, writeKeyPair } from '../../src/security/curve-key
 import { Sidecar } from '../../src/sidecar.ts';
 import { silentLogger } from '../../src/util/log.ts';
 
-const memoryUrl = new URL('../../src/backends/memory/memory.ts', import.meta.url).href;
+const memoryUrl = new URL('../../src/backends/memory/memory-backend.ts', import.meta.url).href;
 
 let dir = '';
 let serverKey = '';

@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { LOCK_FILE } from '../../src/backends/local-disk/dir-lock.ts';
-import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk.ts';
+import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk-backend.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { spawnGuarded } from '../support/child-guard.ts';
 import { REPO_ROOT, withDeadline } from '../support/fixtures.ts';

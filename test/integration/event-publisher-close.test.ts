@@ -6,8 +6,8 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import * as zmq from 'zeromq';
-import { EventPublisher } from '../../src/events/event-publisher.ts';
-import { resolveEventsOptions } from '../../src/events/events-options.ts';
+import { EventPublisher } from '../../src/event-stream/event-publisher.ts';
+import { resolveEventsOptions } from '../../src/event-stream/events-options.ts';
 import { decodeStreamMessage, type StreamMessage } from '../support/event-subscriber.ts';
 import { randomHashes, randomNamespace, withDeadline } from '../support/fixtures.ts';
 

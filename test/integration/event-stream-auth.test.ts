@@ -10,7 +10,7 @@ import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import * as zmq from 'zeromq';
 import { defaultConfig, loadConfig } from '../../src/config/config.ts';
-import { resolveEventsOptions } from '../../src/events/events-options.ts';
+import { resolveEventsOptions } from '../../src/event-stream/events-options.ts';
 import { generateCurveKeyPair, writeKeyPair } from '../../src/security/curve-keys.ts';
 import { Sidecar } from '../../src/sidecar.ts';
 import { silentLogger } from '../../src/util/log.ts';

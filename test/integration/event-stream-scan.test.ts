@@ -11,7 +11,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { defaultConfig, type KvtierConfig } from '../../src/config/config.ts';
-import { resolveEventsOptions } from '../../src/events/events-options.ts';
+import { resolveEventsOptions } from '../../src/event-stream/events-options.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { Sidecar } from '../../src/sidecar.ts';
 import { silentLogger } from '../../src/util/log.ts';

@@ -13,7 +13,10 @@ import { after, describe, it } from 'node:test';
 import * as zmq from 'zeromq';
 import type { TierConfig } from '../../src/backends/registry.ts';
 import { defaultConfig, type KvtierConfig } from '../../src/config/config.ts';
-import { type EventsDocument, resolveEventsOptions } from '../../src/events/events-options.ts';
+import {
+  type EventsDocument,
+  resolveEventsOptions,
+} from '../../src/event-stream/events-options.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { Sidecar } from '../../src/sidecar.ts';
 import { silentLogger } from '../../src/util/log.ts';

@@ -32,7 +32,7 @@ import { type RedisServer, startRedis } from '../support/redis-server.ts';
 import { type S3Harness, S3RVER_CREDENTIALS, startS3 } from '../support/s3-server.ts';
 import { startSidecarProcess } from '../support/sidecar-process.ts';
 
-const memoryUrl = new URL('../../src/backends/memory/memory.ts', import.meta.url).href;
+const memoryUrl = new URL('../../src/backends/memory/memory-backend.ts', import.meta.url).href;
 const NS = randomNamespace();
 /** Retries of a tier that is down come this often; its calls get generous bounds. */
 const HEALTH = { timeoutMs: 30_000, failureThreshold: 3, probeIntervalMs: 100 };

@@ -5,7 +5,7 @@
  * resynchronising from a snapshot when the sidecar restarts or the window no longer covers a gap.
  */
 import * as zmq from 'zeromq';
-import { decodeMsgpack, type MsgpackValue } from '../../src/events/msgpack.ts';
+import { decodeMsgpack, type MsgpackValue } from '../../src/event-stream/msgpack.ts';
 
 /** One decoded message of the stream. */
 export interface StreamMessage {

@@ -4,7 +4,7 @@ import { createServer } from 'node:net';
 import { createInterface } from 'node:readline';
 import { fileURLToPath } from 'node:url';
 import type { ChunkHash } from '../../src/backends/core/types.ts';
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import {
   SidecarServer,

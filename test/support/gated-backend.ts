@@ -19,7 +19,7 @@ import type {
   PutOutcome,
   StorageBackend,
 } from '../../src/backends/core/types.ts';
-import { MemoryBackend } from '../../src/backends/memory/memory.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory-backend.ts';
 import { abortedError, closedError, KvtierError } from '../../src/errors.ts';
 
 interface Waiter {

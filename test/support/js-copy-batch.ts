@@ -4,13 +4,13 @@
  * batches. The sidecar never copies with it.
  */
 
+import { abortedError } from '../../src/errors.ts';
 import {
   COPY_OP_WIDTH,
   type CopyBatchOptions,
   type CopyBuffer,
   NativeError,
-} from '../../src/addon/native-addon.ts';
-import { abortedError } from '../../src/errors.ts';
+} from '../../src/native/native-addon.ts';
 import { describe, requireInt } from '../../src/util/validate.ts';
 
 interface Bytes {

@@ -17,7 +17,7 @@ const REPO_ROOT = fileURLToPath(new URL('../../', import.meta.url));
 export const LAYERS: readonly (readonly string[])[] = [
   ['src/errors.ts', 'src/util/'],
   [
-    'src/addon/',
+    'src/native/',
     'src/hashing/',
     'src/namespace/',
     'src/serializer/',
@@ -27,8 +27,8 @@ export const LAYERS: readonly (readonly string[])[] = [
   ['src/backends/', 'src/protocol/', 'src/metrics/'],
   ['src/storage-manager/', 'src/lookup-client/'],
   ['src/data-plane/'],
-  ['src/native/', 'src/lookup-server/', 'src/connector/'],
-  ['src/events/'],
+  ['src/lookup-server/', 'src/connector/'],
+  ['src/event-stream/'],
   ['src/config/', 'src/sidecar.ts'],
   ['src/index.ts', 'src/cli/', 'src/sim/'],
 ];

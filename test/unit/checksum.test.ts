@@ -7,7 +7,6 @@ import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { crc32 } from 'node:zlib';
 import xxhash from 'xxhash-wasm';
-import { loadNative } from '../../src/addon/native-addon.ts';
 import { objectPath } from '../../src/backends/files/file-store.ts';
 import {
   CHECKSUM_CRC32C,
@@ -32,6 +31,7 @@ import {
 } from '../../src/backends/format/chunk-format.ts';
 import { FsBackend } from '../../src/backends/fs/fs-backend.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 import { crc32c } from '../../src/util/crc32c.ts';
 
 const native = loadNative().addon;

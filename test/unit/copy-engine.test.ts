@@ -4,14 +4,14 @@ import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, test } from 'node:test';
-import { loadNative } from '../../src/addon/native-addon.ts';
 import type { CopySurface } from '../../src/data-plane/data-plane.ts';
 import {
   CudaAllocation,
   createNativeCopyEngine,
   planDeviceOps,
   splitOpsByDevice,
-} from '../../src/native/copy-engine.ts';
+} from '../../src/data-plane/native-copy-engine.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 
 describe('planDeviceOps', () => {
   const dev = (bytes: number) => new CudaAllocation(0x1000n, bytes, () => {});

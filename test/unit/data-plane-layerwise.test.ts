@@ -10,15 +10,15 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, afterEach, describe, test } from 'node:test';
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import type { CopyEngine } from '../../src/data-plane/copy-engine-types.ts';
 import { DataPlane } from '../../src/data-plane/data-plane.ts';
 import { LOAD_STATE } from '../../src/data-plane/data-plane-types.ts';
 import { createFsCopyEngine } from '../../src/data-plane/fs-copy-engine.ts';
 import type { KvRegistration } from '../../src/data-plane/kv-layout.ts';
+import { createNativeCopyEngine } from '../../src/data-plane/native-copy-engine.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
-import { createNativeCopyEngine } from '../../src/native/copy-engine.ts';
 import { StorageManager } from '../../src/storage-manager/storage-manager.ts';
 
 const LAYERS = 6;

@@ -9,7 +9,7 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, afterEach, describe, test } from 'node:test';
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import type { CopyEngine } from '../../src/data-plane/copy-engine-types.ts';
 import { DataPlane } from '../../src/data-plane/data-plane.ts';
 import { createFsCopyEngine } from '../../src/data-plane/fs-copy-engine.ts';

@@ -4,8 +4,8 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, afterEach, describe, test } from 'node:test';
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
-import { MemoryBackend } from '../../src/backends/memory/memory.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory-backend.ts';
 import {
   type CopyEngine,
   DataPlane,

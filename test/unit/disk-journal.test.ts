@@ -18,7 +18,7 @@ import {
   JOURNAL_FILE,
   replayJournal,
 } from '../../src/backends/local-disk/disk-journal.ts';
-import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk.ts';
+import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk-backend.ts';
 import { type ChunkHash, chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { silentLogger } from '../../src/util/log.ts';
 

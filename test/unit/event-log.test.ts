@@ -1,10 +1,10 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { ChunkHash } from '../../src/backends/core/types.ts';
-import { EventLog } from '../../src/events/event-log.ts';
-import type { EventTier } from '../../src/events/event-types.ts';
-import { defaultReplayEndpoint } from '../../src/events/events-options.ts';
-import { decodeMsgpack, encodeMsgpack, type MsgpackValue } from '../../src/events/msgpack.ts';
+import { EventLog } from '../../src/event-stream/event-log.ts';
+import type { EventTier } from '../../src/event-stream/event-types.ts';
+import { defaultReplayEndpoint } from '../../src/event-stream/events-options.ts';
+import { decodeMsgpack, encodeMsgpack, type MsgpackValue } from '../../src/event-stream/msgpack.ts';
 import { randomHashes, randomNamespace } from '../support/fixtures.ts';
 
 const CPU: EventTier = { name: 'cpu', medium: 'CPU' };

@@ -4,7 +4,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { loadConfig, resolveConfig } from '../../src/config/config.ts';
-import { EVENTS_DEFAULTS } from '../../src/events/events-options.ts';
+import { EVENTS_DEFAULTS } from '../../src/event-stream/events-options.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'kvtier-events-config-'));
 after(() => rmSync(dir, { recursive: true, force: true }));

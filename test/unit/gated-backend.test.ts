@@ -1,7 +1,7 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
 import type { Chunk } from '../../src/backends/core/types.ts';
-import { MemoryBackend } from '../../src/backends/memory/memory.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory-backend.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { Gate, GatedBackend } from '../support/gated-backend.ts';

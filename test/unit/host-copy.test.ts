@@ -6,7 +6,7 @@ import {
   copyHostBytesSliced,
   HOST_COPY_SYNC_MAX_BYTES,
 } from '../../src/backends/arena/host-copy.ts';
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 

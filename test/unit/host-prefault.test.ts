@@ -2,14 +2,14 @@ import assert from 'node:assert/strict';
 import { randomFillSync } from 'node:crypto';
 import { describe, it } from 'node:test';
 import { setImmediate as nextTurn } from 'node:timers/promises';
-import { loadNative } from '../../src/addon/native-addon.ts';
 import { PREFAULT_STEP_BYTES, type SlabPrefault } from '../../src/backends/arena/host-prefault.ts';
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import { localCpuOptionsFromConfig } from '../../src/backends/local-cpu/local-cpu-options.ts';
 import { BackendRegistry } from '../../src/backends/registry.ts';
 import { resolveConfig } from '../../src/config/config.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 import { createLogger } from '../../src/util/log.ts';
 
 const MiB = 1024 * 1024;

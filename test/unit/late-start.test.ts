@@ -9,7 +9,7 @@ import { describe, test } from 'node:test';
 import type { CircuitBreakerBackend } from '../../src/backends/core/circuit-breaker.ts';
 import type { LateStartBackend } from '../../src/backends/core/late-start.ts';
 import type { RemovalListener, StorageBackend } from '../../src/backends/core/types.ts';
-import { MemoryBackend } from '../../src/backends/memory/memory.ts';
+import { MemoryBackend } from '../../src/backends/memory/memory-backend.ts';
 import { BackendRegistry, type TierConfig } from '../../src/backends/registry.ts';
 import type { KvtierError } from '../../src/errors.ts';
 import { KvtierError as KvtierErrorClass } from '../../src/errors.ts';

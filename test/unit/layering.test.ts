@@ -115,11 +115,11 @@ test('no module imports one of a higher layer, and every layer entry names modul
 
 test('the layer check reports an upward import and an entry that names nothing', () => {
   const g = new Map([
-    ['src/backends/x.ts', ['src/native/copy-engine.ts', 'src/util/validate.ts']],
-    ['src/native/copy-engine.ts', ['src/backends/x.ts']],
+    ['src/backends/x.ts', ['src/data-plane/native-copy-engine.ts', 'src/util/validate.ts']],
+    ['src/data-plane/native-copy-engine.ts', ['src/backends/x.ts']],
   ]);
   assert.deepEqual(upwardImports(g), [
-    `src/backends/x.ts -> src/native/copy-engine.ts (layer 3 imports layer 6)`,
+    `src/backends/x.ts -> src/data-plane/native-copy-engine.ts (layer 3 imports layer 5)`,
   ]);
   assert.ok(unmatchedEntries(g).includes('src/sidecar.ts'));
   assert.ok(LAYERS.flat().includes('src/backends/') && LAYERS.flat().includes('src/native/'));
@@ -127,14 +127,14 @@ test('the layer check reports an upward import and an entry that names nothing',
 
 test('the addon loader below the backends and the copy engines stays a leaf', () => {
   const g = graph();
-  const addonDeps = g.get('src/addon/native-addon.ts')!;
+  const addonDeps = g.get('src/native/native-addon.ts')!;
   assert.deepEqual([...addonDeps].sort(), [
-    'src/addon/file-io.ts',
-    'src/addon/native-error.ts',
     'src/errors.ts',
+    'src/native/file-io.ts',
+    'src/native/native-error.ts',
     'src/util/validate.ts',
   ]);
   // Its file-function declarations and its errors are as much a leaf.
-  assert.deepEqual(g.get('src/addon/file-io.ts'), ['src/util/validate.ts']);
-  assert.deepEqual(g.get('src/addon/native-error.ts'), ['src/errors.ts']);
+  assert.deepEqual(g.get('src/native/file-io.ts'), ['src/util/validate.ts']);
+  assert.deepEqual(g.get('src/native/native-error.ts'), ['src/errors.ts']);
 });

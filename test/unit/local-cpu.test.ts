@@ -5,7 +5,7 @@ import {
   type ChunkReservation,
   createLocalCpuBackend,
   LocalCpuBackend,
-} from '../../src/backends/local-cpu/local-cpu.ts';
+} from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 

@@ -14,7 +14,7 @@ import {
   createLocalDiskBackend,
   LocalDiskBackend,
   type LocalDiskOptions,
-} from '../../src/backends/local-disk/local-disk.ts';
+} from '../../src/backends/local-disk/local-disk-backend.ts';
 import {
   localDiskOptionsFromConfig,
   resolveLocalDiskOptions,

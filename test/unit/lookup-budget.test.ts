@@ -3,7 +3,7 @@ import { randomBytes } from 'node:crypto';
 import { afterEach, describe, test } from 'node:test';
 import { setFlagsFromString } from 'node:v8';
 import { runInNewContext } from 'node:vm';
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { SocketSendQueue } from '../../src/protocol/send-queue.ts';

@@ -4,7 +4,6 @@ import * as fsp from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
-import { loadNative } from '../../src/addon/native-addon.ts';
 import {
   CHUNK_HEADER_BYTES,
   CHUNK_HEADER_CHECKSUM_AT,
@@ -15,6 +14,7 @@ import {
 } from '../../src/backends/format/chunk-format.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
+import { loadNative } from '../../src/native/native-addon.ts';
 import { crc32c } from '../../src/util/crc32c.ts';
 
 const addon = loadNative().addon;

@@ -5,13 +5,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import { pathToFileURL } from 'node:url';
-import { loadNative, type NativeAddon, NativeError } from '../../src/addon/native-addon.ts';
 import { KvtierError } from '../../src/errors.ts';
+import { loadNative, type NativeAddon, NativeError } from '../../src/native/native-addon.ts';
 import { spawnGuarded } from '../support/child-guard.ts';
 
 const loadedNative = loadNative();
 const noAddon = loadedNative.addon === null ? loadedNative.reason : false;
-const nativeUrl = pathToFileURL(join(import.meta.dirname, '../../src/addon/native-addon.ts')).href;
+const nativeUrl = pathToFileURL(join(import.meta.dirname, '../../src/native/native-addon.ts')).href;
 
 /** Deterministic bytes both processes can compute: byte i of pattern `seed`. */
 function patternByte(i: number, seed: number): number {

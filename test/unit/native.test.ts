@@ -4,17 +4,17 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, it } from 'node:test';
+import { KvtierError } from '../../src/errors.ts';
 import {
   COPY_OP_WIDTH,
   type CopyBuffer,
   loadNative,
   type NativeAddon,
   NativeError,
-} from '../../src/addon/native-addon.ts';
-import { KvtierError } from '../../src/errors.ts';
+} from '../../src/native/native-addon.ts';
 import { jsCopyBatch } from '../support/js-copy-batch.ts';
 
-const NATIVE_MODULE = new URL('../../src/addon/native-addon.ts', import.meta.url).href;
+const NATIVE_MODULE = new URL('../../src/native/native-addon.ts', import.meta.url).href;
 const loadedNative = loadNative();
 const addon: NativeAddon | null = loadedNative.addon;
 const noAddon = loadedNative.addon === null ? loadedNative.reason : false;

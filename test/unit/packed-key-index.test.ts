@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { describe, test } from 'node:test';
 import { keyOfHash, PackedKeyIndex } from '../../src/backends/index/packed-key-index.ts';
-import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu.ts';
+import { LocalCpuBackend } from '../../src/backends/local-cpu/local-cpu-backend.ts';
 import { type ChunkHash, chunkHashesFromPacked } from '../../src/hashing/chunk-hash.ts';
 
 const NS = '0123456789abcdef0123456789abcdef';

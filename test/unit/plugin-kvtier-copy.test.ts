@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 import { fileURLToPath, pathToFileURL } from 'node:url';
 import { kvtierInstances } from '../../src/backends/plugin/instance.ts';
-import { createModuleBackendFactory } from '../../src/backends/plugin/plugin.ts';
+import { createModuleBackendFactory } from '../../src/backends/plugin/module-backend.ts';
 import { createPluginContext } from '../../src/backends/plugin/plugin-context.ts';
 import type { Logger } from '../../src/util/log.ts';
 
@@ -36,7 +36,7 @@ before(async () => {
     `import { MemoryBackend } from 'kvtier';
 export const createBackend = async (_options, ctx) => new MemoryBackend({}, ctx);\n`,
   );
-  const hostMemory = pathToFileURL(join(ROOT, 'src/backends/memory/memory.ts')).href;
+  const hostMemory = pathToFileURL(join(ROOT, 'src/backends/memory/memory-backend.ts')).href;
   const hostIndex = pathToFileURL(join(ROOT, 'src/index.ts')).href;
   await writeFile(
     join(dir, 'host-copy.mjs'),

@@ -10,7 +10,7 @@ import { BackendRegistry } from '../../src/backends/registry.ts';
 import { KvtierError } from '../../src/errors.ts';
 import { createLogger } from '../../src/util/log.ts';
 
-const memoryUrl = new URL('../../src/backends/memory/memory.ts', import.meta.url).href;
+const memoryUrl = new URL('../../src/backends/memory/memory-backend.ts', import.meta.url).href;
 const MEMORY = `import { MemoryBackend } from ${JSON.stringify(memoryUrl)};\n`;
 
 /** A temp directory holding `files` (path relative to the directory → contents). */

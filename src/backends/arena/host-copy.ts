@@ -3,7 +3,7 @@
  * native addon when it is loaded, otherwise in slices across event-loop turns.
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
-import { COPY_OP_WIDTH, loadNative, type NativeAddon } from '../../addon/native-addon.ts';
+import { COPY_OP_WIDTH, loadNative, type NativeAddon } from '../../native/native-addon.ts';
 
 /**
  * Copies up to this size run on the calling thread: 4 MiB takes about 0.2-0.3 ms at memory

@@ -4,7 +4,7 @@
  * instead of faulting each page in (about 20x slower on a fresh VM) while the event loop waits.
  */
 import { setImmediate as nextTurn } from 'node:timers/promises';
-import { loadNative } from '../../addon/native-addon.ts';
+import { loadNative } from '../../native/native-addon.ts';
 import type { Logger } from '../../util/log.ts';
 import type { HostArena } from './host-arena.ts';
 

@@ -5,7 +5,7 @@
  * index (or none), eviction and error policy; the raw file operations are in file-store.ts.
  */
 import { join } from 'node:path';
-import type { NativeFileIo } from '../../addon/file-io.ts';
+import type { NativeFileIo } from '../../native/file-io.ts';
 import type { Logger } from '../../util/log.ts';
 import { BufferPool } from '../arena/buffer-pool.ts';
 import type { Chunk, ChunkHash, NamespaceId } from '../core/types.ts';

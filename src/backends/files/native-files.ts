@@ -4,8 +4,8 @@
  * round trip per system call. `KVTIER_NATIVE_FILES=0` forces `node:fs` (tests run both paths).
  */
 
-import type { NativeFileIo } from '../../addon/file-io.ts';
-import { loadNative } from '../../addon/native-addon.ts';
+import type { NativeFileIo } from '../../native/file-io.ts';
+import { loadNative } from '../../native/native-addon.ts';
 import type { FileSystem } from './file-store.ts';
 import { realFileSystem } from './file-store.ts';
 

@@ -6,7 +6,7 @@
  * both give the same value.
  */
 import xxhash from 'xxhash-wasm';
-import { loadNative, type NativeAddon } from '../../addon/native-addon.ts';
+import { loadNative, type NativeAddon } from '../../native/native-addon.ts';
 import { crc32c } from '../../util/crc32c.ts';
 
 /** Algorithm id 1: XXH64 with seed 0 (stored format version 1). */

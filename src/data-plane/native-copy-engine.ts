@@ -1,17 +1,12 @@
+import { KvtierError } from '../errors.ts';
 import {
   COPY_OP_WIDTH,
   type CopyBuffer,
   type DeviceRegion,
   loadNative,
   type NativeAddon,
-} from '../addon/native-addon.ts';
-import type {
-  CopyEngine,
-  CopyOptions,
-  CopySurface,
-  DeviceSurface,
-} from '../data-plane/copy-engine-types.ts';
-import { KvtierError } from '../errors.ts';
+} from '../native/native-addon.ts';
+import type { CopyEngine, CopyOptions, CopySurface, DeviceSurface } from './copy-engine-types.ts';
 
 /** A host KV file mapped shared into this process. */
 class MappedFile implements DeviceSurface {
