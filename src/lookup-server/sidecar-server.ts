@@ -1,19 +1,18 @@
 /**
  * The lookup server (the design card's `src/lookup-server`): the storage manager's caller over
- * ZMQ. It decodes each request and hands LOOKUP, CANCEL, PUT, GET, CLEAR and STATS to the storage
- * manager, the data-plane messages to the data plane; it owns its socket, send queue and auth,
- * not the storage manager or the data plane (the sidecar builds and closes both).
+ * ZMQ. It decodes and authorizes each request, answers LOOKUP itself and hands every other
+ * message to its handler (handlers/: the storage manager's messages, the data plane's); it owns
+ * its socket, send queue and auth, not the storage manager or the data plane (the sidecar builds
+ * and closes both).
  */
 import { randomUUID } from 'node:crypto';
 import * as zmq from 'zeromq';
 import type { DataPlane } from '../data-plane/data-plane.ts';
-import type { KvRegistration } from '../data-plane/kv-layout.ts';
 import { closedError, KvtierError } from '../errors.ts';
 import { type Tally, tallyOf } from '../metrics/counter-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
-import { decodeRequest, encodeReply, hashesToHex, peekRequestId } from '../protocol/codec.ts';
-import { DATA_PLANE_LIMITS, type DataPlaneRequest } from '../protocol/data-plane-messages.ts';
-import { asBuffer } from '../protocol/frame.ts';
+import { decodeRequest, encodeReply, peekRequestId } from '../protocol/codec.ts';
+import { DATA_PLANE_LIMITS } from '../protocol/data-plane-messages.ts';
 import {
   type LookupRequest,
   PROTOCOL_VERSION,
@@ -25,11 +24,12 @@ import { SocketSendQueue } from '../protocol/send-queue.ts';
 import { ratesOnWire } from '../storage-manager/claim-rule.ts';
 import type { StorageManager } from '../storage-manager/storage-manager.ts';
 import type { LookupInput, LookupOutcome } from '../storage-manager/storage-types.ts';
-import { Deadline } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { AuditLog } from './audit.ts';
 import type { ServerAuth } from './auth.ts';
+import { MAX_TIMER_MS } from './handlers/data-plane-handlers.ts';
+import { type HandlerContext, handlerOf } from './handlers/handler-table.ts';
 import { waitForPortFree } from './port-free.ts';
 import { resolveLimits } from './protocol-limits.ts';
 
@@ -60,8 +60,6 @@ export interface SidecarServerOptions {
   maxSendQueueBytes?: number;
 }
 
-/** Longest timer Node can arm, ms; longer load deadlines are cut to it. */
-const MAX_TIMER_MS = 2 ** 31 - 1;
 /** Largest data-plane frame the limits allow (3 MiB of ids and hashes), with room to spare. */
 const DATA_PLANE_FRAME_BYTES = 4 * 1024 * 1024;
 
@@ -95,6 +93,8 @@ export class SidecarServer {
   /** Requests decoded and not yet answered (STATS `server.inflight`). */
   #inflight = 0;
   readonly #audit: AuditLog;
+  /** What the handlers (handlers/) use of this server. */
+  readonly #context: HandlerContext;
 
   constructor(opts: SidecarServerOptions) {
     this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', {
@@ -115,6 +115,19 @@ export class SidecarServer {
       1,
       MAX_TIMER_MS,
     );
+    this.#context = {
+      storage: this.#storage,
+      dataPlane: this.#dataPlane,
+      loadDeadlineMs: this.#loadDeadlineMs,
+      audit: this.#audit,
+      pingInfo: () => this.#pingInfo(),
+      serverStats: () => ({
+        inflight: this.#inflight - 1, // not counting the STATS request itself
+        sendQueueDepth: this.#sendQueue?.depth ?? 0,
+        sendQueueBytes: this.#sendQueue?.bytes ?? 0,
+        sendDropped: this.#sendQueue?.dropped ?? 0,
+      }),
+    };
   }
 
   /** The bound endpoint (with the real port when `*` was asked for); empty before start. */
@@ -257,178 +270,13 @@ export class SidecarServer {
   async #handle(envelope: Buffer[], req: Request, input?: LookupInput): Promise<void> {
     const t0 = performance.now();
     try {
-      await (req.type === 'lookup'
-        ? this.#lookup(envelope, req, input ?? lookupInput(req))
-        : this.#dispatch(envelope, req));
+      if (req.type === 'lookup') await this.#lookup(envelope, req, input ?? lookupInput(req));
+      else this.#reply(envelope, await handlerOf(req)(this.#context, req, envelope[0]));
     } catch (err) {
       this.#replyError(envelope, req.requestId, err);
     } finally {
       this.#inflight--;
       this.#log.debug('request', { type: req.type, ms: performance.now() - t0 });
-    }
-  }
-
-  async #dispatch(envelope: Buffer[], req: Request): Promise<void> {
-    const storage = this.#storage;
-    switch (req.type) {
-      case 'lookup':
-        return this.#lookup(envelope, req, lookupInput(req));
-      case 'cancel': {
-        const found = storage.cancel(req.lookupId);
-        return this.#reply(envelope, { type: 'cancel-result', requestId: req.requestId, found });
-      }
-      case 'clear': {
-        let epoch: number;
-        try {
-          epoch = await storage.clear(req.namespaces);
-        } catch (err) {
-          this.#audit.clearFailed(envelope[0], req.namespaces, err);
-          throw err;
-        }
-        this.#audit.cleared(envelope[0], req.namespaces, epoch);
-        return this.#reply(envelope, { type: 'clear-result', requestId: req.requestId, epoch });
-      }
-      case 'ping':
-        return this.#reply(envelope, {
-          type: 'pong',
-          requestId: req.requestId,
-          info: this.#pingInfo(),
-        });
-      case 'stats':
-        return this.#reply(envelope, {
-          type: 'stats-result',
-          requestId: req.requestId,
-          stats: {
-            ...storage.stats(),
-            ...(this.#dataPlane === undefined ? {} : { dataPlane: this.#dataPlane.stats() }),
-            server: {
-              inflight: this.#inflight - 1, // not counting this STATS request
-              sendQueueDepth: this.#sendQueue?.depth ?? 0,
-              sendQueueBytes: this.#sendQueue?.bytes ?? 0,
-              sendDropped: this.#sendQueue?.dropped ?? 0,
-            },
-          },
-        });
-      case 'put': {
-        const outcome = await storage.put(req.namespace, req.hash, {
-          tokens: req.tokens,
-          data: req.payload,
-        });
-        return this.#reply(envelope, { type: 'put-result', requestId: req.requestId, outcome });
-      }
-      case 'get': {
-        const chunk = await storage.get(req.namespace, req.hash);
-        return this.#reply(envelope, {
-          type: 'get-result',
-          requestId: req.requestId,
-          found: chunk !== null,
-          tokens: chunk?.tokens ?? 0,
-          payload: chunk === null ? Buffer.alloc(0) : asBuffer(chunk.data),
-        });
-      }
-      default:
-        // Data-plane requests only: another new request does not compile until it has a case.
-        return this.#dataPlaneRequest(envelope, req);
-    }
-  }
-
-  async #dataPlaneRequest(envelope: Buffer[], req: DataPlaneRequest): Promise<void> {
-    const dp = this.#dataPlane;
-    if (dp === undefined) throw new KvtierError('KVT_INVALID_ARGUMENT', 'data plane not enabled');
-    const { requestId } = req;
-    switch (req.type) {
-      case 'register': {
-        // Every field is validated by the data plane (resolveKvRegistration).
-        const layout = await dp.register(req.registration as unknown as KvRegistration);
-        return this.#reply(envelope, {
-          type: 'register-result',
-          requestId,
-          engineId: layout.engineId,
-          namespace: layout.namespace.id,
-          chunkSize: layout.chunkSize,
-          blockSize: layout.blockSize,
-        });
-      }
-      case 'save': {
-        const r = await dp.save({
-          engineId: req.engineId,
-          requestId: req.engineRequestId,
-          blockIds: req.blockIds,
-          chunkHashes: hashesToHex(req.chunkHashes),
-          skipChunks: req.skipChunks,
-          ...(req.notAfterNs ? { notAfterNs: req.notAfterNs } : {}),
-          ...(req.cudaEvent !== undefined ? { cudaEvent: req.cudaEvent } : {}),
-          ...(req.fenceSlot !== undefined && req.fenceTicket !== undefined
-            ? { fence: { slot: req.fenceSlot, ticket: req.fenceTicket } }
-            : {}),
-        });
-        return this.#reply(envelope, { type: 'save-result', requestId, ...r });
-      }
-      case 'load': {
-        // Relative deadline from receipt, as a signal only (the load is not raced): the data
-        // plane checks it between chunks and answers with what it loaded.
-        const deadline = new Deadline({
-          what: 'LOAD',
-          timeoutMs: Math.min(
-            req.deadlineMs === 0 ? this.#loadDeadlineMs : req.deadlineMs,
-            MAX_TIMER_MS,
-          ),
-        });
-        try {
-          const r = await dp.load(
-            {
-              engineId: req.engineId,
-              requestId: req.engineRequestId,
-              lookupId: req.lookupId,
-              blockIds: req.blockIds,
-              chunkHashes: hashesToHex(req.chunkHashes),
-              ...(req.stateSlot >= 0 ? { stateSlot: req.stateSlot } : {}),
-              ...(req.skipBlocks ? { skipBlocks: req.skipBlocks } : {}),
-              ...(req.notAfterNs ? { notAfterNs: req.notAfterNs } : {}),
-              ...(req.progressSlot !== undefined ? { progressSlot: req.progressSlot } : {}),
-            },
-            { signal: deadline.signal },
-          );
-          return this.#reply(envelope, {
-            type: 'load-result',
-            requestId,
-            loadedTokens: r.loadedTokens,
-            invalidBlockIds: Uint32Array.from(r.invalidBlockIds),
-          });
-        } finally {
-          deadline.dispose();
-        }
-      }
-      case 'hold': {
-        const heldChunks = dp.holdLookup(req.engineId, req.engineRequestId, req.lookupId);
-        return this.#reply(envelope, { type: 'hold-result', requestId, heldChunks });
-      }
-      case 'request-finished': {
-        let released = false;
-        if (req.kind === 'preempted') dp.requestPreempted(req.engineId, req.engineRequestId);
-        else {
-          released = dp.heartbeat(req.engineId);
-          dp.requestFinished(req.engineId, req.engineRequestId);
-        }
-        return this.#reply(envelope, { type: 'request-finished-result', requestId, released });
-      }
-      case 'heartbeat':
-        return this.#reply(envelope, {
-          type: 'heartbeat-result',
-          requestId,
-          known: dp.heartbeat(req.engineId),
-        });
-      case 'unregister':
-        // What a heartbeat timeout does, now: loads running for the engine stop at their next chunk.
-        return this.#reply(envelope, {
-          type: 'unregister-result',
-          requestId,
-          released: await dp.engineGone(req.engineId),
-        });
-      default: {
-        const unhandled: never = req; // a table message without a case here does not compile
-        throw new KvtierError('KVT_INTERNAL', `no handler for ${(unhandled as Request).type}`);
-      }
     }
   }
 

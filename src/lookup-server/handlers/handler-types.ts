@@ -1,0 +1,35 @@
+/**
+ * What a request handler of the server gets and gives: the server's parts it may use, and the
+ * reply it returns (the server sends it, or an error reply when the handler throws).
+ */
+import type { DataPlane } from '../../data-plane/data-plane.ts';
+import type { Reply, Request } from '../../protocol/messages.ts';
+import type { StorageManager } from '../../storage-manager/storage-manager.ts';
+import type { AuditLog } from '../audit.ts';
+
+/** The server's parts a handler uses; one per server, the peer's identity per request. */
+export interface HandlerContext {
+  readonly storage: StorageManager;
+  /** Absent when the data plane is off: its messages are refused. */
+  readonly dataPlane: DataPlane | undefined;
+  /** Deadline of a LOAD that asks for the default (deadlineMs 0), ms. */
+  readonly loadDeadlineMs: number;
+  readonly audit: AuditLog;
+  /** PONG's `info`. */
+  pingInfo(): Record<string, unknown>;
+  /** STATS' `server` part, this request not counted. */
+  serverStats(): Record<string, number>;
+}
+
+/** The request of type `T`. */
+export type RequestOf<T extends Request['type']> = Extract<Request, { type: T }>;
+
+/** Answers one request of type `T`; throws (a `KvtierError`) for an error reply. */
+export type Handler<T extends Request['type']> = (
+  ctx: HandlerContext,
+  req: RequestOf<T>,
+  peer: Buffer | undefined,
+) => Reply | Promise<Reply>;
+
+/** A handler for each of the given request types. */
+export type Handlers<T extends Request['type']> = { readonly [K in T]: Handler<K> };
