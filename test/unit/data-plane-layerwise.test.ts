@@ -166,6 +166,25 @@ async function saveAndLookUp(r: Rig, chunks: number, lookupId: string) {
 
 const word = (path: string, slot: number) => readFileSync(path).readInt32LE(4 * slot);
 
+/** Request `q`'s layer-wise LOAD of lookup `L` into `blockIds`. */
+function layerwiseLoad(
+  r: Rig,
+  blockIds: number[],
+  chunkHashes: ChunkHash[],
+  stateSlot: number,
+  progressSlot: number,
+) {
+  return r.dp.load({
+    engineId: 'E',
+    requestId: 'q',
+    lookupId: 'L',
+    blockIds,
+    chunkHashes,
+    stateSlot,
+    progressSlot,
+  });
+}
+
 const native = createNativeCopyEngine().engine;
 const engines: Array<[string, () => CopyEngine]> = [['file copy engine', createFsCopyEngine]];
 if (native !== null) engines.push(['native addon (mapped state file)', () => native]);
@@ -176,15 +195,7 @@ for (const [name, make] of engines) {
       // Groups of 3 regions' blocks of 4 chunks: a layer (2 regions x 4 chunks) spans 3 groups.
       const r = await rig(make(), { groupBytes: 3 * BPC * BLOCK, inFlight: 2 });
       const { src, dst, hs } = await saveAndLookUp(r, 4, 'L');
-      const res = await r.dp.load({
-        engineId: 'E',
-        requestId: 'q',
-        lookupId: 'L',
-        blockIds: dst,
-        chunkHashes: hs,
-        stateSlot: 0,
-        progressSlot: 1,
-      });
+      const res = await layerwiseLoad(r, dst, hs, 0, 1);
       assert.deepEqual(res, { loadedTokens: 4 * BPC * 4, invalidBlockIds: [] });
       for (let i = 0; i < src.length; i++)
         assert.deepEqual(block(r.kv, dst[i]!), block(r.kv, src[i]!));
@@ -230,15 +241,7 @@ for (const [name, make] of engines) {
       const { dst, hs } = await saveAndLookUp(r, 3, 'L');
       const missing = [...hs, chunkHashFromBytes(randomBytes(32))];
       const extra = [...dst, 60, 61, 62, 63];
-      const res = await r.dp.load({
-        engineId: 'E',
-        requestId: 'q',
-        lookupId: 'L',
-        blockIds: extra,
-        chunkHashes: missing,
-        stateSlot: 2,
-        progressSlot: 3,
-      });
+      const res = await layerwiseLoad(r, extra, missing, 2, 3);
       assert.deepEqual(res, { loadedTokens: 3 * BPC * 4, invalidBlockIds: [60, 61, 62, 63] });
       assert.equal(word(r.state, 2), LOAD_STATE.FAILED);
       // The last layer is never announced: the engine learns the outcome from the completion word.
@@ -255,15 +258,7 @@ for (const [name, make] of engines) {
         copied = n;
         if (n === 2) r.dp.requestFinished('E', 'q');
       };
-      const res = await r.dp.load({
-        engineId: 'E',
-        requestId: 'q',
-        lookupId: 'L',
-        blockIds: dst,
-        chunkHashes: hs,
-        stateSlot: 4,
-        progressSlot: 5,
-      });
+      const res = await layerwiseLoad(r, dst, hs, 4, 5);
       assert.equal(copied, 2);
       assert.deepEqual(res, { loadedTokens: 0, invalidBlockIds: dst });
       assert.equal(word(r.state, 4), LOAD_STATE.FAILED);
