@@ -229,32 +229,19 @@ export class SidecarServer {
     }
     if (this.#metrics !== undefined) this.#requestTally(req.type).n++;
     if (req.type === 'lookup') {
-      this.#lookupNow(envelope, req);
+      // Answered before this returns when host memory alone answers it (no promise, no turn of
+      // the event loop); else the walk below host memory runs as any request.
+      const answer = this.#storage.lookup(lookupInput(req));
+      if (!(answer instanceof Promise)) {
+        this.#replyLookup(envelope, req, answer);
+        return;
+      }
+      this.#inflight++;
+      void this.#handle(envelope, req, answer);
       return;
     }
     this.#inflight++;
     void this.#handle(envelope, req);
-  }
-
-  /**
-   * A lookup: answered before this returns when host memory alone answers it (no promise, no
-   * turn of the event loop), else run as any request.
-   */
-  #lookupNow(envelope: Buffer[], req: LookupRequest): void {
-    const input = lookupInput(req);
-    let outcome: LookupOutcome | undefined;
-    try {
-      outcome = this.#storage.lookupNow(input);
-    } catch (err) {
-      this.#replyError(envelope, req.requestId, err);
-      return;
-    }
-    if (outcome !== undefined) {
-      this.#replyLookup(envelope, req, outcome);
-      return;
-    }
-    this.#inflight++;
-    void this.#handle(envelope, req, input);
   }
 
   #requestTally(type: string): Tally {
@@ -266,11 +253,15 @@ export class SidecarServer {
     return t;
   }
 
-  /** Runs one request to its reply (an error reply when it fails); never rejects. */
-  async #handle(envelope: Buffer[], req: Request, input?: LookupInput): Promise<void> {
+  /**
+   * Runs one request to its reply (an error reply when it fails); never rejects. A LOOKUP comes
+   * with its answer under way (CANCEL and close reach it through the storage manager).
+   */
+  async #handle(envelope: Buffer[], req: Request, lookup?: Promise<LookupOutcome>): Promise<void> {
     const t0 = performance.now();
     try {
-      if (req.type === 'lookup') await this.#lookup(envelope, req, input ?? lookupInput(req));
+      if (req.type === 'lookup')
+        this.#replyLookup(envelope, req, await (lookup ?? this.#storage.lookup(lookupInput(req))));
       else this.#reply(envelope, await handlerOf(req)(this.#context, req, envelope[0]));
     } catch (err) {
       this.#replyError(envelope, req.requestId, err);
@@ -278,11 +269,6 @@ export class SidecarServer {
       this.#inflight--;
       this.#log.debug('request', { type: req.type, ms: performance.now() - t0 });
     }
-  }
-
-  async #lookup(envelope: Buffer[], req: LookupRequest, input: LookupInput): Promise<void> {
-    // CANCEL and close reach a running lookup through the storage manager's event manager.
-    this.#replyLookup(envelope, req, await this.#storage.lookup(input));
   }
 
   #replyLookup(envelope: Buffer[], req: LookupRequest, outcome: LookupOutcome): void {

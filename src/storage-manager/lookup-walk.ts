@@ -18,7 +18,6 @@ import type {
   ChunkHash,
   HostMemoryTier,
   NamespaceId,
-  PackedHostIndex,
   StorageBackend,
 } from '../backends/core/types.ts';
 import { abortedError, closedError, KvtierError } from '../errors.ts';
@@ -41,6 +40,18 @@ import { breakdown, fitBudget, tokensOf } from './lookup-prefix.ts';
 import { PinLedger } from './pin-ledger.ts';
 import { type PrefetchParts, prefetchIntoHost, type Segment } from './prefetch.ts';
 import type { LookupInput, LookupOutcome, LookupRates, PinnedLookup } from './storage-types.ts';
+
+/** What host memory holds of a lookup, asked first (`LookupWalk.#probeHost`). */
+interface HostProbe {
+  /** The pins of `hits`. */
+  readonly ledger: PinLedger;
+  /** Leading chunks host memory holds, by namespace (pinned). */
+  readonly hits: Map<NamespaceId, number>;
+  /** The fewest of them. */
+  readonly ready: number;
+  /** Whether host memory answers the lookup alone. */
+  readonly complete: boolean;
+}
 
 /** What a {@link LookupWalk} reads and writes; all owned by the storage manager. */
 export interface LookupWalkParts extends PrefetchParts {
@@ -85,10 +96,35 @@ export class LookupWalk {
     this.#recorder = new LookupRecorder(parts.metrics);
   }
 
-  /** See `StorageManager.lookup`. */
-  async lookup(input: LookupInput, opts: { signal?: AbortSignal } = {}): Promise<LookupOutcome> {
-    const hashes = this.#admit(input);
+  /**
+   * See `StorageManager.lookup`: host memory is asked first, once; when it answers the lookup
+   * alone the outcome is returned at once, else the walk goes on below it from what host memory
+   * holds (its pins kept, not asked again). Errors always come as a rejected promise.
+   */
+  lookup(
+    input: LookupInput,
+    opts: { signal?: AbortSignal } = {},
+  ): LookupOutcome | Promise<LookupOutcome> {
     const started = performance.now();
+    let hashes: LookupHashes;
+    let host: HostProbe | undefined;
+    try {
+      hashes = this.#admit(input);
+      if (opts.signal?.aborted !== true) host = this.#probeHost(input, hashes);
+      if (host?.complete === true) return this.#answerNow(input, hashes, host, started);
+    } catch (err) {
+      return Promise.reject(err);
+    }
+    return this.#lookupLater(input, hashes, opts, started, host);
+  }
+
+  async #lookupLater(
+    input: LookupInput,
+    hashes: LookupHashes,
+    opts: { signal?: AbortSignal },
+    started: number,
+    host: HostProbe | undefined,
+  ): Promise<LookupOutcome> {
     const events = this.#events;
     events.cancel(input.lookupId);
 
@@ -112,12 +148,14 @@ export class LookupWalk {
       );
     } catch (err) {
       memory?.release();
+      host?.ledger.releaseAll();
       if (onAbort !== undefined) outer!.removeEventListener('abort', onAbort);
       throw err;
     }
     let recorded = false;
     try {
-      const pinned = await this.#walk(input, hashes, abort, memory, this.#parts.fence.stamp());
+      const stamp = this.#parts.fence.stamp();
+      const pinned = await this.#walk(input, hashes, abort, memory, stamp, host);
       if (abort.aborted) {
         pinned.ledger.releaseAll();
         throw abortedError(abort.signal, 'lookup');
@@ -174,9 +212,11 @@ export class LookupWalk {
     abort: LazyAbort,
     memory: LookupBytesHold,
     stamp: number,
+    host: HostProbe | undefined,
   ): Promise<AnsweredLookup> {
     const epoch = this.#epoch();
-    const ledger = new PinLedger();
+    // Host memory's hits, when it was asked first, are pinned in its ledger already.
+    const ledger = host?.ledger ?? new PinLedger();
     const rule =
       input.computeTokensPerSec === undefined
         ? undefined
@@ -194,7 +234,8 @@ export class LookupWalk {
       const segmentsByNs: Segment[][] = [];
       let ready = n;
       for (const ns of input.namespaces) {
-        const segments = await this.#probe(ns, hashes, tierCount, ledger, abort, rule);
+        const known = host?.hits.get(ns);
+        const segments = await this.#probe(ns, hashes, tierCount, ledger, abort, rule, known);
         segmentsByNs.push(segments);
         ready = Math.min(ready, segments.length === 0 ? 0 : segments[segments.length - 1]!.end);
       }
@@ -236,11 +277,18 @@ export class LookupWalk {
     ledger: PinLedger,
     abort: LazyAbort,
     rule: ClaimRule | undefined,
+    hostHits?: number,
   ): Promise<Segment[]> {
     const segments: Segment[] = [];
     let pos = 0;
     const n = hashes.length;
     for (let ti = 0; ti < tierCount && pos < n; ti++) {
+      if (ti === 0 && hostHits !== undefined) {
+        // Host memory was asked first (`#probeHost`): its hits are pinned in the ledger.
+        if (hostHits > 0) segments.push({ tierIndex: 0, start: 0, end: hostHits });
+        pos = hostHits;
+        continue;
+      }
       const tier = this.#tiers[ti]!;
       if (tier.health() === 'down') continue;
       if (rule !== undefined && !rule.worthProbing(ti, ns, pos, n)) continue;
@@ -325,15 +373,15 @@ export class LookupWalk {
     return outcomeOf(pinned);
   }
 
-  /** See `StorageManager.lookupNow`. */
-  lookupNow(input: LookupInput): LookupOutcome | undefined {
-    const index = this.#host.packedIndex;
-    if (index === undefined || this.#host.health() === 'down') return undefined;
-    const hashes = this.#admit(input);
-    const started = performance.now();
-    const ledger = new PinLedger();
-    const ready = this.#probeHost(index, input, hashes, ledger);
-    if (ready === undefined) return undefined;
+  /** Answers a lookup host memory answered alone (`#probeHost`): no promise, no walk. */
+  #answerNow(
+    input: LookupInput,
+    hashes: LookupHashes,
+    host: HostProbe,
+    started: number,
+  ): LookupOutcome {
+    const { ledger, ready } = host;
+    ledger.releaseFrom(ready);
     const events = this.#events;
     let memory: LookupBytesHold | undefined;
     let entry: PendingPrefetch;
@@ -363,40 +411,39 @@ export class LookupWalk {
   }
 
   /**
-   * Host memory alone: finds and pins each namespace's hits through the host tier's packed index
-   * `index` into `ledger`. Returns the ready prefix (pins past it released), or undefined, holding no
-   * pin, when the walk would go on below host memory (a chunk missing there while lower tiers
-   * may be asked) or the index failed: `lookup` then decides.
+   * Asks host memory first, through its packed index: finds and pins each namespace's hits into a
+   * new ledger. `complete` when host memory answers the lookup alone (every chunk there, or
+   * nothing below it to ask); else the walk goes on from `hits` (kept pinned). Undefined, holding
+   * no pin, without a packed index, with host memory down, or when the index failed (the walk
+   * then asks host memory as any tier).
    */
-  #probeHost(
-    index: PackedHostIndex,
-    input: LookupInput,
-    hashes: LookupHashes,
-    ledger: PinLedger,
-  ): number | undefined {
+  #probeHost(input: LookupInput, hashes: LookupHashes): HostProbe | undefined {
+    const index = this.#host.packedIndex;
+    if (index === undefined || this.#host.health() === 'down') return undefined;
+    const ledger = new PinLedger();
+    const hits = new Map<NamespaceId, number>();
     const n = hashes.length;
     const askLower = this.#tiers.length > 1 && input.prefetch !== false;
     let ready = n;
-    if (n === 0) return ready;
+    let complete = true;
     const packed = hashes.packed;
     for (const ns of input.namespaces) {
-      let k: number;
-      try {
-        k = index.contains(ns, packed, 0, n, true);
-      } catch {
-        ledger.releaseAll();
-        return undefined;
+      let k = 0;
+      if (n > 0) {
+        try {
+          k = index.contains(ns, packed, 0, n, true);
+        } catch {
+          ledger.releaseAll();
+          return undefined;
+        }
       }
       k = Math.max(0, Math.min(k, n));
       if (k > 0) ledger.addPacked(this.#host, index, ns, 0, hashes, 0, k);
-      if (k < n && askLower) {
-        ledger.releaseAll();
-        return undefined;
-      }
+      hits.set(ns, k);
+      if (k < n && askLower) complete = false;
       ready = Math.min(ready, k);
     }
-    ledger.releaseFrom(ready);
-    return ready;
+    return { ledger, hits, ready, complete };
   }
 
   /** Releases the pins and memory of an answered lookup. Idempotent. */

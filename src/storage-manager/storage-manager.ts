@@ -174,25 +174,20 @@ export class StorageManager {
 
   /**
    * Looks up a prompt's chunks across the tiers, pins the hits and prefetches lower-tier hits
-   * into host memory. Resolves when the answer (tokens ready in host memory) is known; a lookup
-   * id already in use is cancelled first. Never rejects for backend faults (a failing tier is a
-   * miss); rejects with KVT_CAPACITY when too many lookups are tracked, KVT_CLOSED after close,
-   * KVT_INVALID_ARGUMENT for inconsistent input.
+   * into host memory. Host memory is asked first: when it answers alone (its packed index holds
+   * every chunk in every namespace, or there is nothing below it to ask: no lower tier, or
+   * `prefetch: false`), the outcome is returned at once, without a promise; else a promise
+   * resolves when the answer (tokens ready in host memory) is known, the walk going on below
+   * host memory from what it holds. A lookup id already in use is cancelled first. Never fails
+   * for backend faults (a failing tier is a miss); rejects (never throws) with KVT_CAPACITY when
+   * too many lookups are tracked, KVT_CLOSED after close, KVT_INVALID_ARGUMENT for inconsistent
+   * input.
    */
-  lookup(input: LookupInput, opts: { signal?: AbortSignal } = {}): Promise<LookupOutcome> {
+  lookup(
+    input: LookupInput,
+    opts: { signal?: AbortSignal } = {},
+  ): LookupOutcome | Promise<LookupOutcome> {
     return this.#lookups.lookup(input, opts);
-  }
-
-  /**
-   * {@link lookup}, answered at once when the host-memory tier alone answers it: its packed
-   * index holds every chunk in every namespace, or there is nothing below it to ask (no lower
-   * tier, or `prefetch: false`). Same outcome, pins, tracking and accounting as `lookup`,
-   * without a promise. Returns undefined, holding nothing new, when the lookup needs the tiers
-   * below (or the host tier has no packed index): call `lookup` then.
-   * @throws KvtierError as {@link lookup}.
-   */
-  lookupNow(input: LookupInput): LookupOutcome | undefined {
-    return this.#lookups.lookupNow(input);
   }
 
   /** Namespaces of a tracked lookup (running or answered), for the server's namespace rule. */

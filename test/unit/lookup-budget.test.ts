@@ -46,7 +46,7 @@ describe('lookup memory budget', () => {
     const { cpu, sm, hs } = setup(2 * per);
     const four = hs.slice(0, 4);
     for (const h of four) await cpu.put(NS, h, { tokens: 16, data: randomBytes(PAGE) });
-    const look = (id: string, opts = {}) =>
+    const look = async (id: string, opts = {}) =>
       sm.lookup({
         lookupId: id,
         namespaces: [NS],

@@ -1,6 +1,7 @@
-// StorageManager.lookupNow: the synchronous lookup host memory answers alone. Each case runs
-// the same lookup through `lookup` on a twin manager and expects the same outcome, pins,
-// tracking, budget and metrics.
+// StorageManager.lookup answered at once (no promise) when host memory answers alone, and
+// otherwise going on below host memory from what it holds, without asking it again. The first
+// case runs the same lookup on a twin manager through the walk and expects the same outcome,
+// pins, tracking, budget and metrics.
 import assert from 'node:assert/strict';
 import { randomBytes } from 'node:crypto';
 import { afterEach, describe, test } from 'node:test';
@@ -13,6 +14,7 @@ import { KvtierMetrics } from '../../src/metrics/metrics.ts';
 import { StorageManager } from '../../src/storage-manager/storage-manager.ts';
 import type {
   LookupInput,
+  LookupOutcome,
   StorageManagerOptions,
 } from '../../src/storage-manager/storage-types.ts';
 import { taggedHashes } from '../support/fixtures.ts';
@@ -28,6 +30,19 @@ function packed(hs: ChunkHash[]): Buffer {
 }
 
 const open: StorageManager[] = [];
+
+/** Makes `tier` hide its packed index: a lookup then walks the tiers (the reference). */
+function walking<T extends object>(tier: T): T {
+  Object.defineProperty(tier, 'packedIndex', { value: undefined, configurable: true });
+  return tier;
+}
+
+/** A lookup host memory answers alone: its outcome, returned at once. */
+function now(sm: StorageManager, x: LookupInput): LookupOutcome {
+  const out = sm.lookup(x);
+  assert.ok(!(out instanceof Promise), `${x.lookupId}: answered at once`);
+  return out;
+}
 
 function cpuTier(): LocalCpuBackend {
   return new LocalCpuBackend(
@@ -64,15 +79,19 @@ function input(id: string, hs: ChunkHash[], extra: Partial<LookupInput> = {}): L
   };
 }
 
-describe('StorageManager.lookupNow', () => {
+describe('StorageManager.lookup answered at once', () => {
   test('answers a CPU hit at once as lookup does: pins held until cancel, entry done, budget held', async () => {
     const hs = hashes(4);
     const fast = await setup(hs);
     const slow = await setup(hs);
-    const now = fast.sm.lookupNow(input('a', hs));
-    const later = await slow.sm.lookup(input('a', hs));
-    assert.deepEqual(now, later);
-    assert.deepEqual(now, {
+    walking(slow.cpu);
+    const answered = now(fast.sm, input('a', hs));
+    const walked = slow.sm.lookup(input('a', hs));
+    assert.ok(walked instanceof Promise, 'the twin walks');
+    const later = await walked;
+    assert.deepEqual({ ...answered, epoch: 0 }, { ...later, epoch: 0 });
+    assert.equal(later.epoch, slow.sm.epoch);
+    assert.deepEqual(answered, {
       status: 'ok',
       epoch: fast.sm.epoch,
       hitTokens: 64,
@@ -95,11 +114,11 @@ describe('StorageManager.lookupNow', () => {
   test('a partial CPU hit with no tier below is answered; pins only the prefix', async () => {
     const hs = hashes(5);
     const { cpu, sm } = await setup(hs.slice(0, 2));
-    const out = sm.lookupNow(input('p', hs));
+    const out = now(sm, input('p', hs));
     assert.equal(out?.hitChunks, 2);
     assert.equal(out?.hitTokens, 32);
     assert.equal(cpu.stats().pinnedChunks, 2);
-    const miss = sm.lookupNow(input('m', hashes(3, 'other')));
+    const miss = now(sm, input('m', hashes(3, 'other')));
     assert.deepEqual(miss, {
       status: 'ok',
       epoch: sm.epoch,
@@ -109,26 +128,38 @@ describe('StorageManager.lookupNow', () => {
     });
   });
 
-  test('leaves a lookup that needs a lower tier to lookup, holding nothing', async () => {
+  test('a lookup that needs a lower tier goes on below host memory without asking it again', async () => {
     const hs = hashes(3);
     const lower = new MemoryBackend({}, { name: 'mem' });
     for (const h of hs) await lower.put(NS, h, { tokens: 16, data: randomBytes(CHUNK_BYTES) });
     const { cpu, sm } = await setup(hs.slice(0, 1), { lower: [lower] });
-    assert.equal(sm.lookupNow(input('x', hs)), undefined);
-    assert.equal(cpu.stats().pinnedChunks, 0);
-    assert.equal(sm.events.state('x'), 'not_found');
-    assert.equal((sm.stats().lookups as Record<string, number>).bytes, 0);
-    // The full walk then prefetches; with prefetch off, host memory alone answers.
-    assert.equal((await sm.lookup(input('x', hs))).hitChunks, 3);
-    assert.equal(sm.lookupNow(input('y', hashes(2, 'no'), { prefetch: false }))?.hitChunks, 0);
+    const index = cpu.packedIndex!;
+    const contains = index.contains.bind(index);
+    let asked = 0;
+    index.contains = (...args: Parameters<typeof contains>) => {
+      asked++;
+      return contains(...args);
+    };
+    const pending = sm.lookup(input('x', hs));
+    assert.ok(pending instanceof Promise, 'a lower tier is asked');
+    assert.equal(asked, 1);
+    // The host hit is pinned from the start; the lookup is tracked while it runs.
+    assert.equal(cpu.stats().pinnedChunks, 1);
+    assert.equal(sm.events.state('x'), 'ongoing');
+    assert.equal((await pending).hitChunks, 3);
+    assert.equal(asked, 1, 'host memory was asked once');
+    assert.equal(cpu.stats().pinnedChunks, 3);
+    // With prefetch off, host memory alone answers.
+    assert.equal(now(sm, input('y', hashes(2, 'no'), { prefetch: false })).hitChunks, 0);
     // A full CPU hit needs nothing below, lower tiers or not.
-    assert.equal(sm.lookupNow(input('z', hs))?.hitChunks, 3);
+    assert.equal(now(sm, input('z', hs)).hitChunks, 3);
+    assert.equal(asked, 3);
   });
 
   test('pin: false answers without pins, entry or budget', async () => {
     const hs = hashes(2);
     const { cpu, sm } = await setup(hs);
-    assert.equal(sm.lookupNow(input('n', hs, { pin: false }))?.hitChunks, 2);
+    assert.equal(now(sm, input('n', hs, { pin: false }))?.hitChunks, 2);
     assert.equal(cpu.stats().pinnedChunks, 0);
     assert.equal(sm.events.state('n'), 'not_found');
     assert.equal((sm.stats().lookups as Record<string, number>).bytes, 0);
@@ -138,7 +169,7 @@ describe('StorageManager.lookupNow', () => {
     const hs = hashes(3);
     const { cpu, sm } = await setup(hs, { namespaces: [NS, NS2] });
     await cpu.remove(NS2, [hs[2]!]);
-    const out = sm.lookupNow(input('ns', hs, { namespaces: [NS, NS2] }));
+    const out = now(sm, input('ns', hs, { namespaces: [NS, NS2] }));
     assert.equal(out?.hitChunks, 2);
     assert.equal(cpu.stats().pinnedChunks, 4, 'two chunks pinned in each namespace');
     sm.cancel('ns');
@@ -149,7 +180,7 @@ describe('StorageManager.lookupNow', () => {
     const hs = hashes(2);
     const other = hashes(2, 'o');
     const { cpu, sm } = await setup([...hs, ...other], { maxLookups: 2 });
-    sm.lookupNow(input('t', hs));
+    now(sm, input('t', hs));
     const taken = sm.takeLookup('t');
     assert.ok(taken);
     assert.deepEqual(taken.hashes, hs);
@@ -157,17 +188,17 @@ describe('StorageManager.lookupNow', () => {
     sm.releaseLookup(taken);
     assert.equal(cpu.stats().pinnedChunks, 0);
     // Reusing an id cancels the earlier answer.
-    sm.lookupNow(input('r', hs));
-    sm.lookupNow(input('r', other));
+    now(sm, input('r', hs));
+    now(sm, input('r', other));
     assert.equal(cpu.stats().pinnedChunks, 2);
     const reused = sm.takeLookup('r');
     assert.deepEqual(reused?.hashes, other);
     sm.releaseLookup(reused!);
     assert.equal(cpu.stats().pinnedChunks, 0);
-    sm.lookupNow(input('r', hs));
+    now(sm, input('r', hs));
     // A full registry evicts the oldest answer, releasing its pins.
-    sm.lookupNow(input('s', other));
-    sm.lookupNow(input('u', other));
+    now(sm, input('s', other));
+    now(sm, input('u', other));
     assert.equal(sm.events.state('r'), 'not_found');
     assert.equal(cpu.stats().pinnedChunks, 2, 'only the chunks of s and u stay pinned');
     // CLEAR releases the pins of answered lookups.
@@ -176,20 +207,26 @@ describe('StorageManager.lookupNow', () => {
     assert.equal(sm.events.state('u'), 'not_found');
   });
 
-  test('a full lookup budget is KVT_CAPACITY and takes no pins; bad input and close throw', async () => {
+  test('a full lookup budget is KVT_CAPACITY and takes no pins; bad input and close reject', async () => {
     const hs = hashes(2);
     const { cpu, sm } = await setup(hs, { maxLookupBytes: 100 });
-    assert.throws(() => sm.lookupNow(input('c', hs)), { code: 'KVT_CAPACITY' });
+    // Refusals come as a rejected promise, never thrown.
+    const refused = (x: LookupInput) => {
+      const out = sm.lookup(x);
+      assert.ok(out instanceof Promise);
+      return out;
+    };
+    await assert.rejects(refused(input('c', hs)), { code: 'KVT_CAPACITY' });
     assert.equal(cpu.stats().pinnedChunks, 0);
     assert.equal(sm.events.state('c'), 'not_found');
-    assert.throws(() => sm.lookupNow(input('i', hs, { tokenCounts: [16] })), {
+    await assert.rejects(refused(input('i', hs, { tokenCounts: [16] })), {
       code: 'KVT_INVALID_ARGUMENT',
     });
-    assert.throws(() => sm.lookupNow(input('i', hs, { namespaces: [] })), {
+    await assert.rejects(refused(input('i', hs, { namespaces: [] })), {
       code: 'KVT_INVALID_ARGUMENT',
     });
     await sm.close();
-    assert.throws(() => sm.lookupNow(input('d', hs)), { code: 'KVT_CLOSED' });
+    await assert.rejects(refused(input('d', hs)), { code: 'KVT_CLOSED' });
   });
 
   test('records the lookup metrics as lookup does', async () => {
@@ -199,16 +236,22 @@ describe('StorageManager.lookupNow', () => {
       const cpu = cpuTier();
       for (const h of hs) await cpu.put(NS, h, { tokens: 16, data: randomBytes(CHUNK_BYTES) });
       const metrics = new KvtierMetrics({ defaultMetrics: false });
+      const host = instrumentHostTier(cpu, metrics);
+      if (run === 'async') walking(host);
       const sm = new StorageManager({
-        tiers: [instrumentHostTier(cpu, metrics)],
+        tiers: [host],
         sweepIntervalMs: 0,
         metrics,
       });
       open.push(sm);
       for (let i = 0; i < 3; i++) {
         const inp = input(`m${i}`, i === 2 ? hashes(1, 'miss') : hs);
-        if (run === 'now') assert.ok(sm.lookupNow(inp));
-        else await sm.lookup(inp);
+        if (run === 'now') assert.ok(now(sm, inp));
+        else {
+          const walked = sm.lookup(inp);
+          assert.ok(walked instanceof Promise);
+          await walked;
+        }
       }
       const text = await metrics.text();
       const lines = text

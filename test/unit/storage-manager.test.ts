@@ -13,6 +13,11 @@ import type { StorageManagerOptions } from '../../src/storage-manager/storage-ty
 import { GatedBackend } from '../../test/support/gated-backend.ts';
 import { taggedHashes } from '../support/fixtures.ts';
 
+/** A lookup that must fail: errors come as a rejected promise, never thrown nor an outcome. */
+function promised(x: unknown): Promise<unknown> {
+  assert.ok(x instanceof Promise, 'a refused lookup answers with a promise');
+  return x;
+}
 const NS = '0123456789abcdef0123456789abcdef';
 const NS2 = 'fedcba9876543210fedcba9876543210';
 const CHUNK_BYTES = 4096;
@@ -404,7 +409,9 @@ describe('StorageManager lookup', () => {
     });
     await lower.gate.whenWaiting(1);
     await assert.rejects(
-      blocked.lookup({ lookupId: 'next', namespaces: [NS], hashes: hs, tokenCounts: [16] }),
+      promised(
+        blocked.lookup({ lookupId: 'next', namespaces: [NS], hashes: hs, tokenCounts: [16] }),
+      ),
       (e: unknown) => e instanceof KvtierError && e.code === 'KVT_CAPACITY',
     );
     lower.gate.open();
@@ -426,17 +433,17 @@ describe('StorageManager lookup', () => {
   test('rejects inconsistent input and work after close', async () => {
     const sm = manager([cpuTier()]);
     await assert.rejects(
-      sm.lookup({ lookupId: 'z', namespaces: [NS], hashes: hashes(2), tokenCounts: [1] }),
+      promised(sm.lookup({ lookupId: 'z', namespaces: [NS], hashes: hashes(2), tokenCounts: [1] })),
       { code: 'KVT_INVALID_ARGUMENT' },
     );
     await assert.rejects(
-      sm.lookup({ lookupId: 'z', namespaces: [], hashes: [], tokenCounts: [] }),
+      promised(sm.lookup({ lookupId: 'z', namespaces: [], hashes: [], tokenCounts: [] })),
       { code: 'KVT_INVALID_ARGUMENT' },
     );
     await sm.close();
     await sm.close();
     await assert.rejects(
-      sm.lookup({ lookupId: 'z', namespaces: [NS], hashes: [], tokenCounts: [] }),
+      promised(sm.lookup({ lookupId: 'z', namespaces: [NS], hashes: [], tokenCounts: [] })),
       { code: 'KVT_CLOSED' },
     );
     await assert.rejects(sm.put(NS, hashes(1)[0]!, chunk()), { code: 'KVT_CLOSED' });
