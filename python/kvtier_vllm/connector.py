@@ -36,7 +36,6 @@ except ImportError:  # older vLLM: nothing to declare
 
 try:  # vLLM whose connectors report KV cache events (KVConnectorKVEvents)
     from vllm.distributed.kv_events import (
-        AllBlocksCleared,
         BlockRemoved,
         BlockStored,
         KVConnectorKVEvents,
@@ -100,14 +99,13 @@ except ImportError:  # a vLLM without it names blocks by their hash bytes
 
 def _vllm_event(ev: tuple, block_size: int) -> Any:
     if ev[0] == "stored":
-        kw = dict(block_hashes=list(ev[1]), parent_block_hash=ev[2], token_ids=[], block_size=block_size, lora_id=None, medium=ev[3])
+        tokens = list(ev[4]) if len(ev) > 4 else []
+        kw = dict(block_hashes=list(ev[1]), parent_block_hash=ev[2], token_ids=tokens, block_size=block_size, lora_id=None, medium=ev[3])
         try:
             return BlockStored(**kw, lora_name=None)
         except TypeError:  # vLLM before lora_name
             return BlockStored(**kw)
-    if ev[0] == "removed":
-        return BlockRemoved(block_hashes=list(ev[1]), medium=ev[2])
-    return AllBlocksCleared()
+    return BlockRemoved(block_hashes=list(ev[1]), medium=ev[2])  # ("removed", blocks, medium)
 
 
 try:  # vLLM whose workers send metadata back to the scheduler's connector
@@ -270,7 +268,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker_events: Any = None
         self._events_retry_at = 0.0
         self._event_map = (
-            BlockEventMapper(self._shape.world, self._cfg.chunk_size // self._shape.block_size, self._cfg.kv_events_max_chunks)
+            BlockEventMapper(
+                self._shape.world,
+                self._cfg.chunk_size // self._shape.block_size,
+                self._cfg.kv_events_max_chunks,
+                block_size=self._shape.block_size,
+            )
             if self._events_on and role == KVConnectorRole.SCHEDULER
             else None
         )
@@ -541,7 +544,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler.update_state_after_alloc(req, table, num_external_tokens)
         if self._event_map is not None:
             hashes = [_block_hash(h) for h in getattr(request, "block_hashes", None) or ()]
-            self._event_map.remember(self._scheduler.chunk_hashes(req.request_id), hashes)
+            tokens = getattr(request, "all_token_ids", None) or req.prompt_token_ids
+            self._event_map.remember(self._scheduler.chunk_hashes(req.request_id), hashes, tokens)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         assert self._scheduler is not None

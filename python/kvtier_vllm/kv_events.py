@@ -14,14 +14,18 @@ The path, in vLLM's own plumbing:
    and maps kvtier's chunk hashes to the engine's block hashes, which it learned from the
    requests it scheduled. ``take_events`` yields the result.
 
-Events name each chunk's blocks (``blocks_per_chunk`` engine blocks), with empty ``token_ids``
-(like vLLM's own CPU offloading events: the blocks' tokens came with the engine's GPU events)
-and ``medium`` the kind of the tier that first held the chunk on every rank (``CPU``, ``DISK``,
-``SHARED``). A CLEAR of the engine's namespaces is one ``AllBlocksCleared``.
+Events name each chunk's blocks (``blocks_per_chunk`` engine blocks) with their ``token_ids``
+(the request's tokens of those blocks, remembered with the blocks' hashes: routers that key
+blocks by their tokens, such as Dynamo's, need them) and ``medium`` the kind of the tier that
+first held the chunk on every rank (``CPU``, ``DISK``, ``SHARED``). A CLEAR of the engine's
+namespaces removes each chunk reported stored with a ``BlockRemoved`` of its blocks (routers
+such as llm-d's ignore ``AllBlocksCleared``, and kvtier's CLEAR does not touch the GPU's
+blocks, which vLLM's own ``AllBlocksCleared`` would say).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from typing import Any, Iterable, Sequence
 
@@ -98,7 +102,7 @@ class WorkerEvents:
 
 
 class _Chunk:
-    __slots__ = ("ranks", "medium", "reported", "blocks", "parent")
+    __slots__ = ("ranks", "medium", "reported", "blocks", "parent", "tokens")
 
     def __init__(self) -> None:
         self.ranks = 0
@@ -106,6 +110,7 @@ class _Chunk:
         self.reported: str | None = None
         self.blocks: tuple | None = None
         self.parent: Any = None
+        self.tokens: array | None = None
 
 
 class BlockEventMapper:
@@ -115,13 +120,16 @@ class BlockEventMapper:
     :param blocks_per_chunk: engine blocks per kvtier chunk.
     :param max_chunks: chunks remembered at most; past it the oldest is forgotten (reported
         removed when it was reported stored: a router then under- rather than over-estimates).
+    :param block_size: tokens per engine block: with it, ``stored`` events carry the chunk's
+        tokens (4 bytes each kept per remembered chunk); without it, none.
     """
 
-    def __init__(self, world: int, blocks_per_chunk: int, max_chunks: int = 65536) -> None:
-        if world < 1 or blocks_per_chunk < 1 or max_chunks < 1:
-            raise ValueError("world, blocks_per_chunk and max_chunks must be >= 1")
+    def __init__(self, world: int, blocks_per_chunk: int, max_chunks: int = 65536, block_size: int | None = None) -> None:
+        if world < 1 or blocks_per_chunk < 1 or max_chunks < 1 or (block_size is not None and block_size < 1):
+            raise ValueError("world, blocks_per_chunk, max_chunks and block_size must be >= 1")
         self._full = (1 << world) - 1
         self._bpc = blocks_per_chunk
+        self._chunk_tokens = None if block_size is None else block_size * blocks_per_chunk
         self._max = max_chunks
         self._chunks: OrderedDict[bytes, _Chunk] = OrderedDict()
         self._out: list[tuple] = []
@@ -132,10 +140,14 @@ class BlockEventMapper:
         """Chunks currently reported stored."""
         return self._reported
 
-    def remember(self, chunk_hashes: Sequence[bytes], block_hashes: Sequence[Any]) -> None:
+    def remember(
+        self, chunk_hashes: Sequence[bytes], block_hashes: Sequence[Any], token_ids: Sequence[int] | None = None
+    ) -> None:
         """Maps a request's chunks to its blocks: chunk ``i`` is blocks ``[i*bpc, (i+1)*bpc)`` (the
-        engine's hashes, as its events name them). Chunks without all their blocks are skipped."""
+        engine's hashes, as its events name them) and, with ``block_size`` and the request's
+        ``token_ids``, those blocks' tokens. Chunks without all their blocks are skipped."""
         bpc = self._bpc
+        n = self._chunk_tokens
         for i, h in enumerate(chunk_hashes):
             blocks = tuple(block_hashes[i * bpc : (i + 1) * bpc])
             if len(blocks) < bpc:
@@ -144,6 +156,8 @@ class BlockEventMapper:
             if c.blocks is None:
                 c.blocks = blocks
                 c.parent = block_hashes[i * bpc - 1] if i > 0 else None
+            if c.tokens is None and n is not None and token_ids is not None and len(token_ids) >= (i + 1) * n:
+                c.tokens = array("i", token_ids[i * n : (i + 1) * n])
             self._report(c)
         self._trim()
 
@@ -175,9 +189,10 @@ class BlockEventMapper:
                 if c.ranks == 0:
                     c.medium = None
         if cleared:
-            if self._reported > 0:
-                self._out.append(("cleared",))
+            # Each chunk reported stored is removed by name: a router may ignore AllBlocksCleared.
             for c in self._chunks.values():
+                if c.reported is not None:
+                    self._out.append(("removed", c.blocks, c.reported))
                 c.reported = None
                 if c.ranks == 0:
                     c.medium = None
@@ -188,8 +203,8 @@ class BlockEventMapper:
         self._trim()
 
     def take(self) -> list[tuple]:
-        """Events since the last call: ``("stored", blocks, parent, medium)``,
-        ``("removed", blocks, medium)``, ``("cleared",)``."""
+        """Events since the last call: ``("stored", blocks, parent, medium, token_ids)``
+        (``token_ids`` a tuple, empty when not known) and ``("removed", blocks, medium)``."""
         out, self._out = self._out, []
         return out
 
@@ -205,7 +220,7 @@ class BlockEventMapper:
         if c.reported is None and c.blocks is not None and c.ranks == self._full:
             c.reported = c.medium or "CPU"
             self._reported += 1
-            self._out.append(("stored", c.blocks, c.parent, c.reported))
+            self._out.append(("stored", c.blocks, c.parent, c.reported, tuple(c.tokens or ())))
 
     def _trim(self) -> None:
         while len(self._chunks) > self._max:

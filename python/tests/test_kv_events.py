@@ -41,9 +41,9 @@ def test_a_chunk_is_stored_once_every_rank_holds_it_and_removed_when_any_loses_i
     m.apply([(0, "stored", H(0), "CPU")])
     assert m.take() == []
     m.apply([(1, "stored", H(0), "DISK"), (0, "stored", H(1), "CPU")])
-    assert m.take() == [("stored", (0, 1), None, "DISK")]
+    assert m.take() == [("stored", (0, 1), None, "DISK", ())]
     m.apply([(1, "stored", H(1), "CPU")])
-    assert m.take() == [("stored", (1000, 1001), 1, "CPU")]
+    assert m.take() == [("stored", (1000, 1001), 1, "CPU", ())]
     assert m.reported_chunks == 2
     # Rank 0 loses chunk 0 (its last tier): loading it needs every rank, so it is gone.
     m.apply([(0, "removed", H(0), None)])
@@ -52,7 +52,7 @@ def test_a_chunk_is_stored_once_every_rank_holds_it_and_removed_when_any_loses_i
     assert m.take() == []
     # Stored again on both: reported again.
     m.apply([(0, "stored", H(0), "CPU"), (1, "stored", H(0), "CPU")])
-    assert m.take() == [("stored", (0, 1), None, "CPU")]
+    assert m.take() == [("stored", (0, 1), None, "CPU", ())]
 
 
 def test_chunks_seen_before_their_request_are_reported_once_mapped():
@@ -60,22 +60,42 @@ def test_chunks_seen_before_their_request_are_reported_once_mapped():
     m.apply([(0, "stored", H(5), "SHARED"), (0, "stored", H(6), "CPU")])
     assert m.take() == []
     m.remember([H(5), H(6), H(7)], blocks(0) + blocks(1) + [7000])
-    assert m.take() == [("stored", (0, 1), None, "SHARED"), ("stored", (1000, 1001), 1, "CPU")]
+    assert m.take() == [("stored", (0, 1), None, "SHARED", ()), ("stored", (1000, 1001), 1, "CPU", ())]
     m.remember([H(5)], blocks(0))
     assert m.take() == [], "a chunk is reported once"
 
 
-def test_clear_is_one_all_blocks_cleared_and_chunks_stored_again_are_reported_again():
+def test_clear_removes_each_reported_chunk_by_name_and_chunks_stored_again_are_reported_again():
     m = BlockEventMapper(world=2, blocks_per_chunk=1)
     m.remember([H(0), H(1)], [10, 11])
     m.apply([(r, "stored", H(i), "CPU") for r in (0, 1) for i in (0, 1)])
     assert len(m.take()) == 2
     m.apply([(0, "cleared", None, None), (1, "cleared", None, None), (0, "stored", H(1), "CPU"), (1, "stored", H(1), "CPU")])
-    assert m.take() == [("cleared",), ("stored", (11,), 10, "CPU")]
+    # A BlockRemoved per chunk (routers such as llm-d's ignore AllBlocksCleared), then the
+    # chunk stored again since the CLEAR.
+    assert m.take() == [("removed", (10,), "CPU"), ("removed", (11,), "CPU"), ("stored", (11,), 10, "CPU", ())]
     m.apply([(0, "cleared", None, None)])
-    assert m.take() == [("cleared",)]
+    assert m.take() == [("removed", (11,), "CPU")]
     m.apply([(1, "cleared", None, None)])
-    assert m.take() == [], "nothing reported: no second AllBlocksCleared"
+    assert m.take() == [], "nothing reported: nothing to remove"
+
+
+def test_stored_events_carry_the_chunks_tokens_when_the_block_size_is_known():
+    m = BlockEventMapper(world=1, blocks_per_chunk=2, block_size=4)
+    tokens = list(range(100, 120))  # 5 blocks of 4: two whole chunks and a block
+    m.remember([H(0), H(1), H(2)], [1, 2, 3, 4, 5], tokens)
+    m.apply([(0, "stored", H(i), "CPU") for i in (0, 1, 2)])
+    assert m.take() == [
+        ("stored", (1, 2), None, "CPU", tuple(range(100, 108))),
+        ("stored", (3, 4), 2, "CPU", tuple(range(108, 116))),
+    ]
+    # Too few tokens for a chunk: its blocks are still reported, without tokens.
+    m2 = BlockEventMapper(world=1, blocks_per_chunk=2, block_size=4)
+    m2.remember([H(5)], [9, 10], [1, 2, 3])
+    m2.apply([(0, "stored", H(5), "DISK")])
+    assert m2.take() == [("stored", (9, 10), None, "DISK", ())]
+    with pytest.raises(ValueError):
+        BlockEventMapper(world=1, blocks_per_chunk=2, block_size=0)
 
 
 def test_the_bound_forgets_the_oldest_chunk_and_reports_it_removed():

@@ -4,7 +4,8 @@ scheduler's ``update_connector_output`` and ``take_events``, and vLLM's ``ZmqEve
 (``--kv-events-config``), read by a ZMQ subscriber decoding vLLM's own ``KVEventBatch``. Two
 ranks on one sidecar with its event stream on: a request's saved chunks come out as
 ``BlockStored`` (medium ``CPU``) in the request's own block hashes once every rank holds them,
-evicted ones as ``BlockRemoved``, a CLEAR as ``AllBlocksCleared``."""
+with their tokens, evicted ones as ``BlockRemoved``, and a CLEAR as a ``BlockRemoved`` of every
+chunk still reported (routers such as llm-d's ignore ``AllBlocksCleared``)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,18 @@ class Router:
 
 def test_saved_chunks_evictions_and_clear_reach_a_router_through_vllm(engine, events_sidecar):
     from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+
+    ours = ("CPU", "DISK", "SHARED")
+
+    def reported(events) -> set:
+        """kvtier's chunks a router holds after ``events``: stored and not removed since."""
+        live: set = set()
+        for ev in events:
+            if isinstance(ev, BlockStored) and ev.medium in ours:
+                live.add(tuple(ev.block_hashes))
+            elif isinstance(ev, BlockRemoved) and ev.medium in ours:
+                live.discard(tuple(ev.block_hashes))
+        return live
     from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 
     port = free_port()
@@ -98,6 +111,8 @@ def test_saved_chunks_evictions_and_clear_reach_a_router_through_vllm(engine, ev
         assert [ev.block_hashes for ev in cpu_stored()] == want
         assert [ev.parent_block_hash for ev in cpu_stored()] == [None, hashes[1]]
         assert all(ev.block_size == BLOCK for ev in cpu_stored())
+        # The blocks' tokens, as routers that key blocks by their tokens (Dynamo's) read them.
+        assert [list(ev.token_ids) for ev in cpu_stored()] == [list(p[:CHUNK]), list(p[CHUNK : 2 * CHUNK])]
 
         # Six more chunks per rank do not fit: the oldest are evicted (nothing below host memory).
         for i in range(3):
@@ -105,11 +120,15 @@ def test_saved_chunks_evictions_and_clear_reach_a_router_through_vllm(engine, ev
         removed = lambda: [ev for ev in router.take() if isinstance(ev, BlockRemoved) and ev.medium == "CPU"]  # noqa: E731
         until(lambda: any(ev.block_hashes == want[0] for ev in removed()))
 
+        before = reported(router.take())
+        assert before, "chunks are reported before the CLEAR"
         c = KvtierClient(events_sidecar.endpoint)
         try:
             c.clear()
         finally:
             c.close()
-        until(lambda: any(isinstance(ev, AllBlocksCleared) for ev in router.take()))
+        # Every chunk reported is removed by name; kvtier sends no AllBlocksCleared.
+        until(lambda: not (reported(router.take()) & before))
+        assert not any(isinstance(ev, AllBlocksCleared) for ev in router.take())
     finally:
         router.close()
