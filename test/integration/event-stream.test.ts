@@ -284,6 +284,14 @@ describe('the event stream', { timeout: 300_000 }, () => {
       await converge(f, sidecar, ns, 'after the restart');
       assert.equal(f.instance, sidecar.events!.log.instance, 'the follower saw the new instance');
       assert.ok(f.lastSeq < seqBefore, 'the sequence started again');
+      // A replay from where the follower stood is empty, as "nothing new" would be
+      // (docs/events.md): only the instance, on the stream, tells the two apart.
+      const r = new ReplayClient(sidecar.events!.replayEndpoint!);
+      try {
+        assert.deepEqual(await r.replay(seqBefore + 1), []);
+      } finally {
+        r.close();
+      }
       assert.equal(f.inTier(ns, 'cpu').size, 0, 'host memory did not survive');
       assert.equal(f.inTier(ns, 'disk').size, 12, 'the disk tier did, and the snapshot says so');
       assert.ok(f.counts.snapshots >= 2);
