@@ -38,19 +38,33 @@ export async function writeLoadState(
   const slot = req.stateSlot;
   if (file == null || !Number.isInteger(slot) || slot! < 0 || slot! * 4 + 4 > file.sizeBytes)
     return;
-  const word = new Uint8Array(4);
-  new DataView(word.buffer).setInt32(0, value, true);
   try {
-    await copy.copy([word, file], Float64Array.of(0, 0, 1, slot! * 4, 4));
+    await writeStateWord(copy, file, slot! * 4, value);
   } catch (err) {
     log.warn('could not write the load state word', { engineId: req.engineId, slot, err });
   }
 }
 
 /**
- * Writes a layer-wise load's progress (layers in place) to slot `slot` of the state file: at
- * once into a host mapping, else through the copy engine, one write after another so a later
- * count never lands before an earlier one. A failed write is logged once, never thrown.
+ * Writes the little-endian 32-bit `value` at byte `offset` of a state file: at once into a host
+ * mapping, else through the copy engine.
+ */
+function writeStateWord(
+  copy: CopyEngine,
+  file: DeviceSurface,
+  offset: number,
+  value: number,
+): void | Promise<void> {
+  if (file.writeWord !== undefined) return file.writeWord(offset, value);
+  const word = new Uint8Array(4);
+  new DataView(word.buffer).setUint32(0, value >>> 0, true);
+  return copy.copy([word, file], Float64Array.of(0, 0, 1, offset, 4));
+}
+
+/**
+ * Writes a layer-wise load's progress (layers in place) to slot `slot` of the state file, one
+ * write after another so a later count never lands before an earlier one (`flush` waits for
+ * the last). A failed write is logged once, never thrown.
  */
 export function progressWriter(
   copy: CopyEngine,
@@ -67,19 +81,7 @@ export function progressWriter(
   return {
     write(layers) {
       if (file === null) return;
-      if (file.writeWord !== undefined) {
-        try {
-          file.writeWord(slot * 4, layers);
-        } catch (err) {
-          failed(err);
-        }
-        return;
-      }
-      const word = new Uint8Array(4);
-      new DataView(word.buffer).setUint32(0, layers, true);
-      chain = chain
-        .then(() => copy.copy([word, file], Float64Array.of(0, 0, 1, slot * 4, 4)), failed)
-        .catch(failed);
+      chain = chain.then(() => writeStateWord(copy, file, slot * 4, layers)).catch(failed);
     },
     flush: () => chain,
   };
