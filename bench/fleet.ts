@@ -219,7 +219,6 @@ async function loadAll(
   groups: Buffer[][],
 ): Promise<{ seconds: number; lookupSeconds: number; loadSeconds: number; tiers: string }> {
   const { dp } = engine;
-  const reg = engine;
   const tiers = new Map<string, number>();
   const t0 = performance.now();
   let lookupMs = 0;
@@ -232,7 +231,7 @@ async function loadAll(
       hashes,
       hashes.map(() => 64),
       {
-        namespaces: [reg.namespace],
+        namespaces: [engine.namespace],
       },
     );
     if (answer.hitTokens !== 64 * hashes.length)
