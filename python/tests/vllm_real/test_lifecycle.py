@@ -107,7 +107,9 @@ def test_vllms_preemption_then_the_request_looks_up_again(engine, async_scheduli
     the memory pressure that preempts). Scheduled again, it asks again, and kvtier offers the
     three chunks it saved before."""
     e = engine(async_scheduling=async_scheduling, num_blocks=20, enable_prefix_caching=False, policy="priority")
-    e.add_request("r", prompt(10, 100), max_tokens=80, priority=1)
+    # 150 tokens to decode (16 blocks in all, s then needs more than the 4 left): r is still
+    # running when its saves are answered, also on a machine that answers them slowly.
+    e.add_request("r", prompt(10, 100), max_tokens=150, priority=1)
     # r's prompt is computed and its three chunks are stored on both ranks before s comes.
     step_until(e, lambda: sum(w.get("chunks_saved", 0) for w in e.worker_stats()) >= 6, max_steps=500)
     e.add_request("s", prompt(11, 150), max_tokens=40, priority=0)
