@@ -3,6 +3,7 @@ import { ConfigError, type KvtierConfig, loadConfig } from '../config/config.ts'
 import { configDocumentOf } from '../config/config-output.ts';
 import { checkConfig } from '../config/preflight.ts';
 import { isKvtierError } from '../errors.ts';
+import type { Logger } from '../util/log.ts';
 import type { ConfigProblem } from '../util/schema-kit.ts';
 import { CONFIG_CHECK } from './commands.ts';
 import { helpText, parseCommand, UsageError } from './options.ts';
@@ -24,7 +25,9 @@ export const CONFIG_COMMAND_USAGE = helpText(CONFIG_CHECK);
  * Runs `kvtier config ...` (only `check` exists); resolves the exit code: 0 valid (the resolved
  * config printed, in the file format), 1 invalid (every problem on stderr), 2 on bad usage.
  * The checks are serve's own (config/preflight.ts), short of binding sockets. Tiers it could not
- * reach are listed on stderr and do not fail the check, unless `--strict`.
+ * reach are listed on stderr and do not fail the check, unless `--strict`. What the tiers log at
+ * warn or error while the check builds them is on stderr as `FILE: warning: ...`, as serve would
+ * log it at start.
  */
 export async function runConfigCommand(args: string[], io: ConfigCommandIo): Promise<number> {
   const [sub, ...rest] = args;
@@ -69,8 +72,13 @@ export async function runConfigCommand(args: string[], io: ConfigCommandIo): Pro
     }
     throw err;
   }
-  const registry = new BackendRegistry({ pluginBaseDir: cfg.baseDir });
+  const warnings: string[] = [];
+  const registry = new BackendRegistry({
+    pluginBaseDir: cfg.baseDir,
+    log: warningsOf('', warnings),
+  });
   const { problems, unreachable } = await checkConfig(cfg, registry, { offline });
+  for (const w of warnings) io.err(`${file}: warning: ${w}`);
   const down = unreachable.map((t) => ({
     path: t.path,
     message: `tier "${t.name}" (${t.type}) could not be reached: ${withoutFailedToStart(t.reason, t)}; serve starts with it down and it joins when it answers`,
@@ -80,6 +88,22 @@ export async function runConfigCommand(args: string[], io: ConfigCommandIo): Pro
   for (const p of down) io.err(`${file}: ${p.path}: ${p.message}`);
   io.out(JSON.stringify(configDocumentOf(cfg), null, 2));
   return 0;
+}
+
+/**
+ * A logger that keeps the warn and error lines the tiers log while the check builds them (what
+ * serve would log at start: a plug-in that loaded a second copy of kvtier, ...), as
+ * `<component>: <message>`; other levels are dropped.
+ */
+function warningsOf(component: string, sink: string[]): Logger {
+  const keep = (msg: string) => void sink.push(component === '' ? msg : `${component}: ${msg}`);
+  return {
+    debug() {},
+    info() {},
+    warn: keep,
+    error: keep,
+    child: (name) => warningsOf(component === '' ? `tier "${name}"` : `${component}.${name}`, sink),
+  };
 }
 
 /** The start error's reason without its `tier "<name>" (<type>) failed to start: ` lead. */
