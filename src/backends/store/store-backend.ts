@@ -7,7 +7,6 @@ import { abortedError, closedError, KvtierError } from '../../errors.ts';
 import { Deadline } from '../../util/deadline.ts';
 import { type Logger, silentLogger } from '../../util/log.ts';
 import { requireInt } from '../../util/validate.ts';
-import { BufferPool } from '../arena/buffer-pool.ts';
 import { checkChunk } from '../core/chunk-check.ts';
 import type {
   BackendCapabilities,
@@ -26,11 +25,11 @@ import type {
 import {
   CHUNK_HEADER_BYTES,
   CHUNK_MAX_PAYLOAD_BYTES,
-  chunkObjectBytes,
   decodeChunkObjectAsync,
-  encodeChunkObjectIntoAsync,
 } from '../format/chunk-format.ts';
 import { clearPrefix, settleBounded } from './bounded.ts';
+import { ChunkTally } from './chunk-tally.ts';
+import { ChunkWriter } from './chunk-writer.ts';
 import {
   checkNamespace,
   type KvStore,
@@ -65,19 +64,12 @@ export class StoreBackend implements StorageBackend {
   readonly #ttlMs: number | undefined;
   readonly #onCorrupt: ((reason: string) => void) | undefined;
   readonly #log: Logger;
-  /** Object buffers for puts, reused once a store `put` has resolved. */
-  readonly #pool = new BufferPool();
-  /** Latest put per key, so that a second put of the key waits and then finds it. */
-  readonly #putting = new Map<StoreKey, Promise<PutOutcome>>();
+  readonly #tally = new ChunkTally();
+  readonly #writer: ChunkWriter;
   #removalListener: RemovalListener | undefined;
   #corruptObjects = 0;
   #errors = 0;
   #droppedPuts = 0;
-  #chunks = 0;
-  #bytes = 0;
-  #recounts = 0;
-  /** While a recount runs: what this instance stored minus removed since it began. */
-  #delta: { chunks: number; bytes: number } | null = null;
   #started = false;
   #closing: Promise<void> | null = null;
 
@@ -113,6 +105,17 @@ export class StoreBackend implements StorageBackend {
       evicts: store.info.evicts,
       maxChunkBytes: max,
     });
+    this.#writer = new ChunkWriter({
+      store,
+      ttlMs: ttl,
+      tally: this.#tally,
+      open: (signal) => this.#open(signal, 'put'),
+      bounded: (signal, work) => this.#bounded('put', signal, work),
+      failure: (cause) => {
+        this.#errors++;
+        return this.#failure('put', cause);
+      },
+    });
   }
 
   /**
@@ -137,7 +140,7 @@ export class StoreBackend implements StorageBackend {
 
   /** Times `chunks` and `bytesUsed` were taken from the store ({@link recount}). */
   get recounts(): number {
-    return this.#recounts;
+    return this.#tally.recounts;
   }
 
   /**
@@ -160,17 +163,10 @@ export class StoreBackend implements StorageBackend {
   async recount(): Promise<void> {
     const count = this.store.count;
     if (this.#closing !== null || count === undefined) return;
-    const delta = { chunks: 0, bytes: 0 };
-    this.#delta = delta;
     try {
-      const n = await count.call(this.store, '', {});
-      this.#chunks = Math.max(0, n.keys + delta.chunks);
-      this.#bytes = Math.max(0, n.bytes + delta.bytes);
-      this.#recounts++;
+      await this.#tally.recount(() => count.call(this.store, '', {}));
     } catch (err) {
       this.#log.debug(`${this.kind} recount failed`, { tier: this.name, err });
-    } finally {
-      if (this.#delta === delta) this.#delta = null;
     }
   }
 
@@ -274,69 +270,7 @@ export class StoreBackend implements StorageBackend {
       this.#droppedPuts++;
       return 'dropped';
     }
-    const key = storeKey(ns, hash);
-    const prev = this.#putting.get(key);
-    const once = () => this.#putOnce(key, ns, hash, chunk, opts.signal);
-    const mine = prev === undefined ? once() : prev.then(once, once);
-    this.#putting.set(key, mine);
-    try {
-      return await mine;
-    } finally {
-      if (this.#putting.get(key) === mine) this.#putting.delete(key);
-    }
-  }
-
-  async #putOnce(
-    key: StoreKey,
-    ns: NamespaceId,
-    hash: ChunkHash,
-    chunk: Chunk,
-    signal: AbortSignal | undefined,
-  ): Promise<PutOutcome> {
-    this.#open(signal, 'put');
-    const bytes = chunkObjectBytes(chunk.data.byteLength);
-    const lent = this.store.valueBuffer?.(key, bytes, { signal, ttlMs: this.#ttlMs });
-    const value = lent ?? this.#pool.acquire(bytes);
-    const filled = encodeChunkObjectIntoAsync(value, ns, hash, chunk).then(() => undefined);
-    filled.catch(() => {});
-    const overlap = this.store.putFilling !== undefined;
-    if (!overlap) {
-      try {
-        await filled;
-      } catch (err) {
-        if (lent === undefined) this.#pool.release(value as Buffer);
-        throw err;
-      }
-    }
-    let stored: boolean;
-    try {
-      stored = await this.#bounded('put', signal, (s) => {
-        const o = { signal: s, ttlMs: this.#ttlMs };
-        const p = overlap
-          ? this.store.putFilling!(key, value, filled, o)
-          : this.store.put(key, value, o);
-        // Reused only once the store is done with it and the encoder has finished writing it;
-        // after a failure it may still be sending.
-        if (lent === undefined)
-          Promise.all([p, filled]).then(
-            () => this.#pool.release(value as Buffer),
-            () => {},
-          );
-        return p;
-      });
-    } catch (err) {
-      // A chunk that could not be encoded is the caller's error, whatever the store said.
-      const encodeError: unknown = await filled.catch((e: unknown) => e);
-      if (encodeError !== undefined) throw encodeError;
-      if (this.#closing !== null) throw closedError(`backend ${this.name}`);
-      if (err instanceof KvtierError && (err.code === 'KVT_ABORTED' || err.code === 'KVT_TIMEOUT'))
-        throw err;
-      this.#errors++;
-      throw this.#failure('put', err);
-    }
-    if (!stored) return 'exists';
-    this.#count(1, bytes);
-    return 'stored';
+    return this.#writer.put(storeKey(ns, hash), ns, hash, chunk, opts.signal);
   }
 
   /** Deletes each key (bounded); returns how many existed. */
@@ -359,7 +293,7 @@ export class StoreBackend implements StorageBackend {
         removed++;
         if (typeof r.value === 'number') bytes += r.value;
       }
-      this.#count(-removed, -bytes);
+      this.#tally.add(-removed, -bytes);
       return removed;
     });
   }
@@ -386,8 +320,8 @@ export class StoreBackend implements StorageBackend {
     const prefix = storeKeyPrefix(ns);
     try {
       const removed = await clearPrefix(this.store, prefix, this.#concurrency, this.kind);
-      if (ns === undefined) this.#count(-this.#chunks, -this.#bytes);
-      else this.#count(-removed.keys, -removed.bytes);
+      if (ns === undefined) this.#tally.removeAll();
+      else this.#tally.add(-removed.keys, -removed.bytes);
     } catch (err) {
       this.#errors++;
       throw this.#failure('clear', err);
@@ -403,14 +337,15 @@ export class StoreBackend implements StorageBackend {
   stats(): StoreBackendStats {
     this.#open(undefined, 'stats');
     return {
-      chunks: this.#chunks,
-      bytesUsed: this.#bytes,
+      chunks: this.#tally.chunks,
+      bytesUsed: this.#tally.bytes,
       capacityBytes: null,
       pinnedChunks: 0,
       evictions: 0,
       droppedPuts: this.#droppedPuts,
       corruptObjects: this.#corruptObjects,
       errors: this.#errors,
+      latePuts: this.#writer.latePuts,
       ...this.store.stats?.(),
     };
   }
@@ -443,7 +378,7 @@ export class StoreBackend implements StorageBackend {
     });
     try {
       const gone = await this.store.delete(key, {});
-      if (gone !== false) this.#count(-1, -(typeof gone === 'number' ? gone : bytes));
+      if (gone !== false) this.#tally.add(-1, -(typeof gone === 'number' ? gone : bytes));
     } catch (err) {
       this.#errors++;
       this.#log.debug(`${this.kind} delete of a corrupt object failed`, { tier: this.name, err });
@@ -453,15 +388,6 @@ export class StoreBackend implements StorageBackend {
       this.#removalListener?.(ns, hash, 'corrupt');
     } catch (err) {
       this.#log.warn('corrupt-object callback threw', { tier: this.name, err });
-    }
-  }
-
-  #count(chunks: number, bytes: number): void {
-    this.#chunks = Math.max(0, this.#chunks + chunks);
-    this.#bytes = Math.max(0, this.#bytes + bytes);
-    if (this.#delta !== null) {
-      this.#delta.chunks += chunks;
-      this.#delta.bytes += bytes;
     }
   }
 

@@ -31,6 +31,11 @@ export interface StoreBackendStats extends BackendStats {
   readonly corruptObjects: number;
   /** Store calls that failed, and calls that ran past `timeoutMs`. */
   readonly errors: number;
+  /**
+   * Puts whose caller stopped waiting (its abort, `timeoutMs`) and that the store wrote all the
+   * same; they are in `chunks` and `bytesUsed` too.
+   */
+  readonly latePuts: number;
 }
 
 /** Store calls one batched call has in flight unless `concurrency` says otherwise. */
