@@ -8,6 +8,7 @@ import type {
   BackendHealth,
   Chunk,
   ChunkHash,
+  ChunkPage,
   ContainsOptions,
   GetOptions,
   NamespaceId,
@@ -136,6 +137,14 @@ export class CircuitBreakerBackend extends ForwardingBackend {
   /** Whether calls currently bypass the backend. */
   get isOpen(): boolean {
     return this.#open;
+  }
+
+  /** Null while calls bypass the backend (it cannot be listed then); else the backend's scan. */
+  override scanChunks(
+    ns: NamespaceId | undefined,
+    opts: { readonly signal?: AbortSignal },
+  ): AsyncIterable<ChunkPage> | null {
+    return this.#open ? null : super.scanChunks(ns, opts);
   }
 
   override async batchedContains(

@@ -11,6 +11,7 @@ import type {
   BackendStats,
   Chunk,
   ChunkHash,
+  ChunkPage,
   ContainsOptions,
   FoundListener,
   GetOptions,
@@ -97,6 +98,14 @@ export abstract class ForwardingBackend<T extends StorageBackend = StorageBacken
   /** Forwarded when the wrapped backend has it; else an empty listing. */
   listChunks(ns?: NamespaceId): Iterable<readonly [NamespaceId, ChunkHash]> {
     return this.inner.listChunks?.(ns) ?? [];
+  }
+
+  /** Forwarded when the wrapped backend has it; else null (it cannot be listed). */
+  scanChunks(
+    ns: NamespaceId | undefined,
+    opts: { readonly signal?: AbortSignal },
+  ): AsyncIterable<ChunkPage> | null {
+    return this.inner.scanChunks?.(ns, opts) ?? null;
   }
 
   stats(): BackendStats {

@@ -13,6 +13,7 @@ import type {
   BackendStats,
   Chunk,
   ChunkHash,
+  ChunkPage,
   FoundListener,
   NamespaceId,
   PutOutcome,
@@ -176,6 +177,14 @@ export class LateStartBackend implements StorageBackend {
 
   listChunks(ns?: NamespaceId): Iterable<readonly [NamespaceId, ChunkHash]> {
     return this.#inner?.listChunks?.(ns) ?? [];
+  }
+
+  /** The started tier's scan; null until it has started. */
+  scanChunks(
+    ns: NamespaceId | undefined,
+    opts: { readonly signal?: AbortSignal },
+  ): AsyncIterable<ChunkPage> | null {
+    return this.#inner?.scanChunks?.(ns, opts) ?? null;
   }
 
   stats(): BackendStats {

@@ -128,6 +128,12 @@ export type RemovalListener = (ns: NamespaceId, hash: ChunkHash, reason: SelfRem
  */
 export type FoundListener = (ns: NamespaceId, hash: ChunkHash) => void;
 
+/** Chunks of one namespace, as a scan of a store yields them. */
+export interface ChunkPage {
+  readonly ns: NamespaceId;
+  readonly hashes: readonly ChunkHash[];
+}
+
 /** Health as seen by the backend itself; remote tiers report 'down' while bypassed. */
 export type BackendHealth = 'up' | 'degraded' | 'down';
 
@@ -214,6 +220,18 @@ export interface StorageBackend {
    * memory (never a scan of a remote store): snapshots of the event stream. Synchronous.
    */
   listChunks?(ns?: NamespaceId): Iterable<readonly [NamespaceId, ChunkHash]>;
+
+  /**
+   * Optional: what the tier's store holds now, of `ns` or of every namespace, read from the store
+   * itself (a shared store: what other sidecars wrote too), a page at a time; null when the store
+   * cannot be listed (or the tier is bypassed). Snapshots of the event stream list shared tiers
+   * with it. Costs store calls in proportion to what is stored: stop iterating, or abort, to stop
+   * them. Chunks written or removed meanwhile may or may not be in it.
+   */
+  scanChunks?(
+    ns: NamespaceId | undefined,
+    opts: { readonly signal?: AbortSignal },
+  ): AsyncIterable<ChunkPage> | null;
 
   stats(): BackendStats;
 

@@ -3,6 +3,7 @@ import { abortedError, closedError, KvtierError } from '../../errors.ts';
 import { withDeadline } from '../../util/deadline.ts';
 import { type Logger, silentLogger } from '../../util/log.ts';
 import { checkChunk } from '../core/chunk-check.ts';
+import { chunkPages } from '../core/chunk-pages.ts';
 import type {
   BackendCapabilities,
   BackendContext,
@@ -11,6 +12,7 @@ import type {
   BackendStats,
   Chunk,
   ChunkHash,
+  ChunkPage,
   ContainsOptions,
   GetOptions,
   NamespaceId,
@@ -269,6 +271,25 @@ export class FsBackend implements StorageBackend {
           entries.filter((e) => e.kind === 'object').map((e) => ({ path: e.path })),
           'clear',
         );
+      })(),
+    );
+  }
+
+  /**
+   * What the directory holds (of `ns`, or all): one listing of it, then pages of one namespace's
+   * chunks. The listing runs under the tier's operation deadline.
+   */
+  scanChunks(
+    ns: NamespaceId | undefined,
+    opts: { readonly signal?: AbortSignal } = {},
+  ): AsyncIterable<ChunkPage> | null {
+    this.#open(opts.signal, 'scan');
+    if (ns !== undefined && !isStorableNamespace(ns)) return chunkPages([]);
+    const tasks = this.#tasks;
+    const maint = this.#maint;
+    return chunkPages(
+      (async function* () {
+        for (const e of await tasks.track(maint.list(ns))) if (e.kind === 'object') yield e;
       })(),
     );
   }

@@ -120,6 +120,27 @@ async function countNode(node: Redis, pattern: string): Promise<Removed> {
   return total;
 }
 
+/**
+ * The keys matching `pattern` on every master, one SCAN reply at a time (masters one after
+ * another). Stops between replies once `signal` fires.
+ */
+export async function* scanKeys(
+  c: Client,
+  pattern: string,
+  signal?: AbortSignal,
+): AsyncGenerator<string[]> {
+  const masters = c instanceof Cluster ? c.nodes('master') : [c];
+  for (const node of masters) {
+    let cursor = '0';
+    do {
+      signal?.throwIfAborted();
+      const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', SCAN_COUNT);
+      cursor = next;
+      if (keys.length > 0) yield keys;
+    } while (cursor !== '0');
+  }
+}
+
 export function globEscape(s: string): string {
   return s.replace(/[*?[\]\\]/g, '\\$&');
 }

@@ -15,17 +15,19 @@
  * ioredis reconnects in the background with capped backoff.
  */
 import { Cluster } from 'ioredis';
-import { closedError, KvtierError } from '../../errors.ts';
+import { abortedError, closedError, KvtierError } from '../../errors.ts';
 import { Deadline } from '../../util/deadline.ts';
 import type { Logger } from '../../util/log.ts';
 import { BufferPool } from '../arena/buffer-pool.ts';
 import type { BackendHealth } from '../core/types.ts';
-import type {
-  KvStore,
-  KvStoreInfo,
-  StoreKey,
-  StorePutOptions,
-  StoreTally,
+import {
+  type KvStore,
+  type KvStoreInfo,
+  type StoreCallOptions,
+  type StoreKey,
+  type StorePutOptions,
+  type StoreTally,
+  storeKeyParts,
 } from '../store/kv-store.ts';
 import {
   type Client,
@@ -33,6 +35,7 @@ import {
   connect,
   countKeys,
   globEscape,
+  scanKeys,
   unlinkSized,
 } from './redis-client.ts';
 import { type FramedSet, framedSet } from './redis-frame.ts';
@@ -183,6 +186,27 @@ export class RedisStore implements KvStore {
       keys: removed.reduce((n, r) => n + r.chunks, 0),
       bytes: removed.reduce((n, r) => n + r.bytes, 0),
     };
+  }
+
+  /**
+   * The prefix's keys on every master (SCAN, a reply at a time); keys that are not chunk keys
+   * under this tier's `keyPrefix` are left out. No sizes (that would be a STRLEN per key).
+   */
+  async *list(prefix: string, opts: StoreCallOptions): AsyncGenerator<{ readonly key: StoreKey }> {
+    this.#ready('list');
+    const lead = this.#o.keyPrefix;
+    try {
+      for await (const keys of scanKeys(this.client, this.#pattern(prefix), opts.signal)) {
+        for (const k of keys) {
+          if (!k.startsWith(lead)) continue;
+          const parts = storeKeyParts(k.slice(lead.length).replace(':', '/'));
+          if (parts !== null) yield { key: `${parts.ns}/${parts.hash}` as StoreKey };
+        }
+      }
+    } catch (err) {
+      if (opts.signal?.aborted === true) throw abortedError(opts.signal, `${this.#name} list`);
+      this.#fail('list')(err);
+    }
   }
 
   /** SCAN + STRLEN of the prefix's keys on every master. */

@@ -19,14 +19,15 @@ import {
 import { closedError, KvtierError } from '../../errors.ts';
 import type { Logger } from '../../util/log.ts';
 import type { BackendHealth } from '../core/types.ts';
-import type {
-  KvStore,
-  KvStoreInfo,
-  StoreCallOptions,
-  StoredValue,
-  StoreGetOptions,
-  StoreKey,
-  StoreTally,
+import {
+  type KvStore,
+  type KvStoreInfo,
+  type StoreCallOptions,
+  type StoredValue,
+  type StoreGetOptions,
+  type StoreKey,
+  type StoreTally,
+  storeKeyParts,
 } from '../store/kv-store.ts';
 import type { ResolvedS3BackendOptions } from './s3-options.ts';
 import { failure, type Outcome, readBody, S3Requests } from './s3-requests.ts';
@@ -186,6 +187,39 @@ export class S3Store implements KvStore {
       token = page.value.IsTruncated === true ? page.value.NextContinuationToken : undefined;
     } while (token !== undefined);
     return { keys, bytes };
+  }
+
+  /**
+   * The objects under `<keyPrefix><prefix>` that are chunk keys, with their sizes, a
+   * ListObjectsV2 page at a time (each request bounded by `timeoutMs`, not the whole).
+   */
+  async *list(
+    prefix: string,
+    opts: StoreCallOptions,
+  ): AsyncGenerator<{ readonly key: StoreKey; readonly bytes: number }> {
+    const s3 = this.requests;
+    const Bucket = this.#o.bucket;
+    const lead = this.#o.keyPrefix;
+    const Prefix = `${lead}${prefix}`;
+    let token: string | undefined;
+    do {
+      const ContinuationToken = token;
+      const page = await s3.request(
+        'list',
+        (s) =>
+          s3.client.send(new ListObjectsV2Command({ Bucket, Prefix, ContinuationToken }), {
+            abortSignal: s,
+          }),
+        opts.signal,
+      );
+      if (!page.ok) throw failure(page, `${this.#name} list`);
+      for (const c of page.value.Contents ?? []) {
+        if (c.Key === undefined || !c.Key.startsWith(lead)) continue;
+        const key = c.Key.slice(lead.length);
+        if (storeKeyParts(key) !== null) yield { key: key as StoreKey, bytes: c.Size ?? 0 };
+      }
+      token = page.value.IsTruncated === true ? page.value.NextContinuationToken : undefined;
+    } while (token !== undefined);
   }
 
   /** 'degraded' while the latest request failed, 'up' once one reaches the service. */

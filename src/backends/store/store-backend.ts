@@ -8,12 +8,14 @@ import { Deadline } from '../../util/deadline.ts';
 import { type Logger, silentLogger } from '../../util/log.ts';
 import { requireInt } from '../../util/validate.ts';
 import { checkChunk } from '../core/chunk-check.ts';
+import { chunkPages } from '../core/chunk-pages.ts';
 import type {
   BackendCapabilities,
   BackendContext,
   BackendHealth,
   Chunk,
   ChunkHash,
+  ChunkPage,
   ContainsOptions,
   GetOptions,
   NamespaceId,
@@ -35,6 +37,7 @@ import {
   type KvStore,
   type StoreKey,
   storeKey,
+  storeKeyParts,
   storeKeyPrefix,
 } from './kv-store.ts';
 import {
@@ -43,6 +46,11 @@ import {
   type StoreBackendStats,
   storeFailure,
 } from './store-options.ts';
+
+/** Listed keys as the chunks they name (null for a key that is not a chunk key). */
+async function* chunksOf(keys: AsyncIterable<{ readonly key: string }>) {
+  for await (const { key } of keys) yield storeKeyParts(key);
+}
 
 /**
  * A `StorageBackend` over a {@link KvStore} (see the file's comment). Capabilities: no pins (the
@@ -326,6 +334,21 @@ export class StoreBackend implements StorageBackend {
       this.#errors++;
       throw this.#failure('clear', err);
     }
+  }
+
+  /**
+   * What the store holds (its `list`, keys of `<ns>/` or all) as pages of one namespace's chunks;
+   * null when the store has no `list`. Keys that are not chunk keys are skipped.
+   */
+  scanChunks(
+    ns: NamespaceId | undefined,
+    opts: { readonly signal?: AbortSignal } = {},
+  ): AsyncIterable<ChunkPage> | null {
+    this.#open(opts.signal, 'scan');
+    if (ns !== undefined) checkNamespace(ns);
+    const list = this.store.list;
+    if (list === undefined) return null;
+    return chunkPages(chunksOf(list.call(this.store, storeKeyPrefix(ns), { signal: opts.signal })));
   }
 
   /** Sets the one listener told of each corrupt object this tier deletes (reason `corrupt`). */
