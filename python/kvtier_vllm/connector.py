@@ -49,7 +49,7 @@ from .curve import CurveKeys, load_client_keys
 from .errors import ConfigError
 from .connector_types import ConnectorMeta, ConnectorOutput
 from .kv_caches import build_registration
-from .kv_events import BlockEventMapper, ChunkTransitions, open_worker_events
+from .kv_events import BlockEventMapper, ChunkTransitions, block_extra_keys, event_fields, open_worker_events
 from .rank_lookup import RankLookup, rank_index, rank_suffix
 from .save_fence import SaveFences
 from .scheduler import SchedulerConnector
@@ -97,15 +97,77 @@ except ImportError:  # a vLLM without it names blocks by their hash bytes
         return h
 
 
-def _vllm_event(ev: tuple, block_size: int) -> Any:
-    if ev[0] == "stored":
-        tokens = list(ev[4]) if len(ev) > 4 else []
-        kw = dict(block_hashes=list(ev[1]), parent_block_hash=ev[2], token_ids=tokens, block_size=block_size, lora_id=None, medium=ev[3])
-        try:
-            return BlockStored(**kw, lora_name=None)
-        except TypeError:  # vLLM before lora_name
-            return BlockStored(**kw)
-    return BlockRemoved(block_hashes=list(ev[1]), medium=ev[2])  # ("removed", blocks, medium)
+try:  # the extra keys vLLM hashes into a block (LoRA name, multimodal identifiers, cache salt)
+    from vllm.v1.core.kv_cache_utils import generate_block_hash_extra_keys as _vllm_extra_keys
+except ImportError:  # derived the same way by kvtier (kv_events.block_extra_keys)
+    _vllm_extra_keys = None
+
+_FIELDS: dict[type, frozenset | None] = {}
+
+
+def _fields_of(cls: type) -> frozenset | None:
+    """The fields ``cls`` (a vLLM event class: a msgspec struct, or a dataclass) accepts; None
+    when it does not say."""
+    if cls not in _FIELDS:
+        names = getattr(cls, "__struct_fields__", None)
+        if names is None:
+            import dataclasses
+
+            names = [f.name for f in dataclasses.fields(cls)] if dataclasses.is_dataclass(cls) else None
+        _FIELDS[cls] = frozenset(names) if names is not None else None
+    return _FIELDS[cls]
+
+
+def _vllm_event(ev: Any, block_size: int, group: dict) -> Any:
+    """A vLLM ``BlockStored``/``BlockRemoved`` of a :class:`~kvtier_vllm.kv_events.BlockEvent`,
+    with every field this vLLM's class has (older ones lack ``lora_name``, ``extra_keys``,
+    ``group_idx``)."""
+    name, kw = event_fields(ev, block_size, **group)
+    cls = BlockStored if name == "BlockStored" else BlockRemoved
+    accepted = _fields_of(cls)
+    if accepted is not None:
+        kw = {k: v for k, v in kw.items() if k in accepted}
+    return cls(**kw)
+
+
+def _event_group(kv_cache_config: Any) -> dict:
+    """What vLLM's own events say of the KV cache group (kvtier serves one: group 0): its index,
+    and on ``BlockStored`` its kind and sliding window as vLLM's KV cache manager computes them."""
+    out: dict = {"group_idx": 0}
+    groups = list(getattr(kv_cache_config, "kv_cache_groups", None) or ())
+    if not groups:
+        return out
+    spec = getattr(groups[0], "kv_cache_spec", None)
+    try:
+        from vllm.v1.kv_cache_interface import get_kv_cache_spec_kind, get_kv_cache_spec_sliding_window
+
+        out["kv_cache_spec_kind"] = get_kv_cache_spec_kind(spec).value
+        out["kv_cache_spec_sliding_window"] = get_kv_cache_spec_sliding_window(spec)
+    except Exception:  # a vLLM without them: the events carry neither
+        pass
+    return out
+
+
+def _request_keys(request: Any, req: Any, num_blocks: int, block_size: int) -> tuple[list | None, tuple | None]:
+    """The request's blocks' extra keys (vLLM's own where it can compute them; None when no block
+    has any) and its LoRA as vLLM's events name it (``(adapter id, name)``, or None)."""
+    lora_req = getattr(request, "lora_request", None)
+    lora = None
+    if lora_req is not None:
+        lora_id = getattr(lora_req, "adapter_id", None)
+        if lora_id is None:
+            lora_id = getattr(lora_req, "lora_int_id", None)
+        lora = (lora_id, getattr(lora_req, "lora_name", None) or req.lora)
+    embeds = getattr(request, "prompt_embeds", None) is not None
+    if not (lora_req is not None or req.cache_salt or req.mm or embeds):
+        return None, lora
+    if _vllm_extra_keys is not None:
+        keys, mm = [], 0
+        for i in range(num_blocks):
+            k, mm = _vllm_extra_keys(request, i * block_size, (i + 1) * block_size, mm)
+            keys.append(k)
+        return keys, lora
+    return block_extra_keys(num_blocks, block_size, lora_name=req.lora, cache_salt=req.cache_salt, mm=req.mm), lora
 
 
 try:  # vLLM whose workers send metadata back to the scheduler's connector
@@ -273,10 +335,12 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 self._cfg.chunk_size // self._shape.block_size,
                 self._cfg.kv_events_max_chunks,
                 block_size=self._shape.block_size,
+                prefix_closed=True,
             )
             if self._events_on and role == KVConnectorRole.SCHEDULER
             else None
         )
+        self._event_group = _event_group(kv_cache_config)
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = self._make_scheduler()
         else:
@@ -545,7 +609,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if self._event_map is not None:
             hashes = [_block_hash(h) for h in getattr(request, "block_hashes", None) or ()]
             tokens = getattr(request, "all_token_ids", None) or req.prompt_token_ids
-            self._event_map.remember(self._scheduler.chunk_hashes(req.request_id), hashes, tokens)
+            chunks = self._scheduler.chunk_hashes(req.request_id)
+            blocks = min(len(hashes), len(chunks) * (self._cfg.chunk_size // self._shape.block_size))
+            extra, lora = _request_keys(request, req, blocks, self._shape.block_size)
+            self._event_map.remember(chunks, hashes, tokens, extra, lora)
 
     def build_connector_meta(self, scheduler_output: "SchedulerOutput") -> KVConnectorMetadata:
         assert self._scheduler is not None
@@ -595,7 +662,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
     def take_events(self):
         if self._event_map is None:
             return ()
-        return [_vllm_event(ev, self._shape.block_size) for ev in self._event_map.take()]
+        return [_vllm_event(ev, self._shape.block_size, self._event_group) for ev in self._event_map.take_records()]
 
     def reset_cache(self) -> bool | None:
         if self._scheduler is None:
