@@ -7,7 +7,7 @@ import { randomBytes } from 'node:crypto';
 import type { ChunkHash, NamespaceId } from '../backends/core/types.ts';
 import { requireInt } from '../util/validate.ts';
 import type { ChunkEventSink, EventTier, RemovalReason, SnapshotGroup } from './event-types.ts';
-import { encodeMsgpack, type MsgpackValue } from './msgpack.ts';
+import { encodePayload, type PayloadValue } from './payload.ts';
 
 /** Options of {@link EventLog}. */
 export interface EventLogOptions {
@@ -176,7 +176,7 @@ export class EventLog implements ChunkEventSink {
     this.#pending = [];
     this.#pendingHashes = 0;
     const seq = ++this.#seq;
-    const payload = encodeMsgpack([this.#now(), events, this.instance], 1024);
+    const payload = encodePayload([this.#now(), events, this.instance]);
     this.#keep(seq, payload);
     this.#onBatch(seq, payload);
   }
@@ -209,7 +209,7 @@ export class EventLog implements ChunkEventSink {
 
   /** A heartbeat's payload: no events, this instance (its sequence number is {@link lastSeq}). */
   heartbeat(): Buffer {
-    return encodeMsgpack([this.#now(), [], this.instance]);
+    return encodePayload([this.#now(), [], this.instance]);
   }
 
   /**
@@ -220,10 +220,10 @@ export class EventLog implements ChunkEventSink {
   snapshot(groups: Iterable<SnapshotGroup>): Buffer[] {
     this.flush();
     const out: Buffer[] = [];
-    let events: MsgpackValue[] = [];
+    let events: PayloadValue[] = [];
     let count = 0;
     const seal = () => {
-      out.push(encodeMsgpack([this.#now(), events, this.instance], 1024));
+      out.push(encodePayload([this.#now(), events, this.instance]));
       events = [];
       count = 0;
     };
@@ -250,7 +250,7 @@ export class EventLog implements ChunkEventSink {
   }
 }
 
-function encodeEvent(p: Pending): MsgpackValue {
+function encodeEvent(p: Pending): PayloadValue {
   if (p.kind === 'cleared')
     return ['cleared', (p.namespaces ?? []).map((ns) => Buffer.from(ns, 'hex')), p.epoch ?? 0];
   const ns = Buffer.from(p.ns, 'hex');

@@ -14,7 +14,7 @@ import { type Logger, silentLogger } from '../util/log.ts';
 import { EventLog } from './event-log.ts';
 import type { SnapshotGroup } from './event-types.ts';
 import type { ResolvedEventsOptions } from './events-options.ts';
-import { encodeMsgpack } from './msgpack.ts';
+import { encodePayload } from './payload.ts';
 
 /** The sequence number that ends a replay or a snapshot (all ones: -1 as a signed u64). */
 export const END_SEQ = Buffer.alloc(8, 0xff);
@@ -178,7 +178,7 @@ export class EventPublisher {
         const last = this.log.lastSeq;
         const seq = seqBytes(last);
         for (const payload of batches) send(seq, payload);
-        send(END_SEQ, encodeMsgpack(['end', batches.length, this.log.instance, last]));
+        send(END_SEQ, encodePayload(['end', batches.length, this.log.instance, last]));
         return;
       }
     }
@@ -191,7 +191,7 @@ export class EventPublisher {
       return;
     }
     this.#metrics?.replays.inc({ kind: 'bad' });
-    send(END_SEQ, encodeMsgpack(['error', 'expected [u64 seq] or ["snapshot", ns?]']));
+    send(END_SEQ, encodePayload(['error', 'expected [u64 seq] or ["snapshot", ns?]']));
   }
 
   /** Seals what is pending, publishes it, and closes both sockets. Idempotent. */

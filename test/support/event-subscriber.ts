@@ -4,8 +4,9 @@
  * a per-tier picture of what the sidecar holds, repairing gaps from the replay window and
  * resynchronising from a snapshot when the sidecar restarts or the window no longer covers a gap.
  */
+import { decode } from '@msgpack/msgpack';
 import * as zmq from 'zeromq';
-import { decodeMsgpack, type MsgpackValue } from '../../src/event-stream/msgpack.ts';
+import type { PayloadValue } from '../../src/event-stream/payload.ts';
 
 /** One decoded message of the stream. */
 export interface StreamMessage {
@@ -13,13 +14,13 @@ export interface StreamMessage {
   readonly ts: number;
   readonly instance: string;
   /** The events, as decoded (tagged arrays). */
-  readonly events: readonly (readonly MsgpackValue[])[];
+  readonly events: readonly (readonly PayloadValue[])[];
 }
 
 /** Decodes `[topic, seq, payload]` (or a replay's `[seq, payload]`). */
 export function decodeStreamMessage(seqFrame: Buffer, payload: Buffer): StreamMessage {
   const seq = Number(seqFrame.readBigUInt64BE(0));
-  const [ts, events, instance] = decodeMsgpack(payload) as [number, MsgpackValue[][], string];
+  const [ts, events, instance] = decode(payload) as [number, PayloadValue[][], string];
   return { seq, ts, instance, events };
 }
 
@@ -43,7 +44,7 @@ export class ReplayClient {
   }
 
   /** A snapshot (of one namespace when given): its batches, and the end marker's count. */
-  async snapshot(ns?: string): Promise<{ messages: StreamMessage[]; end: MsgpackValue }> {
+  async snapshot(ns?: string): Promise<{ messages: StreamMessage[]; end: PayloadValue }> {
     await this.#sock.send(
       ns === undefined
         ? [Buffer.from('snapshot')]
@@ -53,18 +54,18 @@ export class ReplayClient {
   }
 
   /** Sends raw frames; returns the end marker's payload, decoded (empty: undefined). */
-  async raw(frames: Buffer[]): Promise<MsgpackValue | undefined> {
+  async raw(frames: Buffer[]): Promise<PayloadValue | undefined> {
     await this.#sock.send(frames);
     const { end } = await this.#collect();
     return end;
   }
 
-  async #collect(): Promise<{ messages: StreamMessage[]; end: MsgpackValue }> {
+  async #collect(): Promise<{ messages: StreamMessage[]; end: PayloadValue }> {
     const messages: StreamMessage[] = [];
     for (;;) {
       const [seq, payload] = await this.#sock.receive();
       if (seq!.readBigUInt64BE(0) === END)
-        return { messages, end: payload!.length === 0 ? null : decodeMsgpack(payload!) };
+        return { messages, end: payload!.length === 0 ? null : (decode(payload!) as PayloadValue) };
       messages.push(decodeStreamMessage(seq!, payload!));
     }
   }
@@ -208,7 +209,7 @@ export class StreamFollower {
     this.#applyEvents(m.events);
   }
 
-  #applyEvents(events: readonly (readonly MsgpackValue[])[]): void {
+  #applyEvents(events: readonly (readonly PayloadValue[])[]): void {
     for (const ev of events) {
       const kind = ev[0] as string;
       if (kind === 'cleared') {

@@ -1,10 +1,11 @@
 import assert from 'node:assert/strict';
 import { describe, it } from 'node:test';
-import type { ChunkHash } from '../../src/backends/core/types.ts';
+import { decode } from '@msgpack/msgpack';
+import type { ChunkHash, NamespaceId } from '../../src/backends/core/types.ts';
 import { EventLog } from '../../src/event-stream/event-log.ts';
 import type { EventTier } from '../../src/event-stream/event-types.ts';
 import { defaultReplayEndpoint } from '../../src/event-stream/events-options.ts';
-import { decodeMsgpack, encodeMsgpack, type MsgpackValue } from '../../src/event-stream/msgpack.ts';
+import { encodePayload, type PayloadValue } from '../../src/event-stream/payload.ts';
 import { randomHashes, randomNamespace } from '../support/fixtures.ts';
 
 const CPU: EventTier = { name: 'cpu', medium: 'CPU' };
@@ -23,45 +24,96 @@ function manualLog(opts: ConstructorParameters<typeof EventLog>[0] = {}) {
   return { log, batches };
 }
 
-function hex(b: MsgpackValue): string {
+function hex(b: PayloadValue): string {
   return Buffer.from(b as Uint8Array).toString('hex');
 }
 
-describe('msgpack subset', () => {
-  it('writes the spec bytes for small values and reads them back', () => {
-    assert.equal(encodeMsgpack([1, 'a', null, true, false]).toString('hex'), '9501a161c0c3c2');
-    assert.equal(encodeMsgpack(-1).toString('hex'), 'ff');
-    assert.equal(encodeMsgpack(-33).toString('hex'), 'd0df');
-    assert.equal(encodeMsgpack(255).toString('hex'), 'ccff');
-    assert.equal(encodeMsgpack(65536).toString('hex'), 'ce00010000');
-    assert.equal(encodeMsgpack(2 ** 40).toString('hex'), 'cf0000010000000000');
-    assert.equal(encodeMsgpack(1.5).toString('hex'), 'cb3ff8000000000000');
-    assert.equal(encodeMsgpack(Buffer.from([1, 2])).toString('hex'), 'c4020102');
-    assert.equal(encodeMsgpack({ a: 1 }).toString('hex'), '81a16101');
+/** A batch of every event kind as the stream writes it (docs/events.md), byte for byte. */
+const GOLDEN_BATCH =
+  '93cb41da4a7b2008000094' +
+  // ['stored', ns, 'cpu', 'CPU', two hashes]
+  '95a673746f726564c41000112233445566778899aabbccddeeffa3637075a3435055c440' +
+  '11'.repeat(32) +
+  '22'.repeat(32) +
+  // ['removed', ns, 'disk', 'DISK', one hash, 'evicted']
+  '96a772656d6f766564c41000112233445566778899aabbccddeeffa46469736ba44449534bc420' +
+  '11'.repeat(32) +
+  'a765766963746564' +
+  // ['cleared', [ns], 7], then ['cleared', [], 2^32]
+  '93a7636c656172656491c41000112233445566778899aabbccddeeff07' +
+  '93a7636c656172656490cf0000000100000000' +
+  // the instance
+  'b030303131323233336161626263636464';
+
+describe('event encoding', () => {
+  const NS = '00112233445566778899aabbccddeeff' as NamespaceId;
+  const A = '11'.repeat(32) as ChunkHash;
+  const B = '22'.repeat(32) as ChunkHash;
+  const fixed = () => manualLog({ now: () => 1764355200.125 });
+
+  it('writes every event kind, the heartbeat and a snapshot batch in the bytes the stream always had', () => {
+    const { log, batches } = fixed();
+    log.stored(CPU, NS, A);
+    log.stored(CPU, NS, B);
+    log.removed(DISK, NS, [A], 'evicted');
+    log.cleared([NS], 7);
+    log.cleared([], 2 ** 32);
+    log.flush();
+    assert.equal(batches[0]![1].toString('hex'), GOLDEN_BATCH);
+    // ts: a float64 (cb), never float32.
+    assert.equal(
+      log.heartbeat().toString('hex'),
+      '93cb41da4a7b2008000090b030303131323233336161626263636464',
+    );
+    assert.equal(
+      log.snapshot([{ tier: CPU, ns: NS, hashes: [A] }])[0]!.toString('hex'),
+      `93cb41da4a7b200800009195a673746f726564c41000112233445566778899aabbccddeeffa3637075a3435055c420${A}b030303131323233336161626263636464`,
+    );
   });
 
-  it('round-trips long strings, binaries, arrays and maps across every length form', () => {
-    for (const n of [0, 15, 16, 31, 32, 255, 256, 65535, 65536]) {
+  it('round-trips each event kind through a msgpack decoder', () => {
+    const { log, batches } = fixed();
+    log.stored(CPU, NS, A);
+    log.removed(DISK, NS, [A, B], 'expired');
+    log.cleared([NS], 3);
+    log.cleared([], 0);
+    log.flush();
+    const [ts, events, instance] = decode(batches[0]![1]) as [number, PayloadValue[][], string];
+    assert.equal(ts, 1764355200.125);
+    assert.equal(instance, '00112233aabbccdd');
+    const norm = (v: PayloadValue): unknown =>
+      v instanceof Uint8Array ? Buffer.from(v).toString('hex') : Array.isArray(v) ? v.map(norm) : v;
+    assert.deepEqual(events.map(norm), [
+      ['stored', NS, 'cpu', 'CPU', A],
+      ['removed', NS, 'disk', 'DISK', A + B, 'expired'],
+      ['cleared', [NS], 3],
+      ['cleared', [], 0],
+    ]);
+  });
+
+  it('writes integers in their smallest form up to 2^53, and strings and binaries of every length form', () => {
+    const cases: [number, string][] = [
+      [0, '00'],
+      [127, '7f'],
+      [128, 'cc80'],
+      [65536, 'ce00010000'],
+      [2 ** 32, 'cf0000000100000000'],
+      [2 ** 53 - 1, 'cf001fffffffffffff'],
+    ];
+    for (const [seq, tail] of cases)
+      assert.equal(
+        encodePayload(['end', 1, '00112233aabbccdd', seq]).toString('hex'),
+        `94a3656e6401b030303131323233336161626263636464${tail}`,
+      );
+    for (const n of [0, 31, 32, 255, 256, 65535, 65536]) {
       const s = 'x'.repeat(n);
       const b = Buffer.alloc(n, 7);
-      const a = Array.from({ length: Math.min(n, 70_000) }, (_, i) => i - 40);
-      const v = decodeMsgpack(encodeMsgpack([s, b, a, { k: s }])) as MsgpackValue[];
-      assert.equal(v[0], s);
-      assert.ok(Buffer.from(v[1] as Uint8Array).equals(b));
-      assert.deepEqual(v[2], a);
-      assert.deepEqual(v[3], { k: s });
+      const [s2, b2] = decode(encodePayload([s, b])) as [string, Uint8Array];
+      assert.equal(s2, s);
+      assert.ok(Buffer.from(b2).equals(b));
     }
-    for (const x of [0, -32, -129, -32769, -(2 ** 31) - 1, 2 ** 53 - 1, -(2 ** 53) + 1, 0.1])
-      assert.equal(decodeMsgpack(encodeMsgpack(x)), x);
-  });
-
-  it('refuses truncated input, trailing bytes and ext types', () => {
-    assert.throws(() => decodeMsgpack(Buffer.from('93 01 02'.replace(/ /g, ''), 'hex')), {
-      code: 'KVT_PROTOCOL',
-    });
-    assert.throws(() => decodeMsgpack(Buffer.from('0101', 'hex')), /trailing/);
-    assert.throws(() => decodeMsgpack(Buffer.from('d40100', 'hex')), { code: 'KVT_PROTOCOL' });
-    assert.throws(() => decodeMsgpack(Buffer.from('c405', 'hex')), /truncated/);
+    assert.equal(encodePayload('x'.repeat(32)).subarray(0, 2).toString('hex'), 'd920');
+    assert.equal(encodePayload(Buffer.alloc(256)).subarray(0, 3).toString('hex'), 'c50100');
   });
 });
 
@@ -82,7 +134,7 @@ describe('EventLog', () => {
     assert.equal(batches.length, 1);
     const [seq, payload] = batches[0]!;
     assert.equal(seq, 1);
-    const [ts, events, instance] = decodeMsgpack(payload) as [number, MsgpackValue[][], string];
+    const [ts, events, instance] = decode(payload) as [number, PayloadValue[][], string];
     assert.equal(ts, 1.5);
     assert.equal(instance, '00112233aabbccdd');
     assert.deepEqual(
@@ -162,7 +214,7 @@ describe('EventLog', () => {
     assert.equal(parts.length, 2);
     const seen: string[] = [];
     for (const p of parts) {
-      const [, events] = decodeMsgpack(p) as [number, MsgpackValue[][], string];
+      const [, events] = decode(p) as [number, PayloadValue[][], string];
       for (const e of events) {
         assert.equal(e[0], 'stored');
         const packed = hex(e[4]!);
