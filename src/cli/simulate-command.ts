@@ -24,7 +24,7 @@ import {
 } from '../sim/planner.ts';
 import { formatPlan, type PlanResult } from '../sim/planner-report.ts';
 import { configurationCost, resolveTierModels } from '../sim/tier-models.ts';
-import { calibrationLine } from '../sim/ttft-model.ts';
+import { calibrationLine, hostLinkLine } from '../sim/ttft-model.ts';
 import type { SimReport, Workload } from '../sim/types.ts';
 import { loadWorkload, scaleArrivals } from '../sim/workload-spec.ts';
 import type { SimulateCommandIo } from './simulate-io.ts';
@@ -222,6 +222,7 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
       sweep: plan.sweeps.length > 0,
       target: plan.target,
       calibration: calibrationLine(planned, speed),
+      hostLink: hostLinkLine(planned, speed),
       advice: '',
     };
     Object.assign(result, adviceLine(result, trace, shapes));
@@ -241,6 +242,7 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
       cheapest: result.cheapest?.label ?? null,
       tierModels,
       calibration: result.calibration,
+      hostLink: result.hostLink,
       advice: result.advice,
     };
   } catch (err) {

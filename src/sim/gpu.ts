@@ -1,4 +1,5 @@
 import { KvtierError } from '../errors.ts';
+import { H100_HOST_LINK, H200_HOST_LINK, PCIE_GEN4_HOST_LINK } from './host-link.ts';
 import { kvBytesPerToken, type PlannedModel } from './models.ts';
 
 /**
@@ -6,7 +7,8 @@ import { kvBytesPerToken, type PlannedModel } from './models.ts';
  * host link), the number of GPUs one engine spans (tensor parallel, scaled ideally), and the
  * stated utilisations. A step of the engine takes the longer of its compute time (FLOPs over
  * peak x MFU) and its memory time (weights and KV read over HBM bandwidth x utilisation): long
- * prefills are compute-bound, decode steps memory-bound. Every number lives here, with its source.
+ * prefills are compute-bound, decode steps memory-bound. Every number lives here with its source,
+ * except the host links, which `host-link.ts` takes from kvtier's GPU check.
  */
 
 /** One GPU model's datasheet figures. */
@@ -20,11 +22,12 @@ export interface GpuPreset {
   /** Device memory, bytes. */
   memoryBytes: number;
   /**
-   * Effective bandwidth of a KV load from pinned host memory into this GPU, bytes/s: 22 GB/s on
-   * PCIe Gen5 x16 (LMCache's published load of 10,000 Llama-8B tokens, 1.31 GB, in ~0.06 s),
-   * half that on PCIe Gen4.
+   * Bandwidth of kvtier's KV loads from pinned host memory into this GPU, bytes/s: from kvtier's
+   * GPU check, measured or derived as `hostLinkSource` says (`host-link.ts`).
    */
   hostLinkBytesPerSec: number;
+  /** Where the host link comes from. */
+  hostLinkSource: string;
   /** Where the figures come from. */
   source: string;
 }
@@ -36,7 +39,8 @@ export const GPU_PRESETS: Readonly<Record<string, Readonly<GpuPreset>>> = Object
     peakFlops: 989e12,
     memoryBytesPerSec: 3.35e12,
     memoryBytes: 80e9,
-    hostLinkBytesPerSec: 22e9,
+    hostLinkBytesPerSec: H100_HOST_LINK.bytesPerSec,
+    hostLinkSource: H100_HOST_LINK.source,
     source: 'NVIDIA H100 datasheet: 989 TFLOPS dense BF16, 3.35 TB/s HBM3, 80 GB, PCIe Gen5',
   },
   h200: {
@@ -44,7 +48,8 @@ export const GPU_PRESETS: Readonly<Record<string, Readonly<GpuPreset>>> = Object
     peakFlops: 989e12,
     memoryBytesPerSec: 4.8e12,
     memoryBytes: 141e9,
-    hostLinkBytesPerSec: 22e9,
+    hostLinkBytesPerSec: H200_HOST_LINK.bytesPerSec,
+    hostLinkSource: H200_HOST_LINK.source,
     source: 'NVIDIA H200 datasheet: 989 TFLOPS dense BF16, 4.8 TB/s HBM3e, 141 GB, PCIe Gen5',
   },
   a100: {
@@ -52,7 +57,8 @@ export const GPU_PRESETS: Readonly<Record<string, Readonly<GpuPreset>>> = Object
     peakFlops: 312e12,
     memoryBytesPerSec: 2.039e12,
     memoryBytes: 80e9,
-    hostLinkBytesPerSec: 11e9,
+    hostLinkBytesPerSec: PCIE_GEN4_HOST_LINK.bytesPerSec,
+    hostLinkSource: PCIE_GEN4_HOST_LINK.source,
     source: 'NVIDIA A100 datasheet: 312 TFLOPS dense BF16, 2,039 GB/s HBM2e, 80 GB, PCIe Gen4',
   },
   l40s: {
@@ -60,7 +66,8 @@ export const GPU_PRESETS: Readonly<Record<string, Readonly<GpuPreset>>> = Object
     peakFlops: 362e12,
     memoryBytesPerSec: 864e9,
     memoryBytes: 48e9,
-    hostLinkBytesPerSec: 11e9,
+    hostLinkBytesPerSec: PCIE_GEN4_HOST_LINK.bytesPerSec,
+    hostLinkSource: PCIE_GEN4_HOST_LINK.source,
     source: 'NVIDIA L40S datasheet: 362 TFLOPS dense BF16, 864 GB/s GDDR6, 48 GB, PCIe Gen4',
   },
 });

@@ -23,7 +23,7 @@ import type { SimReport } from './types.ts';
  * The planner's text: load first (and an overload warning at the top), the gain over the same
  * engine without kvtier, where prompt tokens came from, the bounds beside each figure with the
  * figures above a bound flagged, a sweep's table, a fleet's tables, the cheapest configuration
- * reaching a target, the calibration, and one line of advice.
+ * reaching a target, the calibration and the host link, and one line of advice.
  */
 
 /** Everything a plan's text shows. */
@@ -47,7 +47,10 @@ export interface PlanResult {
   sweep: boolean;
   target?: Target | undefined;
   cheapest?: PlanRow | undefined;
+  /** The MFU's calibration (`calibrationLine` in `ttft-model.ts`). */
   calibration: string;
+  /** The measured host link's load beside the published one (`hostLinkLine` in `ttft-model.ts`). */
+  hostLink: string;
   advice: string;
 }
 
@@ -74,7 +77,8 @@ export function formatPlan(p: PlanResult): string[] {
   if (rule.length > 0) out.push('', ...rule);
   out.push(
     '',
-    `Calibration (the model's constants reproduce these figures by construction; not a check): ${p.calibration}`,
+    `Calibration (the MFU reproduces the published prefill by construction; not a check): ${p.calibration}`,
+    `Host link (measured, not a calibration): ${p.hostLink}`,
   );
   if (p.target !== undefined) out.push(targetLine(p));
   out.push(p.advice);
