@@ -41,7 +41,8 @@ cp "$work/kvtier/package-lock.json" "$work/kvtier/npm-shrinkwrap.json"
 tarball=$(ls "$work"/kvtier-*.tgz)
 tar -tzf "$tarball" >"$work/contents.txt"
 for f in package/npm-shrinkwrap.json package/dist/src/index.d.ts package/dist/src/index.js \
-  package/dist/test/contract/backend.contract.d.ts package/dist/test/contract/backend.contract.js; do
+  package/dist/test/contract/backend.contract.d.ts package/dist/test/contract/backend.contract.js \
+  package/dist/test/contract/store.contract.d.ts package/dist/test/contract/store.contract.js; do
   grep -qx "$f" "$work/contents.txt" || fail "$(basename "$tarball") lacks $f"
 done
 echo "   $(basename "$tarball"): $(wc -l <"$work/contents.txt") files"

@@ -45,6 +45,18 @@ import { abortedBefore, abortedDuring, outage, stalledUnderBreaker } from './sui
 import { invalidUtf8Hashes, oneByteApart, readAfterClear, readAfterRemove } from './suite/keys.ts';
 import { corruptNeverServed, heldIsNeverReused, reuseAfterRelease } from './suite/release.ts';
 
+// The store-level contract (a KvStore checked on its own), shipped in `kvtier/testing` beside it.
+export {
+  describeStoreContract,
+  runStoreContractCase,
+  STORE_CONTRACT_CASES,
+  type StoreCaseResult,
+  type StoreContractGroup,
+  type StoreContractOptions,
+  type StoreContractSubject,
+} from './store.contract.ts';
+export type { StoreCase, StoreCtx } from './store-suite/context.ts';
+
 /** Ways a subject can damage a stored object below the backend's API. */
 export type CorruptionKind = 'payload' | 'truncate' | 'magic' | 'foreign-hash';
 
