@@ -1,10 +1,12 @@
 /**
  * Writes what the protocol message table (src/protocol/wire-table.ts) determines outside the
  * TypeScript codec: the Python package's copy of the table (python/kvtier_vllm/
- * protocol_table.py, which drives its encoder and decoder), the per-message layout blocks of
- * docs/protocol.md, and the cross-language fixture (scripts/gen-python-fixtures.ts).
+ * protocol_table.py, which drives its encoder and decoder), its per-message request methods
+ * (python/kvtier_vllm/protocol_encode.py's `encode_<message>` and client_requests.py's
+ * `send_<message>`/`<message>`, by scripts/gen-python-requests.ts), the per-message layout blocks
+ * of docs/protocol.md, and the cross-language fixture (scripts/gen-python-fixtures.ts).
  *
- *     npm run gen:protocol            # rewrite all three
+ *     npm run gen:protocol            # rewrite them all
  *     npm run gen:protocol -- --check # exit 1 when one is stale
  *
  * test/unit/protocol-table.test.ts fails when a committed output differs from what this writes.
@@ -15,17 +17,20 @@ import { fileURLToPath, pathToFileURL } from 'node:url';
 import type { Field, Max, MessageSpec } from '../src/protocol/wire-spec.ts';
 import { MESSAGES } from '../src/protocol/wire-table.ts';
 import { checkFixtures, writeFixtures } from './gen-python-fixtures.ts';
+import {
+  PY_CLIENT_PATH,
+  PY_ENCODE_PATH,
+  pascal,
+  pythonClientMethods,
+  pythonEncoders,
+  snake,
+} from './gen-python-requests.ts';
 
 /** Where the generated Python table lives, relative to the repository root. */
 export const PY_TABLE_PATH = 'python/kvtier_vllm/protocol_table.py';
 /** The document whose layout blocks are generated. */
 export const DOC_PATH = 'docs/protocol.md';
 
-const snake = (s: string): string => s.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
-const pascal = (tag: string): string =>
-  tag === 'error'
-    ? 'ErrorReply'
-    : tag.replace(/(^|-)([a-z])/g, (_m, _d, c: string) => c.toUpperCase());
 const hex2 = (n: number): string => `0x${n.toString(16).padStart(2, '0').toUpperCase()}`;
 const wire = (m: Max): number => (typeof m === 'number' ? m : m.wire);
 
@@ -295,6 +300,8 @@ function main(argv: string[]): number {
   const check = argv.includes('--check');
   const outputs: [string, string][] = [
     [PY_TABLE_PATH, pythonTable()],
+    [PY_ENCODE_PATH, pythonEncoders()],
+    [PY_CLIENT_PATH, pythonClientMethods()],
     [DOC_PATH, regenerateDoc(readFileSync(join(root, DOC_PATH), 'utf8'))],
   ];
   let stale = 0;

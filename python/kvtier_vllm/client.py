@@ -9,15 +9,18 @@ malformed reply). It polls the socket at most once per round over the pending lo
 "scheduler step"), so asking about 1,000 pending lookups costs one socket check, not 1,000.
 
 The connection itself (sending, matching replies, deadlines, liveness, reconnects after a
-refusal as unauthenticated) is :class:`~.transport.ClientTransport`; this module adds the
-requests API.
+refusal as unauthenticated) is :class:`~.transport.ClientTransport`; the per-message requests
+(``send_<message>`` and the blocking ``<message>``) are
+:class:`~.client_requests.RequestMethods`, generated from the message table; this module adds
+the non-blocking lookups and the hooks the generated methods call.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from . import protocol as P
+from .client_requests import RequestMethods
 from .errors import CapacityError, InvalidArgumentError, KvtierError, RequestTimeoutError
 from .lookup_rule import MAX_KEPT_DETAILS, LookupDetails, admitted_tokens, lookup_wait_ms
 from .multi_lookup import MultiLookupClient
@@ -39,7 +42,7 @@ __all__ = [
 ]
 
 
-class KvtierClient(ClientTransport):
+class KvtierClient(ClientTransport, RequestMethods):
     """Client of one kvtier sidecar (scheduler and worker side alike).
 
     :param endpoint: the sidecar's ZMQ endpoint, e.g. ``tcp://127.0.0.1:5555``.
@@ -205,131 +208,29 @@ class KvtierClient(ClientTransport):
         ignored. Also drops the lookup's local state."""
         self._want.pop(lookup_id, None)
         self._details.pop(lookup_id, None)
-        p = self._lookups.pop(lookup_id, None)
-        if p is not None and p._state == _PENDING:
-            self._pending.pop(p.request_id, None)
-            p._resolve(0)
+        self._drop_lookup(lookup_id)
         P.encode_cancel(0, lookup_id)  # validates the id before anything is sent
         self._fire_cancel(lookup_id)
 
     # ---------------------------------------------------------------------------------------
-    # other requests: send_X(...) -> Pending, X(...) = send_X(...).wait()
+    # other requests: send_X(...) -> Pending and X(...) = send_X(...).wait() are generated from
+    # the message table (RequestMethods); these are the hooks they call
 
-    def send_lookup(
-        self,
-        lookup_id: str,
-        hashes: Any,
-        token_counts: Any,
-        namespaces: Sequence[Any],
-        pin: bool = True,
-        prefetch: bool = True,
-        timeout_ms: float | None = None,
-        compute_tokens_per_s: float | None = None,
-    ) -> Pending:
-        """A LOOKUP as an ordinary request: the result is the whole :class:`~.protocol.LookupResult`
-        (status, epoch, tiers; with ``compute_tokens_per_s``, ``bytes_per_token`` and
-        ``tier_rates`` too), without the epoch rule or CANCEL on timeout."""
-        return self._start(
-            P.MsgType.LOOKUP,
-            lambda rid: P.encode_lookup(
-                rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch,
-                compute_tokens_per_s=compute_tokens_per_s,
-            ),
-            None if timeout_ms is None else timeout_ms / 1000.0,
-        )
-
-    def send_cancel(self, lookup_id: str) -> Pending:
-        """CANCEL whose :class:`~.protocol.CancelResult` (``found``) is wanted. Drops the
-        lookup's local state like :meth:`cancel`."""
+    def _drop_lookup(self, lookup_id: str) -> None:
+        """Resolves a pending lookup of ``lookup_id`` as 0 and forgets it (before a CANCEL)."""
         p = self._lookups.pop(lookup_id, None)
         if p is not None and p._state == _PENDING:
             self._pending.pop(p.request_id, None)
             p._resolve(0)
-        return self._start(P.MsgType.CANCEL, lambda rid: P.encode_cancel(rid, lookup_id))
 
-    def send_clear(self, namespaces: Iterable[Any] = ()) -> Pending:
-        ns = list(namespaces)
-        return self._start(P.MsgType.CLEAR, lambda rid: P.encode_clear(rid, ns))
-
-    def send_ping(self, timeout_ms: float | None = None) -> Pending:
-        return self._start(P.MsgType.PING, P.encode_ping, None if timeout_ms is None else timeout_ms / 1000.0)
-
-    def send_stats(self) -> Pending:
-        return self._start(P.MsgType.STATS, P.encode_stats)
-
-    def send_put(self, namespace: Any, hash: Any, tokens: int, payload: Any) -> Pending:
-        return self._start(P.MsgType.PUT, lambda rid: P.encode_put(rid, namespace, hash, tokens, payload))
-
-    def send_get(self, namespace: Any, hash: Any) -> Pending:
-        return self._start(P.MsgType.GET, lambda rid: P.encode_get(rid, namespace, hash))
-
-    def send_register(self, registration: dict) -> Pending:
-        return self._start(P.MsgType.REGISTER, lambda rid: P.encode_register(rid, registration))
-
-    def send_save(
-        self,
-        engine_id: str,
-        request_id: str,
-        skip_chunks: int,
-        block_ids: Any,
-        hashes: Any,
-        not_after_ns: int | None = None,
-        cuda_event: bytes | None = None,
-        fence: tuple[int, int] | None = None,
-    ) -> Pending:
-        """SAVE; ``not_after_ns`` (``time.monotonic_ns()`` scale): the sidecar copies nothing
-        past it (docs/protocol.md 4.9). The caller must keep the blocks until then, even when the
-        request fails earlier, unless the SAVE has a ``fence`` = ``(slot, ticket)`` of the
-        registered state file, which it may cancel at any time (:mod:`kvtier_vllm.save_fence`;
-        only to a sidecar whose PONG lists ``saveFence``). ``cuda_event``: the 64-byte IPC
-        handle of an interprocess CUDA event recorded after the blocks were written; the
-        sidecar's copies wait for it."""
-        return self._start(
-            P.MsgType.SAVE,
-            lambda rid: P.encode_save(
-                rid, engine_id, request_id, skip_chunks, block_ids, hashes, not_after_ns, cuda_event, fence
-            ),
-        )
-
-    def send_load(
-        self,
-        engine_id: str,
-        request_id: str,
-        lookup_id: str,
-        block_ids: Any,
-        hashes: Any,
-        deadline_ms: int = 0,
-        state_slot: int = -1,
-        skip_blocks: int = 0,
-        not_after_ns: int | None = None,
-    ) -> Pending:
-        """LOAD; ``not_after_ns`` as for :meth:`send_save`: no chunk starts past it."""
-        # The server answers a LOAD by its own deadline (default 20 s): wait a little longer.
-        server_ms = deadline_ms if deadline_ms > 0 else 20_000
-        timeout_s = max(self.request_timeout_s, server_ms / 1000.0 + 5.0)
-        return self._start(
-            P.MsgType.LOAD,
-            lambda rid: P.encode_load(
-                rid, engine_id, request_id, lookup_id, block_ids, hashes, deadline_ms, state_slot, skip_blocks,
-                not_after_ns,
-            ),
-            timeout_s,
-        )
-
-    def send_hold(self, engine_id: str, request_id: str, lookup_id: str) -> Pending:
-        return self._start(P.MsgType.HOLD, lambda rid: P.encode_hold(rid, engine_id, request_id, lookup_id))
-
-    def send_request_finished(self, engine_id: str, request_id: str, kind: str) -> Pending:
-        return self._start(
-            P.MsgType.REQUEST_FINISHED,
-            lambda rid: P.encode_request_finished(rid, engine_id, request_id, kind),
-        )
-
-    def send_heartbeat(self, engine_id: str) -> Pending:
-        return self._start(P.MsgType.HEARTBEAT, lambda rid: P.encode_heartbeat(rid, engine_id))
-
-    def send_unregister(self, engine_id: str) -> Pending:
-        return self._start(P.MsgType.UNREGISTER, lambda rid: P.encode_unregister(rid, engine_id))
+    def _load_timeout_s(self, deadline_ms: Any) -> float:
+        """How long a LOAD's answer is awaited: the server answers by the LOAD's deadline (its
+        own default, 20 s, for 0), so a little longer than that."""
+        try:
+            server_ms = deadline_ms if deadline_ms > 0 else 20_000
+        except TypeError:
+            server_ms = 20_000  # not a number: the encoder refuses it
+        return max(self.request_timeout_s, server_ms / 1000.0 + 5.0)
 
     def send_frame(self, msg_type: int, body: bytes = b"", timeout_ms: float | None = None) -> Pending:
         """Sends a request of ``msg_type`` with a raw ``body`` (header added), unchecked: for
@@ -339,52 +240,3 @@ class KvtierClient(ClientTransport):
             lambda rid: P.encode_header(msg_type, rid) + bytes(body),
             None if timeout_ms is None else timeout_ms / 1000.0,
         )
-
-    # blocking conveniences
-    def ping(self, timeout_ms: float | None = None) -> dict:
-        return self.send_ping(timeout_ms).wait()
-
-    def stats(self) -> dict:
-        return self.send_stats().wait()
-
-    def clear(self, namespaces: Iterable[Any] = ()) -> P.ClearResult:
-        return self.send_clear(namespaces).wait()
-
-    def put(self, namespace: Any, hash: Any, tokens: int, payload: Any) -> P.PutResult:
-        return self.send_put(namespace, hash, tokens, payload).wait()
-
-    def get(self, namespace: Any, hash: Any) -> P.GetResult:
-        return self.send_get(namespace, hash).wait()
-
-    def register(self, registration: dict) -> P.RegisterResult:
-        return self.send_register(registration).wait()
-
-    def save(self, engine_id: str, request_id: str, skip_chunks: int, block_ids: Any, hashes: Any) -> P.SaveResult:
-        return self.send_save(engine_id, request_id, skip_chunks, block_ids, hashes).wait()
-
-    def load(
-        self,
-        engine_id: str,
-        request_id: str,
-        lookup_id: str,
-        block_ids: Any,
-        hashes: Any,
-        deadline_ms: int = 0,
-        state_slot: int = -1,
-        skip_blocks: int = 0,
-    ) -> P.LoadResult:
-        return self.send_load(
-            engine_id, request_id, lookup_id, block_ids, hashes, deadline_ms, state_slot, skip_blocks
-        ).wait()
-
-    def hold(self, engine_id: str, request_id: str, lookup_id: str) -> P.HoldResult:
-        return self.send_hold(engine_id, request_id, lookup_id).wait()
-
-    def request_finished(self, engine_id: str, request_id: str, kind: str) -> P.RequestFinishedResult:
-        return self.send_request_finished(engine_id, request_id, kind).wait()
-
-    def heartbeat(self, engine_id: str) -> P.HeartbeatResult:
-        return self.send_heartbeat(engine_id).wait()
-
-    def unregister(self, engine_id: str) -> P.UnregisterResult:
-        return self.send_unregister(engine_id).wait()

@@ -1,6 +1,7 @@
 """The kvtier protocol v1 codec (docs/protocol.md), the only encoder/decoder of the package.
 
-Encoders build one request frame (header included) and refuse, before sending, what the wire
+Encoders (``encode_<message>``, one per request, generated from the message table into
+:mod:`.protocol_encode`) build one request frame (header included) and refuse, before sending, what the wire
 cannot carry (:class:`~kvtier_vllm.errors.InvalidArgumentError` /
 :class:`~kvtier_vllm.errors.TooLargeError`). :func:`decode_reply` decodes one reply frame
 strictly: a short frame, another magic or version, an unknown type, a truncated field, bytes
@@ -15,28 +16,11 @@ are packed 32-byte digests (a list of digests or ``Chunk`` objects is accepted t
 
 from __future__ import annotations
 
+from .protocol_args import check_rate
 from .protocol_decode import decode_header, decode_reply, peek_request_id
-from .protocol_encode import (
-    check_rate,
-    encode_cancel,
-    encode_clear,
-    encode_get,
-    encode_header,
-    encode_heartbeat,
-    encode_hold,
-    encode_load,
-    encode_lookup,
-    encode_message,
-    encode_ping,
-    encode_put,
-    encode_register,
-    encode_request_finished,
-    encode_save,
-    encode_stats,
-    encode_unregister,
-    namespace_bytes,
-    pack_hashes,
-)
+from .protocol_encode import *  # noqa: F403 -- encode_<message> of every request (generated)
+from .protocol_encode import __all__ as _ENCODERS
+from .protocol_pack import encode_header, encode_message, namespace_bytes, pack_hashes
 from .protocol_table import (
     CancelResult,
     ClearResult,
@@ -112,21 +96,8 @@ __all__ = [
     "Reply",
     "encode_header",
     "encode_message",
-    "encode_lookup",
     "check_rate",
-    "encode_cancel",
-    "encode_clear",
-    "encode_ping",
-    "encode_stats",
-    "encode_put",
-    "encode_get",
-    "encode_register",
-    "encode_save",
-    "encode_load",
-    "encode_hold",
-    "encode_request_finished",
-    "encode_heartbeat",
-    "encode_unregister",
+    *_ENCODERS,
     "decode_header",
     "decode_reply",
     "peek_request_id",

@@ -46,6 +46,7 @@ from .errors import (
     error_for_code,
 )
 from .pending import _FAILED, _PENDING, Pending
+from .protocol_table import MESSAGES
 
 __all__ = ["ClientTransport", "MAX_AUTH_RECONNECTS"]
 
@@ -68,6 +69,13 @@ _Again = zmq.Again
 _LOOKUP_RESULT = P.MsgType.LOOKUP_RESULT
 _ERROR = P.MsgType.ERROR
 _CLEAR_RESULT = P.MsgType.CLEAR_RESULT
+#: reply type code -> its one field, a JSON object, which a request's Pending resolves to (PONG's
+#: ``info``, STATS_RESULT's ``stats``); other replies resolve to their record
+_OBJECT_REPLIES = {
+    spec["code"]: spec["fields"][0]["key"]
+    for spec in MESSAGES.values()
+    if spec["dir"] == "reply" and len(spec["fields"]) == 1 and spec["fields"][0]["kind"] == "json"
+}
 
 
 class ClientTransport:
@@ -257,12 +265,9 @@ class ClientTransport:
                 p._resolve(rep.hit_tokens)
             else:
                 p._resolve(0)
-        elif msg_type == P.MsgType.PONG:
-            p._resolve(rep.info)
-        elif msg_type == P.MsgType.STATS_RESULT:
-            p._resolve(rep.stats)
         else:
-            p._resolve(rep)
+            key = _OBJECT_REPLIES.get(msg_type)
+            p._resolve(rep if key is None else getattr(rep, key))
 
     def _resend(self, p: Pending, sock: zmq.Socket) -> bool:
         """Sends ``p``, refused as unauthenticated on ``sock``, again on a fresh socket (opened
