@@ -1,8 +1,8 @@
 """The kvtier protocol v1 codec (docs/protocol.md), the only encoder/decoder of the package.
 
 Encoders (``encode_<message>``, one per request, generated from the message table into
-:mod:`.protocol_encode`) build one request frame (header included) and refuse, before sending, what the wire
-cannot carry (:class:`~kvtier_vllm.errors.InvalidArgumentError` /
+:mod:`.protocol_encode`) build one request frame (header included) and refuse, before
+sending, what the wire cannot carry (:class:`~kvtier_vllm.errors.InvalidArgumentError` /
 :class:`~kvtier_vllm.errors.TooLargeError`). :func:`decode_reply` decodes one reply frame
 strictly: a short frame, another magic or version, an unknown type, a truncated field, bytes
 after the last field, invalid UTF-8 or malformed JSON raise
