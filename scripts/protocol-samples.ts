@@ -239,6 +239,22 @@ export const REQUESTS: { name: string; req: Request }[] = [
     },
   },
   {
+    name: 'load, layer-wise (a progress slot), no not-after time',
+    req: {
+      type: 'load',
+      requestId: 32,
+      engineId: 'engine-0',
+      engineRequestId: 'req-4',
+      lookupId: 'look-4',
+      deadlineMs: 5000,
+      stateSlot: 2,
+      blockIds: Uint32Array.from([40, 41]),
+      chunkHashes: packed(2),
+      skipBlocks: 1,
+      progressSlot: 3,
+    },
+  },
+  {
     name: 'hold',
     req: { type: 'hold', requestId: 15, engineId: 'e', engineRequestId: 'r', lookupId: 'l' },
   },

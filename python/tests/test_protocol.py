@@ -104,6 +104,7 @@ def _encode_fixture_request(f: dict) -> bytes:
             rid, f["engineId"], f["engineRequestId"], f["lookupId"], f["blockIds"], bytes.fromhex(f["chunkHashes"]),
             deadline_ms=f["deadlineMs"], state_slot=f["stateSlot"], skip_blocks=f.get("skipBlocks", 0),
             not_after_ns=int(f["notAfterNs"]) if "notAfterNs" in f else None,
+            progress_slot=f.get("progressSlot"),
         )
     if t == "hold":
         return P.encode_hold(rid, f["engineId"], f["engineRequestId"], f["lookupId"])
