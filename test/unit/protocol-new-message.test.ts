@@ -1,9 +1,10 @@
 /**
  * Adding a message the way a contributor does: one request entry and one reply entry appended to
  * the message table, nothing else. From the entries alone it gets its TypeScript types, the
- * codec, a fixture sample (no hand-written one), a docs/protocol.md layout block, and a Python
+ * codec, a fixture sample (no hand-written one), a docs/protocol.md layout block, a Python
  * table the Python package encodes and decodes it with, byte for byte as the TypeScript codec
- * does. The committed protocol is untouched: the extended table lives in this file only.
+ * does, and the Python client's encoder and methods for it. The committed protocol is
+ * untouched: the extended table lives in this file only.
  */
 import assert from 'node:assert/strict';
 import { spawnSync } from 'node:child_process';
@@ -13,6 +14,7 @@ import { join } from 'node:path';
 import { after, describe, it } from 'node:test';
 import { DOC_PATH, docBlock, pythonTable, regenerateDoc } from '../../scripts/gen-protocol.ts';
 import { fixtureMessages, messageSamples } from '../../scripts/gen-python-fixtures.ts';
+import { pythonClientMethods, pythonEncoders } from '../../scripts/gen-python-requests.ts';
 import { fallbackSample } from '../../scripts/protocol-fallback-samples.ts';
 import { chunkHashFromBytes } from '../../src/hashing/chunk-hash.ts';
 import { encodeRequest } from '../../src/protocol/codec.ts';
@@ -199,7 +201,7 @@ describe('a message added to the table alone', () => {
     assert.ok(section.endsWith(`\n\n${block}\n\n${docBlock(result)}\n`), section.slice(-400));
   });
 
-  it('is encoded and decoded by the Python package from the generated table alone', () => {
+  it('is encoded and decoded by the Python package from what gen:protocol writes alone', () => {
     const fixture = fixtureMessages(TABLE, codec) as {
       requests: { fields: { type: string; requestId: number }; hex: string }[];
       replies: { fields: { type: string }; hex: string }[];
@@ -216,6 +218,8 @@ describe('a message added to the table alone', () => {
       filter: (src) => !src.includes('__pycache__'),
     });
     writeFileSync(join(tmp, 'kvtier_vllm/protocol_table.py'), pythonTable(TABLE));
+    writeFileSync(join(tmp, 'kvtier_vllm/protocol_encode.py'), pythonEncoders(TABLE));
+    writeFileSync(join(tmp, 'kvtier_vllm/client_requests.py'), pythonClientMethods(TABLE));
     const run = spawnSync('/usr/bin/python3', ['-c', PY_ROUND_TRIP], {
       input: JSON.stringify({ requests, replies }),
       encoding: 'utf8',
@@ -223,11 +227,37 @@ describe('a message added to the table alone', () => {
       timeout: 120_000,
     });
     assert.equal(run.status, 0, run.stderr);
-    const got = JSON.parse(run.stdout) as { requests: string[]; replies: unknown[] };
+    const got = JSON.parse(run.stdout) as {
+      requests: string[];
+      encoded: string[];
+      replies: unknown[];
+      methods: Record<string, string[]>;
+    };
     assert.deepEqual(
       got.requests,
       requests.map((c) => c.hex),
     );
+    // Its own encoder, encode_example_echo(request_id, echo_id, ...), sends the same bytes.
+    assert.deepEqual(
+      got.encoded,
+      requests.map((c) => c.hex),
+    );
+    // The client sends it and waits for it, its parameters the fields in wire order.
+    const params = [
+      'echo_id',
+      'mode',
+      'hashes',
+      'weights',
+      'repeat',
+      'options',
+      'not_after_ns',
+      'tag',
+    ];
+    assert.deepEqual(got.methods, {
+      encode_example_echo: ['request_id', ...params],
+      send_example_echo: ['self', ...params],
+      example_echo: ['self', ...params],
+    });
     assert.deepEqual(
       got.replies,
       replies.map((c) => c.fields),
@@ -238,7 +268,9 @@ describe('a message added to the table alone', () => {
 /** Encodes each request case with the Python encoder and decodes each reply case's bytes. */
 const PY_ROUND_TRIP = `
 import json, sys
-from kvtier_vllm import protocol_decode, protocol_pack, protocol_table as T
+import inspect
+from kvtier_vllm import protocol, protocol_decode, protocol_pack, protocol_table as T
+from kvtier_vllm.client import KvtierClient
 
 def py_value(f, v):
     if f["kind"] in ("hashes", "blob", "bytes"):
@@ -256,11 +288,15 @@ def ts_json(f, v):
     return v
 
 cases = json.load(sys.stdin)
-out = {"requests": [], "replies": []}
+out = {"requests": [], "encoded": [], "replies": [], "methods": {}}
 for c in cases["requests"]:
     spec, fields = T.MESSAGES[c["message"]], c["fields"]
     values = {f["key"]: py_value(f, fields[f["name"]]) for f in spec["fields"] if f["name"] in fields}
     out["requests"].append(protocol_pack.encode_message(c["message"], fields["requestId"], values).hex())
+    encode = getattr(protocol, "encode_" + c["message"].lower())
+    out["encoded"].append(encode(fields["requestId"], **values).hex())
+for fn in (protocol.encode_example_echo, KvtierClient.send_example_echo, KvtierClient.example_echo):
+    out["methods"][fn.__name__] = list(inspect.signature(fn).parameters)
 for c in cases["replies"]:
     code, rid, rep = protocol_decode.decode_reply(bytes.fromhex(c["hex"]))
     name = next(n for n, s in T.MESSAGES.items() if s["code"] == code)
