@@ -4,7 +4,8 @@
  * TypeScript codec (`wire-codec.ts`) interprets it; the TypeScript message types
  * (`messages.ts`, `data-plane-messages.ts`) are derived from it (`message-types.ts`);
  * `scripts/gen-protocol.ts` writes the Python package's copy (python/kvtier_vllm/
- * protocol_table.py), the layout blocks of docs/protocol.md and the cross-language fixture from
+ * protocol_table.py), its per-message encoders and client methods (protocol_encode.py,
+ * client_requests.py), the layout blocks of docs/protocol.md and the cross-language fixture from
  * it. Adding a message is one entry here plus its handler in the server
  * (src/lookup-server/sidecar-server.ts), which does not compile until the handler exists.
  */
