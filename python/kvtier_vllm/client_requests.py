@@ -240,13 +240,13 @@ class RequestMethods:
             lambda rid: encode_save(
                 rid,
                 engine_id,
-                engine_request_id=request_id,
-                skip_chunks=skip_chunks,
-                block_ids=block_ids,
-                hashes=hashes,
-                not_after_ns=not_after_ns,
-                cuda_event=cuda_event,
-                fence=fence,
+                request_id,
+                skip_chunks,
+                block_ids,
+                hashes,
+                not_after_ns,
+                cuda_event,
+                fence,
             ),
         )
 
@@ -294,15 +294,15 @@ class RequestMethods:
             lambda rid: encode_load(
                 rid,
                 engine_id,
-                engine_request_id=request_id,
-                lookup_id=lookup_id,
-                block_ids=block_ids,
-                hashes=hashes,
-                deadline_ms=deadline_ms,
-                state_slot=state_slot,
-                skip_blocks=skip_blocks,
-                not_after_ns=not_after_ns,
-                progress_slot=progress_slot,
+                request_id,
+                lookup_id,
+                block_ids,
+                hashes,
+                deadline_ms,
+                state_slot,
+                skip_blocks,
+                not_after_ns,
+                progress_slot,
             ),
             self._load_timeout_s(deadline_ms),
         )
@@ -338,10 +338,7 @@ class RequestMethods:
         """Sends the request (:func:`~.protocol_encode.encode_hold`); the Pending resolves to its
         :class:`~.protocol_table.HoldResult`.
         """
-        return self._start(
-            MsgType.HOLD,
-            lambda rid: encode_hold(rid, engine_id, engine_request_id=request_id, lookup_id=lookup_id),
-        )
+        return self._start(MsgType.HOLD, lambda rid: encode_hold(rid, engine_id, request_id, lookup_id))
 
     def hold(self, engine_id: str, request_id: str, lookup_id: str) -> HoldResult:
         """Blocking :meth:`send_hold`."""
@@ -353,7 +350,7 @@ class RequestMethods:
         """
         return self._start(
             MsgType.REQUEST_FINISHED,
-            lambda rid: encode_request_finished(rid, engine_id, engine_request_id=request_id, kind=kind),
+            lambda rid: encode_request_finished(rid, engine_id, request_id, kind),
         )
 
     def request_finished(self, engine_id: str, request_id: str, kind: str) -> RequestFinishedResult:
