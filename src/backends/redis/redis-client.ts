@@ -14,9 +14,13 @@ const UNPIPELINED = ['set'];
 /** Keys asked for per SCAN step and deleted per pipeline in `clear`. */
 const SCAN_COUNT = 1000;
 
-/** Deletes one key and returns its size in bytes (0 when missing): one atomic, cluster-safe step. */
-const UNLINK_SIZED = `local n = redis.call('STRLEN', KEYS[1])
-if n > 0 then redis.call('UNLINK', KEYS[1]) end
+/**
+ * Deletes one key and returns its size in bytes, -1 when it was missing (an empty value is 0
+ * bytes and is deleted too): one atomic, cluster-safe step.
+ */
+const UNLINK_SIZED = `if redis.call('EXISTS', KEYS[1]) == 0 then return -1 end
+local n = redis.call('STRLEN', KEYS[1])
+redis.call('UNLINK', KEYS[1])
 return n`;
 
 /** What a removal took away. */
@@ -66,16 +70,19 @@ function stripUndefined<T extends object>(o: T): T {
   return Object.fromEntries(Object.entries(o).filter(([, v]) => v !== undefined)) as T;
 }
 
+/** Deletes `key`; its size in bytes, or -1 when it was missing. */
 export async function unlinkSized(c: Client, key: string): Promise<number> {
   const n = await c.eval(UNLINK_SIZED, 1, key);
-  return typeof n === 'number' ? n : 0;
+  return typeof n === 'number' ? n : -1;
 }
 
+/** Keys and bytes of `sizes`, where -1 is a key that was missing. */
 export function sizeSum(sizes: readonly number[]): Removed {
   let chunks = 0;
   let bytes = 0;
   for (const n of sizes) {
-    if (n > 0) chunks++;
+    if (n < 0) continue;
+    chunks++;
     bytes += n;
   }
   return { chunks, bytes };
@@ -112,6 +119,7 @@ async function countNode(node: Redis, pattern: string): Promise<Removed> {
   do {
     const [next, keys] = await node.scan(cursor, 'MATCH', pattern, 'COUNT', SCAN_COUNT);
     cursor = next;
+    // Every key the SCAN returned counts, an empty value too (STRLEN 0).
     const sizes = await Promise.all(keys.map((k) => node.strlen(k)));
     const r = sizeSum(sizes);
     total.chunks += r.chunks;

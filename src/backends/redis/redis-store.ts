@@ -127,13 +127,13 @@ export class RedisStore implements KvStore {
     return `${this.#name}: redis at ${where} ${what} (connection ${this.client.status}${last})`;
   }
 
-  get(key: StoreKey): Promise<Buffer | null> {
-    this.#ready('get');
+  async get(key: StoreKey, opts: StoreCallOptions): Promise<Buffer | null> {
+    this.#ready('get', opts.signal);
     return this.client.getBuffer(this.#key(key)).catch(this.#fail('get'));
   }
 
-  async has(key: StoreKey): Promise<boolean> {
-    this.#ready('contains');
+  async has(key: StoreKey, opts: StoreCallOptions): Promise<boolean> {
+    this.#ready('contains', opts.signal);
     return (await this.client.exists(this.#key(key)).catch(this.#fail('contains'))) === 1;
   }
 
@@ -146,11 +146,16 @@ export class RedisStore implements KvStore {
 
   /** `SET … NX [PX ttl]`: true when set, false when the key existed. */
   async put(key: StoreKey, value: Uint8Array, opts: StorePutOptions): Promise<boolean> {
-    this.#ready('put');
     const framed = this.#frames.get(value);
+    if (framed !== undefined) this.#frames.delete(value);
+    try {
+      this.#ready('put', opts.signal);
+    } catch (err) {
+      if (framed !== undefined) this.#pool.release(framed.frame);
+      throw err;
+    }
     let reply: Promise<unknown>;
     if (framed !== undefined) {
-      this.#frames.delete(value);
       this.client.sendCommand(framed.command);
       reply = framed.command.promise;
       // Reused only once Redis has replied (it has read every byte).
@@ -169,11 +174,11 @@ export class RedisStore implements KvStore {
     return (await reply.catch(this.#fail('put'))) !== null;
   }
 
-  /** One single-key script (cluster-safe): the bytes removed, false when missing. */
-  async delete(key: StoreKey): Promise<number | false> {
-    this.#ready('remove');
+  /** One single-key script (cluster-safe): the bytes removed (0 for an empty value), false when missing. */
+  async delete(key: StoreKey, opts: StoreCallOptions): Promise<number | false> {
+    this.#ready('remove', opts.signal);
     const n = await unlinkSized(this.client, this.#key(key)).catch(this.#fail('remove'));
-    return n > 0 ? n : false;
+    return n >= 0 ? n : false;
   }
 
   /** SCAN + UNLINK of the prefix's keys on every master. */
@@ -193,7 +198,7 @@ export class RedisStore implements KvStore {
    * under this tier's `keyPrefix` are left out. No sizes (that would be a STRLEN per key).
    */
   async *list(prefix: string, opts: StoreCallOptions): AsyncGenerator<{ readonly key: StoreKey }> {
-    this.#ready('list');
+    this.#ready('list', opts.signal);
     const lead = this.#o.keyPrefix;
     try {
       for await (const keys of scanKeys(this.client, this.#pattern(prefix), opts.signal)) {
@@ -243,8 +248,14 @@ export class RedisStore implements KvStore {
     return `${globEscape(this.#o.keyPrefix)}${globEscape(prefix.replace('/', ':'))}*`;
   }
 
-  /** Fails fast while the connection is not ready. */
-  #ready(op: string): void {
+  /**
+   * Fails fast after close (`KVT_CLOSED`), for a signal that has fired (nothing is sent), and
+   * while the connection is not ready. A command once sent is not cancelled: it ends with Redis's
+   * reply or the command timeout (`timeoutMs`), which bounds how long a call outlives its signal.
+   */
+  #ready(op: string, signal?: AbortSignal): void {
+    if (this.#closed) throw closedError(`backend ${this.#name}`);
+    if (signal?.aborted === true) throw abortedError(signal, `${this.#name} ${op}`);
     if (this.client.status !== 'ready') {
       throw new KvtierError(
         'KVT_BACKEND',

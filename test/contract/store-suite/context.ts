@@ -128,15 +128,16 @@ export function noneOrWhole(
 export type Settled<T> = { ok: true; value: T } | { ok: false; error: unknown };
 
 /**
- * Runs `call`; a synchronous throw counts as a rejection. An error's stack is rendered at once:
- * until then V8 keeps the frames' closures, which would hold the call's arguments (a put's value)
- * alive for as long as the error is kept.
+ * Runs `call`; a synchronous throw counts as a rejection. The stacks of the error and of its
+ * causes are rendered at once: until then V8 keeps the frames' closures, which would hold the
+ * call's arguments (a put's value) alive for as long as the suite keeps the error.
  */
 export function attempt<T>(call: () => T | Promise<T>): Promise<Settled<T>> {
   return (async () => call())().then(
     (value): Settled<T> => ({ ok: true, value }),
     (error: unknown): Settled<T> => {
-      if (error instanceof Error) void error.stack;
+      let e: unknown = error;
+      for (let depth = 0; e instanceof Error && depth < 8; depth++, e = e.cause) void e.stack;
       return { ok: false, error };
     },
   );
