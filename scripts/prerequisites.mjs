@@ -7,13 +7,14 @@ import { delimiter, join } from 'node:path';
 
 /**
  * Needed: the tests that use them fail without them. redis-server for the Redis tier's tests;
- * Debian's /usr/bin/python3 with python3-zmq, python3-numpy and python3-pytest for the Python
- * package's tests (test/python).
+ * Debian's /usr/bin/python3 with python3-zmq, python3-msgpack, python3-numpy and python3-pytest
+ * for the Python package's tests (test/python).
  */
 export const REQUIRED_PACKAGES = Object.freeze([
   'redis-server',
   'python3',
   'python3-zmq',
+  'python3-msgpack',
   'python3-numpy',
   'python3-pytest',
 ]);
@@ -50,7 +51,7 @@ function pythonModulesMissing() {
     '/usr/bin/python3',
     [
       '-c',
-      'import importlib.util as u; print(" ".join(n for n in ("zmq","numpy","pytest") if u.find_spec(n) is None))',
+      'import importlib.util as u; print(" ".join(n for n in ("zmq","msgpack","numpy","pytest") if u.find_spec(n) is None))',
     ],
     { encoding: 'utf8' },
   );
@@ -63,7 +64,8 @@ export function probeMissing() {
   const required = [];
   if (!onPath('redis-server')) required.push('redis-server');
   const py = pythonModulesMissing();
-  if (py === null) required.push('python3', 'python3-zmq', 'python3-numpy', 'python3-pytest');
+  if (py === null)
+    required.push('python3', 'python3-zmq', 'python3-msgpack', 'python3-numpy', 'python3-pytest');
   else required.push(...py.map((m) => `python3-${m}`));
   const optional = onPath('promtool') && onPath('prometheus') ? [] : ['prometheus'];
   if (!onPath('docker-compose')) optional.push('docker-compose');

@@ -4,10 +4,10 @@
 //
 // First it makes sure the programs the tests run for real are there (scripts/prerequisites.mjs):
 // redis-server (the Redis tier's tests), Debian's /usr/bin/python3 with python3-zmq,
-// python3-numpy and python3-pytest (the Python package's tests, test/python), and optionally
-// prometheus (promtool checks and the compose twin's scrape; skipped without it). Missing ones
-// are installed with apt-get when this runs as root; otherwise one line says what to install
-// (the tests that need them then fail with their own message, the others still run).
+// python3-msgpack, python3-numpy and python3-pytest (the Python package's tests, test/python),
+// and optionally prometheus (promtool checks and the compose twin's scrape; skipped without it).
+// Missing ones are installed with apt-get when this runs as root; otherwise one line says what
+// to install (the tests that need them then fail with their own message, the others still run).
 // KVTIER_SKIP_PREREQUISITES=1 skips the check.
 import { spawnSync } from 'node:child_process';
 import { readdirSync, statSync } from 'node:fs';

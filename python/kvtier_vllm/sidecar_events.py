@@ -12,6 +12,9 @@ Call :meth:`~SidecarEventFollower.poll` from one thread (zmq sockets are not thr
 often as convenient (the worker connector: once per engine step). Memory is bounded by
 ``max_chunks`` (past it the oldest chunk is forgotten and reported removed, the safe side for a
 router) and by ``max_held`` messages held while a replay or snapshot is answered.
+
+Payloads are read with the ``msgpack`` package, imported here: only a connector with
+``kv_events`` on needs it.
 """
 
 from __future__ import annotations
@@ -22,8 +25,14 @@ from typing import Any, Callable
 
 import zmq
 
+try:
+    import msgpack
+except ImportError as _err:
+    raise ImportError(
+        "kvtier_vllm's kv_events needs the msgpack package: pip install msgpack (Debian: apt-get install python3-msgpack)"
+    ) from _err
+
 from .errors import ProtocolError
-from .msgpack_lite import unpackb
 
 __all__ = ["SidecarEventFollower", "END_SEQ"]
 
@@ -134,7 +143,7 @@ class SidecarEventFollower:
             if frames is None or len(frames[0]) != 8:
                 raise ProtocolError("expected [topic, seq, payload]")
             seq = int.from_bytes(frames[0], "big")
-            ts, events, instance = unpackb(frames[1])[:3]
+            ts, events, instance = msgpack.unpackb(frames[1])[:3]
             return seq, str(instance), events
         except Exception as err:  # a message we cannot read: follow again from a snapshot
             self.stats["bad"] += 1
@@ -253,7 +262,7 @@ class SidecarEventFollower:
                 self._last = seq
 
     def _finish_snapshot(self, replies: list, end: bytes) -> None:
-        tag, count, instance, seq = unpackb(end)[:4]
+        tag, count, instance, seq = msgpack.unpackb(end)[:4]
         if tag != "end" or count != len(replies):
             raise ProtocolError(f"snapshot: {len(replies)} of {count} batches arrived")
         old = self._chunks

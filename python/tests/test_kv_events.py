@@ -1,30 +1,75 @@
-"""The event mapping without a sidecar: the msgpack reader, the scheduler's aggregation across
-ranks and its mapping to engine block hashes, and the container vLLM's output aggregator merges."""
+"""The event mapping without a sidecar: the sidecar's payloads as the follower reads them, vLLM's
+batches as the test stand-ins write and read them, the scheduler's aggregation across ranks and
+its mapping to engine block hashes, and the container vLLM's output aggregator merges."""
 
 from __future__ import annotations
 
+import time
+
+import msgpack
 import pytest
+import zmq
 
-from kvtier_vllm.errors import ProtocolError
 from kvtier_vllm.kv_events import BlockEventMapper, ChunkTransitions, _reachable
-from kvtier_vllm.msgpack_lite import unpackb
+from kvtier_vllm.sidecar_events import END_SEQ, SidecarEventFollower
+from support.kv_router import decode_batch
+from support.vllm_events import encode_batch, wire_event
+
+NS = bytes.fromhex("00112233445566778899aabbccddeeff")
+A, B = b"\x11" * 32, b"\x22" * 32
+INSTANCE = "00112233aabbccdd"
+#: A batch of every event kind, byte for byte as the sidecar writes it (test/unit/event-log.test.ts
+#: pins the same bytes on the sidecar's side): ts 1764355200.125; stored A, B in cpu; removed A
+#: from disk (evicted); cleared [NS] (epoch 7); cleared [] (epoch 2^32).
+SIDECAR_BATCH = bytes.fromhex(
+    "93cb41da4a7b2008000094"
+    "95a673746f726564c41000112233445566778899aabbccddeeffa3637075a3435055c440" + "11" * 32 + "22" * 32
+    + "96a772656d6f766564c41000112233445566778899aabbccddeeffa46469736ba44449534bc420" + "11" * 32
+    + "a765766963746564"
+    "93a7636c656172656491c41000112233445566778899aabbccddeeff07"
+    "93a7636c656172656490cf0000000100000000"
+    "b030303131323233336161626263636464"
+)
 
 
-def test_msgpack_reader_reads_the_forms_the_stream_writes():
-    assert unpackb(bytes.fromhex("9501a161c0c3c2")) == [1, "a", None, True, False]
-    assert unpackb(bytes.fromhex("ff")) == -1
-    assert unpackb(bytes.fromhex("d0df")) == -33
-    assert unpackb(bytes.fromhex("ce00010000")) == 65536
-    assert unpackb(bytes.fromhex("cf0000010000000000")) == 2**40
-    assert unpackb(bytes.fromhex("cb3ff8000000000000")) == 1.5
-    assert unpackb(bytes.fromhex("c4020102")) == b"\x01\x02"
-    assert unpackb(bytes.fromhex("81a16101")) == {"a": 1}
-    long = "x" * 300
-    assert unpackb(b"\xda\x01\x2c" + long.encode()) == long
-    assert unpackb(b"\xdc\x00\x02\x01\x02") == [1, 2]
-    for bad in ("9301", "0101", "d40100", "c405"):
-        with pytest.raises(ProtocolError):
-            unpackb(bytes.fromhex(bad))
+def test_the_follower_reads_every_event_kind_the_sidecar_writes():
+    ctx = zmq.Context.instance()
+    pub, router = ctx.socket(zmq.PUB), ctx.socket(zmq.ROUTER)
+    for s in (pub, router):
+        s.setsockopt(zmq.LINGER, 0)
+        s.bind("tcp://127.0.0.1:*")
+    f = SidecarEventFollower(
+        pub.getsockopt(zmq.LAST_ENDPOINT).decode(), router.getsockopt(zmq.LAST_ENDPOINT).decode(), NS
+    )
+    try:
+        got: list = []
+        deadline = time.monotonic() + 20
+        while len(got) < 4:
+            assert time.monotonic() < deadline, f"got {got}"
+            if router.poll(0):
+                ident, *req = router.recv_multipart()
+                assert req == [b"snapshot", NS]
+                # An empty snapshot: no batches, then ["end", 0, instance, seq 0].
+                router.send_multipart([ident, END_SEQ, msgpack.packb(["end", 0, INSTANCE, 0])])
+            pub.send_multipart([b"kvtier", (1).to_bytes(8, "big"), SIDECAR_BATCH])
+            got += f.poll()
+            time.sleep(0.01)
+        assert got == [("stored", A, "CPU"), ("stored", B, "CPU"), ("cleared",), ("cleared",)]
+        assert (f.instance, f.last_seq, f.stats["bad"]) == (INSTANCE, 1, 0)
+    finally:
+        f.close()
+        pub.close(0)
+        router.close(0)
+
+
+def test_the_vllm_stand_in_writes_uint64_block_hashes_and_a_float64_ts_the_router_reads_back():
+    stored = wire_event(("stored", (2**64 - 1, 2**63, 5), 2**63 - 1, "CPU", ()), 16)
+    removed = wire_event(("removed", (2**64 - 1,), "DISK"), 16)
+    cleared = wire_event(("cleared",), 16)
+    payload = encode_batch(1764355200.5, [stored, removed, cleared], 0)
+    assert payload.startswith(bytes.fromhex("93cb41da4a7b20200000")), "[ts, events, dp]: ts a float64"
+    assert bytes.fromhex("93cf" + "ff" * 8 + "cf80" + "00" * 7 + "05") in payload, "uint64 hashes"
+    assert decode_batch(payload) == (1764355200.5, [stored, removed, cleared])
 
 
 def H(i: int) -> bytes:
@@ -125,3 +170,20 @@ def test_a_wildcard_host_is_replaced_by_the_sidecars():
     assert _reachable("tcp://*:5557", "tcp://node-a:5555") == "tcp://node-a:5557"
     assert _reachable("tcp://127.0.0.1:5557", "tcp://10.0.0.5:5555") == "tcp://127.0.0.1:5557"
     assert _reachable("ipc:///run/e", "tcp://10.0.0.5:5555") == "ipc:///run/e"
+
+
+def test_without_msgpack_the_follower_says_in_one_line_what_to_install():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import kvtier_vllm
+
+    code = "import sys; sys.modules['msgpack'] = None; import kvtier_vllm.sidecar_events"
+    package_root = Path(kvtier_vllm.__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=package_root)
+    assert res.returncode != 0
+    assert res.stderr.strip().splitlines()[-1] == (
+        "ImportError: kvtier_vllm's kv_events needs the msgpack package: "
+        "pip install msgpack (Debian: apt-get install python3-msgpack)"
+    )

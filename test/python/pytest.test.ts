@@ -6,8 +6,9 @@
  * runs from twin.test.ts; the runs under vLLM's own code (python/tests/vllm_real) need vLLM and
  * run from vllm.test.ts.
  *
- * Only Debian's interpreter is used (/usr/bin/python3 with python3-zmq, python3-numpy and
- * python3-pytest); without them this file fails with one line saying what to install.
+ * Only Debian's interpreter is used (/usr/bin/python3 with python3-zmq, python3-msgpack,
+ * python3-numpy and python3-pytest); without them this file fails with one line saying what to
+ * install.
  */
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
@@ -17,7 +18,7 @@ import { runProcess, runPytestSuites } from '../support/pytest-run.ts';
 export { type PytestCase, parseJunitXml } from '../support/pytest-run.ts';
 
 const PYTHON = '/usr/bin/python3';
-const INSTALL_HINT = 'apt-get install python3-zmq python3-numpy python3-pytest';
+const INSTALL_HINT = 'apt-get install python3-zmq python3-msgpack python3-numpy python3-pytest';
 /** A hung pytest run fails after this long instead of holding CI. */
 const PYTEST_TIMEOUT_MS = 15 * 60_000;
 
@@ -27,7 +28,7 @@ async function prerequisites(): Promise<string | null> {
     PYTHON,
     [
       '-c',
-      'import importlib.util as u, sys; m=[n for n in ("zmq","numpy","pytest") if u.find_spec(n) is None]; print(",".join(m)); sys.exit(1 if m else 0)',
+      'import importlib.util as u, sys; m=[n for n in ("zmq","msgpack","numpy","pytest") if u.find_spec(n) is None]; print(",".join(m)); sys.exit(1 if m else 0)',
     ],
     60_000,
   );

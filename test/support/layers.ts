@@ -105,7 +105,6 @@ export const PYTHON_LAYERS: readonly (readonly string[])[] = [
   [
     '_validate',
     'curve',
-    'msgpack_lite',
     'host_memory',
     'config',
     'protocol_pack',

@@ -17,7 +17,14 @@ const none = { required: [], optional: [] };
 const noRedis = { required: ['redis-server'], optional: [] };
 const noProm = { required: [], optional: ['prometheus'] };
 const bare = {
-  required: ['redis-server', 'python3', 'python3-zmq', 'python3-numpy', 'python3-pytest'],
+  required: [
+    'redis-server',
+    'python3',
+    'python3-zmq',
+    'python3-msgpack',
+    'python3-numpy',
+    'python3-pytest',
+  ],
   optional: ['prometheus', 'docker-compose'],
 };
 
@@ -55,7 +62,7 @@ describe('npm test prerequisites', () => {
     );
     assert.match(
       all,
-      /install with: sudo apt-get install --no-install-recommends redis-server python3 python3-zmq python3-numpy python3-pytest prometheus docker-compose$/,
+      /install with: sudo apt-get install --no-install-recommends redis-server python3 python3-zmq python3-msgpack python3-numpy python3-pytest prometheus docker-compose$/,
     );
   });
 

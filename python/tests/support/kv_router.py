@@ -5,8 +5,9 @@ BE), msgpack payload]``, gaps in ``seq`` repaired through the engine's replay RO
 which engine holds which block on which medium. ``best`` picks the engine that can give the
 longest prefix of a prompt's blocks.
 
-Nothing here reads kvtier's code: the payload decoder, the event layout (``[ts, [events], dp]``
-with events as tagged arrays ``["BlockStored", hashes, parent, token_ids, block_size, lora_id,
+Nothing here reads kvtier's code: payloads are read with the msgpack package (as a router in
+any language reads them with its own library); the event layout (``[ts, [events], dp]`` with
+events as tagged arrays ``["BlockStored", hashes, parent, token_ids, block_size, lora_id,
 medium, ...]``, ``["BlockRemoved", hashes, medium, ...]``, ``["AllBlocksCleared"]``) and the
 block hash are vLLM's.
 """
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from typing import Any, Sequence
+from typing import Sequence
 
+import msgpack
 import zmq
 
 _SEED = hashlib.sha256(b"twin-vllm-block-hash-seed").digest()
@@ -32,51 +34,9 @@ def prompt_blocks(tokens: Sequence[int], block_size: int) -> list[int]:
     return out
 
 
-def _unpack(b: bytes, i: int) -> tuple[Any, int]:
-    t = b[i]
-    i += 1
-    if t <= 0x7F:
-        return t, i
-    if t >= 0xE0:
-        return t - 0x100, i
-    if 0x90 <= t <= 0x9F or t in (0xDC, 0xDD):
-        if t <= 0x9F:
-            n = t & 0x0F
-        else:
-            w = 2 if t == 0xDC else 4
-            n, i = int.from_bytes(b[i : i + w], "big"), i + w
-        out = []
-        for _ in range(n):
-            v, i = _unpack(b, i)
-            out.append(v)
-        return out, i
-    if 0xA0 <= t <= 0xBF or t in (0xD9, 0xDA, 0xDB, 0xC4, 0xC5, 0xC6):
-        if t <= 0xBF:
-            n = t & 0x1F
-        else:
-            w = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC5: 2, 0xC6: 4}[t]
-            n, i = int.from_bytes(b[i : i + w], "big"), i + w
-        raw = bytes(b[i : i + n])
-        return (raw if t in (0xC4, 0xC5, 0xC6) else raw.decode()), i + n
-    if t in (0xC0, 0xC2, 0xC3):
-        return {0xC0: None, 0xC2: False, 0xC3: True}[t], i
-    if 0xCC <= t <= 0xCF:
-        w = 1 << (t - 0xCC)
-        return int.from_bytes(b[i : i + w], "big"), i + w
-    if 0xD0 <= t <= 0xD3:
-        w = 1 << (t - 0xD0)
-        return int.from_bytes(b[i : i + w], "big", signed=True), i + w
-    if t == 0xCB:
-        return struct.unpack(">d", b[i : i + 8])[0], i + 8
-    if t == 0xCA:
-        return struct.unpack(">f", b[i : i + 4])[0], i + 4
-    raise ValueError(f"msgpack type 0x{t:02x}")
-
-
 def decode_batch(payload: bytes) -> tuple[float, list]:
-    v, end = _unpack(payload, 0)
-    if end != len(payload):
-        raise ValueError("trailing bytes")
+    """``(ts, events)`` of one batch (msgpack; bin stays bytes, uint64 hashes stay ints)."""
+    v = msgpack.unpackb(payload)
     return v[0], v[1]
 
 

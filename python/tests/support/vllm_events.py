@@ -16,6 +16,7 @@ import time
 from collections import deque
 from typing import Any, Iterable, Sequence
 
+import msgpack
 import zmq
 
 from kvtier_vllm.kv_events import BlockEventMapper, ChunkTransitions
@@ -38,39 +39,11 @@ def external(h: bytes) -> int:
     return int.from_bytes(h, "big") & ((1 << 64) - 1)
 
 
-def _pack(v: Any, out: bytearray) -> None:
-    if v is None:
-        out.append(0xC0)
-    elif v is True or v is False:
-        out.append(0xC3 if v else 0xC2)
-    elif isinstance(v, int):
-        if 0 <= v < 0x80:
-            out.append(v)
-        elif -32 <= v < 0:
-            out.append(v & 0xFF)
-        elif v >= 0:
-            out += b"\xcf" + v.to_bytes(8, "big")
-        else:
-            out += b"\xd3" + v.to_bytes(8, "big", signed=True)
-    elif isinstance(v, float):
-        out += b"\xcb" + struct.pack(">d", v)
-    elif isinstance(v, str):
-        b = v.encode()
-        out += (bytes([0xA0 | len(b)]) if len(b) < 32 else b"\xdb" + len(b).to_bytes(4, "big")) + b
-    elif isinstance(v, (bytes, bytearray)):
-        out += b"\xc6" + len(v).to_bytes(4, "big") + bytes(v)
-    elif isinstance(v, (list, tuple)):
-        out += bytes([0x90 | len(v)]) if len(v) < 16 else b"\xdd" + len(v).to_bytes(4, "big")
-        for x in v:
-            _pack(x, out)
-    else:
-        raise TypeError(f"cannot pack {type(v)}")
-
-
-def packb(v: Any) -> bytes:
-    out = bytearray()
-    _pack(v, out)
-    return bytes(out)
+def encode_batch(ts: float, events: list, dp_rank: int | None) -> bytes:
+    """A batch as vLLM's publisher writes it (msgspec's array-like ``KVEventBatch``): the msgpack
+    package writes the values in msgspec's forms, integers in their smallest (uint64 block hashes
+    too), floats as float64, bin, str and nil."""
+    return msgpack.packb([ts, events, dp_rank])
 
 
 def wire_event(ev: tuple, block_size: int) -> list:
@@ -103,7 +76,7 @@ class EventPublisher:
         self._dp_rank = dp_rank
 
     def publish(self, events: list) -> None:
-        payload = packb([time.time(), events, self._dp_rank])
+        payload = encode_batch(time.time(), events, self._dp_rank)
         seq = self._seq
         self._seq += 1
         self.pub.send_multipart([self.topic, seq.to_bytes(8, "big"), payload])

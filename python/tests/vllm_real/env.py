@@ -41,8 +41,9 @@ REPO = HERE.parents[2]
 UNAVAILABLE_EXIT = 3
 
 TORCH = "torch==2.13.0+cpu"
-#: What vLLM's tests and kvtier's harness need besides vLLM's own requirements.
-EXTRA = ["pytest", "tblib", "uvloop", "setuptools_scm", "wheel", "transformers"]
+#: What vLLM's tests, kvtier's harness and kvtier's connector (msgpack: its event follower) need
+#: besides vLLM's own requirements.
+EXTRA = ["pytest", "tblib", "uvloop", "setuptools_scm", "wheel", "transformers", "msgpack"]
 #: In vLLM's requirements/common.txt but not in this machine's package indexes: stand-ins.
 UNAVAILABLE = frozenset(
     {
@@ -66,7 +67,7 @@ CHECK = (
     "from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory\n"
     "from vllm.distributed.kv_transfer.kv_transfer_state import ensure_kv_transfer_initialized\n"
     "from vllm.v1.worker.kv_connector_model_runner_mixin import KVConnectorModelRunnerMixin\n"
-    "import torch, transformers, zmq, numpy, pytest\n"
+    "import torch, transformers, zmq, msgpack, numpy, pytest\n"
 )
 
 
