@@ -171,6 +171,7 @@ async function publishTrial(shape: Shape): Promise<{ seconds: number; bytes: num
     bufferBytes: 16 * 1024 ** 2,
     sendHighWaterMark: 100_000,
     heartbeatMs: 0,
+    snapshotScanMaxChunks: 0,
   });
   const c = new Counter(p.endpoint);
   try {

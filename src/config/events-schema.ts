@@ -48,5 +48,13 @@ export const eventsSchema = v.nullable(
         ),
       ),
     ),
+    snapshotScanMaxChunks: v.optional(
+      v.pipe(
+        int(0, 1_000_000_000),
+        v.description(
+          "Most chunks a snapshot lists from the shared tiers' stores (Redis, S3, fs: what other sidecars wrote too); 0: none. Default 1000000.",
+        ),
+      ),
+    ),
   }),
 );

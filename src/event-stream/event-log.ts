@@ -219,6 +219,14 @@ export class EventLog implements ChunkEventSink {
    */
   snapshot(groups: Iterable<SnapshotGroup>): Buffer[] {
     this.flush();
+    return this.encodeStored(groups);
+  }
+
+  /**
+   * `groups` as batch payloads of `stored` events (at most 4096 hashes each), sealing nothing: the
+   * rest of a snapshot that {@link snapshot} began.
+   */
+  encodeStored(groups: Iterable<SnapshotGroup>): Buffer[] {
     const out: Buffer[] = [];
     let events: PayloadValue[] = [];
     let count = 0;

@@ -12,7 +12,7 @@ import type { EventMetrics } from '../metrics/event-metrics.ts';
 import { SocketSendQueue } from '../protocol/send-queue.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { EventLog } from './event-log.ts';
-import type { SnapshotGroup } from './event-types.ts';
+import type { SnapshotGroup, SnapshotScan } from './event-types.ts';
 import type { ResolvedEventsOptions } from './events-options.ts';
 import { encodePayload } from './payload.ts';
 
@@ -23,11 +23,16 @@ export const END_SEQ = Buffer.alloc(8, 0xff);
 export interface EventPublisherOptions extends ResolvedEventsOptions {
   /** What the tiers hold, for snapshots; `ns` limits it to one namespace. */
   snapshot?: (ns: string | undefined) => Iterable<SnapshotGroup>;
+  /** The tiers a snapshot then lists from their stores (shared tiers); `ns` as above. */
+  snapshotScans?: (ns: string | undefined) => readonly SnapshotScan[];
   /** Socket options that make both sockets CurveZMQ servers (the sidecar's `ServerAuth`). */
   socketOptions?: Partial<zmq.SocketOptions<zmq.Router>> & { context?: zmq.Context };
   metrics?: EventMetrics;
   log?: Logger;
 }
+
+/** Snapshots waiting for the one being answered; past it a request is refused as busy. */
+export const SNAPSHOT_QUEUE = 8;
 
 function seqBytes(seq: number): Buffer {
   const b = Buffer.allocUnsafe(8);
@@ -48,6 +53,13 @@ export class EventPublisher {
   readonly #replay: zmq.Router | undefined;
   readonly #replayQueue: SocketSendQueue | undefined;
   readonly #snapshot: (ns: string | undefined) => Iterable<SnapshotGroup>;
+  readonly #scans: (ns: string | undefined) => readonly SnapshotScan[];
+  readonly #scanMaxChunks: number;
+  /** Aborted by close: stops the listings of snapshots under way. */
+  readonly #stop = new AbortController();
+  /** The snapshot being answered and those queued behind it (one listing at a time). */
+  #snapshots: Promise<void> = Promise.resolve();
+  #snapshotsQueued = 0;
   readonly #metrics: EventMetrics | undefined;
   readonly #logger: Logger;
   readonly #heartbeat: NodeJS.Timeout | undefined;
@@ -60,6 +72,8 @@ export class EventPublisher {
     this.#metrics = opts.metrics;
     this.#logger = opts.log ?? silentLogger;
     this.#snapshot = opts.snapshot ?? (() => []);
+    this.#scans = opts.snapshotScans ?? (() => []);
+    this.#scanMaxChunks = opts.snapshotScanMaxChunks;
     this.topic = Buffer.from(opts.topic, 'utf8');
     const { context, ...curve } = opts.socketOptions ?? {};
     const common = { linger: 0, sendTimeout: 0, ...(context !== undefined ? { context } : {}) };
@@ -173,12 +187,17 @@ export class EventPublisher {
     if (first !== undefined && first.toString('latin1') === 'snapshot' && body.length <= 2) {
       const ns = body[1];
       if (ns === undefined || ns.length === 16) {
+        if (this.#snapshotsQueued >= SNAPSHOT_QUEUE) {
+          this.#metrics?.replays.inc({ kind: 'bad' });
+          send(END_SEQ, encodePayload(['error', 'busy: too many snapshots queued; ask again']));
+          return;
+        }
         this.#metrics?.replays.inc({ kind: 'snapshot' });
-        const batches = this.log.snapshot(this.#snapshot(ns?.toString('hex')));
-        const last = this.log.lastSeq;
-        const seq = seqBytes(last);
-        for (const payload of batches) send(seq, payload);
-        send(END_SEQ, encodePayload(['end', batches.length, this.log.instance, last]));
+        this.#snapshotsQueued++;
+        this.#snapshots = this.#snapshots
+          .then(() => this.#answerSnapshot(ns?.toString('hex'), send))
+          .catch((err: unknown) => this.#logger.error('event snapshot failed', { err }))
+          .finally(() => this.#snapshotsQueued--);
         return;
       }
     }
@@ -194,10 +213,56 @@ export class EventPublisher {
     send(END_SEQ, encodePayload(['error', 'expected [u64 seq] or ["snapshot", ns?]']));
   }
 
+  /**
+   * Answers a snapshot: the tiers with an index in memory at once (their batches sealed first),
+   * then each scanned tier's listing as it comes, at most `snapshotScanMaxChunks` chunks in all;
+   * every batch carries the sequence number sealed at the start. The end marker names the
+   * scanned tiers that were not listed whole (cannot be listed now, failed, or cut short).
+   */
+  async #answerSnapshot(
+    ns: string | undefined,
+    send: (seq: Buffer, payload: Buffer) => void,
+  ): Promise<void> {
+    const local = this.log.snapshot(this.#snapshot(ns));
+    const last = this.log.lastSeq;
+    const seq = seqBytes(last);
+    for (const payload of local) send(seq, payload);
+    let batches = local.length;
+    let budget = this.#scanMaxChunks;
+    const partial: string[] = [];
+    for (const { tier, scan } of budget > 0 ? this.#scans(ns) : []) {
+      let whole = false;
+      try {
+        const pages = scan(this.#stop.signal);
+        if (pages !== null) {
+          whole = true;
+          for await (const page of pages) {
+            const hashes = page.hashes.slice(0, budget);
+            for (const payload of this.log.encodeStored([{ tier, ns: page.ns, hashes }])) {
+              send(seq, payload);
+              batches++;
+            }
+            budget -= hashes.length;
+            if (budget === 0 || this.#stop.signal.aborted) {
+              whole = false;
+              break;
+            }
+          }
+        }
+      } catch (err) {
+        whole = false;
+        this.#logger.warn('event snapshot: a tier could not be listed', { tier: tier.name, err });
+      }
+      if (!whole) partial.push(tier.name);
+    }
+    send(END_SEQ, encodePayload(['end', batches, this.log.instance, last, partial]));
+  }
+
   /** Seals what is pending, publishes it, and closes both sockets. Idempotent. */
   close(): Promise<void> {
     this.#closing ??= (async () => {
       clearInterval(this.#heartbeat);
+      this.#stop.abort();
       this.log.close();
       this.#pub.close();
       this.#replay?.close();

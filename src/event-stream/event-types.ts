@@ -53,3 +53,15 @@ export interface SnapshotGroup {
   readonly ns: NamespaceId;
   readonly hashes: readonly ChunkHash[];
 }
+
+/**
+ * A tier a snapshot lists from its store (a shared tier): `scan` starts the listing (null when
+ * the tier cannot be listed now).
+ */
+export interface SnapshotScan {
+  readonly tier: EventTier;
+  readonly scan: (signal: AbortSignal) => AsyncIterable<{
+    readonly ns: NamespaceId;
+    readonly hashes: readonly ChunkHash[];
+  }> | null;
+}

@@ -20,6 +20,11 @@ export interface ResolvedEventsOptions {
   sendHighWaterMark: number;
   /** Interval of the heartbeat (the last sequence number, instance); 0 turns it off. */
   heartbeatMs: number;
+  /**
+   * Most chunks one snapshot lists from the shared tiers' stores (what other sidecars wrote
+   * included); 0 lists none (snapshots then hold the tiers with an index in memory only).
+   */
+  snapshotScanMaxChunks: number;
 }
 
 /** What a config file's `events` object may give. */
@@ -32,6 +37,7 @@ export const EVENTS_DEFAULTS = Object.freeze({
   bufferBytes: 16 * 1024 ** 2,
   sendHighWaterMark: 10_000,
   heartbeatMs: 1000,
+  snapshotScanMaxChunks: 1_000_000,
 });
 
 /**

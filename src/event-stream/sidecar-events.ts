@@ -11,7 +11,12 @@ import { EventMetrics } from '../metrics/event-metrics.ts';
 import { isLocalEndpoint } from '../protocol/endpoint.ts';
 import type { Logger } from '../util/log.ts';
 import { EventPublisher } from './event-publisher.ts';
-import { type ChunkEventSink, mediumOf, type SnapshotGroup } from './event-types.ts';
+import {
+  type ChunkEventSink,
+  mediumOf,
+  type SnapshotGroup,
+  type SnapshotScan,
+} from './event-types.ts';
 import { eventedBackend, eventedHostTier } from './evented-backend.ts';
 import type { ResolvedEventsOptions } from './events-options.ts';
 
@@ -48,6 +53,7 @@ export async function startSidecarEvents(opts: SidecarEventsOptions): Promise<Ev
     ...events,
     ...(opts.curve !== undefined ? { socketOptions: opts.curve } : {}),
     snapshot: (ns) => snapshotOf(opts.tiers(), ns),
+    snapshotScans: (ns) => snapshotScansOf(opts.tiers(), ns),
     metrics: new EventMetrics(opts.registry),
     log: opts.log,
   });
@@ -108,4 +114,20 @@ export function* snapshotOf(
     }
     for (const [n, hashes] of byNs) yield { tier, ns: n, hashes };
   }
+}
+
+/**
+ * The shared tiers (several sidecars write them: what this one's events do not cover), each to be
+ * listed from its store after the indexed tiers.
+ */
+export function snapshotScansOf(
+  tiers: readonly StorageBackend[],
+  ns: NamespaceId | undefined,
+): SnapshotScan[] {
+  return tiers
+    .filter((t) => t.capabilities.shared)
+    .map((t) => ({
+      tier: { name: t.name, medium: mediumOf(t.capabilities) },
+      scan: (signal) => t.scanChunks?.(ns, { signal }) ?? null,
+    }));
 }

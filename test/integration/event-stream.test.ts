@@ -225,7 +225,7 @@ describe('the event stream', { timeout: 300_000 }, () => {
       assert.ok(got.every((m) => m.instance === events.log.instance));
       assert.deepEqual(await r.replay(last + 1), []);
       const snap = await r.snapshot(ns);
-      assert.deepEqual(snap.end, ['end', 1, events.log.instance, last]);
+      assert.deepEqual(snap.end, ['end', 1, events.log.instance, last, []]);
       assert.equal(snap.messages[0]!.events.length, 1);
       const bad = (await r.raw([Buffer.from('not a request')])) as unknown[];
       assert.equal(bad[0], 'error');
