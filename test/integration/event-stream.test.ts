@@ -301,4 +301,63 @@ describe('the event stream', { timeout: 300_000 }, () => {
       await sidecar.close();
     }
   });
+
+  it('a follower resumes from its checkpoint: replays the batches it missed, or takes a snapshot when the checkpoint is stale', async () => {
+    const [pub, rep] = [await freeTcpPort(), await freeTcpPort()];
+    const cfg = config([cpu(16 * 1024 * 1024), disk(join(dir, 'd3'))], {
+      endpoint: `tcp://127.0.0.1:${pub}`,
+      replayEndpoint: `tcp://127.0.0.1:${rep}`,
+      bufferBatches: 8,
+    });
+    let { sidecar, client } = await start(cfg);
+    const follower = () =>
+      new StreamFollower(sidecar.events!.endpoint, sidecar.events!.replayEndpoint!);
+    const ns = randomNamespace();
+    /** Puts `n` chunks, each sealed as a batch of its own. */
+    const puts = async (n: number) => {
+      for (const h of randomHashes(n)) {
+        await client.put(ns, h, 16, randomPayload(4096));
+        await sidecar.storage.writeQueue.idle();
+        sidecar.events!.log.flush();
+      }
+    };
+    let f = follower();
+    try {
+      await puts(3);
+      await converge(f, sidecar, ns, 'first follower');
+      // Within the window: the resumed follower replays what it missed, no snapshot.
+      let saved = f.checkpoint();
+      await f.close();
+      await puts(2);
+      f = follower();
+      f.resumeFrom(saved);
+      await converge(f, sidecar, ns, 'resumed within the window');
+      assert.equal(f.counts.snapshots, 0, 'a checkpoint within the window needs no snapshot');
+      assert.ok(f.counts.gapsRepaired >= 1, 'the missed batches came from a replay');
+      // Past the window (8 batches kept, 12 sealed since): the checkpoint is stale, a snapshot.
+      saved = f.checkpoint();
+      await f.close();
+      await puts(12);
+      f = follower();
+      f.resumeFrom(saved);
+      await converge(f, sidecar, ns, 'resumed past the window');
+      assert.equal(f.counts.snapshots, 1, 'the window moved on: one snapshot');
+      // Across a restart of the sidecar: another instance, a snapshot.
+      saved = f.checkpoint();
+      await f.close();
+      await client.close();
+      await sidecar.close();
+      ({ sidecar, client } = await start(cfg));
+      f = follower();
+      f.resumeFrom(saved);
+      await converge(f, sidecar, ns, 'resumed across a restart');
+      assert.equal(f.counts.snapshots, 1, 'another instance: one snapshot');
+      assert.equal(f.instance, sidecar.events!.log.instance);
+      assert.equal(f.inTier(ns, 'disk').size, 17, 'every chunk put is on disk');
+    } finally {
+      await f.close();
+      await client.close();
+      await sidecar.close();
+    }
+  });
 });

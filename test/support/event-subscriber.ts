@@ -78,6 +78,13 @@ export class ReplayClient {
 /** Chunks per tier, as a subscriber pictures one namespace from the stream. */
 export type TierPicture = Map<string, Set<string>>;
 
+/** A follower's saved state: its picture and the instance and sequence number it reflects. */
+export interface FollowerCheckpoint {
+  readonly state: ReadonlyMap<string, TierPicture>;
+  readonly instance: string | undefined;
+  readonly lastSeq: number;
+}
+
 /**
  * Follows a stream: the state of every namespace (tier name → chunk hashes), kept right across
  * gaps (replay) and restarts (snapshot). `pump()` applies what arrived; tests call it until the
@@ -237,6 +244,28 @@ export class StreamFollower {
         else set.delete(h);
       }
     }
+  }
+
+  /** What a follower saves to resume after its own restart: its picture, instance and seq. */
+  checkpoint(): FollowerCheckpoint {
+    const state = new Map<string, TierPicture>();
+    for (const [ns, pic] of this.state)
+      state.set(ns, new Map([...pic].map(([tier, set]) => [tier, new Set(set)])));
+    return { state, instance: this.instance, lastSeq: this.lastSeq };
+  }
+
+  /**
+   * Takes up a checkpoint instead of a snapshot (docs/events.md, "Resuming from a checkpoint"):
+   * the next message shows whether it is still good — a batch or heartbeat past `lastSeq` of the
+   * same instance is replayed from `lastSeq + 1`, a window that moved on or another instance
+   * means a snapshot — so {@link pump} does the rest.
+   */
+  resumeFrom(c: FollowerCheckpoint): void {
+    this.state.clear();
+    for (const [ns, pic] of c.state)
+      this.state.set(ns, new Map([...pic].map(([tier, set]) => [tier, new Set(set)])));
+    this.instance = c.instance;
+    this.lastSeq = c.lastSeq;
   }
 
   /** The hashes of `ns` held by at least one tier. */
