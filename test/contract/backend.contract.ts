@@ -51,6 +51,7 @@ export {
   runStoreContractCase,
   STORE_CONTRACT_CASES,
   type StoreCaseResult,
+  type StoreContractCaseId,
   type StoreContractGroup,
   type StoreContractOptions,
   type StoreContractSubject,

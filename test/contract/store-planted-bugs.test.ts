@@ -17,6 +17,7 @@ import type {
 import { MapService, MapStore } from '../support/shared-map-store.ts';
 import {
   runStoreContractCase,
+  type StoreContractCaseId,
   type StoreContractOptions,
   type StoreContractSubject,
 } from './store.contract.ts';
@@ -141,7 +142,7 @@ interface Variant {
   readonly bug: string;
   readonly make: (service: MapService) => MapStore;
   /** The cases that must fail, each with what its failure must say. */
-  readonly caught: readonly (readonly [string, RegExp])[];
+  readonly caught: readonly (readonly [StoreContractCaseId, RegExp])[];
 }
 
 const VARIANTS: readonly Variant[] = [

@@ -78,6 +78,31 @@ export type StoreContractGroup =
   | 'persistence'
   | 'ttl';
 
+/** Every test of the suite by id, `<group>.<name>`: what `skip` and {@link runStoreContractCase} take. */
+export type StoreContractCaseId =
+  | 'basics.info'
+  | 'basics.clearable'
+  | 'basics.absent'
+  | 'basics.roundTrip'
+  | 'basics.putIfAbsent'
+  | 'basics.delete'
+  | 'basics.oneByteApart'
+  | 'basics.crc'
+  | 'listing.list'
+  | 'listing.count'
+  | 'listing.clear'
+  | 'atomicity.concurrentPuts'
+  | 'atomicity.readsDuringLargePut'
+  | 'cancellation.abortedBefore'
+  | 'cancellation.abortedDuring'
+  | 'cancellation.stalled'
+  | 'sharing.race'
+  | 'sharing.visibility'
+  | 'persistence.reopen'
+  | 'ttl.expiry'
+  | 'lifecycle.closeInFlight'
+  | 'lifecycle.afterClose';
+
 /** How the suite runs against one store. */
 export interface StoreContractOptions {
   /**
@@ -95,8 +120,12 @@ export interface StoreContractOptions {
   visibilityRounds?: number;
   /** How long past its TTL a value may still be read, ms, scaled like `abortSettleMs` (default 5000). */
   ttlSlackMs?: number;
-  /** Skip reasons for groups that do not apply, by group. */
-  skip?: Partial<Record<StoreContractGroup, string>>;
+  /**
+   * Skip reasons, by group (every test of it) or by test id (one test, e.g. where the service the
+   * suite runs against differs from the real one in a way the store cannot help): what does not
+   * apply, and why. The basics and lifecycle can be skipped only test by test.
+   */
+  skip?: Partial<Record<StoreContractGroup | StoreContractCaseId, string>>;
 }
 
 const DEFAULT_ABORT_SETTLE_MS = 2000;
@@ -121,90 +150,85 @@ const noLarge = (o: StoreContractOptions) =>
 
 type Group = StoreCase['group'];
 const k = (
-  group: Group,
-  id: string,
+  id: StoreContractCaseId,
   title: string,
   run: StoreCase['run'],
   need?: StoreCase['need'],
   skip?: StoreCase['skip'],
-): StoreCase => ({ id: `${group}.${id}`, group, title, run, need, skip });
+): StoreCase => ({ id, group: id.slice(0, id.indexOf('.')) as Group, title, run, need, skip });
 
 /** Every test of the suite, in the order it runs; see {@link runStoreContractCase}. */
 export const STORE_CONTRACT_CASES: readonly StoreCase[] = [
-  k('basics', 'info', 'info declares persistent, shared, evicts and ttl', infoFlags),
-  k('basics', 'clearable', 'the store has list or clear (a namespace can be cleared)', canClear),
-  k('basics', 'absent', 'an absent key: get null, has false, delete false', absentKey),
-  k('basics', 'roundTrip', 'values of 0 B to 8 MiB round-trip; put keeps no view', roundTrip),
-  k('basics', 'putIfAbsent', 'put of an existing key is false and keeps the value', putIfAbsent),
-  k('basics', 'delete', 'delete answers the bytes or true, then false', deleteAnswers),
-  k('basics', 'oneByteApart', 'keys one byte apart hold their own values', oneByteApart),
-  k('basics', 'crc', "a get's crc32c, when given, is that of its bytes", storedCrc),
+  k('basics.info', 'info declares persistent, shared, evicts and ttl', infoFlags),
+  k('basics.clearable', 'the store has list or clear (a namespace can be cleared)', canClear),
+  k('basics.absent', 'an absent key: get null, has false, delete false', absentKey),
+  k('basics.roundTrip', 'values of 0 B to 8 MiB round-trip; put keeps no view', roundTrip),
+  k('basics.putIfAbsent', 'put of an existing key is false and keeps the value', putIfAbsent),
+  k('basics.delete', 'delete answers the bytes or true, then false', deleteAnswers),
+  k('basics.oneByteApart', 'keys one byte apart hold their own values', oneByteApart),
+  k('basics.crc', "a get's crc32c, when given, is that of its bytes", storedCrc),
   k(
-    'listing',
-    'list',
+    'listing.list',
     'list yields every key under its prefix once, sizes right',
     listKeys,
     has('list'),
   ),
-  k('listing', 'count', 'count tallies the keys and bytes under a prefix', countKeys, has('count')),
-  k('listing', 'clear', 'clear removes its prefix only and tallies it', clearSpaces, has('clear')),
+  k('listing.count', 'count tallies the keys and bytes under a prefix', countKeys, has('count')),
+  k('listing.clear', 'clear removes its prefix only and tallies it', clearSpaces, has('clear')),
   k(
-    'atomicity',
-    'concurrentPuts',
+    'atomicity.concurrentPuts',
     '16 concurrent puts of one key: one true, one value',
     concurrentPuts,
   ),
   k(
-    'atomicity',
-    'readsDuringLargePut',
+    'atomicity.readsDuringLargePut',
     'get and has during a 32 MiB put see nothing or the whole value',
     readsDuringLargePut,
     undefined,
     noLarge,
   ),
-  k('cancellation', 'abortedBefore', 'calls with an aborted signal settle', abortedBefore),
+  k('cancellation.abortedBefore', 'calls with an aborted signal settle', abortedBefore),
   k(
-    'cancellation',
-    'abortedDuring',
+    'cancellation.abortedDuring',
     '4 MiB puts and gets aborted at five points settle, keys whole or empty, buffers released',
     abortedDuring,
   ),
   k(
-    'cancellation',
-    'stalled',
+    'cancellation.stalled',
     'calls aborted while the service is stalled settle; buffers released after',
     abortedWhileStalled,
     stallable,
   ),
   k(
-    'sharing',
-    'race',
+    'sharing.race',
     'put-if-absent raced by two instances: one true and one whole value per key',
     racedPuts,
     twoInstances('shared'),
   ),
   k(
-    'sharing',
-    'visibility',
+    'sharing.visibility',
     "each instance sees the other's puts and deletes at once, round after round",
     visibility,
     twoInstances('shared'),
   ),
   k(
-    'persistence',
-    'reopen',
+    'persistence.reopen',
     'a fresh instance reads what a closed one wrote',
     persistence,
     twoInstances('persistent'),
   ),
-  k('ttl', 'expiry', 'a value put with ttlMs expires; others stay', ttlExpiry, ttl),
-  k(
-    'lifecycle',
-    'closeInFlight',
-    'close settles with calls in flight, and so do they',
-    closeInFlight,
-  ),
-  k('lifecycle', 'afterClose', 'every call after close rejects', callsAfterClose),
+  k('ttl.expiry', 'a value put with ttlMs expires; others stay', ttlExpiry, ttl),
+  k('lifecycle.closeInFlight', 'close settles with calls in flight, and so do they', closeInFlight),
+  k('lifecycle.afterClose', 'every call after close rejects', callsAfterClose),
+];
+
+const GROUPS: readonly StoreContractGroup[] = [
+  'listing',
+  'atomicity',
+  'cancellation',
+  'sharing',
+  'persistence',
+  'ttl',
 ];
 
 function checkOptions(opts: StoreContractOptions): void {
@@ -213,6 +237,22 @@ function checkOptions(opts: StoreContractOptions): void {
     if (v !== undefined && !(Number.isSafeInteger(v) && v > 0))
       throw new TypeError(`options.${key} must be a positive integer, got ${String(v)}`);
   }
+  for (const [key, reason] of Object.entries(opts.skip ?? {})) {
+    const known =
+      (GROUPS as readonly string[]).includes(key) || STORE_CONTRACT_CASES.some((c) => c.id === key);
+    if (!known)
+      throw new TypeError(
+        `options.skip.${key}: not a group (${GROUPS.join(', ')}) nor a test id (STORE_CONTRACT_CASES)`,
+      );
+    if (typeof reason !== 'string' || reason === '')
+      throw new TypeError(`options.skip.${key} must be the reason, a non-empty string`);
+  }
+}
+
+/** Why `c` is skipped before a subject is built, or undefined. */
+function skipReason(c: StoreCase, o: StoreContractOptions): string | undefined {
+  const group = c.group === 'basics' || c.group === 'lifecycle' ? undefined : o.skip?.[c.group];
+  return group ?? o.skip?.[c.id] ?? c.skip?.(o);
 }
 
 /** How one case ended: passed, or skipped with the reason (a failure rejects). */
@@ -226,7 +266,7 @@ export type StoreCaseResult = { readonly skipped?: string };
  *   unknown id or bad options.
  */
 export async function runStoreContractCase(
-  id: string,
+  id: StoreContractCaseId,
   factory: () => Promise<StoreContractSubject>,
   opts: StoreContractOptions = {},
 ): Promise<StoreCaseResult> {
@@ -241,9 +281,7 @@ async function runCase(
   factory: () => Promise<StoreContractSubject>,
   o: StoreContractOptions,
 ): Promise<StoreCaseResult> {
-  const early =
-    (c.group === 'basics' || c.group === 'lifecycle' ? undefined : o.skip?.[c.group]) ??
-    c.skip?.(o);
+  const early = skipReason(c, o);
   if (early !== undefined) return { skipped: early };
   const s = await factory();
   const settleMs = scaledMs(o.abortSettleMs ?? DEFAULT_ABORT_SETTLE_MS);
@@ -311,10 +349,8 @@ export function describeStoreContract(
   describe(name, () => {
     for (const group of new Set(STORE_CONTRACT_CASES.map((c) => c.group))) {
       describe(group, () => {
-        const skipGroup =
-          group === 'basics' || group === 'lifecycle' ? undefined : opts.skip?.[group];
         for (const c of STORE_CONTRACT_CASES.filter((x) => x.group === group)) {
-          it(c.title, { skip: skipGroup ?? c.skip?.(opts) ?? false }, async (t) => {
+          it(c.title, { skip: skipReason(c, opts) ?? false }, async (t) => {
             const r = await runCase(c, factory, opts);
             if (r.skipped !== undefined) t.skip(r.skipped);
           });

@@ -18,6 +18,7 @@ import {
 } from '../../../src/backends/store/kv-store.ts';
 import { chunkHashFromBytes } from '../../../src/hashing/chunk-hash.ts';
 import type {
+  StoreContractCaseId,
   StoreContractGroup,
   StoreContractOptions,
   StoreContractSubject,
@@ -42,8 +43,8 @@ export interface StoreCtx {
 
 /** One test: `skip` is known when the suite is defined, `need` once a subject exists. */
 export interface StoreCase {
-  /** Stable name, `<group or section>.<name>`, for {@link runStoreContractCase}. */
-  readonly id: string;
+  /** Stable name, `<group>.<name>`, for `skip` and `runStoreContractCase`. */
+  readonly id: StoreContractCaseId;
   readonly group: StoreContractGroup | 'basics' | 'lifecycle';
   readonly title: string;
   readonly skip?: ((o: StoreContractOptions) => string | undefined) | undefined;
