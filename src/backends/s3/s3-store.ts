@@ -1,10 +1,18 @@
 /**
  * The S3 tier's {@link KvStore}: one object per chunk, `<keyPrefix><ns>/<hash>` (the store key as
  * it is under the prefix), written with one PutObject of known length (atomic) after a HEAD
- * (put-if-absent; both share one `timeoutMs` deadline), read with GetObject into one buffer of
- * its Content-Length and checksummed as it arrives. Every request runs under the concurrency
- * bound with its own deadline (s3-requests.ts). No count: a shared bucket has no cheap one.
+ * (both share one `timeoutMs` deadline), read with GetObject into one buffer of its
+ * Content-Length and checksummed as it arrives. Every request runs under the concurrency bound
+ * with its own deadline (s3-requests.ts). No count: a shared bucket has no cheap one.
+ *
+ * Put-if-absent: the HEAD spares uploading an object that exists, and the PutObject is
+ * conditional (`If-None-Match: *`), so two sidecars that both found the key absent do not both
+ * write it: S3 answers the second 412 (false), or 409 while the first is still in progress (it
+ * looks again after a short wait, within the put's deadline). A service that does not implement
+ * conditional writes (501) gets plain PutObjects from then on, logged once: there, two sidecars
+ * racing on one key may both answer true (each wrote a whole object; the last one stays).
  */
+import { setTimeout as delay } from 'node:timers/promises';
 import {
   CreateBucketCommand,
   DeleteObjectCommand,
@@ -16,7 +24,7 @@ import {
   ListObjectsV2Command,
   PutObjectCommand,
 } from '@aws-sdk/client-s3';
-import { closedError, KvtierError } from '../../errors.ts';
+import { abortedError, closedError, KvtierError } from '../../errors.ts';
 import type { Logger } from '../../util/log.ts';
 import type { BackendHealth } from '../core/types.ts';
 import {
@@ -34,6 +42,9 @@ import { failure, type Outcome, readBody, S3Requests } from './s3-requests.ts';
 
 /** S3's limit on keys per DeleteObjects request. */
 const DELETE_BATCH = 1000;
+/** First and longest wait before a put answered 409 (a conditional put in progress) looks again. */
+const CONFLICT_RETRY_MS = 25;
+const CONFLICT_RETRY_MAX_MS = 400;
 
 /** An S3 (or S3-compatible) {@link KvStore}; see the file's comment. */
 export class S3Store implements KvStore {
@@ -47,10 +58,14 @@ export class S3Store implements KvStore {
   readonly requests: S3Requests;
   readonly #o: ResolvedS3BackendOptions;
   readonly #name: string;
+  readonly #log: Logger;
+  /** Whether puts are sent with `If-None-Match: *` (until the service answers 501 to one). */
+  #conditional = true;
 
   constructor(o: ResolvedS3BackendOptions, name: string, log: Logger) {
     this.#o = o;
     this.#name = name;
+    this.#log = log;
     this.requests = new S3Requests(o, name, log);
   }
 
@@ -107,7 +122,10 @@ export class S3Store implements KvStore {
     throw r.error;
   }
 
-  /** HEAD, then one PutObject of known length when the key is absent; one shared deadline. */
+  /**
+   * HEAD, then one conditional PutObject of known length when the key is absent (see the file's
+   * comment); one shared deadline.
+   */
   put(key: StoreKey, value: Uint8Array, opts: StoreCallOptions): Promise<boolean> {
     return this.putFilling(key, value, Promise.resolve(), opts);
   }
@@ -124,21 +142,80 @@ export class S3Store implements KvStore {
     if (head.ok) return false;
     if (!head.notFound) throw head.error;
     await filled;
+    for (let wait = CONFLICT_RETRY_MS; ; wait = Math.min(2 * wait, CONFLICT_RETRY_MAX_MS)) {
+      const answer = await this.#putOnce(key, value, opts.signal, deadline);
+      if (answer !== 'conflict') return answer === 'stored';
+      // 409: another conditional put of the key is in progress. Once it ends the key is stored
+      // (false) or still absent (ours is sent again); the shared deadline bounds the waiting.
+      await delay(wait, undefined, opts.signal === undefined ? {} : { signal: opts.signal }).catch(
+        () => {
+          throw abortedError(opts.signal, `${this.#name} put`);
+        },
+      );
+      const again = await this.#head('put', key, opts.signal, deadline);
+      if (again.ok) return false;
+      if (!again.notFound) throw again.error;
+    }
+  }
+
+  /** One conditional PutObject, or a plain one once the service has answered 501 to one. */
+  async #putOnce(
+    key: StoreKey,
+    value: Uint8Array,
+    signal: AbortSignal | undefined,
+    deadline: { at: number },
+  ): Promise<'stored' | 'exists' | 'conflict'> {
+    const answer = await this.#putObject(key, value, signal, deadline, this.#conditional);
+    if (answer !== 'unsupported') return answer;
+    if (this.#conditional)
+      this.#log.warn('S3 service does not implement conditional writes; puts are plain', {
+        tier: this.#name,
+      });
+    this.#conditional = false;
+    return (await this.#putObject(key, value, signal, deadline, false)) as 'stored';
+  }
+
+  /** One PutObject, `If-None-Match: *` when `conditional`; what S3 answered. */
+  async #putObject(
+    key: StoreKey,
+    value: Uint8Array,
+    signal: AbortSignal | undefined,
+    deadline: { at: number },
+    conditional: boolean,
+  ): Promise<'stored' | 'exists' | 'conflict' | 'unsupported'> {
     const Bucket = this.#o.bucket;
     const Key = this.#key(key);
+    const IfNoneMatch = conditional ? '*' : undefined;
     const put = await this.requests.request(
       'put',
       (s) =>
-        this.requests.client.send(
-          new PutObjectCommand({ Bucket, Key, Body: value, ContentLength: value.byteLength }),
-          { abortSignal: s },
-        ),
-      opts.signal,
+        this.requests.client
+          .send(
+            new PutObjectCommand({
+              Bucket,
+              Key,
+              Body: value,
+              ContentLength: value.byteLength,
+              IfNoneMatch,
+            }),
+            { abortSignal: s },
+          )
+          .then(
+            () => 'stored' as const,
+            (err: unknown) => {
+              const status = httpStatus(err);
+              if (conditional && status === 412) return 'exists' as const;
+              if (conditional && status === 409) return 'conflict' as const;
+              if (conditional && status === 501) return 'unsupported' as const;
+              throw err;
+            },
+          ),
+      signal,
       undefined,
       deadline,
     );
     if (!put.ok) throw failure(put, `${this.#name} put`);
-    return true;
+    return put.value;
   }
 
   /** HEAD (for the size), then DeleteObject; false when there was no object. */
@@ -285,4 +362,11 @@ export class S3Store implements KvStore {
       }),
     );
   }
+}
+
+/** The HTTP status of an SDK error, when it has one. */
+function httpStatus(err: unknown): number | undefined {
+  const status = (err as { $metadata?: { httpStatusCode?: unknown } } | null)?.$metadata
+    ?.httpStatusCode;
+  return typeof status === 'number' ? status : undefined;
 }
