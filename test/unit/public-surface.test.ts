@@ -56,11 +56,23 @@ function indexExports(): Set<string> {
   return names;
 }
 
-/** Names the contract suite's module exports. */
+/** Names the contract suite's module exports: its declarations and its re-export lists. */
 function testingExports(): Set<string> {
   const text = read('test/contract/backend.contract.ts');
   const re = /export\s+(?:type|interface|function|const|class)\s+(\w+)/g;
-  return new Set([...text.matchAll(re)].map((m) => m[1]!));
+  const names = new Set([...text.matchAll(re)].map((m) => m[1]!));
+  for (const m of text.matchAll(/export\s+(?:type\s+)?\{([^}]*)\}\s+from/g))
+    for (const raw of m[1]!.split(',')) {
+      const spec = raw.trim().replace(/^type\s+/, '');
+      if (spec !== '')
+        names.add(
+          spec
+            .split(/\s+as\s+/)
+            .pop()!
+            .trim(),
+        );
+    }
+  return names;
 }
 
 test('every name the docs and the starter import from kvtier is exported', () => {

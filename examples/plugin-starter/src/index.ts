@@ -13,6 +13,7 @@ import { link, mkdir, readdir, readFile, stat, unlink, writeFile } from 'node:fs
 import { dirname, join } from 'node:path';
 import {
   CHUNK_MAX_PAYLOAD_BYTES,
+  closedError,
   type KvStore,
   KvtierError,
   type PluginFactory,
@@ -31,13 +32,14 @@ function orMissing<T>(value: T) {
 /** The store: keys are `<ns>/<hash>` (ASCII hex), so a key is a relative file path as it is. */
 export class DirStore implements KvStore {
   readonly info = { persistent: true, shared: true, evicts: false, ttl: false };
+  #closed = false;
   constructor(readonly path: string) {}
 
-  get(key: StoreKey): Promise<Uint8Array | null> {
+  async get(key: StoreKey): Promise<Uint8Array | null> {
     return readFile(this.#file(key)).catch(orMissing(null));
   }
 
-  has(key: StoreKey): Promise<boolean> {
+  async has(key: StoreKey): Promise<boolean> {
     return stat(this.#file(key)).then(() => true, orMissing(false));
   }
 
@@ -67,15 +69,20 @@ export class DirStore implements KvStore {
   /** Every key under `prefix` (`''` or `<ns>/`): lets the wrapper clear a namespace. */
   async *list(prefix: string): AsyncIterable<{ key: StoreKey }> {
     const none = (): string[] => [];
+    if (this.#closed) throw closedError('dir store');
     const spaces = prefix === '' ? await readdir(this.path).catch(none) : [prefix.slice(0, -1)];
     for (const ns of spaces)
       for (const f of await readdir(join(this.path, ns)).catch(none))
         if (f.endsWith('.kvtc')) yield { key: `${ns}/${f.slice(0, -5)}` as StoreKey };
   }
 
-  async close(): Promise<void> {}
+  async close(): Promise<void> {
+    this.#closed = true;
+  }
 
+  /** The file of `key`; calls after close reject here (`KVT_CLOSED`). */
   #file(key: StoreKey): string {
+    if (this.#closed) throw closedError('dir store');
     return join(this.path, `${key}.kvtc`);
   }
 }

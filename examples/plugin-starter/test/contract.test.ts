@@ -1,6 +1,8 @@
-// The kvtier contract suite against both plug-ins of this package (the four-method store in
-// src/index.ts, the full StorageBackend in src/full-backend.ts), each loaded the way a sidecar
-// loads it: through kvtier's BackendRegistry as a `type: "module"` tier. Run: npm test.
+// The kvtier contract suites against this package: the backend contract against both plug-ins
+// (the four-method store in src/index.ts, the full StorageBackend in src/full-backend.ts), each
+// loaded the way a sidecar loads it: through kvtier's BackendRegistry as a `type: "module"` tier;
+// and the store contract against the store itself (DirStore), where StoreBackend cannot hide its
+// races, hangs or listing. Run: npm test.
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, readFile, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
@@ -11,9 +13,15 @@ import {
   CHUNK_HEADER_BYTES,
   chunkHashFromBytes,
   encodeChunkObject,
+  resolveConfig,
   type StorageBackend,
 } from 'kvtier';
-import { type CorruptionKind, describeBackendContract } from 'kvtier/testing';
+import {
+  type CorruptionKind,
+  describeBackendContract,
+  describeStoreContract,
+} from 'kvtier/testing';
+import { DirStore } from '../src/index.js';
 
 const plugins = {
   'dir-kv (four-method store)': fileURLToPath(new URL('../src/index.js', import.meta.url)),
@@ -22,17 +30,21 @@ const plugins = {
   ),
 };
 
-/** One tier named "dirs" of `plugin` whose config file would live in `configDir`. */
+/** One tier named "dirs" of `plugin`, as a config file in `configDir` would name it. */
 async function load(plugin: string, configDir: string): Promise<StorageBackend> {
+  const { tiers } = resolveConfig({
+    tiers: [
+      {
+        name: 'dirs',
+        type: 'module',
+        module: plugin,
+        options: { path: './chunks', maxChunkBytes: '48MiB' },
+        health: false, // the raw backend; production wraps it in kvtier's circuit breaker
+      },
+    ],
+  });
   const registry = new BackendRegistry({ pluginBaseDir: configDir });
-  const [tier] = await registry.createTiers([
-    {
-      name: 'dirs',
-      type: 'module',
-      options: { module: plugin, options: { path: './chunks', maxChunkBytes: '48MiB' } },
-      health: false, // the raw backend; production wraps it in kvtier's circuit breaker
-    },
-  ]);
+  const [tier] = await registry.createTiers(tiers);
   if (tier === undefined) throw new Error('no tier was built');
   return tier;
 }
@@ -84,3 +96,13 @@ for (const [name, plugin] of Object.entries(plugins)) {
     { skip: { outage: 'a local directory cannot be taken down for real here' } },
   );
 }
+
+// Two DirStores over one directory are two instances of one shared store (the sharing group).
+describeStoreContract('DirStore store contract', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'dir-kv-'));
+  return {
+    store: new DirStore(dir),
+    open: async () => new DirStore(dir),
+    cleanup: () => rm(dir, { recursive: true, force: true }),
+  };
+});
