@@ -59,7 +59,9 @@ export interface StoreCallOptions {
   /**
    * Fires when the caller stops waiting (its own abort, the tier's deadline, close): stop early
    * where you can. The wrapper answers the caller at once either way; work that lands later must
-   * leave the store consistent.
+   * leave the store consistent. The call must still settle soon after: at once when it can stop,
+   * else when the work it started ends, which its own deadline bounds (a call that never settles
+   * keeps its buffers for good).
    */
   readonly signal?: AbortSignal | undefined;
 }
@@ -112,6 +114,12 @@ export interface KvStoreInfo {
  * values opaque bytes (whole chunk objects: the wrapper encodes and verifies them). Every method
  * may reject; the wrapper turns a rejection into the tier's error (`KVT_BACKEND` unless it is a
  * `KvtierError` already), counts it, and answers a failed key of a batch as a miss.
+ *
+ * Besides the four methods a store needs `info`, `close`, and {@link list} or {@link clear}
+ * (without either, clearing a namespace fails). Where several instances share the storage (two
+ * sidecars), each sees the others' puts and deletes as soon as they resolved: no read cache of its
+ * own. The store contract (`describeStoreContract`, test/contract/store.contract.ts) checks these
+ * rules on the store itself.
  */
 export interface KvStore {
   readonly info: KvStoreInfo;
@@ -119,9 +127,11 @@ export interface KvStore {
   get(key: StoreKey, opts: StoreGetOptions): Promise<Uint8Array | StoredValue | null>;
   /**
    * Writes `value` under `key` unless the key exists: true when written, false when it was there
-   * (its value is kept). Atomic: a reader sees the whole value or none. Keep no reference to
-   * `value` once the promise resolves (the wrapper reuses the buffer); after a rejection the
-   * wrapper never touches it again.
+   * (its value is kept). Atomic: a reader sees the whole value or none, and puts of one key from
+   * several instances at once leave one value with one of them answering true (use the service's
+   * own put-if-absent; a check, then a write, is not). Keep no reference to `value` once the
+   * promise resolves (the wrapper reuses the buffer); after a rejection the wrapper never touches
+   * it again, and the store lets go of it once the work it started has ended.
    */
   put(key: StoreKey, value: Uint8Array, opts: StorePutOptions): Promise<boolean>;
   /** Whether `key` has a value. */
@@ -132,8 +142,9 @@ export interface KvStore {
    */
   delete(key: StoreKey, opts: StoreCallOptions): Promise<number | boolean>;
   /**
-   * Optional: every key that starts with `prefix` (`''` for all), with its size when known. With
-   * it (and without {@link clear}) the wrapper clears by listing and deleting.
+   * Optional: every key that starts with `prefix` (`''` for all), each once, with its size when
+   * known. With it (and without {@link clear}) the wrapper clears by listing and deleting; the
+   * event stream's snapshots list a shared store with it. Give it even with `clear`, complete.
    */
   list?(
     prefix: string,
@@ -167,6 +178,9 @@ export interface KvStore {
   health?(): BackendHealth;
   /** Optional: counters of the store's own, added to the tier's `stats()`. Synchronous. */
   stats?(): Readonly<Record<string, number>>;
-  /** Releases connections and handles; calls in flight may reject. Called once. */
+  /**
+   * Releases connections and handles; calls in flight settle (they may reject), calls after it
+   * reject (`KVT_CLOSED`). Called once.
+   */
   close(): Promise<void>;
 }
