@@ -75,8 +75,13 @@ class EngineSpec:
     kv_load_failure_policy: str = "recompute"
     disable_hybrid_kv_cache_manager: bool = True
     enable_prefix_caching: bool = True
-    #: vLLM's ``--kv-events-config``: events published on this ZMQ endpoint (None: off).
+    #: vLLM's ``--kv-events-config``: events published on this ZMQ endpoint (None: off), under
+    #: this topic (the first frame of every message).
     kv_events_endpoint: str | None = None
+    kv_events_topic: str = ""
+    #: vLLM's ``prefix_caching_hash_algo`` (``sha256_cbor`` with ``PYTHONHASHSEED`` set gives
+    #: block hashes another program can compute).
+    prefix_caching_hash_algo: str = "sha256"
     extra: dict = field(default_factory=dict)
     #: Ranks whose KV cache file the sidecar cannot open (their REGISTER fails).
     unopenable_ranks: tuple = ()
@@ -138,11 +143,15 @@ class EngineSpec:
             from vllm.config import KVEventsConfig
 
             kw["kv_events_config"] = KVEventsConfig(
-                enable_kv_cache_events=True, publisher="zmq", endpoint=self.kv_events_endpoint
+                enable_kv_cache_events=True, publisher="zmq", endpoint=self.kv_events_endpoint, topic=self.kv_events_topic
             )
         cfg = VllmConfig(
             model_config=model,
-            cache_config=CacheConfig(block_size=self.block_size, enable_prefix_caching=self.enable_prefix_caching),
+            cache_config=CacheConfig(
+                block_size=self.block_size,
+                enable_prefix_caching=self.enable_prefix_caching,
+                prefix_caching_hash_algo=self.prefix_caching_hash_algo,
+            ),
             scheduler_config=SchedulerConfig(
                 max_num_seqs=self.max_num_seqs,
                 max_num_batched_tokens=self.max_num_batched_tokens,
