@@ -137,10 +137,15 @@ if (ranElsewhere) {
   });
   tally(ours.output);
   const figures = ours.output.split('\n').filter((l) => l.startsWith('vllm run:'));
+  const routers = ours.output.split('\n').filter((l) => l.startsWith('router consumers:'));
   describe(`kvtier under vLLM ${short}`, () => {
     it('seeded random runs reported their counts', (t) => {
       for (const line of figures) t.diagnostic(line);
       assert.ok(figures.length >= 3, `three seeds at least, got:\n${figures.join('\n')}`);
+    });
+    it("Dynamo's and llm-d's indexers reported their agreement per phase", (t) => {
+      for (const line of routers) t.diagnostic(line);
+      assert.ok(routers.length >= 4, `four phases, got:\n${routers.join('\n')}`);
     });
   });
   after(() => {
