@@ -267,7 +267,8 @@ def test_dynamo_and_llmd_indexers_score_what_each_engine_can_load(sidecars, engi
         for d in (1, 6):
             a.serve(docs[d] + tail)
         rows = _settle("clear", routers, probes, results)
-        assert {r[1] // 4 for r in rows if r[0] == "engine-a" and r[2]} == {1, 6}, [r for r in rows if r[0] == "engine-a" and r[2]]
+        held = [r for r in rows if r[0] == "engine-a" and r[2]]
+        assert {r[1] // 4 for r in held} == {1, 6}, held
         assert routers.llmd.cleared_ignored == 0, "kvtier's CLEAR is not an AllBlocksCleared"
 
         # SIGKILL of A's sidecar once its disk holds everything: host memory is gone; one rank's
@@ -328,7 +329,8 @@ def test_the_indexers_read_vllms_encodings_as_their_routers_do():
     dyn = DynamoIndexer(BLOCK)
     llmd = LlmdIndexer(BLOCK, SEED)
     try:
-        positional = enc.encode(KVEventBatch(ts=1.0, events=[stored([11, 12], toks, extra_keys=[None, None], group_idx=0)], data_parallel_rank=0))
+        first = stored([11, 12], toks, extra_keys=[None, None], group_idx=0)
+        positional = enc.encode(KVEventBatch(ts=1.0, events=[first], data_parallel_rank=0))
         sub = dyn.feed("w", positional)
         llmd.process("w", MODEL, positional)
         assert dyn.find_matches(toks) == {("w", "offload"): 2}
@@ -369,7 +371,8 @@ def test_extra_keys_without_vllms_function_match_vllms_own():
     from kvtier_vllm.kv_events import block_extra_keys
     from kvtier_vllm.vllm_glue import connector_request
 
-    for lora, salt in ((LoRARequest("sql", 3, "/adapters/sql"), "tenant-a"), (None, "tenant-b"), (LoRARequest("sql", 3, "/a"), None)):
+    sql = LoRARequest("sql", 3, "/adapters/sql")
+    for lora, salt in ((sql, "tenant-a"), (None, "tenant-b"), (sql, None)):
         req = Request("r", prompt(4, 5 * BLOCK), SamplingParams(max_tokens=1), None, lora_request=lora, cache_salt=salt)
         ours, lora_ids = _request_keys(req, connector_request(req), 5, BLOCK)
         theirs = [generate_block_hash_extra_keys(req, i * BLOCK, (i + 1) * BLOCK, 0)[0] for i in range(5)]
