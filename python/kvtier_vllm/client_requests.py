@@ -29,6 +29,9 @@ from .protocol_encode import (
     encode_request_finished,
     encode_heartbeat,
     encode_unregister,
+    encode_peer_contains,
+    encode_peer_get,
+    encode_peer_put,
 )
 from .protocol_table import (
     MsgType,
@@ -37,6 +40,9 @@ from .protocol_table import (
     HeartbeatResult,
     HoldResult,
     LoadResult,
+    PeerContainsResult,
+    PeerGetResult,
+    PeerPutResult,
     PutResult,
     RegisterResult,
     RequestFinishedResult,
@@ -112,6 +118,21 @@ SEND_PARAMS = {
     },
     "UNREGISTER": {
         "engine_id": ("engine_id",),
+    },
+    "PEER_CONTAINS": {
+        "namespace": ("namespace",),
+        "hashes": ("hashes",),
+    },
+    "PEER_GET": {
+        "namespace": ("namespace",),
+        "hashes": ("hashes",),
+    },
+    "PEER_PUT": {
+        "namespace": ("namespace",),
+        "hash": ("hash",),
+        "tokens": ("tokens",),
+        "crc32c": ("crc32c",),
+        "payload": ("payload",),
     },
 }
 
@@ -376,3 +397,36 @@ class RequestMethods:
     def unregister(self, engine_id: str) -> UnregisterResult:
         """Blocking :meth:`send_unregister`."""
         return self.send_unregister(engine_id).wait()
+
+    def send_peer_contains(self, namespace: Any, hashes: Any) -> Pending:
+        """Sends the request (:func:`~.protocol_encode.encode_peer_contains`); the Pending resolves
+        to its :class:`~.protocol_table.PeerContainsResult`.
+        """
+        return self._start(MsgType.PEER_CONTAINS, lambda rid: encode_peer_contains(rid, namespace, hashes))
+
+    def peer_contains(self, namespace: Any, hashes: Any) -> PeerContainsResult:
+        """Blocking :meth:`send_peer_contains`."""
+        return self.send_peer_contains(namespace, hashes).wait()
+
+    def send_peer_get(self, namespace: Any, hashes: Any) -> Pending:
+        """Sends the request (:func:`~.protocol_encode.encode_peer_get`); the Pending resolves to
+        its :class:`~.protocol_table.PeerGetResult`.
+        """
+        return self._start(MsgType.PEER_GET, lambda rid: encode_peer_get(rid, namespace, hashes))
+
+    def peer_get(self, namespace: Any, hashes: Any) -> PeerGetResult:
+        """Blocking :meth:`send_peer_get`."""
+        return self.send_peer_get(namespace, hashes).wait()
+
+    def send_peer_put(self, namespace: Any, hash: Any, tokens: int, crc32c: int, payload: Any) -> Pending:
+        """Sends the request (:func:`~.protocol_encode.encode_peer_put`); the Pending resolves to
+        its :class:`~.protocol_table.PeerPutResult`.
+        """
+        return self._start(
+            MsgType.PEER_PUT,
+            lambda rid: encode_peer_put(rid, namespace, hash, tokens, crc32c, payload),
+        )
+
+    def peer_put(self, namespace: Any, hash: Any, tokens: int, crc32c: int, payload: Any) -> PeerPutResult:
+        """Blocking :meth:`send_peer_put`."""
+        return self.send_peer_put(namespace, hash, tokens, crc32c, payload).wait()

@@ -30,6 +30,9 @@ __all__ = [
     "encode_request_finished",
     "encode_heartbeat",
     "encode_unregister",
+    "encode_peer_contains",
+    "encode_peer_get",
+    "encode_peer_put",
 ]
 
 #: request name -> {field: the encoder's parameters that carry it}
@@ -100,6 +103,21 @@ PARAMS = {
     },
     "UNREGISTER": {
         "engine_id": ("engine_id",),
+    },
+    "PEER_CONTAINS": {
+        "namespace": ("namespace",),
+        "hashes": ("hashes",),
+    },
+    "PEER_GET": {
+        "namespace": ("namespace",),
+        "hashes": ("hashes",),
+    },
+    "PEER_PUT": {
+        "namespace": ("namespace",),
+        "hash": ("hash",),
+        "tokens": ("tokens",),
+        "crc32c": ("crc32c",),
+        "payload": ("payload",),
     },
 }
 
@@ -278,3 +296,32 @@ def encode_heartbeat(request_id: int, engine_id: str) -> bytes:
 def encode_unregister(request_id: int, engine_id: str) -> bytes:
     """The UNREGISTER request (0x0E), docs/protocol.md 4.9."""
     return encode_message("UNREGISTER", request_id, {"engine_id": engine_id})
+
+
+def encode_peer_contains(request_id: int, namespace: Any, hashes: Any) -> bytes:
+    """The PEER_CONTAINS request (0x10), docs/protocol.md 4.10."""
+    return encode_message("PEER_CONTAINS", request_id, {"namespace": namespace, "hashes": hashes})
+
+
+def encode_peer_get(request_id: int, namespace: Any, hashes: Any) -> bytes:
+    """The PEER_GET request (0x11), docs/protocol.md 4.10."""
+    return encode_message("PEER_GET", request_id, {"namespace": namespace, "hashes": hashes})
+
+
+def encode_peer_put(
+    request_id: int,
+    namespace: Any,
+    hash: Any,
+    tokens: int,
+    crc32c: int,
+    payload: Any,
+) -> bytes:
+    """The PEER_PUT request (0x12), docs/protocol.md 4.10."""
+    values = {
+        "namespace": namespace,
+        "hash": hash,
+        "tokens": tokens,
+        "crc32c": crc32c,
+        "payload": payload,
+    }
+    return encode_message("PEER_PUT", request_id, values)

@@ -28,6 +28,9 @@ class MsgType:
     REQUEST_FINISHED = 0x0C
     HEARTBEAT = 0x0D
     UNREGISTER = 0x0E
+    PEER_CONTAINS = 0x10
+    PEER_GET = 0x11
+    PEER_PUT = 0x12
     LOOKUP_RESULT = 0x81
     CANCEL_RESULT = 0x82
     CLEAR_RESULT = 0x83
@@ -42,6 +45,9 @@ class MsgType:
     REQUEST_FINISHED_RESULT = 0x8C
     HEARTBEAT_RESULT = 0x8D
     UNREGISTER_RESULT = 0x8E
+    PEER_CONTAINS_RESULT = 0x90
+    PEER_GET_RESULT = 0x91
+    PEER_PUT_RESULT = 0x92
     ERROR = 0xFF
 
 
@@ -188,6 +194,36 @@ MESSAGES = {
         ),
         "rules": (),
     },
+    "PEER_CONTAINS": {
+        "code": 0x10,
+        "dir": "request",
+        "fields": (
+            {"kind": "ns", "key": "namespace", "name": "namespace", "label": "namespace"},
+            {"kind": "hashes", "key": "hashes", "name": "hashes", "label": "hashes", "max": 65536},
+        ),
+        "rules": (),
+    },
+    "PEER_GET": {
+        "code": 0x11,
+        "dir": "request",
+        "fields": (
+            {"kind": "ns", "key": "namespace", "name": "namespace", "label": "namespace"},
+            {"kind": "hashes", "key": "hashes", "name": "hashes", "label": "hashes", "max": 255},
+        ),
+        "rules": (),
+    },
+    "PEER_PUT": {
+        "code": 0x12,
+        "dir": "request",
+        "fields": (
+            {"kind": "ns", "key": "namespace", "name": "namespace", "label": "namespace"},
+            {"kind": "hash", "key": "hash", "name": "hash", "label": "hash"},
+            {"kind": "u32", "key": "tokens", "name": "tokens", "label": "token count", "range": (1, 4294967295)},
+            {"kind": "u32", "key": "crc32c", "name": "crc32c", "label": "crc32c"},
+            {"kind": "blob", "key": "payload", "name": "payload", "label": "payload", "max": 4294967295, "non_empty": True},
+        ),
+        "rules": (),
+    },
     "LOOKUP_RESULT": {
         "code": 0x81,
         "dir": "reply",
@@ -312,6 +348,31 @@ MESSAGES = {
         "dir": "reply",
         "fields": (
             {"kind": "bool", "key": "released", "name": "released", "label": "released"},
+        ),
+        "rules": (),
+    },
+    "PEER_CONTAINS_RESULT": {
+        "code": 0x90,
+        "dir": "reply",
+        "fields": (
+            {"kind": "u32", "key": "count", "name": "count", "label": "count"},
+        ),
+        "rules": (),
+    },
+    "PEER_GET_RESULT": {
+        "code": 0x91,
+        "dir": "reply",
+        "fields": (
+            {"kind": "ns", "key": "namespace", "name": "namespace", "label": "namespace"},
+            {"kind": "list", "key": "chunks", "name": "chunks", "label": "chunks", "max": 255, "record": "PeerChunk", "of": ({"kind": "hash", "key": "hash", "name": "hash", "label": "hash"}, {"kind": "u32", "key": "tokens", "name": "tokens", "label": "token count"}, {"kind": "u32", "key": "crc32c", "name": "crc32c", "label": "crc32c"}, {"kind": "blob", "key": "payload", "name": "payload", "label": "payload"})},
+        ),
+        "rules": (),
+    },
+    "PEER_PUT_RESULT": {
+        "code": 0x92,
+        "dir": "reply",
+        "fields": (
+            {"kind": "enum", "key": "outcome", "name": "outcome", "label": "outcome", "names": ("stored", "exists", "dropped"), "unknown": "KVT_PROTOCOL"},
         ),
         "rules": (),
     },
@@ -446,6 +507,34 @@ class UnregisterResult(NamedTuple):
     released: bool
 
 
+class PeerContainsResult(NamedTuple):
+    """PEER_CONTAINS_RESULT (0x90), docs/protocol.md 4.10."""
+
+    count: int
+
+
+class PeerChunk(NamedTuple):
+    """One entry of PEER_GET_RESULT's chunks."""
+
+    hash: bytes
+    tokens: int
+    crc32c: int
+    payload: bytes
+
+
+class PeerGetResult(NamedTuple):
+    """PEER_GET_RESULT (0x91), docs/protocol.md 4.10."""
+
+    namespace: bytes
+    chunks: list
+
+
+class PeerPutResult(NamedTuple):
+    """PEER_PUT_RESULT (0x92), docs/protocol.md 4.10."""
+
+    outcome: str
+
+
 class ErrorReply(NamedTuple):
     """ERROR (0xFF), docs/protocol.md 4.8."""
 
@@ -470,6 +559,9 @@ REPLY_CLASSES = {
     0x8C: RequestFinishedResult,
     0x8D: HeartbeatResult,
     0x8E: UnregisterResult,
+    0x90: PeerContainsResult,
+    0x91: PeerGetResult,
+    0x92: PeerPutResult,
     0xFF: ErrorReply,
 }
 
@@ -488,5 +580,8 @@ Reply = Union[
     RequestFinishedResult,
     HeartbeatResult,
     UnregisterResult,
+    PeerContainsResult,
+    PeerGetResult,
+    PeerPutResult,
     ErrorReply,
 ]

@@ -27,7 +27,7 @@ const clientSchema = strict({
   role: v.pipe(
     oneOf(ROLES),
     v.description(
-      'lookup: LOOKUP, CANCEL, PING, STATS; worker: also the data plane and GET; admin: also PUT and CLEAR.',
+      "lookup: LOOKUP, CANCEL, PING, STATS; worker: also the data plane and GET; admin: also PUT and CLEAR (every message); peer: PING and the peer messages (another sidecar's peer tier).",
     ),
   ),
   namespaces: v.optional(

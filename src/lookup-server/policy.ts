@@ -8,31 +8,38 @@ import { KvtierError } from '../errors.ts';
 import type { Request } from '../protocol/messages.ts';
 import { MESSAGES } from '../protocol/wire-table.ts';
 
-/** Client roles, least privileged first; each may send what the ones before it may. */
-export const ROLES = ['lookup', 'worker', 'admin'] as const;
+/**
+ * Client roles. `lookup`, `worker` and `admin` each may send what the one before it may;
+ * `peer` (another sidecar's peer tier) stands apart: the peer messages and PING only.
+ */
+export const ROLES = ['lookup', 'worker', 'admin', 'peer'] as const;
 /** A client role. */
 export type Role = (typeof ROLES)[number];
 
 type RequestType = Request['type'];
 
 /**
- * The request types each role adds to the roles before it. `admin` also gets every request
- * type of the message table that no role lists (a message added to the table is an operator's
- * until it is given to a lower role here).
+ * What each role may send: the role it includes, and the request types it adds. `admin` also
+ * gets every request type of the message table that no role lists (a message added to the table
+ * is an operator's until it is given to a lower role here).
  */
-const ROLE_ADDS: Readonly<Record<Role, readonly RequestType[]>> = {
-  lookup: ['lookup', 'cancel', 'ping', 'stats'],
-  worker: [
-    'register',
-    'save',
-    'load',
-    'hold',
-    'request-finished',
-    'heartbeat',
-    'unregister',
-    'get',
-  ],
-  admin: ['put', 'clear'],
+const ROLE_GRANTS: Readonly<Record<Role, { includes?: Role; adds: readonly RequestType[] }>> = {
+  lookup: { adds: ['lookup', 'cancel', 'ping', 'stats'] },
+  worker: {
+    includes: 'lookup',
+    adds: [
+      'register',
+      'save',
+      'load',
+      'hold',
+      'request-finished',
+      'heartbeat',
+      'unregister',
+      'get',
+    ],
+  },
+  admin: { includes: 'worker', adds: ['put', 'clear'] },
+  peer: { adds: ['ping', 'peer-contains', 'peer-get', 'peer-put'] },
 };
 
 const ALL_TYPES = MESSAGES.flatMap((m) => (m.dir === 'request' ? [m.tag as RequestType] : []));
@@ -41,10 +48,8 @@ const ALL_TYPES = MESSAGES.flatMap((m) => (m.dir === 'request' ? [m.tag as Reque
 export function allowedTypes(role: Role): ReadonlySet<RequestType> {
   if (role === 'admin') return new Set(ALL_TYPES);
   const out = new Set<RequestType>();
-  for (const r of ROLES) {
-    for (const t of ROLE_ADDS[r]) out.add(t);
-    if (r === role) break;
-  }
+  for (let r: Role | undefined = role; r !== undefined; r = ROLE_GRANTS[r].includes)
+    for (const t of ROLE_GRANTS[r].adds) out.add(t);
   return out;
 }
 
@@ -52,9 +57,9 @@ const ALLOWED: ReadonlyMap<Role, ReadonlySet<RequestType>> = new Map(
   ROLES.map((r) => [r, allowedTypes(r)]),
 );
 
-/** The least privileged role that may send `type`. */
+/** The role that grants `type` (the first in {@link ROLES} that lists it), else `admin`. */
 export function roleFor(type: RequestType): Role {
-  return ROLES.find((r) => ALLOWED.get(r)!.has(type)) ?? 'admin';
+  return ROLES.find((r) => ROLE_GRANTS[r].adds.includes(type)) ?? 'admin';
 }
 
 /** An authenticated client: what its key may do. */

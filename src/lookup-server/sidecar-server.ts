@@ -29,7 +29,7 @@ import { requireInt, requireString } from '../util/validate.ts';
 import { AuditLog } from './audit.ts';
 import type { ServerAuth } from './auth.ts';
 import { MAX_TIMER_MS } from './handlers/data-plane-handlers.ts';
-import { type HandlerContext, handlerOf } from './handlers/handler-table.ts';
+import { type HandlerContext, handlerOf, releaseReply } from './handlers/handler-table.ts';
 import { waitForPortFree } from './port-free.ts';
 import { resolveLimits } from './protocol-limits.ts';
 
@@ -262,7 +262,15 @@ export class SidecarServer {
     try {
       if (req.type === 'lookup')
         this.#replyLookup(envelope, req, await (lookup ?? this.#storage.lookup(lookupInput(req))));
-      else this.#reply(envelope, await handlerOf(req)(this.#context, req, envelope[0]));
+      else {
+        const rep = await handlerOf(req)(this.#context, req, envelope[0]);
+        try {
+          this.#reply(envelope, rep);
+        } finally {
+          // A reply built from pinned chunks holds them until its frame is encoded.
+          releaseReply(rep);
+        }
+      }
     } catch (err) {
       this.#replyError(envelope, req.requestId, err);
     } finally {
@@ -294,8 +302,8 @@ export class SidecarServer {
       limits: this.#limits,
       dataPlane: this.#dataPlane === undefined ? null : DATA_PLANE_LIMITS,
       // What a client may use beyond protocol v1's first release: SAVE's fence fields, LOAD's
-      // progress slot.
-      features: this.#dataPlane === undefined ? [] : ['saveFence', 'layerwiseLoad'],
+      // progress slot, the peer messages.
+      features: this.#dataPlane === undefined ? ['peer'] : ['saveFence', 'layerwiseLoad', 'peer'],
       tiers: this.#storage.tiers.map((t) => ({ name: t.name, kind: t.kind, health: t.health() })),
       ...this.#info(),
     };

@@ -28,6 +28,8 @@ export const WIRE_LIMITS = {
   maxConfigBytes: 4096,
   maxChunksPerLookup: 65536,
   maxErrorMessageBytes: 1024,
+  /** Hashes in one PEER_GET, and chunks in its reply (a list's u8 count). */
+  maxChunksPerPeerGet: 255,
 } as const;
 
 /** Wire limits of the data-plane messages; a decoder refuses anything over them. */

@@ -27,6 +27,9 @@ import {
 /** docs/protocol.md's section of the data-plane messages (`DataPlaneRequest`, `DataPlaneReply`). */
 export const DATA_PLANE_SECTION = '4.9';
 
+/** docs/protocol.md's section of the sidecar-to-sidecar messages of the peer tier. */
+export const PEER_SECTION = '4.10';
+
 const LOOKUP_ID = id('lookupId', WIRE.maxLookupIdBytes);
 const ENGINE_ID = id('engineId', DP.maxIdBytes);
 const ENGINE_REQUEST_ID = id('engineRequestId', DP.maxIdBytes, 'requestId');
@@ -54,6 +57,18 @@ const CHUNK_HASHES = {
 const NOT_AFTER = { kind: 'u64', key: 'notAfterNs', optional: true } as const satisfies Field;
 const TOKENS: readonly [number, Max] = [1, { wire: 0xffffffff, limit: 'maxTokensPerChunk' }];
 const JSON_REPLY = { kind: 'json', object: 'coerce', late: true, lenient: true } as const;
+/** PEER_CONTAINS's hashes: as many as a lookup may name. */
+const PEER_CONTAINS_HASHES = {
+  kind: 'hashes',
+  key: 'hashes',
+  max: { wire: WIRE.maxChunksPerLookup, limit: 'maxChunksPerLookup' },
+} as const satisfies Field;
+/** PEER_GET's hashes: as many as its reply's list can carry. */
+const PEER_GET_HASHES = {
+  kind: 'hashes',
+  key: 'hashes',
+  max: WIRE.maxChunksPerPeerGet,
+} as const satisfies Field;
 
 /** Every message of protocol v1, requests first, in type-code order. */
 export const MESSAGES = [
@@ -183,6 +198,25 @@ export const MESSAGES = [
   request('HEARTBEAT', 0x0d, '4.9', [ENGINE_ID]),
   // The worker is shutting down; release everything its engine holds.
   request('UNREGISTER', 0x0e, '4.9', [ENGINE_ID]),
+  // Sidecar to sidecar (the peer tier, docs/fleet.md): how many of these chunks, counted from the
+  // first, the server holds in its own tiers (never asking its own peer tier).
+  request('PEER_CONTAINS', 0x10, PEER_SECTION, [ns('namespace'), PEER_CONTAINS_HASHES]),
+  // The chunks the server holds of these, each with the CRC-32C of the bytes it sends.
+  request('PEER_GET', 0x11, PEER_SECTION, [ns('namespace'), PEER_GET_HASHES]),
+  // Store one chunk sent by the sidecar whose peer tier names this server its home; the server
+  // writes it to its own tiers but never on to its own peer tier.
+  request('PEER_PUT', 0x12, PEER_SECTION, [
+    ns('namespace'),
+    hash('hash'),
+    { kind: 'u32', key: 'tokens', label: 'token count', range: TOKENS },
+    u32('crc32c'), // CRC-32C (Castagnoli) of `payload`
+    {
+      kind: 'blob',
+      key: 'payload',
+      max: { wire: 0xffffffff, limit: 'maxPayloadBytes' },
+      nonEmpty: true,
+    },
+  ]),
   reply('LOOKUP_RESULT', 0x81, '4.1', [
     { kind: 'str', key: 'lookupId', max: WIRE.maxLookupIdBytes },
     enumOf('status', ['ok', 'canceled', 'stale'], 'KVT_PROTOCOL'),
@@ -256,6 +290,28 @@ export const MESSAGES = [
   reply('HEARTBEAT_RESULT', 0x8d, '4.9', [bool('known')]),
   // True when the engine was registered (and is now released); false for an unknown engine.
   reply('UNREGISTER_RESULT', 0x8e, '4.9', [bool('released')]),
+  // Leading chunks held, as a tier's `batchedContains` counts them.
+  reply('PEER_CONTAINS_RESULT', 0x90, PEER_SECTION, [u32('count')]),
+  // The namespace asked for, and each chunk held (`PeerChunk`), in any order; a chunk not held is
+  // left out. `crc32c` is the CRC-32C of `payload` computed from the bytes sent.
+  reply('PEER_GET_RESULT', 0x91, PEER_SECTION, [
+    ns('namespace'),
+    {
+      kind: 'list',
+      key: 'chunks',
+      max: WIRE.maxChunksPerPeerGet,
+      record: 'PeerChunk',
+      of: [
+        hash('hash'),
+        { kind: 'u32', key: 'tokens', label: 'token count' },
+        u32('crc32c'),
+        { kind: 'blob', key: 'payload' },
+      ],
+    },
+  ]),
+  reply('PEER_PUT_RESULT', 0x92, PEER_SECTION, [
+    enumOf('outcome', ['stored', 'exists', 'dropped'], 'KVT_PROTOCOL'),
+  ]),
   reply('ERROR', 0xff, '4.8', [
     { kind: 'str', key: 'code', label: 'error code', max: 64, known: 'errorCodes' },
     {

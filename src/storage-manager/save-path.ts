@@ -42,6 +42,8 @@ export interface SavePathOptions {
 export class SavePath {
   readonly #host: HostMemoryTier;
   readonly #lower: readonly StorageBackend[];
+  /** The lower tiers a chunk from another sidecar goes to: those that do not reach sidecars. */
+  readonly #lowerLocal: readonly StorageBackend[];
   readonly #fence: ClearFence;
   readonly #queue: WriteThroughQueue<StampedJob>;
   readonly #metrics: KvtierMetrics | undefined;
@@ -52,6 +54,7 @@ export class SavePath {
   constructor(o: SavePathOptions) {
     this.#host = o.host;
     this.#lower = o.lower;
+    this.#lowerLocal = o.lower.filter((t) => t.capabilities.peers !== true);
     this.#fence = o.fence;
     this.#queue = o.queue;
     this.#metrics = o.metrics;
@@ -63,14 +66,16 @@ export class SavePath {
    * Stores a chunk in the CPU tier and queues it for the lower tiers. Never waits for room:
    * returns 'dropped' when no tier will get the chunk. The chunk's bytes must not change until
    * the write-through has run (the manager keeps a reference when the CPU tier could not take them).
-   * A CLEAR of `ns` that runs before this resolves wins: the chunk is not kept.
+   * A CLEAR of `ns` that runs before this resolves wins: the chunk is not kept. With `fromPeer`
+   * (a chunk another sidecar sent), the tiers that reach other sidecars are not written.
    * @throws KvtierError `KVT_CLOSED` after close; the CPU tier's `KVT_INVALID_ARGUMENT`.
    */
-  async put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<PutOutcome> {
+  async put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk, fromPeer = false): Promise<PutOutcome> {
     this.#checkOpen();
     this.#shapes.record(ns, chunk.data.byteLength, chunk.tokens);
     const stamp = this.#fence.stamp();
-    const pinForWrite = this.#lower.length > 0;
+    const targets = fromPeer ? this.#lowerLocal : this.#lower;
+    const pinForWrite = targets.length > 0;
     const outcome = await this.#host.put(ns, hash, chunk, { pin: pinForWrite });
     const inCpu = outcome !== 'dropped';
     if (this.#fence.clearedSince(ns, stamp)) {
@@ -79,7 +84,7 @@ export class SavePath {
       return outcome;
     }
     if (!pinForWrite) return outcome;
-    const queued = this.#enqueue(ns, hash, chunk, inCpu, stamp);
+    const queued = this.#enqueue(ns, hash, chunk, inCpu, stamp, targets);
     return inCpu ? outcome : queued ? 'stored' : 'dropped';
   }
 
@@ -136,7 +141,7 @@ export class SavePath {
       this.#host.unpin(ns, [hash]);
       return 'exists';
     }
-    this.#enqueue(ns, hash, { tokens, data: r.view }, true, stamp);
+    this.#enqueue(ns, hash, { tokens, data: r.view }, true, stamp, this.#lower);
     return 'stored';
   }
 
@@ -144,13 +149,20 @@ export class SavePath {
    * Queues the write-through of a chunk (pinned in the CPU tier when `inCpu`; the pin is
    * released when the job leaves the queue). Returns false, counted, when the queue is full.
    */
-  #enqueue(ns: NamespaceId, hash: ChunkHash, chunk: Chunk, inCpu: boolean, stamp: number): boolean {
+  #enqueue(
+    ns: NamespaceId,
+    hash: ChunkHash,
+    chunk: Chunk,
+    inCpu: boolean,
+    stamp: number,
+    targets: readonly StorageBackend[],
+  ): boolean {
     const job: StampedJob = {
       ns,
       hash,
       chunk,
       stamp,
-      targets: this.#lower,
+      targets,
       done: () => {
         if (inCpu) this.#host.unpin(ns, [hash]);
       },
@@ -158,7 +170,7 @@ export class SavePath {
     if (this.#queue.enqueue(job)) return true;
     if (inCpu) this.#host.unpin(ns, [hash]);
     this.#writeDropped++;
-    for (const t of this.#lower)
+    for (const t of targets)
       this.#metrics?.writeThroughDropped.inc({ tier: t.name, reason: 'queue_full' });
     return false;
   }

@@ -26,6 +26,7 @@ import { ClearFence } from './clear-fence.ts';
 import { clockEpoch } from './epoch-file.ts';
 import { LookupByteBudget } from './lookup-budget.ts';
 import { LookupWalk } from './lookup-walk.ts';
+import { localContains, localRead, type PeerReadLease } from './peer-source.ts';
 import { SavePath, type StampedJob } from './save-path.ts';
 import { type StorageStatsParts, storageMetricSources, storageStats } from './storage-stats.ts';
 import type {
@@ -229,6 +230,36 @@ export class StorageManager {
    */
   put(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<PutOutcome> {
     return this.#save.put(ns, hash, chunk);
+  }
+
+  /**
+   * {@link put} of a chunk another sidecar sent (PEER_PUT): host memory and the lower tiers, but
+   * never a tier that reaches other sidecars (`capabilities.peers`), so that it is not sent on.
+   * @throws KvtierError as {@link put}.
+   */
+  putFromPeer(ns: NamespaceId, hash: ChunkHash, chunk: Chunk): Promise<PutOutcome> {
+    return this.#save.put(ns, hash, chunk, true);
+  }
+
+  /**
+   * Leading chunks of `hashes` this sidecar holds for another one (PEER_CONTAINS): its tiers in
+   * order, as a lookup walks them, without those that reach other sidecars; nothing is pinned.
+   * @throws KvtierError `KVT_CLOSED` after close.
+   */
+  async peerContains(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number> {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    return localContains(this.tiers, ns, hashes, this.#log);
+  }
+
+  /**
+   * Reads chunks for another sidecar (PEER_GET) from the same tiers as {@link peerContains},
+   * without prefetching them. Host-memory chunks stay pinned, and lower tiers' buffers held, until
+   * the lease is released: the caller builds its reply from them in place, then releases.
+   * @throws KvtierError `KVT_CLOSED` after close.
+   */
+  async peerRead(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<PeerReadLease> {
+    if (this.#closing !== undefined) throw closedError('storage manager');
+    return localRead(this.tiers, ns, hashes, this.#log);
   }
 
   /**

@@ -211,6 +211,7 @@ before(async () => {
     'worker-a',
     'lookup-a',
     'admin-a',
+    'peer',
     'stranger',
   ]) {
     keys[name] = generateCurveKeyPair();
@@ -229,6 +230,7 @@ before(async () => {
       namespaces: [NS_A.toUpperCase()],
     },
     { name: 'tenant-a-ops', publicKeyFile: 'admin-a.pub', role: 'admin', namespaces: [NS_A] },
+    { name: 'node-b', publicKeyFile: 'peer.pub', role: 'peer' },
   );
   const configPath = join(dir, 'kvtier.json');
   writeFileSync(

@@ -100,8 +100,8 @@ describe('protocol message table', () => {
     const block = hold.exec(doc)![0];
     const out = regenerateDoc(doc.replace(hold, ''));
     assert.equal(out.match(/<!-- wire-layout: HOLD -->/g)?.length, 1);
-    // Section 4.9 ends where section 5 begins: the block is its last part.
-    assert.ok(out.includes(`${block}\n\n## 5. Errors`), 'at the end of section 4.9');
+    // Section 4.9 ends where section 4.10 begins: the block is its last part.
+    assert.ok(out.includes(`${block}\n\n### 4.10 Peers`), 'at the end of section 4.9');
     assert.equal(regenerateDoc(out), out, 'and kept where it is from then on');
   });
 

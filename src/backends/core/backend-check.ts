@@ -49,6 +49,8 @@ export function storageBackendProblems(value: unknown, tier: string): string[] {
       if (typeof c[flag] !== 'boolean')
         problems.push(`capabilities.${flag} is ${describe(c[flag])}; it must be a boolean`);
     }
+    if (c.peers !== undefined && typeof c.peers !== 'boolean')
+      problems.push(`capabilities.peers is ${describe(c.peers)}; it must be a boolean when given`);
     const max = c.maxChunkBytes;
     if (typeof max !== 'number' || !Number.isSafeInteger(max) || max < 1) {
       problems.push(

@@ -51,6 +51,12 @@ export interface BackendCapabilities {
   readonly evicts: boolean;
   /** Largest payload one chunk may have, in bytes. */
   readonly maxChunkBytes: number;
+  /**
+   * Chunks live in other sidecars' tiers, reached over the network (the peer tier). A chunk that
+   * came from another sidecar is never written to such a tier, and a request from another
+   * sidecar never reads it, so that no chunk travels in a loop. Optional; absent means false.
+   */
+  readonly peers?: boolean;
 }
 
 /** Point-in-time counters; gauges and totals since start. */

@@ -6,14 +6,19 @@
 import type { Request } from '../../protocol/messages.ts';
 import { DATA_PLANE_HANDLERS } from './data-plane-handlers.ts';
 import type { Handler, Handlers } from './handler-types.ts';
+import { PEER_HANDLERS } from './peer-handlers.ts';
 import { STORE_HANDLERS } from './store-handlers.ts';
 
-export type { HandlerContext } from './handler-types.ts';
+export { type HandlerContext, releaseReply } from './handler-types.ts';
 
 /** Every request type but LOOKUP. */
 export type HandledType = Exclude<Request['type'], 'lookup'>;
 
-export const HANDLERS: Handlers<HandledType> = { ...STORE_HANDLERS, ...DATA_PLANE_HANDLERS };
+export const HANDLERS: Handlers<HandledType> = {
+  ...STORE_HANDLERS,
+  ...DATA_PLANE_HANDLERS,
+  ...PEER_HANDLERS,
+};
 
 /** The handler of `req`'s type. */
 export function handlerOf<T extends HandledType>(req: { type: T }): Handler<T> {

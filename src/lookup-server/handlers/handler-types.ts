@@ -24,6 +24,23 @@ export interface HandlerContext {
 /** The request of type `T`. */
 export type RequestOf<T extends Request['type']> = Extract<Request, { type: T }>;
 
+/**
+ * The key of a reply's release hook: a reply built from borrowed bytes (chunks pinned in host
+ * memory) carries one, and the server calls it once the reply has been encoded (the frame holds
+ * its own copy then) or could not be. See {@link withRelease}.
+ */
+export const RELEASE_AFTER_REPLY: unique symbol = Symbol('kvtier.releaseAfterReply');
+
+/** `rep` with a hook the server calls once it has encoded the reply (see {@link RELEASE_AFTER_REPLY}). */
+export function withRelease<R extends Reply>(rep: R, release: () => void): R {
+  return Object.assign(rep, { [RELEASE_AFTER_REPLY]: release });
+}
+
+/** Calls `rep`'s release hook, if it has one. */
+export function releaseReply(rep: Reply): void {
+  (rep as { [RELEASE_AFTER_REPLY]?: () => void })[RELEASE_AFTER_REPLY]?.();
+}
+
 /** Answers one request of type `T`; throws (a `KvtierError`) for an error reply. */
 export type Handler<T extends Request['type']> = (
   ctx: HandlerContext,
