@@ -3,12 +3,8 @@
  * deletes, SCAN listings and clears across the masters, two clients of one cluster.
  */
 import { after } from 'node:test';
-import {
-  REDIS_STORE_SETTLE_MS,
-  type RedisCluster,
-  redisStoreSubject,
-  startRedisCluster,
-} from '../support/redis-server.ts';
+import { type RedisCluster, startRedisCluster } from '../support/redis-server.ts';
+import { REDIS_STORE_SETTLE_MS, redisStoreSubject } from '../support/redis-store-subject.ts';
 import { describeStoreContract } from './store.contract.ts';
 
 // One cluster for the whole suite (each subject has its own key prefix); started on first use.

@@ -3,12 +3,8 @@
  * key prefix per subject, a second instance as a second client, stalled by freezing the server.
  */
 import { after } from 'node:test';
-import {
-  REDIS_STORE_SETTLE_MS,
-  type RedisServer,
-  redisStoreSubject,
-  startRedis,
-} from '../support/redis-server.ts';
+import { type RedisServer, startRedis } from '../support/redis-server.ts';
+import { REDIS_STORE_SETTLE_MS, redisStoreSubject } from '../support/redis-store-subject.ts';
 import { describeStoreContract } from './store.contract.ts';
 
 // One server for the whole suite (each subject has its own key prefix); started on first use.
