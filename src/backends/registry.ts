@@ -25,6 +25,8 @@ import { createLocalDiskBackend } from './local-disk/local-disk-backend.ts';
 import { LOCAL_DISK_OPTIONS } from './local-disk/local-disk-options.ts';
 import { createMemoryBackend } from './memory/memory-backend.ts';
 import { MEMORY_OPTIONS } from './memory/memory-options.ts';
+import { createPeerBackend } from './peer/peer-backend.ts';
+import { PEER_OPTIONS } from './peer/peer-options.ts';
 import { createModuleBackendFactory } from './plugin/module-backend.ts';
 import { MODULE_OPTIONS } from './plugin/module-options.ts';
 import { createPluginContext } from './plugin/plugin-context.ts';
@@ -134,6 +136,7 @@ export const BUILTIN_TIERS: readonly BuiltinTier[] = [
   { options: FS_OPTIONS, factory: () => createFsBackend, check: 'static', dirOption: 'path' },
   { options: REDIS_OPTIONS, factory: () => createRedisBackend, check: 'remote' },
   { options: S3_OPTIONS, factory: () => createS3Backend, check: 'remote' },
+  { options: PEER_OPTIONS, factory: () => createPeerBackend, check: 'build' },
   {
     options: MODULE_OPTIONS,
     factory: (r) => createModuleBackendFactory(r.pluginBaseDir),

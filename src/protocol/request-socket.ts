@@ -4,7 +4,7 @@ import { type ClientCurveKeys, curveClientOptions } from '../security/curve-clie
 import { Deadline, type DeadlineTimers, systemTimers } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
-import { decodeReply, encodeRequest } from './codec.ts';
+import { decodeReply, encodeRequest, peekRequestId } from './codec.ts';
 import { checkClientEndpoint } from './endpoint.ts';
 import type { Reply, Request } from './messages.ts';
 import { SocketSendQueue } from './send-queue.ts';
@@ -295,7 +295,10 @@ export class RequestSocket {
         try {
           rep = decodeReply(frame);
         } catch (err) {
-          this.#log.warn('malformed reply dropped', { err });
+          // A reply that does not decode fails its request at once, when its id can be read.
+          const p = this.#pending.get(peekRequestId(frame));
+          if (p !== undefined && p.conn === conn) p.reject(new MalformedReplyError(err));
+          else this.#log.warn('malformed reply dropped', { err });
           continue;
         }
         this.#onReply?.(rep);
@@ -414,6 +417,18 @@ export class RequestSocket {
       for (const c of this.#conns) c.socket.close();
     }
     return Promise.all([...this.#conns].map((c) => c.loop)).then(() => {});
+  }
+}
+
+/**
+ * A reply that did not decode (truncated, trailing bytes, a bad field): {@link RequestSocket}
+ * fails the request whose id the frame names with it (`KVT_PROTOCOL`), instead of letting it run
+ * into its deadline. The decoder's error is the `cause`.
+ */
+export class MalformedReplyError extends KvtierError {
+  constructor(cause: unknown) {
+    super('KVT_PROTOCOL', `malformed reply: ${(cause as Error).message}`, { cause });
+    this.name = 'MalformedReplyError';
   }
 }
 
