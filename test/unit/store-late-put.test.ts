@@ -55,6 +55,9 @@ class GatedStore implements KvStore {
   async delete(key: StoreKey) {
     return this.values.delete(key);
   }
+  async *list(prefix: string) {
+    for (const key of this.values.keys()) if (key.startsWith(prefix)) yield { key };
+  }
   async close() {}
 }
 
@@ -136,3 +139,32 @@ async function settled(store: GatedStore): Promise<void> {
   await Promise.allSettled(store.calls);
   await new Promise((r) => setImmediate(r));
 }
+
+describe('StoreBackend refuses what is not a KvStore', () => {
+  it('names what is missing: info flags, methods, list or clear', () => {
+    const bad = {
+      info: { persistent: false, shared: 'no', evicts: false },
+      get: async () => null,
+      put: async () => true,
+      has: async () => false,
+      delete: async () => false,
+    } as unknown as KvStore;
+    assert.throws(
+      () => new StoreBackend(bad, { kind: 'bad' }, { name: 'b' }),
+      (e: unknown) =>
+        isKvtierError(e, 'KVT_INVALID_ARGUMENT') &&
+        /the bad store is not a KvStore/.test(e.message) &&
+        /info\.shared is not a boolean/.test(e.message) &&
+        /info\.ttl is not a boolean/.test(e.message) &&
+        /missing methods: close/.test(e.message) &&
+        /neither list nor clear/.test(e.message),
+    );
+    // With list (or clear) and close it is one.
+    const good = Object.assign(Object.create(null), bad, {
+      info: { persistent: false, shared: false, evicts: false, ttl: false },
+      close: async () => {},
+      list: async function* () {},
+    }) as KvStore;
+    assert.doesNotThrow(() => new StoreBackend(good, { kind: 'good' }, { name: 'g' }));
+  });
+});

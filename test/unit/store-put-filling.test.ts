@@ -48,6 +48,9 @@ class FillingStore implements KvStore {
   async delete(key: StoreKey) {
     return this.values.delete(key);
   }
+  async *list(prefix: string) {
+    for (const key of this.values.keys()) if (key.startsWith(prefix)) yield { key };
+  }
   async close() {}
 }
 

@@ -47,6 +47,27 @@ import {
   storeFailure,
 } from './store-options.ts';
 
+/**
+ * What keeps `store` from being a tier's store: `info` with its four flags, the four methods and
+ * `close`, and `list` or `clear` (without either a CLEAR of the tier cannot be done).
+ */
+export function kvStoreProblems(store: KvStore): string[] {
+  const out: string[] = [];
+  const s = store as unknown as Record<string, unknown>;
+  const info = s.info as Record<string, unknown> | undefined;
+  if (typeof info !== 'object' || info === null) out.push('it has no info');
+  else
+    for (const flag of ['persistent', 'shared', 'evicts', 'ttl'])
+      if (typeof info[flag] !== 'boolean') out.push(`info.${flag} is not a boolean`);
+  const missing = ['get', 'put', 'has', 'delete', 'close'].filter(
+    (m) => typeof s[m] !== 'function',
+  );
+  if (missing.length > 0) out.push(`missing methods: ${missing.join(', ')}`);
+  if (typeof s.list !== 'function' && typeof s.clear !== 'function')
+    out.push('it has neither list nor clear, so the tier could not be cleared');
+  return out;
+}
+
 /** Listed keys as the chunks they name (null for a key that is not a chunk key). */
 async function* chunksOf(keys: AsyncIterable<{ readonly key: string }>) {
   for await (const { key } of keys) yield storeKeyParts(key);
@@ -83,6 +104,12 @@ export class StoreBackend implements StorageBackend {
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. Call {@link start} before use. */
   constructor(store: KvStore, options: StoreBackendOptions, ctx: BackendContext) {
+    const problems = kvStoreProblems(store);
+    if (problems.length > 0)
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `the ${options.kind} store is not a KvStore (docs/backends.md, the four-method store): ${problems.join('; ')}`,
+      );
     this.store = store;
     this.name = ctx.name;
     this.kind = options.kind;
