@@ -184,3 +184,24 @@ export interface KvStore {
    */
   close(): Promise<void>;
 }
+
+/**
+ * What keeps `store` from being a tier's store: `info` with its four flags, the four methods and
+ * `close`, and `list` or `clear` (without either a CLEAR of the tier cannot be done).
+ */
+export function kvStoreProblems(store: KvStore): string[] {
+  const out: string[] = [];
+  const s = store as unknown as Record<string, unknown>;
+  const info = s.info as Record<string, unknown> | undefined;
+  if (typeof info !== 'object' || info === null) out.push('it has no info');
+  else
+    for (const flag of ['persistent', 'shared', 'evicts', 'ttl'])
+      if (typeof info[flag] !== 'boolean') out.push(`info.${flag} is not a boolean`);
+  const missing = ['get', 'put', 'has', 'delete', 'close'].filter(
+    (m) => typeof s[m] !== 'function',
+  );
+  if (missing.length > 0) out.push(`missing methods: ${missing.join(', ')}`);
+  if (typeof s.list !== 'function' && typeof s.clear !== 'function')
+    out.push('it has neither list nor clear, so the tier could not be cleared');
+  return out;
+}
