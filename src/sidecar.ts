@@ -107,6 +107,7 @@ export class Sidecar {
       defaultMetrics: opts.processMetrics ?? true,
       buildInfo: { version: KVTIER_VERSION, node: process.version },
     });
+    let storageRef: StorageManager | undefined;
     const registry =
       opts.registry ??
       new BackendRegistry({
@@ -114,6 +115,8 @@ export class Sidecar {
         log: log.child('tier'),
         metricsRegistry: metrics.registry,
         onTierFailure: (tier, op, code) => metrics.backendErrors.inc({ tier, op, code }),
+        // A peer tier reads chunks whose home is this sidecar from its own tiers.
+        peerSource: () => storageRef,
         ...hostSlabs(),
       });
     // What `kvtier config check` checks too, before anything is built.
@@ -176,6 +179,7 @@ export class Sidecar {
       initialEpoch,
       ...(epochFile !== undefined ? { onEpoch: (e: number) => epochFile.write(e) } : {}),
     });
+    storageRef = storage;
     // The addon maps the engine's KV file and copies on worker threads; without a build, the
     // data plane still works through positional file I/O.
     const native = createNativeCopyEngine();

@@ -25,7 +25,7 @@ import { createLocalDiskBackend } from './local-disk/local-disk-backend.ts';
 import { LOCAL_DISK_OPTIONS } from './local-disk/local-disk-options.ts';
 import { createMemoryBackend } from './memory/memory-backend.ts';
 import { MEMORY_OPTIONS } from './memory/memory-options.ts';
-import { createPeerBackend } from './peer/peer-backend.ts';
+import { type LocalChunkSource, peerBackendFactory } from './peer/peer-backend.ts';
 import { PEER_OPTIONS } from './peer/peer-options.ts';
 import { createModuleBackendFactory } from './plugin/module-backend.ts';
 import { MODULE_OPTIONS } from './plugin/module-options.ts';
@@ -70,6 +70,11 @@ export interface BackendRegistryOptions {
    * native addon's page-aligned slabs when it is built.
    */
   allocateHostSlab?: (bytes: number) => Uint8Array;
+  /**
+   * This sidecar's own tiers as a peer tier reads them for a chunk whose home is this sidecar
+   * (the storage manager, once it exists); default none: such chunks are misses of the peer tier.
+   */
+  peerSource?: () => LocalChunkSource | undefined;
   /**
    * Told of every failed or timed-out call a tier's breaker answered as a miss or drop (see
    * {@link CircuitBreakerOptions.onFailure}), with the tier's name; the sidecar counts them.
@@ -136,7 +141,7 @@ export const BUILTIN_TIERS: readonly BuiltinTier[] = [
   { options: FS_OPTIONS, factory: () => createFsBackend, check: 'static', dirOption: 'path' },
   { options: REDIS_OPTIONS, factory: () => createRedisBackend, check: 'remote' },
   { options: S3_OPTIONS, factory: () => createS3Backend, check: 'remote' },
-  { options: PEER_OPTIONS, factory: () => createPeerBackend, check: 'build' },
+  { options: PEER_OPTIONS, factory: (r) => peerBackendFactory(r.peerSource), check: 'build' },
   {
     options: MODULE_OPTIONS,
     factory: (r) => createModuleBackendFactory(r.pluginBaseDir),

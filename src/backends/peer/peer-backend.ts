@@ -4,7 +4,9 @@
  * lists, by rendezvous hashing of (namespace, hash) (peer-placement.ts); a put (this sidecar's
  * write-through) sends the chunk to its homes with PEER_PUT, and a contains or get asks its homes
  * with PEER_CONTAINS and PEER_GET (docs/protocol.md 4.10). This sidecar as a home means nothing
- * to send or ask. It holds nothing itself: no pins, no index, no capacity.
+ * to send, and its own tiers answer for the chunk (`LocalChunkSource`): a lookup walks host memory
+ * only up to its first miss, so a chunk homed here and held past that is found through this tier.
+ * It holds nothing itself: no pins, no index, no capacity.
  *
  * A dead or frozen peer is a miss within `timeoutMs`, and is left out after `failureThreshold`
  * silent requests until it answers a PING (peer-link.ts); what a peer answers is verified before
@@ -48,6 +50,20 @@ export interface PeerEndpoint {
   readonly curve?: { serverPublicKey: string; publicKey: string; secretKey: string };
 }
 
+/**
+ * This sidecar's own tiers, as the peer tier reads them for a chunk whose home is this sidecar:
+ * the storage manager's `peerContains` and `peerRead` (the tiers that do not reach other
+ * sidecars). A chunk homed here is in host memory when this sidecar stored it or a peer sent it,
+ * maybe past the leading run a lookup found there: the peer tier answers for it from here.
+ */
+export interface LocalChunkSource {
+  peerContains(ns: NamespaceId, hashes: readonly ChunkHash[]): Promise<number>;
+  peerRead(
+    ns: NamespaceId,
+    hashes: readonly ChunkHash[],
+  ): Promise<{ readonly chunks: ReadonlyMap<ChunkHash, Chunk>; release(): void }>;
+}
+
 /** Stats of the peer tier: the common ones, and each peer's counters. */
 export interface PeerBackendStats extends BackendStats {
   /** Chunks peers answered with that were refused (wrong namespace, hash, size or checksum). */
@@ -56,6 +72,27 @@ export interface PeerBackendStats extends BackendStats {
 }
 
 const pack = (hashes: readonly ChunkHash[]): Buffer => Buffer.from(hashes.join(''), 'hex');
+
+/** This sidecar among a chunk's homes: its own tiers answer for it. */
+const SELF = Symbol('self');
+/** A home to read a chunk from: a peer, or this sidecar. */
+type Source = PeerLink | typeof SELF;
+
+/** Copies of the chunks this sidecar's own tiers hold of `hashes` (their pins released). */
+async function readLocal(
+  local: LocalChunkSource,
+  ns: NamespaceId,
+  hashes: readonly ChunkHash[],
+): Promise<Map<ChunkHash, Chunk>> {
+  const lease = await local.peerRead(ns, hashes);
+  try {
+    const out = new Map<ChunkHash, Chunk>();
+    for (const [h, c] of lease.chunks) out.set(h, { tokens: c.tokens, data: Buffer.from(c.data) });
+    return out;
+  } finally {
+    lease.release();
+  }
+}
 
 /** See the module comment. Build it with {@link createPeerBackend}. */
 export class PeerBackend implements StorageBackend {
@@ -67,6 +104,7 @@ export class PeerBackend implements StorageBackend {
   readonly #links = new Map<string, PeerLink>();
   readonly #placement: RendezvousPlacement;
   readonly #log: Logger;
+  readonly #local: () => LocalChunkSource | undefined;
   #droppedPuts = 0;
   #refusedChunks = 0;
   #closing: Promise<void> | undefined;
@@ -74,13 +112,16 @@ export class PeerBackend implements StorageBackend {
   /**
    * Connects to every peer but this sidecar (in the background: peers may start later).
    * @param peers every sidecar of the fleet, this one (`options.self`) included.
+   * @param local this sidecar's own tiers, for chunks homed here (none: such chunks are misses).
    */
   constructor(
     options: ResolvedPeerBackendOptions,
     peers: readonly PeerEndpoint[],
     ctx: Pick<PluginContext, 'name' | 'metrics'> & { log?: Logger },
+    local: () => LocalChunkSource | undefined = () => undefined,
   ) {
     this.name = ctx.name;
+    this.#local = local;
     this.#o = options;
     this.#self = options.self;
     this.#log = ctx.log ?? silentLogger;
@@ -138,6 +179,17 @@ export class PeerBackend implements StorageBackend {
     return out;
   }
 
+  /** The homes of a chunk to read it from, best first: this sidecar as {@link SELF}. */
+  #sources(ns: NamespaceId, hash: ChunkHash, local: boolean): Source[] {
+    const out: Source[] = [];
+    for (const name of this.#placement.homes(ns, hash)) {
+      const link = this.#links.get(name);
+      if (link !== undefined) out.push(link);
+      else if (local) out.push(SELF);
+    }
+    return out;
+  }
+
   #open(signal: AbortSignal | undefined, what: string): void {
     if (this.#closing !== undefined) throw closedError(`backend ${this.name}`);
     throwIfAborted(signal, `${this.name} ${what}`);
@@ -145,8 +197,9 @@ export class PeerBackend implements StorageBackend {
 
   /**
    * Asks each home its share of `hashes` (PEER_CONTAINS): a chunk counts when one of its homes
-   * holds it within the leading run that home reports. Rejects with `KVT_BACKEND` when every
-   * peer asked failed to answer (so the breaker counts it), else a failed peer is a miss.
+   * holds it within the leading run that home reports. Rejects with `KVT_BACKEND` when no peer
+   * asked answered in time (so the breaker counts it); otherwise a peer without a usable answer
+   * is a miss.
    */
   async batchedContains(
     ns: NamespaceId,
@@ -154,20 +207,22 @@ export class PeerBackend implements StorageBackend {
     opts: ContainsOptions = {},
   ): Promise<number> {
     this.#open(opts.signal, 'contains');
-    // Per peer, the positions it is a home of, in order; asked up to the first chunk no peer holds.
-    const asked = new Map<PeerLink, number[]>();
+    const local = this.#local();
+    // Per home, the positions it is a home of, in order; asked up to the first chunk no home can
+    // be asked for.
+    const asked = new Map<Source, number[]>();
     let limit = hashes.length;
     for (let i = 0; i < hashes.length; i++) {
-      const homes = this.#homes(ns, hashes[i]!);
+      const homes = this.#sources(ns, hashes[i]!, local !== undefined);
       if (homes.length === 0) {
         limit = i;
         break;
       }
-      for (const link of homes) {
-        let list = asked.get(link);
+      for (const home of homes) {
+        let list = asked.get(home);
         if (list === undefined) {
           list = [];
-          asked.set(link, list);
+          asked.set(home, list);
         }
         list.push(i);
       }
@@ -177,27 +232,28 @@ export class PeerBackend implements StorageBackend {
     let answered = 0;
     let failed = 0;
     await Promise.all(
-      [...asked].map(async ([link, positions]) => {
-        const r = await link.call(
-          {
-            type: 'peer-contains',
-            requestId: 0,
-            namespace: ns,
-            hashes: pack(positions.map((i) => hashes[i]!)),
-          },
-          'peer-contains-result',
-          opts.signal,
-        );
-        if (!r.ok) {
-          if (r.why !== 'down') failed++;
-          return;
+      [...asked].map(async ([home, positions]) => {
+        const sub = positions.map((i) => hashes[i]!);
+        let count: number;
+        if (home === SELF) count = await local!.peerContains(ns, sub);
+        else {
+          const r = await home.call(
+            { type: 'peer-contains', requestId: 0, namespace: ns, hashes: pack(sub) },
+            'peer-contains-result',
+            opts.signal,
+          );
+          if (!r.ok) {
+            if (r.why === 'timeout') failed++;
+            return;
+          }
+          answered++;
+          count = r.reply.count;
+          if (count > positions.length) {
+            home.refused('malformed', 1, { op: 'peer-contains', count });
+            return;
+          }
         }
-        answered++;
-        if (r.reply.count > positions.length) {
-          link.refused('malformed', 1, { op: 'peer-contains', count: r.reply.count });
-          return;
-        }
-        for (let j = 0; j < r.reply.count; j++) held[positions[j]!] = 1;
+        for (let j = 0; j < count; j++) held[positions[j]!] = 1;
       }),
     );
     if (answered === 0 && failed > 0)
@@ -211,7 +267,7 @@ export class PeerBackend implements StorageBackend {
    * Reads each chunk from its best home (PEER_GET, at most `maxChunksPerRequest` chunks per
    * request, all sent at once), then what is still missing from its next home, and so on for
    * `replicas` rounds. Every chunk is verified (peer-verify.ts); one refused is a miss. Rejects
-   * with `KVT_BACKEND` when every request failed to get an answer.
+   * with `KVT_BACKEND` when no request got an answer in time.
    */
   async batchedGet(
     ns: NamespaceId,
@@ -219,45 +275,54 @@ export class PeerBackend implements StorageBackend {
     opts: GetOptions = {},
   ): Promise<Map<ChunkHash, Chunk | null>> {
     this.#open(opts.signal, 'get');
+    const local = this.#local();
     const out = new Map<ChunkHash, Chunk | null>();
     for (const h of hashes) out.set(h, null);
-    const homes = new Map<ChunkHash, PeerLink[]>();
-    for (const h of out.keys()) homes.set(h, this.#homes(ns, h));
+    const homes = new Map<ChunkHash, Source[]>();
+    for (const h of out.keys()) homes.set(h, this.#sources(ns, h, local !== undefined));
     let answered = 0;
     let failed = 0;
     for (let round = 0; round < this.#o.replicas; round++) {
-      const ask = new Map<PeerLink, ChunkHash[]>();
-      for (const [h, links] of homes) {
+      const ask = new Map<Source, ChunkHash[]>();
+      for (const [h, sources] of homes) {
         if (out.get(h) !== null) continue;
-        const link = links.filter((l) => l.up)[round] ?? (round === 0 ? links[0] : undefined);
-        if (link === undefined) continue;
-        let list = ask.get(link);
+        const usable = sources.filter((s) => s === SELF || s.up);
+        const home = usable[round] ?? (round === 0 ? sources[0] : undefined);
+        if (home === undefined) continue;
+        let list = ask.get(home);
         if (list === undefined) {
           list = [];
-          ask.set(link, list);
+          ask.set(home, list);
         }
         list.push(h);
       }
       if (ask.size === 0) break;
-      const requests: [PeerLink, ChunkHash[]][] = [];
-      for (const [link, list] of ask)
-        for (let i = 0; i < list.length; i += this.#o.maxChunksPerRequest)
-          requests.push([link, list.slice(i, i + this.#o.maxChunksPerRequest)]);
+      const requests: [Source, ChunkHash[]][] = [];
+      for (const [home, list] of ask) {
+        if (home === SELF) requests.push([home, list]);
+        else
+          for (let i = 0; i < list.length; i += this.#o.maxChunksPerRequest)
+            requests.push([home, list.slice(i, i + this.#o.maxChunksPerRequest)]);
+      }
       await Promise.all(
-        requests.map(async ([link, list]) => {
-          const r = await link.call(
+        requests.map(async ([home, list]) => {
+          if (home === SELF) {
+            for (const [h, c] of await readLocal(local!, ns, list)) out.set(h, c);
+            return;
+          }
+          const r = await home.call(
             { type: 'peer-get', requestId: 0, namespace: ns, hashes: pack(list) },
             'peer-get-result',
             opts.signal,
           );
           if (!r.ok) {
-            if (r.why !== 'down') failed++;
+            if (r.why === 'timeout') failed++;
             return;
           }
           answered++;
           const v = await verifyPeerChunks(ns, new Set(list), r.reply, this.#o.maxChunkBytes);
           for (const reason of new Set(v.refused))
-            link.refused(reason, v.refused.filter((x) => x === reason).length, {
+            home.refused(reason, v.refused.filter((x) => x === reason).length, {
               op: 'peer-get',
               ns,
             });
@@ -411,14 +476,16 @@ export async function peerEndpoints(
 
 /**
  * The registry's factory of `type: "peer"`: validates the options, reads the key files and
- * connects to the peers (without waiting for them: a fleet starts in any order).
+ * connects to the peers (without waiting for them: a fleet starts in any order). `local` gives
+ * this sidecar's own tiers once they exist, for chunks homed here.
  * @throws KvtierError `KVT_CONFIG` for bad options or an unreadable key file.
  */
-export async function createPeerBackend(
-  options: Record<string, unknown>,
-  ctx: PluginContext,
-): Promise<StorageBackend> {
-  const o = resolvePeerBackendOptions(peerOptionsFromConfig(options, ctx.name));
-  const peers = await peerEndpoints(o, (p) => ctx.resolvePath(p));
-  return new PeerBackend(o, peers, ctx);
+export function peerBackendFactory(
+  local: () => LocalChunkSource | undefined = () => undefined,
+): (options: Record<string, unknown>, ctx: PluginContext) => Promise<StorageBackend> {
+  return async (options, ctx) => {
+    const o = resolvePeerBackendOptions(peerOptionsFromConfig(options, ctx.name));
+    const peers = await peerEndpoints(o, (p) => ctx.resolvePath(p));
+    return new PeerBackend(o, peers, ctx, local);
+  };
 }
