@@ -17,6 +17,7 @@ import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
 import * as zmq from 'zeromq';
 import { RendezvousPlacement } from '../../src/backends/peer/peer-placement.ts';
+import { resolveKvRegistration } from '../../src/data-plane/kv-layout.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { decodeRequest, encodeReply } from '../../src/protocol/codec.ts';
@@ -26,7 +27,7 @@ import type { ClientCurveKeys } from '../../src/security/curve-client.ts';
 import { generateCurveKeyPair, writeKeyPair } from '../../src/security/curve-keys.ts';
 import { crc32c } from '../../src/util/crc32c.ts';
 import { chunkBytes } from '../support/durability.ts';
-import { blockContents, CHUNK_TOKENS } from '../support/engine-process.ts';
+import { blockContents, CHUNK_TOKENS, testRegistration } from '../support/engine-process.ts';
 import { runEngineJob } from '../support/engine-runner.ts';
 import { freeTcpPort, randomHashes, randomNamespace, withDeadline } from '../support/fixtures.ts';
 import { type SidecarProcess, startSidecarProcess } from '../support/sidecar-process.ts';
@@ -177,7 +178,14 @@ describe('three sidecars, host memory and a peer tier each, no shared store', {
 }, () => {
   it('an engine on A saves; the engine on B finds the chunks on the peers and loads them byte-exact', async () => {
     const [a, b, c] = [node('a'), node('b'), node('c')];
-    const hashes = randomHashes(6);
+    // Homes a, b, c, b, a, c: B holds chunks 1 and 3 (A sends them to B) but not chunk 0, so its
+    // lookup finds none in host memory first and gets every kind of home from the peer tier:
+    // another sidecar, and B itself past its first host-memory miss.
+    const ns = resolveKvRegistration(testRegistration(join(dir, 'src.kv'), 'engine-a')).namespace
+      .id;
+    const homes = ['a', 'b', 'c', 'b', 'a', 'c'];
+    const hashes: ChunkHash[] = [];
+    for (const home of homes) hashes.push(homedAt(ns, home, 1)[0]!);
     const from = Array.from({ length: 24 }, (_, i) => 3 + i * 2);
     const to = Array.from({ length: 24 }, (_, i) => 62 - i * 2);
     const src = join(dir, 'src.kv');
@@ -194,9 +202,8 @@ describe('three sidecars, host memory and a peer tier each, no shared store', {
       60_000,
     );
     assert.equal(saved.saved, 6);
+    assert.equal(saved.namespace, ns);
     await drained(a);
-    const ns = saved.namespace;
-    const homes = hashes.map((h) => homeOf(ns, h as ChunkHash));
     // Each chunk went to its home: C holds (in host memory, no prefetch) exactly those homed there.
     for (const [i, h] of hashes.entries())
       assert.equal(
