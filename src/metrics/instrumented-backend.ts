@@ -1,4 +1,3 @@
-import type { Counter, Histogram } from 'prom-client';
 import { ForwardingBackend } from '../backends/core/forwarding-backend.ts';
 import type {
   Chunk,
@@ -15,6 +14,8 @@ import type {
   StorageBackend,
 } from '../backends/core/types.ts';
 import { KvtierError } from '../errors.ts';
+import { type Tally, tallyOf } from './counter-tally.ts';
+import { type HistogramChild, histogramTallyOf } from './histogram-tally.ts';
 import type { BackendOp, KvtierMetrics } from './metrics.ts';
 
 /** Options of {@link instrumentBackend}. */
@@ -23,8 +24,7 @@ export interface InstrumentOptions {
   now?: () => number;
 }
 
-type Observe = Histogram.Internal<'tier' | 'op'>;
-type Inc = Counter.Internal;
+type Observe = HistogramChild;
 
 /**
  * Wraps a backend so every call is measured per tier (label `tier` = `backend.name`), keeping
@@ -69,30 +69,30 @@ export function instrumentHostTier(
 class InstrumentedBackend<T extends StorageBackend = StorageBackend> extends ForwardingBackend<T> {
   readonly #metrics: KvtierMetrics;
   readonly #now: () => number;
-  // Label children bound once so the hot path does not build label objects per call.
+  // Label children bound once and tallied, so the hot path neither builds nor hashes label objects.
   readonly #duration: Record<BackendOp, Observe>;
-  readonly #hits: Inc;
-  readonly #misses: Inc;
-  readonly #bytesRead: Inc;
-  protected readonly bytesWritten: Inc;
+  readonly #hits: Tally;
+  readonly #misses: Tally;
+  readonly #bytesRead: Tally;
+  protected readonly bytesWritten: Tally;
 
   constructor(inner: T, metrics: KvtierMetrics, now: () => number) {
     super(inner);
     this.#metrics = metrics;
     this.#now = now;
     const tier = inner.name;
-    const d = metrics.backendOpDuration;
+    const d = histogramTallyOf(metrics.backendOpDuration);
     this.#duration = {
-      contains: d.labels({ tier, op: 'contains' }),
-      get: d.labels({ tier, op: 'get' }),
-      put: d.labels({ tier, op: 'put' }),
-      remove: d.labels({ tier, op: 'remove' }),
-      clear: d.labels({ tier, op: 'clear' }),
+      contains: d.child({ tier, op: 'contains' }),
+      get: d.child({ tier, op: 'get' }),
+      put: d.child({ tier, op: 'put' }),
+      remove: d.child({ tier, op: 'remove' }),
+      clear: d.child({ tier, op: 'clear' }),
     };
-    this.#hits = metrics.backendHits.labels({ tier });
-    this.#misses = metrics.backendMisses.labels({ tier });
-    this.#bytesRead = metrics.backendBytesRead.labels({ tier });
-    this.bytesWritten = metrics.backendBytesWritten.labels({ tier });
+    this.#hits = tallyOf(metrics.backendHits).child({ tier });
+    this.#misses = tallyOf(metrics.backendMisses).child({ tier });
+    this.#bytesRead = tallyOf(metrics.backendBytesRead).child({ tier });
+    this.bytesWritten = tallyOf(metrics.backendBytesWritten).child({ tier });
   }
 
   override async batchedContains(
@@ -115,8 +115,8 @@ class InstrumentedBackend<T extends StorageBackend = StorageBackend> extends For
   /** Records a contains that started at `startMs` and found `found` of `asked` chunks. */
   protected containsDone(startMs: number, found: number, asked: number): void {
     this.#observe('contains', startMs);
-    if (found > 0) this.#hits.inc(found);
-    if (found < asked) this.#misses.inc(1);
+    if (found > 0) this.#hits.n += found;
+    if (found < asked) this.#misses.n++;
   }
 
   override async batchedGet(
@@ -144,9 +144,9 @@ class InstrumentedBackend<T extends StorageBackend = StorageBackend> extends For
         bytes += chunk.data.byteLength;
       }
     }
-    if (hits > 0) this.#hits.inc(hits);
-    if (misses > 0) this.#misses.inc(misses);
-    if (bytes > 0) this.#bytesRead.inc(bytes);
+    if (hits > 0) this.#hits.n += hits;
+    if (misses > 0) this.#misses.n += misses;
+    if (bytes > 0) this.#bytesRead.n += bytes;
     return result;
   }
 
@@ -165,7 +165,7 @@ class InstrumentedBackend<T extends StorageBackend = StorageBackend> extends For
       throw err;
     }
     this.#observe('put', start);
-    if (outcome === 'stored') this.bytesWritten.inc(chunk.data.byteLength);
+    if (outcome === 'stored') this.bytesWritten.n += chunk.data.byteLength;
     return outcome;
   }
 
@@ -251,7 +251,7 @@ class InstrumentedHostTier extends InstrumentedBackend<HostMemoryTier> implement
       view: r.view,
       commit: (opts) => {
         const outcome = r.commit(opts);
-        if (outcome === 'stored') written.inc(r.view.byteLength);
+        if (outcome === 'stored') written.n += r.view.byteLength;
         return outcome;
       },
       abort: () => r.abort(),

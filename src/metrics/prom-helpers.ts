@@ -2,6 +2,8 @@
 import type { Histogram } from 'prom-client';
 import { KvtierError } from '../errors.ts';
 
+const REPORTS = new WeakMap<Histogram<string>, (value: number) => void>();
+
 /**
  * Makes `histogram.observe` also report every observed value to a callback. prom-client assigns
  * `observe` per instance in its constructor (it picks the exemplar variant there), so the
@@ -12,6 +14,7 @@ export function onObserve<T extends string>(
   histogram: Histogram<T>,
   report: (value: number) => void,
 ) {
+  REPORTS.set(histogram as unknown as Histogram<string>, report);
   const observe = histogram.observe.bind(histogram) as (...args: unknown[]) => void;
   histogram.observe = ((a: unknown, b?: unknown) => {
     if (b === undefined) observe(a);
@@ -21,6 +24,13 @@ export function onObserve<T extends string>(
     if (typeof value === 'number') report(value);
   }) as Histogram<T>['observe'];
   return histogram;
+}
+
+/** The callback {@link onObserve} gave `histogram`, if any (a histogram tally reports to it too). */
+export function reportOf<T extends string>(
+  histogram: Histogram<T>,
+): ((value: number) => void) | undefined {
+  return REPORTS.get(histogram as unknown as Histogram<string>);
 }
 
 /** Turns prom-client's duplicate-name Error into a KvtierError with a useful message. */

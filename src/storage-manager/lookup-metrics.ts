@@ -1,9 +1,11 @@
 /**
  * The lookup's metrics: `kvtier_lookups_total` by result, tokens asked about and found per tier,
- * what lookups decided about each tier, and the lookup duration, recorded once per lookup by the lookup walk (lookup-walk.ts) with
- * label objects made once.
+ * what lookups decided about each tier, and the lookup duration, recorded once per lookup by the
+ * lookup walk (lookup-walk.ts) into tallies (counter-tally.ts, histogram-tally.ts) with label
+ * objects made once.
  */
 import { type CounterTally, type Tally, tallyOf } from '../metrics/counter-tally.ts';
+import { type HistogramChild, histogramTallyOf } from '../metrics/histogram-tally.ts';
 import type { KvtierMetrics } from '../metrics/metrics.ts';
 import type { TierDecision } from './claim-rule.ts';
 import type { TierTokens } from './storage-types.ts';
@@ -29,6 +31,7 @@ export class LookupRecorder {
   readonly #tierTallies = new Map<string, Tally>();
   readonly #decisions: CounterTally<'tier' | 'decision'> | undefined;
   readonly #decisionTallies = new Map<string, Tally>();
+  readonly #duration: HistogramChild | undefined;
 
   constructor(metrics: KvtierMetrics | undefined) {
     this.#m = metrics;
@@ -40,6 +43,7 @@ export class LookupRecorder {
     this.#requested = tallyOf(metrics.lookupRequestedTokens).total;
     this.#hitTokens = tallyOf(metrics.lookupHitTokens);
     this.#decisions = tallyOf(metrics.lookupTierDecisions);
+    this.#duration = histogramTallyOf(metrics.lookupDuration).child({});
   }
 
   /** Counts what a lookup decided about each tier (tiers it decided nothing about are left out). */
@@ -86,7 +90,7 @@ export class LookupRecorder {
             ? 'hit'
             : 'partial';
     this.#results![result].n++;
-    m.lookupDuration.observe((performance.now() - startedMs) / 1000);
+    this.#duration!.observe((performance.now() - startedMs) / 1000);
   }
 
   #tierTally(tier: string): Tally {
