@@ -238,9 +238,7 @@ export class EventManager<T> {
     this.entries.set(id, entry);
     this.addOrder.push(entry);
     if (this.addOrder.length - this.addHead > 2 * this.opts.maxEntries) {
-      this.addOrder = this.addOrder
-        .slice(this.addHead)
-        .filter((e) => !e.removed && this.entries.get(e.id) === e);
+      this.addOrder = this.addOrder.slice(this.addHead).filter((e) => !e.removed);
       this.addHead = 0;
     }
     this.ongoing++;
@@ -312,7 +310,7 @@ export class EventManager<T> {
   cancel(id: string): boolean {
     const e = this.entries.get(id);
     if (e === undefined) return false;
-    this.discard(e, () => notFound(id));
+    this.discard(e, 'cancelled');
     return true;
   }
 
@@ -326,7 +324,7 @@ export class EventManager<T> {
     let n = 0;
     for (const e of [...this.entries.values()]) {
       if (now - e.since < this.opts.ttlMs) continue;
-      this.discard(e, () => notFound(e.id, 'expired'));
+      this.discard(e, 'expired');
       n++;
     }
     this.expired += n;
@@ -347,14 +345,14 @@ export class EventManager<T> {
     if (this.closed) return;
     this.closed = true;
     if (this.timer !== undefined) clearInterval(this.timer);
-    for (const e of [...this.entries.values()]) this.discard(e, () => closedError('event manager'));
+    for (const e of [...this.entries.values()]) this.discard(e, 'closed');
   }
 
   /** The live entry added first, skipping (and dropping) stale slots. */
   private oldestLive(): Entry<T> | undefined {
     while (this.addHead < this.addOrder.length) {
       const e = this.addOrder[this.addHead]!;
-      if (!e.removed && this.entries.get(e.id) === e) return e;
+      if (!e.removed) return e;
       this.addOrder[this.addHead++] = undefined as unknown as Entry<T>;
     }
     return undefined;
@@ -380,8 +378,8 @@ export class EventManager<T> {
     while (this.entries.size >= this.opts.maxEntries && this.doneHead < this.doneOrder.length) {
       const e = this.doneOrder[this.doneHead]!;
       this.doneOrder[this.doneHead++] = undefined as unknown as Entry<T>;
-      if (e.removed || e.state !== 'done' || this.entries.get(e.id) !== e) continue;
-      this.discard(e, () => notFound(e.id, 'evicted'));
+      if (e.removed || e.state !== 'done') continue;
+      this.discard(e, 'evicted');
       this.evicted++;
     }
     if (this.doneHead > 1024 && this.doneHead * 2 > this.doneOrder.length) {
@@ -406,9 +404,7 @@ export class EventManager<T> {
     this.doneOrder.push(entry);
     if (this.doneOrder.length - this.doneHead > 2 * this.opts.maxEntries) {
       // Taken and cancelled entries leave stale slots; drop them (amortised O(1) per add).
-      this.doneOrder = this.doneOrder
-        .slice(this.doneHead)
-        .filter((e) => !e.removed && this.entries.get(e.id) === e);
+      this.doneOrder = this.doneOrder.slice(this.doneHead).filter((e) => !e.removed);
       this.doneHead = 0;
     }
     entry.since = this.opts.now();
@@ -443,8 +439,11 @@ export class EventManager<T> {
     else this.done--;
   }
 
-  /** Removes `e`, aborts or disposes it, and rejects its waiters with `reason`. */
-  private discard(e: Entry<T>, reason: () => KvtierError): void {
+  /**
+   * Removes `e`, aborts or disposes it, and rejects its waiters: `KVT_CLOSED` when the manager
+   * closes, else `KVT_NOT_FOUND` saying why.
+   */
+  private discard(e: Entry<T>, why: 'cancelled' | 'expired' | 'evicted' | 'closed'): void {
     this.detach(e);
     if (e.state === 'ongoing') {
       this.callHook(e, 'abort', undefined);
@@ -457,7 +456,7 @@ export class EventManager<T> {
     if (waiters === undefined || waiters.size === 0) return;
     e.waiters = undefined;
     // Built only when someone waits: capturing a stack per discarded entry is costly.
-    const err = reason();
+    const err = why === 'closed' ? closedError('event manager') : notFound(e.id, why);
     for (const w of waiters) {
       w.cleanup();
       w.reject(err);

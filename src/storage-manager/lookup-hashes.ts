@@ -6,6 +6,9 @@ import {
   chunkHashFromBytes,
 } from '../hashing/chunk-hash.ts';
 
+/** Where {@link LookupHashes.view} copies compacted hashes: one per process, reused by every call. */
+let scratch = Buffer.allocUnsafe(0);
+
 /**
  * A lookup's chunk hashes, packed (32 bytes each, as on the wire); hex strings are made only
  * where a tier needs them. The bytes are borrowed while the lookup runs: they must not change.
@@ -66,6 +69,22 @@ export class LookupHashes {
   }
 
   /**
+   * Hashes `[from, from + count)` as bytes, for reading at once: a view of the borrowed bytes,
+   * or once compacted a copy in a buffer that the next `view` of any lookup overwrites.
+   */
+  view(from: number, count: number): Uint8Array {
+    const p = this.#packed;
+    if (p !== undefined)
+      return p.subarray(from * CHUNK_HASH_BYTES, (from + count) * CHUNK_HASH_BYTES);
+    const bytes = count * CHUNK_HASH_BYTES;
+    if (scratch.length < bytes)
+      scratch = Buffer.allocUnsafe(Math.max(bytes, 2 * scratch.length, 4096));
+    const start = from * CHUNK_HASH_BYTES;
+    scratch.write(this.#latin1!.slice(start, start + bytes), 0, bytes, 'latin1');
+    return scratch.subarray(0, bytes);
+  }
+
+  /**
    * Keeps only the first `n` hashes, copied into a one-byte string: the borrowed bytes are no
    * longer referenced. Later reads of `packed` copy them back out.
    */
@@ -94,6 +113,6 @@ export class LookupHashes {
 
   /** Hash `i` as hex. */
   at(i: number): ChunkHash {
-    return this.#hex?.[i] ?? chunkHashFromBytes(this.packed, i * CHUNK_HASH_BYTES);
+    return this.#hex?.[i] ?? chunkHashFromBytes(this.view(i, 1), 0);
   }
 }

@@ -45,8 +45,8 @@ import type { LookupInput, LookupOutcome, LookupRates, PinnedLookup } from './st
 interface HostProbe {
   /** The pins of `hits`. */
   readonly ledger: PinLedger;
-  /** Leading chunks host memory holds, by namespace (pinned). */
-  readonly hits: Map<NamespaceId, number>;
+  /** Leading chunks host memory holds (pinned), per namespace in the input's order. */
+  readonly hits: number[];
   /** The fewest of them. */
   readonly ready: number;
   /** Whether host memory answers the lookup alone. */
@@ -233,8 +233,9 @@ export class LookupWalk {
       const tierCount = input.prefetch === false ? 1 : this.#tiers.length;
       const segmentsByNs: Segment[][] = [];
       let ready = n;
-      for (const ns of input.namespaces) {
-        const known = host?.hits.get(ns);
+      for (let i = 0; i < input.namespaces.length; i++) {
+        const ns = input.namespaces[i]!;
+        const known = host?.hits[i];
         const segments = await this.#probe(ns, hashes, tierCount, ledger, abort, rule, known);
         segmentsByNs.push(segments);
         ready = Math.min(ready, segments.length === 0 ? 0 : segments[segments.length - 1]!.end);
@@ -421,7 +422,7 @@ export class LookupWalk {
     const index = this.#host.packedIndex;
     if (index === undefined || this.#host.health() === 'down') return undefined;
     const ledger = new PinLedger();
-    const hits = new Map<NamespaceId, number>();
+    const hits: number[] = [];
     const n = hashes.length;
     const askLower = this.#tiers.length > 1 && input.prefetch !== false;
     let ready = n;
@@ -439,7 +440,7 @@ export class LookupWalk {
       }
       k = Math.max(0, Math.min(k, n));
       if (k > 0) ledger.addPacked(this.#host, index, ns, 0, hashes, 0, k);
-      hits.set(ns, k);
+      hits.push(k);
       if (k < n && askLower) complete = false;
       ready = Math.min(ready, k);
     }

@@ -131,7 +131,7 @@ function hexOf(r: PinRun, from: number, count: number): readonly ChunkHash[] {
 
 function safeUnpin(r: PinRun, from: number, count: number): void {
   try {
-    if (r.index !== undefined) r.index.unpin(r.ns, r.packed!.packed, from, count);
+    if (r.index !== undefined) r.index.unpin(r.ns, r.packed!.view(from, count), 0, count);
     else r.tier.unpin(r.ns, hexOf(r, from, count));
   } catch {
     // A closed tier holds nothing that still needs unpinning.
