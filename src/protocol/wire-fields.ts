@@ -8,6 +8,7 @@
  */
 import { KVTIER_ERROR_CODES, KvtierError } from '../errors.ts';
 import { chunkHashFromBytes } from '../hashing/chunk-hash.ts';
+import { internNamespaceId } from '../namespace/namespace-intern.ts';
 import { type Reader, strSize, type Writer } from './frame.ts';
 import { HASH_BYTES, NAMESPACE_BYTES, type ProtocolLimits } from './messages.ts';
 import type { Field } from './wire-spec.ts';
@@ -171,7 +172,7 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
         write: (w, p) => w.hex(p as string, n),
         read: (r) => {
           return f.kind === 'ns'
-            ? r.hex(n, 'namespace id')
+            ? internNamespaceId(r.hex(n, 'namespace id'))
             : chunkHashFromBytes(r.bytes(n, 'chunk hash'));
         },
       };
@@ -203,7 +204,8 @@ export function fieldOps(f: Field, what: string, reply: boolean): FieldOps {
           if (n < f.min || n > f.max)
             throw invalid(`${what} needs ${f.min}..${f.max} namespaces, got ${n}`);
           const list: string[] = [];
-          for (let i = 0; i < n; i++) list.push(r.hex(NAMESPACE_BYTES, 'namespace id'));
+          for (let i = 0; i < n; i++)
+            list.push(internNamespaceId(r.hex(NAMESPACE_BYTES, 'namespace id')));
           return list;
         },
       };

@@ -2,6 +2,8 @@
  * The CPU tier's index: its entries by namespace and hex hash, and the same entries by hash
  * bytes ({@link PackedKeyIndex}) for lookups that come with packed hashes.
  */
+
+import { internNamespaceId } from '../../namespace/namespace-intern.ts';
 import type { ArenaBlock } from '../arena/host-arena.ts';
 import type { ChunkHash, NamespaceId } from '../core/types.ts';
 import { keyOfHash, type PackedKeyed, PackedKeyIndex } from '../index/packed-key-index.ts';
@@ -25,7 +27,9 @@ export function newCpuEntry(
   tokens: number,
 ): CpuEntry {
   return {
-    ns,
+    // One string per id: a lookup's namespace (interned where it was decoded) then compares
+    // with each entry's by identity.
+    ns: internNamespaceId(ns),
     hash,
     block,
     tokens,
