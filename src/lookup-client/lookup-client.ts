@@ -227,8 +227,12 @@ export class LookupClient {
     opts: LookupCallOptions & { signal?: AbortSignal; timeoutMs?: number } = {},
   ): Promise<LookupAnswer> {
     const packed = asPackedHashes(hashes);
-    const counts = Uint32Array.from(tokenCounts as ArrayLike<number>);
-    const namespaces = [...(opts.namespaces ?? this.#namespaces)];
+    // Encoded before the request is under way, so the caller's arrays are read, not copied.
+    const counts =
+      tokenCounts instanceof Uint32Array
+        ? tokenCounts
+        : Uint32Array.from(tokenCounts as ArrayLike<number>);
+    const namespaces = (opts.namespaces ?? this.#namespaces) as string[];
     if (namespaces.length === 0)
       throw new KvtierError(
         'KVT_INVALID_ARGUMENT',

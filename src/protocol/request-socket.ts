@@ -1,7 +1,7 @@
 import * as zmq from 'zeromq';
-import { closedError, KvtierError } from '../errors.ts';
+import { abortedError, closedError, KvtierError } from '../errors.ts';
 import { type ClientCurveKeys, curveClientOptions } from '../security/curve-client.ts';
-import { Deadline, type DeadlineTimers, systemTimers } from '../util/deadline.ts';
+import { type DeadlineTimers, MAX_DEADLINE_MS, systemTimers } from '../util/deadline.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
 import { requireInt, requireString } from '../util/validate.ts';
 import { decodeReply, encodeRequest, peekRequestId } from './codec.ts';
@@ -41,15 +41,104 @@ export interface RequestCallOptions {
   timeoutMs?: number | undefined;
 }
 
-interface Pending {
-  resolve: (r: Reply) => void;
-  reject: (e: unknown) => void;
+/**
+ * One request waiting for its reply: settled once, by the reply, its deadline, the caller's
+ * abort or the socket's close or outage; settling clears its timer and listener and forgets it.
+ * One object per request: no deadline object, race promise or closures beyond the abort listener.
+ */
+/** What a {@link Pending} asks of its socket. */
+interface PendingOwner {
+  /** Forgets a settled request: its slot and its share of its connection. */
+  forget(p: Pending): void;
+  /** A deadline error as the socket words it (see `RequestSocket`'s timeout errors). */
+  timeoutError(conn: Connection, err: KvtierError): unknown;
+}
+
+class Pending {
+  readonly #owner: PendingOwner;
+  readonly requestId: number;
+  readonly #type: string;
+  readonly #resolve: (r: Reply) => void;
+  readonly #reject: (e: unknown) => void;
   /** The encoded request, kept for a resend after a refusal as unauthenticated. */
-  frame: Buffer;
+  readonly frame: Buffer;
   /** The connection it was last sent on. */
   conn: Connection;
   /** Times it was sent again after a refusal as unauthenticated. */
-  resends: number;
+  resends = 0;
+  /** The timer (a system timer's handle, or an injected timer's disarm). */
+  #timer: ReturnType<typeof setTimeout> | (() => void) | undefined;
+  #signal: AbortSignal | undefined;
+  #onAbort: (() => void) | undefined;
+  settled = false;
+
+  constructor(
+    owner: PendingOwner,
+    requestId: number,
+    type: string,
+    frame: Buffer,
+    conn: Connection,
+    resolve: (r: Reply) => void,
+    reject: (e: unknown) => void,
+  ) {
+    this.#owner = owner;
+    this.requestId = requestId;
+    this.#type = type;
+    this.frame = frame;
+    this.conn = conn;
+    this.#resolve = resolve;
+    this.#reject = reject;
+  }
+
+  /** What errors call it: `ping request`. */
+  get what(): string {
+    return `${this.#type} request`;
+  }
+
+  /** Arms the deadline (`ms` as given, for the message) and listens to the caller's signal. */
+  watch(ms: number, timers: DeadlineTimers | undefined, signal: AbortSignal | undefined): void {
+    const delay = Math.min(Math.ceil(ms), MAX_DEADLINE_MS);
+    this.#timer =
+      timers === undefined
+        ? setTimeout(expire, delay, this, ms)
+        : timers.arm(delay, () => expire(this, ms));
+    if (signal !== undefined) {
+      this.#signal = signal;
+      this.#onAbort = () => this.fail(abortedError(signal, this.what));
+      signal.addEventListener('abort', this.#onAbort, { once: true });
+    }
+  }
+
+  succeed(rep: Reply): void {
+    if (this.#settle()) this.#resolve(rep);
+  }
+
+  fail(err: unknown): void {
+    if (this.#settle()) this.#reject(err);
+  }
+
+  /** The deadline passed: `KVT_TIMEOUT`, said as the socket knows why. */
+  expire(ms: number): void {
+    this.#timer = undefined;
+    const err = new KvtierError('KVT_TIMEOUT', `${this.what} timed out after ${ms} ms`);
+    this.fail(this.#owner.timeoutError(this.conn, err));
+  }
+
+  #settle(): boolean {
+    if (this.settled) return false;
+    this.settled = true;
+    const t = this.#timer;
+    if (typeof t === 'function') t();
+    else if (t !== undefined) clearTimeout(t);
+    this.#timer = undefined;
+    if (this.#onAbort !== undefined) this.#signal!.removeEventListener('abort', this.#onAbort);
+    this.#owner.forget(this);
+    return true;
+  }
+}
+
+function expire(p: Pending, ms: number): void {
+  p.expire(ms);
 }
 
 /** One DEALER socket, its send queue and its receive loop. */
@@ -123,6 +212,14 @@ export class RequestSocket {
   #heard = 0;
   #livenessDisarm: (() => void) | undefined;
   #outages = 0;
+  /** What each pending request asks of this socket. */
+  readonly #owner: PendingOwner = {
+    forget: (p) => {
+      if (this.#pending.get(p.requestId) === p) this.#pending.delete(p.requestId);
+      this.#release(p.conn);
+    },
+    timeoutError: (conn, err) => this.#timeoutError(conn, err),
+  };
 
   /**
    * Connects at once (ZMQ connects in the background and reconnects on its own).
@@ -225,17 +322,14 @@ export class RequestSocket {
    *   `KVT_ABORTED` (or the signal's reason) when aborted; `KVT_CAPACITY` when the send queue is
    *   full; `KVT_CLOSED` after close; the encoder's errors for values the wire cannot carry.
    */
-  async request(req: Request, opts: RequestCallOptions = {}): Promise<Reply> {
-    if (this.#closed) throw closedError(this.#name);
-    const what = `${req.type} request`;
-    const d = new Deadline({
-      what,
-      timeoutMs: opts.timeoutMs ?? this.#requestTimeoutMs,
-      signal: opts.signal,
-      timers: this.#timers,
-    });
+  request(req: Request, opts: RequestCallOptions = {}): Promise<Reply> {
     try {
-      d.throwIfEnded();
+      if (this.#closed) throw closedError(this.#name);
+      const signal = opts.signal;
+      if (signal?.aborted === true) throw abortedError(signal, `${req.type} request`);
+      const ms = opts.timeoutMs ?? this.#requestTimeoutMs;
+      if (!Number.isFinite(ms) || ms < 0)
+        throw new RangeError(`timeoutMs must be a finite number >= 0, got ${ms}`);
       const requestId = this.#nextId;
       this.#nextId = this.#nextId >= 0xffffffff ? 1 : this.#nextId + 1;
       req.requestId = requestId;
@@ -243,23 +337,17 @@ export class RequestSocket {
       const conn = this.#conn;
       let entry!: Pending;
       const reply = new Promise<Reply>((resolve, reject) => {
-        entry = { resolve, reject, frame, conn, resends: 0 };
+        entry = new Pending(this.#owner, requestId, req.type, frame, conn, resolve, reject);
       });
       this.#pending.set(requestId, entry);
       conn.inFlight++;
+      entry.watch(ms, this.#timers, signal);
       this.#watch();
-      try {
-        if (!conn.sendQueue.send(frame))
-          throw new KvtierError('KVT_CAPACITY', 'send queue is full');
-        return await d.race(reply);
-      } catch (err) {
-        throw d.timedOut ? this.#timeoutError(entry.conn, err) : err;
-      } finally {
-        this.#pending.delete(requestId);
-        this.#release(entry.conn);
-      }
-    } finally {
-      d.dispose();
+      if (!conn.sendQueue.send(frame))
+        entry.fail(new KvtierError('KVT_CAPACITY', 'send queue is full'));
+      return reply;
+    } catch (err) {
+      return Promise.reject(err);
     }
   }
 
@@ -286,8 +374,13 @@ export class RequestSocket {
   }
 
   async #receiveLoop(conn: Connection): Promise<void> {
+    const socket = conn.socket;
     try {
-      for await (const frames of conn.socket) {
+      // receive() directly rather than `for await` over the socket: zeromq's async iterator
+      // wraps every message in an async function's promise and a result object. It throws once
+      // the socket is closed, which ends the loop.
+      for (;;) {
+        const frames = await socket.receive();
         const frame = frames[frames.length - 1];
         if (frame === undefined) continue;
         if (conn === this.#conn) this.#heard++;
@@ -297,7 +390,7 @@ export class RequestSocket {
         } catch (err) {
           // A reply that does not decode fails its request at once, when its id can be read.
           const p = this.#pending.get(peekRequestId(frame));
-          if (p !== undefined && p.conn === conn) p.reject(new MalformedReplyError(err));
+          if (p !== undefined && p.conn === conn) p.fail(new MalformedReplyError(err));
           else this.#log.warn('malformed reply dropped', { err });
           continue;
         }
@@ -307,11 +400,11 @@ export class RequestSocket {
         if (rep.type === 'error' && rep.code === 'KVT_UNAUTHENTICATED' && this.#resend(p, conn))
           continue;
         if (conn === this.#conn) this.#authReconnectsInARow = 0;
-        if (rep.type === 'error') p.reject(new KvtierError(rep.code, `server: ${rep.message}`));
-        else p.resolve(rep);
+        if (rep.type === 'error') p.fail(new KvtierError(rep.code, `server: ${rep.message}`));
+        else p.succeed(rep);
       }
     } catch (err) {
-      if (!conn.socket.closed) this.#log.error('client receive loop failed', { err });
+      if (!socket.closed) this.#log.error('client receive loop failed', { err });
     }
   }
 
@@ -345,7 +438,7 @@ export class RequestSocket {
     this.#conn.inFlight++;
     this.#release(conn);
     if (!this.#conn.sendQueue.send(p.frame))
-      p.reject(new KvtierError('KVT_CAPACITY', 'send queue is full'));
+      p.fail(new KvtierError('KVT_CAPACITY', 'send queue is full'));
     return true;
   }
 
@@ -388,7 +481,7 @@ export class RequestSocket {
       'KVT_TIMEOUT',
       `server ${this.#endpoint} did not answer a PING within ${this.#livenessMs} ms: treated as down`,
     );
-    for (const p of [...this.#pending.values()]) p.reject(err);
+    for (const p of [...this.#pending.values()]) p.fail(err);
     // A fresh connection: what the old ones still queue must never reach the server later.
     for (const c of this.#conns) {
       c.retired = true;
@@ -401,7 +494,8 @@ export class RequestSocket {
   /** One request less waits on `conn`; a retired connection is closed when none does. */
   #release(conn: Connection): void {
     conn.inFlight--;
-    if (conn.retired && conn.inFlight <= 0 && !conn.socket.closed) {
+    // After close(), close() itself closes every connection and waits for its loop.
+    if (conn.retired && conn.inFlight <= 0 && !this.#closed && !conn.socket.closed) {
       conn.socket.close();
       this.#conns.delete(conn);
     }
@@ -413,7 +507,7 @@ export class RequestSocket {
       this.#closed = true;
       this.#livenessDisarm?.();
       this.#livenessDisarm = undefined;
-      for (const p of [...this.#pending.values()]) p.reject(closedError(this.#name));
+      for (const p of [...this.#pending.values()]) p.fail(closedError(this.#name));
       for (const c of this.#conns) c.socket.close();
     }
     return Promise.all([...this.#conns].map((c) => c.loop)).then(() => {});
