@@ -179,7 +179,8 @@ export const MAX_AUTH_RECONNECTS = 3;
 /**
  * The request/response core shared by the protocol clients: one DEALER socket (its sends owned
  * by a {@link SocketSendQueue}), request ids 1..2^32-1 wrapping to 1, replies matched by id,
- * a deadline per request (the deadline helper: `KVT_TIMEOUT`, or the caller's abort). It
+ * a deadline per request (`KVT_TIMEOUT` as the deadline helper words it, or the caller's abort;
+ * one timer per request, on the injected timers when given). It
  * survives server restarts: ZMQ reconnects on its own and requests lost with the old server run
  * into their deadline.
  *

@@ -1,7 +1,8 @@
 /**
  * The one deadline helper: every bounded call in kvtier (backends, the circuit breaker, the
- * request socket, the server) runs under a {@link Deadline}, so a timeout and an abort mean the
- * same thing and carry the same codes everywhere:
+ * server) runs under a {@link Deadline}, so a timeout and an abort mean the same thing and carry
+ * the same codes everywhere (the request socket, src/protocol/request-socket.ts, words its
+ * per-request deadlines the same way without a Deadline object per request):
  *
  * - the deadline passing rejects with `KVT_TIMEOUT` ("<what> timed out after <n> ms");
  * - a caller's signal firing rejects with `abortedError(signal, what)`: the signal's reason when
