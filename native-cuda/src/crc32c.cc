@@ -13,6 +13,7 @@
 #include "promise_worker.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
 #include <nmmintrin.h>
 #define KVTIER_CRC32C_X86 1
 #endif
@@ -134,18 +135,130 @@ __attribute__((target("sse4.2"))) uint32_t RawHw(uint32_t crc, const uint8_t* p,
   return RawHwOne(r, p + 3 * part, n - 3 * part);
 }
 
-// KVTIER_CRC32C_SOFTWARE=1 forces the table (tests compare both paths on one machine).
-bool DetectHw() {
-  const char* force = std::getenv("KVTIER_CRC32C_SOFTWARE");
-  if (force != nullptr && force[0] != '\0' && force[0] != '0') return false;
-  return __builtin_cpu_supports("sse4.2");
+// Folding with carry-less multiplication (AVX-512 VPCLMULQDQ): four 512-bit accumulators, each
+// 64-byte block of data folded into the accumulator 256 bytes before it, two multiplications per
+// 64 bytes instead of eight dependent crc32 instructions; about twice the three-chain crc32 rate.
+//
+// A 128-bit lane holds 16 message bytes in the reflected convention: bit t of the lane stands for
+// x^(127 - t), so the lane is LO * x^64 + HI (LO its low qword, HI its high one). Moving a lane
+// D bytes further down the message multiplies it by x^(8D); modulo P that is
+// LO * (x^(8D+64) mod P) + HI * (x^(8D) mod P), a product under 96 bits, XORed into the lane D
+// bytes on. A carry-less multiply of two reflected qwords yields their product times x, so the
+// constants are x^(8D+63) and x^(8D-1) mod P. The starting register is XORed into the first four
+// bytes (a CRC is linear in its initial value), and the last lane is reduced by running the crc32
+// instruction over its 16 bytes from a zero register.
+struct FoldConstants {
+  uint64_t lo;  // x^(8D+63) mod P, reflected into the upper half of a qword
+  uint64_t hi;  // x^(8D-1) mod P, likewise
+};
+
+// x^e mod P as a reflected qword: the coefficient of x^i at bit 63 - i.
+uint64_t ReflectedXPowMod(unsigned e) {
+  constexpr uint32_t kPolyNormal = 0x1edc6f41u;  // P without x^32, bit i = coefficient of x^i
+  uint32_t r = 1;
+  for (unsigned i = 0; i < e; i++) r = (r & 0x80000000u) ? (r << 1) ^ kPolyNormal : r << 1;
+  uint64_t out = 0;
+  for (int i = 0; i < 32; i++) {
+    if ((r >> i) & 1) out |= uint64_t{1} << (63 - i);
+  }
+  return out;
+}
+
+FoldConstants FoldBy(unsigned bytes) {
+  return {ReflectedXPowMod(8 * bytes + 63), ReflectedXPowMod(8 * bytes - 1)};
+}
+
+// Buffers shorter than this go to the crc32 chains (set-up and the final reduction dominate).
+constexpr size_t kFoldMinBytes = 512;
+
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) inline __m512i Fold512(
+    __m512i acc, __m512i k, __m512i next) {
+  return _mm512_ternarylogic_epi64(_mm512_clmulepi64_epi128(acc, k, 0x00),
+                                   _mm512_clmulepi64_epi128(acc, k, 0x11), next, 0x96);
+}
+
+__attribute__((target("avx512f"))) inline __m512i Broadcast(FoldConstants k) {
+  const auto lo = static_cast<long long>(k.lo);
+  const auto hi = static_cast<long long>(k.hi);
+  return _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo);
+}
+
+__attribute__((target("pclmul,sse4.2"))) inline __m128i Fold128(__m128i acc, FoldConstants k,
+                                                               __m128i next) {
+  const __m128i kk = _mm_set_epi64x(static_cast<long long>(k.hi), static_cast<long long>(k.lo));
+  return _mm_xor_si128(
+      _mm_xor_si128(_mm_clmulepi64_si128(acc, kk, 0x00), _mm_clmulepi64_si128(acc, kk, 0x11)),
+      next);
+}
+
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t RawFold(uint32_t crc,
+                                                                             const uint8_t* p,
+                                                                             size_t n) {
+  static const FoldConstants k256 = FoldBy(256), k64 = FoldBy(64), k48 = FoldBy(48),
+                             k32 = FoldBy(32), k16 = FoldBy(16);
+  __m512i x0 = _mm512_loadu_si512(p);
+  __m512i x1 = _mm512_loadu_si512(p + 64);
+  __m512i x2 = _mm512_loadu_si512(p + 128);
+  __m512i x3 = _mm512_loadu_si512(p + 192);
+  x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
+  p += 256;
+  n -= 256;
+  const __m512i f256 = Broadcast(k256);
+  while (n >= 256) {
+    x0 = Fold512(x0, f256, _mm512_loadu_si512(p));
+    x1 = Fold512(x1, f256, _mm512_loadu_si512(p + 64));
+    x2 = Fold512(x2, f256, _mm512_loadu_si512(p + 128));
+    x3 = Fold512(x3, f256, _mm512_loadu_si512(p + 192));
+    p += 256;
+    n -= 256;
+  }
+  const __m512i f64 = Broadcast(k64);
+  x1 = Fold512(x0, f64, x1);
+  x2 = Fold512(x1, f64, x2);
+  x3 = Fold512(x2, f64, x3);
+  while (n >= 64) {
+    x3 = Fold512(x3, f64, _mm512_loadu_si512(p));
+    p += 64;
+    n -= 64;
+  }
+  alignas(64) __m128i lane[4];
+  _mm512_store_si512(lane, x3);
+  __m128i acc = Fold128(lane[0], k48, lane[3]);
+  acc = Fold128(lane[1], k32, acc);
+  acc = Fold128(lane[2], k16, acc);
+  while (n >= 16) {
+    acc = Fold128(acc, k16, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+    p += 16;
+    n -= 16;
+  }
+  uint64_t c = _mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(acc)));
+  c = _mm_crc32_u64(c, static_cast<uint64_t>(_mm_extract_epi64(acc, 1)));
+  return RawHwOne(static_cast<uint32_t>(c), p, n);
+}
+
+bool EnvSet(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && v[0] != '\0' && v[0] != '0';
+}
+
+// KVTIER_CRC32C_SOFTWARE=1 forces the table, KVTIER_CRC32C_NO_FOLD=1 the crc32 chains (tests
+// compare every path on one machine).
+bool DetectHw() { return !EnvSet("KVTIER_CRC32C_SOFTWARE") && __builtin_cpu_supports("sse4.2"); }
+
+bool DetectFold() {
+  return DetectHw() && !EnvSet("KVTIER_CRC32C_NO_FOLD") && __builtin_cpu_supports("pclmul") &&
+         __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("vpclmulqdq");
 }
 #else
 uint32_t RawHw(uint32_t crc, const uint8_t* p, size_t n) { return RawTable(crc, p, n); }
+uint32_t RawFold(uint32_t crc, const uint8_t* p, size_t n) { return RawTable(crc, p, n); }
+constexpr size_t kFoldMinBytes = 0;
 bool DetectHw() { return false; }
+bool DetectFold() { return false; }
 #endif
 
 const bool kHw = DetectHw();
+const bool kFold = DetectFold();
 
 class Crc32cWorker : public PromiseWorker {
  public:
@@ -249,6 +362,7 @@ void Args(const Napi::CallbackInfo& info, uint8_t** data, size_t* bytes, uint32_
 
 uint32_t Crc32c(uint32_t crc, const uint8_t* data, size_t bytes) {
   const uint32_t raw = ~crc;
+  if (kFold && bytes >= kFoldMinBytes) return ~RawFold(raw, data, bytes);
   return ~(kHw ? RawHw(raw, data, bytes) : RawTable(raw, data, bytes));
 }
 

@@ -37,8 +37,11 @@ import { crc32c } from '../../src/util/crc32c.ts';
 const native = loadNative().addon;
 const NS = 'a1'.repeat(16);
 const HASH = chunkHash('b2'.repeat(32));
-/** Odd sizes around the JS slice-by-8 step and the native three-way split (3 KiB). */
-const ODD_SIZES = [1, 3, 7, 9, 15, 17, 255, 1021, 3071, 3072, 3073, 3079, 65_537, 1_000_003];
+/** Odd sizes around the JS slice-by-8 step, the native folding path (from 512 bytes) and the three-way split (3 KiB). */
+const ODD_SIZES = [
+  1, 3, 7, 9, 15, 17, 255, 511, 512, 513, 527, 575, 767, 768, 1021, 1087, 3071, 3072, 3073, 3079,
+  65_537, 1_000_003,
+];
 
 function reasonOf(r: { ok: true } | { ok: false; reason: ChunkDecodeFailure }): string {
   return r.ok ? 'ok' : r.reason;
@@ -107,6 +110,21 @@ describe('CRC-32C', () => {
       const cut = Math.floor(size / 3);
       assert.equal(crc32c(data.subarray(cut), a.crc32c(data.subarray(0, cut))), want);
       assert.equal(a.crc32c(data.subarray(cut), crc32c(data.subarray(0, cut))), want);
+    }
+  });
+
+  it('native equals JavaScript for every length up to 2 KiB, at every alignment, from any start', {
+    skip: native === null,
+  }, () => {
+    // Covers each path's edges: the crc32 chains below 512 bytes and from 3 KiB, the folding
+    // loop's 256- and 64-byte steps, its 16-byte tail and the bytes after it.
+    const a = native!;
+    const backing = randomBytes(2048 + 64);
+    for (let n = 0; n <= 2048; n++) {
+      const off = n % 61;
+      const view = backing.subarray(off, off + n);
+      const start = (n * 2_654_435_761) >>> 0;
+      assert.equal(a.crc32c(view, start), crc32c(view, start), `length ${n} at ${off}`);
     }
   });
 
@@ -199,27 +217,36 @@ describe('CRC-32C', () => {
     await assert.rejects(copyPayloadCrc32cAsync(randomBytes(10), Buffer.alloc(10), 1), RangeError);
   });
 
-  it('native table path (KVTIER_CRC32C_SOFTWARE=1) equals JavaScript', {
-    skip: native === null,
-  }, () => {
-    // The CPU instruction is detected once per process, so the table path runs in a child.
-    const script = [
-      `const a = require(${JSON.stringify(native!.path)});`,
-      "const { randomBytes } = require('node:crypto');",
-      'const out = [];',
-      `for (const n of ${JSON.stringify(ODD_SIZES)}) { const b = randomBytes(n); out.push([b.toString('base64'), a.crc32c(b, 0)]); }`,
-      'console.log(JSON.stringify({ hw: a.probe().crc32cHardware, out }));',
-    ].join('\n');
-    const res = spawnSync(process.execPath, ['-e', script], {
-      env: { ...process.env, KVTIER_CRC32C_SOFTWARE: '1' },
-      encoding: 'utf8',
-      maxBuffer: 64 * 1024 * 1024,
+  for (const [what, env, hw] of [
+    ['table path (KVTIER_CRC32C_SOFTWARE=1)', 'KVTIER_CRC32C_SOFTWARE', false],
+    ['crc32 chains (KVTIER_CRC32C_NO_FOLD=1)', 'KVTIER_CRC32C_NO_FOLD', true],
+  ] as const) {
+    it(`native ${what} equals JavaScript`, {
+      skip: native === null,
+    }, (t) => {
+      if (hw && !native!.probe().crc32cHardware) {
+        t.skip('no crc32 instruction');
+        return;
+      }
+      // The CPU instruction is detected once per process, so the table path runs in a child.
+      const script = [
+        `const a = require(${JSON.stringify(native!.path)});`,
+        "const { randomBytes } = require('node:crypto');",
+        'const out = [];',
+        `for (const n of ${JSON.stringify(ODD_SIZES)}) { const b = randomBytes(n); out.push([b.toString('base64'), a.crc32c(b, 0)]); }`,
+        'console.log(JSON.stringify({ hw: a.probe().crc32cHardware, out }));',
+      ].join('\n');
+      const run = spawnSync(process.execPath, ['-e', script], {
+        env: { ...process.env, [env]: '1' },
+        encoding: 'utf8',
+        maxBuffer: 64 * 1024 * 1024,
+      });
+      assert.equal(run.status, 0, run.stderr);
+      const res = JSON.parse(run.stdout) as { hw: boolean; out: [string, number][] };
+      assert.equal(res.hw, hw);
+      for (const [b64, crc] of res.out) assert.equal(crc, crc32c(Buffer.from(b64, 'base64')));
     });
-    assert.equal(res.status, 0, res.stderr);
-    const { hw, out } = JSON.parse(res.stdout) as { hw: boolean; out: [string, number][] };
-    assert.equal(hw, false);
-    for (const [b64, crc] of out) assert.equal(crc, crc32c(Buffer.from(b64, 'base64')));
-  });
+  }
 
   it('native rejects what is not a buffer, and a crc outside u32', {
     skip: native === null,
