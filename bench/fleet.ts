@@ -9,9 +9,12 @@
  *    (host memory over S3 only) look them up and load them into their engines' KV files. The raw
  *    limit is a plain client reading the same stored objects (ioredis cluster `getBuffer`, SDK
  *    `GetObject`) in the same run.
+ * 3. Cross-node loads through the peer tier, with no shared store (bench/peer.ts): the raw limit is
+ *    the same bytes over ZMQ between two processes in the same run.
  *   npm run bench:fleet          (KVTIER_BENCH_QUICK=1: one round of 3 s per save run instead of
  *                                 three interleaved rounds of 10 s)
- * Prints two tables and writes bench/results/fleet.json.
+ * KVTIER_BENCH_FLEET_PARTS picks parts (default `events,cross,peer`). Prints a table per part and
+ * writes bench/results/fleet.json.
  */
 import { randomBytes } from 'node:crypto';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
@@ -21,14 +24,15 @@ import { GetObjectCommand } from '@aws-sdk/client-s3';
 import { Cluster } from 'ioredis';
 import * as zmq from 'zeromq';
 import { DataPlaneClient } from '../src/data-plane/data-plane-client.ts';
-import type { KvRegistration } from '../src/data-plane/kv-layout.ts';
 import { LookupClient } from '../src/lookup-client/lookup-client.ts';
 import { KV_FILE_BYTES, testRegistration } from '../test/support/engine-process.ts';
 import { freeTcpPort } from '../test/support/fixtures.ts';
 import { startRedisCluster } from '../test/support/redis-server.ts';
 import { S3RVER_CREDENTIALS, startS3 } from '../test/support/s3-server.ts';
 import { type SidecarProcess, startSidecarProcess } from '../test/support/sidecar-process.ts';
+import { lastCpu, type PeerLoadRow, peerLoads, printPeerLoads } from './peer.ts';
 import { printTable, writeResults } from './support/child.ts';
+import { BIG_KV, bigModel, engineOn, loadAll } from './support/cross-node.ts';
 
 const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
 const SAVE_SECONDS = QUICK ? 3 : 10;
@@ -171,94 +175,6 @@ async function saveRun(events: boolean): Promise<SaveRow> {
   };
 }
 
-/** A model whose chunks are 1 MiB: 8 layers, 16 KiB per block per region, 4 blocks per chunk. */
-function bigModel(kvPath: string, engineId: string, state?: string): KvRegistration {
-  const region = 64 * 16 * 1024;
-  return {
-    engineId,
-    device: 'host',
-    modelId: 'bench/fleet-1mib',
-    dtype: 'bf16',
-    numKvHeads: 8,
-    headDim: 64,
-    tpSize: 1,
-    tpRank: 0,
-    mla: false,
-    numBlocks: 64,
-    blockSize: 16,
-    blockStrideBytes: 16 * 1024,
-    chunkSize: 64,
-    layers: Array.from({ length: 8 }, (_, l) => ({
-      k: { path: kvPath, offsetBytes: 2 * l * region },
-      v: { path: kvPath, offsetBytes: (2 * l + 1) * region },
-    })),
-    ...(state === undefined ? {} : { stateFile: { path: state, slots: 4 } }),
-  };
-}
-
-const BIG_KV = 16 * 64 * 16 * 1024;
-
-/** An engine of a node, registered once (as a running engine is), its KV file mapped from then on. */
-async function engineOn(
-  listen: string,
-  name: string,
-): Promise<{ dp: DataPlaneClient; namespace: string }> {
-  const kv = join(dir, `${name}.kv`);
-  const state = join(dir, `${name}.state`);
-  writeFileSync(kv, Buffer.alloc(BIG_KV));
-  writeFileSync(state, Buffer.alloc(16));
-  const dp = new DataPlaneClient({ endpoint: listen, requestTimeoutMs: 60_000 });
-  const reg = await dp.register(bigModel(kv, name, state));
-  return { dp, namespace: reg.namespace };
-}
-
-async function loadAll(
-  engine: { dp: DataPlaneClient; namespace: string },
-  client: LookupClient,
-  name: string,
-  groups: Buffer[][],
-): Promise<{ seconds: number; lookupSeconds: number; loadSeconds: number; tiers: string }> {
-  const { dp } = engine;
-  const tiers = new Map<string, number>();
-  const t0 = performance.now();
-  let lookupMs = 0;
-  let loadMs = 0;
-  for (const [g, hashes] of groups.entries()) {
-    const id = `${name}-${g}`;
-    const tl = performance.now();
-    const answer = await client.lookupAsync(
-      id,
-      hashes,
-      hashes.map(() => 64),
-      {
-        namespaces: [engine.namespace],
-      },
-    );
-    if (answer.hitTokens !== 64 * hashes.length)
-      throw new Error(`${name}: lookup found ${answer.hitTokens}`);
-    for (const t of answer.tiers) tiers.set(t.tier, (tiers.get(t.tier) ?? 0) + t.tokens);
-    const td = performance.now();
-    lookupMs += td - tl;
-    const r = await dp.load({
-      requestId: id,
-      lookupId: id,
-      blockIds: Array.from({ length: 64 }, (_, i) => i),
-      chunkHashes: hashes,
-      stateSlot: 1,
-    });
-    if (r.invalidBlockIds.length > 0) throw new Error(`${name}: load failed`);
-    loadMs += performance.now() - td;
-    await dp.requestFinished(id, 'finished');
-  }
-  const seconds = (performance.now() - t0) / 1000;
-  return {
-    seconds,
-    lookupSeconds: lookupMs / 1000,
-    loadSeconds: loadMs / 1000,
-    tiers: [...tiers].map(([t, n]) => `${t} ${(n / 64) | 0}`).join(', '),
-  };
-}
-
 async function crossNode() {
   const [cluster, s3] = await Promise.all([
     startRedisCluster(),
@@ -362,8 +278,8 @@ async function crossNode() {
       redisGroups: number;
       s3Groups: number;
     }> = [];
-    const engB = await engineOn(b.listen, 'b');
-    const engC = await engineOn(c.listen, 'c');
+    const engB = await engineOn(dir, b.listen, 'b');
+    const engC = await engineOn(dir, c.listen, 'c');
     for (const [r, groups] of sets.entries()) {
       const keys = groups.flat().map((h) => h.toString('hex'));
       // Who reads a round's objects first alternates: the first read of an object may be colder.
@@ -439,7 +355,7 @@ function median(rows: SaveRow[]): SaveRow {
   return [...rows].sort((x, y) => x.chunksPerS - y.chunksPerS)[rows.length >> 1]!;
 }
 
-const PARTS = (process.env.KVTIER_BENCH_FLEET_PARTS ?? 'events,cross').split(',');
+const PARTS = (process.env.KVTIER_BENCH_FLEET_PARTS ?? 'events,cross,peer').split(',');
 
 try {
   const offs: SaveRow[] = [];
@@ -516,11 +432,17 @@ try {
       ]),
     );
   }
+  let peer: PeerLoadRow[] = [];
+  if (PARTS.includes('peer')) {
+    peer = await peerLoads();
+    printPeerLoads(peer);
+  }
   const file = await writeResults('fleet.json', {
     quick: QUICK,
     loadAverage: loadavg(),
     saveRuns: { off: offs, on: ons },
     crossNode: loads,
+    peer: { rows: peer, cpuSecondsPerRound: lastCpu },
   });
   console.log(`\nwrote ${file}`);
 } finally {

@@ -29,19 +29,24 @@ export interface SidecarProcess {
 }
 
 /**
- * Writes `config` to `configPath` and starts `kvtier serve` on it; resolves once it prints that
- * it serves. Rejects (and kills the child) when it exits first or after `timeoutMs` (120 000, a
+ * Writes `config` to `configPath` and starts `kvtier serve` on it (node run with `nodeFlags`, e.g.
+ * `--cpu-prof`); resolves once it prints that it serves. Rejects (and kills the child) when it exits first or after `timeoutMs` (120 000, a
  * bound on a broken start rather than a slow one: a busy machine takes seconds).
  */
 export async function startSidecarProcess(
   configPath: string,
   config: Record<string, unknown>,
   timeoutMs = 120_000,
+  nodeFlags: readonly string[] = [],
 ): Promise<SidecarProcess> {
   writeFileSync(configPath, JSON.stringify(config, null, 2));
-  const child = spawnGuarded(process.execPath, [BIN, 'serve', '--config', configPath], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawnGuarded(
+    process.execPath,
+    [...nodeFlags, BIN, 'serve', '--config', configPath],
+    {
+      stdio: ['ignore', 'pipe', 'pipe'],
+    },
+  );
   live.add(child);
   let output = '';
   let onServing: (() => void) | undefined;
