@@ -19,7 +19,6 @@
         'src/copy_batch.cc',
         'src/copy_plan.cc',
         'src/crc32c.cc',
-        'src/crc_lane.cc',
         'src/cuda_device.cc',
         'src/errors.cc',
         'src/file_io.cc',

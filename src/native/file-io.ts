@@ -75,8 +75,9 @@ export interface NativeFileIo {
   statFiles(dir: string, names: readonly string[]): Promise<Float64Array>;
   /**
    * Opens `path` and, when its size is exactly `dst.byteLength`, reads all of it into `dst`,
-   * checksumming `dst[crcFrom..]` (CRC-32C) slice by slice as the read goes on (on a second
-   * thread when one is idle). `dst` must not be touched until it settles.
+   * checksumming `dst[crcFrom..]` (CRC-32C) as the read goes on (each 256 KiB slice right after
+   * it is read, by the same thread, while it is in the cache). `dst` must not be touched until it
+   * settles.
    * @throws NativeError with the errno name of a failing open, stat or read (not ENOENT).
    */
   readFileCrc32c(

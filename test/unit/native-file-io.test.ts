@@ -100,7 +100,17 @@ describe('native file functions', { skip }, () => {
   it('writeFileAtomic writes an object whose checksums it filled in, creating directories', async () => {
     const dir = await tempDir();
     const ns = randomBytes(16).toString('hex');
-    for (const payloadBytes of [1, 300 * KiB, 2 * 1024 * KiB + 17]) {
+    // Payloads are written in pieces that end on 2 MiB file offsets (the first one 128 bytes
+    // short of 2 MiB, after the header): sizes on, around and past those ends.
+    const piece = 2 * 1024 * KiB;
+    for (const payloadBytes of [
+      1,
+      300 * KiB,
+      piece - CHUNK_HEADER_BYTES,
+      piece - CHUNK_HEADER_BYTES + 1,
+      piece + 17,
+      2 * piece + 5,
+    ]) {
       const hash = chunkHashFromBytes(randomBytes(32));
       const chunk = { tokens: 99, data: randomBytes(payloadBytes) };
       const header = encodeChunkHeaderTemplate(ns, hash, chunk);
