@@ -465,6 +465,26 @@ describe('peers with CurveZMQ', { timeout: 300_000 }, () => {
       'KVT_FORBIDDEN',
       'a peer key reads chunks only through the peer messages',
     );
+    // A PEER_PUT whose payload does not match its checksum stores nothing.
+    const [bad] = randomHashes(1);
+    const payload = chunkBytes(bad!, CHUNK);
+    const putBad = {
+      type: 'peer-put' as const,
+      requestId: 0,
+      namespace: ns,
+      hash: bad!,
+      tokens: CHUNK_TOKENS,
+      crc32c: (crc32c(payload) + 1) >>> 0,
+      payload,
+    };
+    assert.equal(await ask('q', putBad), 'KVT_CORRUPT');
+    assert.equal((await lookup(p, ns, [bad!], false)).hitTokens, 0, 'not stored');
+    assert.equal(
+      await ask('q', { ...putBad, crc32c: crc32c(payload) }),
+      'peer-put-result',
+      'with its checksum it is',
+    );
+    assert.equal((await lookup(p, ns, [bad!], false)).hitTokens, CHUNK_TOKENS);
     const audit = p.proc.output.split('\n').filter((l) => l.includes('request refused'));
     assert.ok(
       audit.some((l) => l.includes('"client":"engine"')),

@@ -30,8 +30,9 @@ export interface SidecarProcess {
 
 /**
  * Writes `config` to `configPath` and starts `kvtier serve` on it (node run with `nodeFlags`, e.g.
- * `--cpu-prof`); resolves once it prints that it serves. Rejects (and kills the child) when it exits first or after `timeoutMs` (120 000, a
- * bound on a broken start rather than a slow one: a busy machine takes seconds).
+ * `--cpu-prof`); resolves once it prints that it serves. Rejects (and kills the child) when it
+ * exits first or after `timeoutMs` (120 000, a bound on a broken start rather than a slow one: a
+ * busy machine takes seconds).
  */
 export async function startSidecarProcess(
   configPath: string,
