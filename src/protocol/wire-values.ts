@@ -48,6 +48,21 @@ export function readU32s(
   const out = new Uint32Array(n);
   const buf = r.buf;
   let off = r.off;
+  if (LE && n >= 64) {
+    // One copy of the little-endian words, then the range check over the typed array (for
+    // short lists the views cost more than reading word by word).
+    new Uint8Array(out.buffer, out.byteOffset, n * 4).set(buf.subarray(off, off + n * 4));
+    r.off = off + n * 4;
+    if (range !== undefined) {
+      const [lo, hi] = range;
+      for (let i = 0; i < n; i++) {
+        const v = out[i]!;
+        if (v < lo || v > hi)
+          throw invalid(`${label} of element ${i} is ${v}, allowed ${lo}..${hi}`);
+      }
+    }
+    return out;
+  }
   for (let i = 0; i < n; i++, off += 4) {
     const v = buf.readUInt32LE(off);
     if (range !== undefined && (v < range[0] || v > range[1]))

@@ -389,6 +389,19 @@ describe('decoder validation', () => {
     throwsCode(() => decodeRequest(putFrame(0, 4)), 'KVT_INVALID_ARGUMENT');
     throwsCode(() => decodeRequest(putFrame(max + 1, 4)), 'KVT_INVALID_ARGUMENT');
     assert.equal(decodeRequest(putFrame(max, 4)).type, 'put');
+    // Long lists too (read in one copy, then checked), naming the element out of range.
+    const long = Array.from({ length: 100 }, (_, i) => 1 + i);
+    assert.deepEqual(
+      (decodeRequest(lookupFrame({ counts: long })) as LookupRequest).tokenCounts,
+      Uint32Array.from(long),
+    );
+    long[70] = 0;
+    assert.throws(() => decodeRequest(lookupFrame({ counts: long })), {
+      code: 'KVT_INVALID_ARGUMENT',
+      message: /token count of element 70 is 0, allowed 1\.\./,
+    });
+    long[70] = max + 1;
+    throwsCode(() => decodeRequest(lookupFrame({ counts: long })), 'KVT_INVALID_ARGUMENT');
   });
 
   it('enforces the payload limit and refuses an empty payload', () => {
