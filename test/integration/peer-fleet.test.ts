@@ -34,7 +34,7 @@ import { type SidecarProcess, startSidecarProcess } from '../support/sidecar-pro
 
 const dir = mkdtempSync(join(tmpdir(), 'kvtier-peers-'));
 /** Far below the clients' lookup deadline (LOOKUP_DEADLINE_MS): a silent peer is a miss by then. */
-const PEER_TIMEOUT_MS = 1000;
+const PEER_TIMEOUT_MS = 3000;
 /** The clients' lookup deadline: an answer of status `timeout` would mean a hang. */
 const LOOKUP_DEADLINE_MS = 30_000;
 const CHUNK = 64 * 1024;
