@@ -42,16 +42,31 @@ export class BufferPool {
   }
 
   /**
-   * Returns a buffer for reuse (dropped when the pool is full). It must be one {@link acquire}
-   * returned (a whole allocation of its own, never a view into a shared one), released once.
+   * Returns a buffer for reuse. It must be one {@link acquire} returned (a whole allocation of its
+   * own, never a view into a shared one), released once. When the byte bound is reached, idle
+   * buffers of the other sizes released least recently are dropped to make room (a workload that
+   * moved to another chunk size is not held back by buffers of the old one); the buffer itself is
+   * dropped when its size already has `maxPerSize` idle buffers or it is larger than the bound.
    */
   release(buf: Buffer): void {
-    const list = this.#free.get(buf.byteLength) ?? [];
-    if (list.length >= this.#maxPerSize || this.#pooledBytes + buf.byteLength > this.#maxBytes)
-      return;
+    const size = buf.byteLength;
+    const list = this.#free.get(size) ?? [];
+    if (list.length >= this.#maxPerSize || size > this.#maxBytes) return;
+    for (const [other, idle] of this.#free) {
+      if (this.#pooledBytes + size <= this.#maxBytes) break;
+      if (other === size) continue;
+      while (idle.length > 0 && this.#pooledBytes + size > this.#maxBytes) {
+        idle.pop();
+        this.#pooledBytes -= other;
+      }
+      if (idle.length === 0) this.#free.delete(other);
+    }
+    if (this.#pooledBytes + size > this.#maxBytes) return;
+    // Map order is release order: this size is now the most recent.
+    this.#free.delete(size);
+    this.#free.set(size, list);
     list.push(buf);
-    this.#free.set(buf.byteLength, list);
-    this.#pooledBytes += buf.byteLength;
+    this.#pooledBytes += size;
   }
 
   /** Drops every idle buffer. */
