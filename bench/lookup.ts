@@ -5,7 +5,7 @@
  * Prints a table and writes bench/results/lookup.json.
  */
 import { randomBytes } from 'node:crypto';
-import { cpus } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import * as zmq from 'zeromq';
 import { LookupClient } from '../src/lookup-client/lookup-client.ts';
 import { encodeRequest } from '../src/protocol/codec.ts';
@@ -170,8 +170,19 @@ async function main(): Promise<void> {
     await stopChild(echo.child);
   }
 
-  const sidecarLoopStallMs = Math.max(0, ...stalls.collect().map((s) => s.maxMs));
+  const watched = stalls.collect();
+  const sidecarLoopStallMs = Math.max(0, ...watched.map((s) => s.maxMs));
+  // The part of a stall the sidecar caused itself (its main thread on a CPU the whole time), and
+  // how long it waited for a core in all: on a busy machine most of a long stall is waiting.
+  const onCpu = watched.map((s) => s.maxOnCpuMs).filter((v) => v !== null);
+  const waits = watched.map((s) => s.runqueueWaitMs).filter((v) => v !== null);
+  const sidecarLoopStallOnCpuMs = onCpu.length > 0 ? Math.max(...onCpu) : null;
+  const sidecarRunqueueWaitMs = waits.length > 0 ? waits.reduce((a, b) => a + b, 0) : null;
   console.log(`\nSidecar event-loop stall (max over the run): ${sidecarLoopStallMs.toFixed(2)} ms`);
+  if (sidecarLoopStallOnCpuMs !== null)
+    console.log(
+      `  longest on a CPU (its own work or a synchronous collection): ${sidecarLoopStallOnCpuMs.toFixed(2)} ms; waited for a core: ${(sidecarRunqueueWaitMs! / 1000).toFixed(2)} s in all (load average ${loadavg()[0]!.toFixed(2)})`,
+    );
   const rtt = results.filter((r) => r.kind === 'rtt');
   const tp = results.filter((r) => r.kind === 'throughput');
   const f = (x: unknown, d = 0) => (x as number).toFixed(d);
@@ -215,7 +226,10 @@ async function main(): Promise<void> {
     machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version },
     quick: QUICK,
     samples: { rtt: RTT_SAMPLES, throughput: THROUGHPUT_LOOKUPS },
+    loadAverage: loadavg()[0],
     sidecarLoopStallMs,
+    sidecarLoopStallOnCpuMs,
+    sidecarRunqueueWaitMs,
     results,
   };
   await writeResults('lookup.json', out);
