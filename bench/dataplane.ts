@@ -24,7 +24,7 @@
 import { spawn } from 'node:child_process';
 import { randomBytes, randomFillSync } from 'node:crypto';
 import { open, rm } from 'node:fs/promises';
-import { cpus } from 'node:os';
+import { cpus, loadavg } from 'node:os';
 import { createInterface } from 'node:readline';
 import type { BackendStats } from '../src/backends/core/types.ts';
 import { LocalCpuBackend } from '../src/backends/local-cpu/local-cpu-backend.ts';
@@ -45,6 +45,11 @@ import { percentile, printTable, writeResults } from './support/child.ts';
 import { type StallMeter, stallMeter } from './support/loop-stall.ts';
 
 const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
+
+/** The larger of two figures a meter may not have (null). */
+function maxOrNull(a: number | null, b: number | null): number | null {
+  return a === null ? b : b === null ? a : Math.max(a, b);
+}
 const MiB = 1024 * 1024;
 const LAYERS = 32;
 const BLOCK_TOKENS = 16;
@@ -446,9 +451,13 @@ async function main(): Promise<void> {
         loopStallMs: Math.max(stalls[0].maxMs(), stalls[1].maxMs()),
         loopStallFirstRoundMs: stalls[0].maxMs(),
         loopStallLaterRoundsMs: REPEAT > 1 ? stalls[1].maxMs() : null,
+        // The longest stretch the main thread spent on a CPU between two ticks (loop-stall.ts):
+        // the part of a stall the process caused itself; null off Linux.
+        loopStallOnCpuMs: maxOrNull(stalls[0].maxOnCpuMs(), stalls[1].maxOnCpuMs()),
         prefault: PREFAULT,
         prefaultMs,
         loopStallPrefaultMs: prefaultMs === null ? null : prefaultStall.maxMs(),
+        loopStallPrefaultOnCpuMs: prefaultMs === null ? null : prefaultStall.maxOnCpuMs(),
       });
     }
     console.log(
@@ -459,7 +468,7 @@ async function main(): Promise<void> {
         .map((l) =>
           l.prefaultMs === null
             ? ''
-            : `; ${String(l.path).split(' ')[0]}: ${((l.prefaultMs as number) / 1000).toFixed(2)} s to pre-fault, loop stall ${(l.loopStallPrefaultMs as number).toFixed(2)} ms meanwhile`,
+            : `; ${String(l.path).split(' ')[0]}: ${((l.prefaultMs as number) / 1000).toFixed(2)} s to pre-fault, loop stall ${(l.loopStallPrefaultMs as number).toFixed(2)} ms meanwhile${l.loopStallPrefaultOnCpuMs === null ? '' : ` (${(l.loopStallPrefaultOnCpuMs as number).toFixed(2)} ms of it on a CPU)`}`,
         )
         .join('')}`,
     );
@@ -476,7 +485,16 @@ async function main(): Promise<void> {
     );
     console.log('\nLookup round trips during the loads (target p99 < 5 ms):');
     printTable(
-      ['path', 'samples', 'p50 µs', 'p99 µs', 'loop stall ms', 'first round', 'later rounds'],
+      [
+        'path',
+        'samples',
+        'p50 µs',
+        'p99 µs',
+        'loop stall ms',
+        'first round',
+        'later rounds',
+        'on a CPU ms',
+      ],
       lookups.map((l) => [
         String(l.path),
         String(l.samples),
@@ -485,11 +503,13 @@ async function main(): Promise<void> {
         (l.loopStallMs as number).toFixed(2),
         (l.loopStallFirstRoundMs as number).toFixed(2),
         l.loopStallLaterRoundsMs === null ? '—' : (l.loopStallLaterRoundsMs as number).toFixed(2),
+        l.loopStallOnCpuMs === null ? '—' : (l.loopStallOnCpuMs as number).toFixed(2),
       ]),
     );
     const file = await writeResults('dataplane.json', {
       bench: 'dataplane',
       date: new Date().toISOString(),
+      loadAverage: loadavg()[0],
       machine: { cpus: cpus().length, model: cpus()[0]?.model, node: process.version },
       quick: QUICK,
       copyEngine: engineName,
