@@ -233,6 +233,23 @@ class InstrumentedHostTier extends InstrumentedBackend<HostMemoryTier> implement
               return found;
             },
             unpin: (ns, packed, from, count) => p.unpin(ns, packed, from, count),
+            ...(p.containsPinned !== undefined && p.unpinHandles !== undefined
+              ? {
+                  containsPinned: (ns, packed, from, count, handles) => {
+                    const start = this.now();
+                    let found: number;
+                    try {
+                      found = p.containsPinned!(ns, packed, from, count, handles);
+                    } catch (err) {
+                      this.failed('contains', start, err);
+                      throw err;
+                    }
+                    this.containsDone(start, found, count);
+                    return found;
+                  },
+                  unpinHandles: (handles, from, count) => p.unpinHandles!(handles, from, count),
+                }
+              : {}),
           };
   }
 

@@ -430,16 +430,32 @@ export class LookupWalk {
     const packed = hashes.packed;
     for (const ns of input.namespaces) {
       let k = 0;
+      // The pinned chunks' handles, when the index gives them: their pins are then released
+      // without finding each hash again.
+      const handles: unknown[] | undefined = index.containsPinned === undefined ? undefined : [];
       if (n > 0) {
         try {
-          k = index.contains(ns, packed, 0, n, true);
+          k =
+            handles === undefined
+              ? index.contains(ns, packed, 0, n, true)
+              : index.containsPinned!(ns, packed, 0, n, handles);
         } catch {
           ledger.releaseAll();
           return undefined;
         }
       }
       k = Math.max(0, Math.min(k, n));
-      if (k > 0) ledger.addPacked(this.#host, index, ns, 0, hashes, 0, k);
+      if (k > 0)
+        ledger.addPacked(
+          this.#host,
+          index,
+          ns,
+          0,
+          hashes,
+          0,
+          k,
+          handles?.length === k ? handles : undefined,
+        );
       hits.push(k);
       if (k < n && askLower) complete = false;
       ready = Math.min(ready, k);

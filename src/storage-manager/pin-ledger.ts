@@ -18,6 +18,12 @@ interface PinRun {
   hashes: readonly ChunkHash[] | undefined;
   packed: LookupHashes | undefined;
   index: PackedHostIndex | undefined;
+  /**
+   * With `packed`: the index's handles of the pinned chunks when it gave them, handle `i` for
+   * hash `handlesFrom + i`; released by handle where the index can, else by hash.
+   */
+  handles: unknown[] | undefined;
+  handlesFrom: number;
   from: number;
   count: number;
 }
@@ -51,6 +57,8 @@ export class PinLedger {
         hashes,
         packed: undefined,
         index: undefined,
+        handles: undefined,
+        handlesFrom: 0,
         from,
         count,
       });
@@ -58,7 +66,8 @@ export class PinLedger {
 
   /**
    * Records pins taken through `index` (the packed index of `tier`) for chunks
-   * `start .. start + count`, whose hashes are hashes `from .. from + count` of `packed`.
+   * `start .. start + count`, whose hashes are hashes `from .. from + count` of `packed`; with
+   * `handles` (from `index.containsPinned`), handle `i` is hash `from + i`'s.
    */
   addPacked(
     tier: StorageBackend,
@@ -68,9 +77,21 @@ export class PinLedger {
     packed: LookupHashes,
     from: number,
     count: number,
+    handles?: unknown[],
   ): void {
     if (count > 0)
-      this.#runs.push({ tier, ns, start, hashes: undefined, packed, index, from, count });
+      this.#runs.push({
+        tier,
+        ns,
+        start,
+        hashes: undefined,
+        packed,
+        index,
+        handles,
+        handlesFrom: from,
+        from,
+        count,
+      });
   }
 
   /** Number of pinned chunks recorded. */
@@ -87,7 +108,11 @@ export class PinLedger {
     for (let i = 0; i < runs.length; i++) {
       const r = runs[i]!;
       const keep = Math.max(0, Math.min(r.count, end - r.start));
-      if (keep < r.count) safeUnpin(r, r.from + keep, r.count - keep);
+      if (keep < r.count) {
+        safeUnpin(r, r.from + keep, r.count - keep);
+        // The released chunks' handles are not kept alive by the lookup.
+        if (r.handles !== undefined) r.handles.length = r.from - r.handlesFrom + keep;
+      }
       r.count = keep;
       if (keep > 0) runs[kept++] = r;
     }
@@ -131,8 +156,13 @@ function hexOf(r: PinRun, from: number, count: number): readonly ChunkHash[] {
 
 function safeUnpin(r: PinRun, from: number, count: number): void {
   try {
-    if (r.index !== undefined) r.index.unpin(r.ns, r.packed!.view(from, count), 0, count);
-    else r.tier.unpin(r.ns, hexOf(r, from, count));
+    const index = r.index;
+    if (index === undefined) r.tier.unpin(r.ns, hexOf(r, from, count));
+    else if (
+      r.handles === undefined ||
+      index.unpinHandles?.(r.handles, from - r.handlesFrom, count) !== true
+    )
+      index.unpin(r.ns, r.packed!.view(from, count), 0, count);
   } catch {
     // A closed tier holds nothing that still needs unpinning.
   }

@@ -69,4 +69,33 @@ describe('LocalCpuBackend.packedIndex', () => {
     assert.ok(b.stats().bytesUsed < used, 'the orphan is freed on its unpin');
     await b.close();
   });
+
+  test('pins taken with handles are released by handle, and by hash while an orphan exists', async () => {
+    const b = cpu();
+    const idx = b.packedIndex;
+    const packed = randomBytes(32 * 3);
+    const hashes = chunkHashesFromPacked(packed) as ChunkHash[];
+    for (const h of hashes.slice(0, 2)) await b.put(NS, h, { tokens: 1, data: Buffer.alloc(10) });
+    const handles: unknown[] = [];
+    assert.equal(idx.containsPinned!(NS, packed, 0, 3, handles), 2);
+    assert.equal(handles.length, 2, 'one handle per pinned chunk');
+    assert.equal(b.stats().pinnedChunks, 2);
+    assert.equal(idx.unpinHandles!(handles, 1, 1), true);
+    assert.equal(b.stats().pinnedChunks, 1);
+    assert.equal(idx.unpinHandles!(handles, 0, 1), true);
+    assert.equal(b.stats().pinnedChunks, 0);
+    assert.equal(idx.unpinHandles!(handles, 0, 2), true, 'unpinned handles are ignored');
+    assert.equal(b.stats().pinnedChunks, 0);
+
+    // A chunk removed while pinned (an orphan): handles cannot tell, the hashes are released.
+    const again: unknown[] = [];
+    assert.equal(idx.containsPinned!(NS, packed, 0, 2, again), 2);
+    assert.equal(await b.remove(NS, [hashes[0]!]), 1);
+    assert.equal(idx.unpinHandles!(again, 0, 2), false, 'nothing released while an orphan exists');
+    assert.equal(b.stats().pinnedChunks, 2);
+    idx.unpin(NS, packed, 0, 2);
+    assert.equal(b.stats().pinnedChunks, 0, 'the orphan and the live chunk released by hash');
+    await b.close();
+    assert.throws(() => idx.unpinHandles!(again, 0, 2), { code: 'KVT_CLOSED' });
+  });
 });

@@ -135,10 +135,15 @@ describe('StorageManager.lookup answered at once', () => {
     const { cpu, sm } = await setup(hs.slice(0, 1), { lower: [lower] });
     const index = cpu.packedIndex!;
     const contains = index.contains.bind(index);
+    const containsPinned = index.containsPinned!.bind(index);
     let asked = 0;
     index.contains = (...args: Parameters<typeof contains>) => {
       asked++;
       return contains(...args);
+    };
+    index.containsPinned = (...args: Parameters<typeof containsPinned>) => {
+      asked++;
+      return containsPinned(...args);
     };
     const pending = sm.lookup(input('x', hs));
     assert.ok(pending instanceof Promise, 'a lower tier is asked');

@@ -307,6 +307,27 @@ export interface PackedHostIndex {
   contains(ns: NamespaceId, packed: Uint8Array, from: number, count: number, pin: boolean): number;
   /** Releases one pin on each hash, as `unpin`. @throws KvtierError `KVT_CLOSED` after close. */
   unpin(ns: NamespaceId, packed: Uint8Array, from: number, count: number): void;
+  /**
+   * Optional: `contains` with `pin` that also appends a handle of each chunk it pins to
+   * `handles`, in order, so that the pins can be released by handle (`unpinHandles`) instead
+   * of finding every hash again. Handles are opaque and only valid for `unpinHandles` of the
+   * same index while their pins are held.
+   * @throws KvtierError `KVT_CLOSED` after close.
+   */
+  containsPinned?(
+    ns: NamespaceId,
+    packed: Uint8Array,
+    from: number,
+    count: number,
+    handles: unknown[],
+  ): number;
+  /**
+   * Releases one pin on each of `handles[from, from + count)` (from `containsPinned`), as
+   * `unpin` would for their hashes; returns false, releasing nothing, when it cannot (the caller
+   * then releases them by hash).
+   * @throws KvtierError `KVT_CLOSED` after close.
+   */
+  unpinHandles?(handles: readonly unknown[], from: number, count: number): boolean;
 }
 
 /** What a factory gets besides its own options (the part every backend constructor needs). */

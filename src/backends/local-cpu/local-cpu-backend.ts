@@ -70,6 +70,9 @@ export class LocalCpuBackend implements HostMemoryTier {
   readonly packedIndex: PackedHostIndex = {
     contains: (ns, packed, from, count, pin) => this.#containsPacked(ns, packed, from, count, pin),
     unpin: (ns, packed, from, count) => this.#unpinPacked(ns, packed, from, count),
+    containsPinned: (ns, packed, from, count, handles) =>
+      this.#containsPacked(ns, packed, from, count, true, handles as Entry[]),
+    unpinHandles: (handles, from, count) => this.#unpinEntries(handles as Entry[], from, count),
   };
   /**
    * Recency of unpinned live entries only, so eviction is a plain pop. Intrusive (links in the
@@ -134,6 +137,7 @@ export class LocalCpuBackend implements HostMemoryTier {
     from: number,
     count: number,
     pin: boolean,
+    pinned?: Entry[],
   ): number {
     this.#open(undefined, 'contains');
     const dv = packedView(packed, from, count);
@@ -142,10 +146,33 @@ export class LocalCpuBackend implements HostMemoryTier {
     for (; k < count; k++) {
       const e = index.find(ns, dv, k * 32);
       if (e === undefined) break;
-      if (pin) this.#pinEntry(e);
-      else this.#touch(e);
+      if (pin) {
+        this.#pinEntry(e);
+        pinned?.push(e);
+      } else this.#touch(e);
     }
     return k;
+  }
+
+  /**
+   * Releases a pin on each of `entries[from, from + count)`. A pinned entry stays indexed until
+   * its last pin goes unless it was removed meanwhile, which leaves an orphan: with none about,
+   * every entry pinned is still the live one of its key and is released directly; else false
+   * (the caller releases by hash, where orphans are charged first).
+   */
+  #unpinEntries(entries: readonly Entry[], from: number, count: number): boolean {
+    this.#open(undefined, 'unpin');
+    if (this.#orphanChunks > 0) return false;
+    for (let i = from; i < from + count; i++) {
+      const e = entries[i]!;
+      if (e.pins === 0) continue;
+      e.pins--;
+      if (e.pins === 0) {
+        this.#pinnedLive--;
+        this.#lruAdd(e);
+      }
+    }
+    return true;
   }
 
   #unpinPacked(ns: NamespaceId, packed: Uint8Array, from: number, count: number): void {
