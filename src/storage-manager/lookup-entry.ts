@@ -77,6 +77,11 @@ export class AnsweredLookup implements PinnedLookup {
   get hashes(): readonly ChunkHash[] {
     return this.#hashes.hexSlice(0, Math.min(this.hitChunks, this.#hashes.length));
   }
+
+  /** Gives the room of its kept hashes back (once released; they stay readable). Idempotent. */
+  freeHashes(): void {
+    this.#hashes.free();
+  }
 }
 
 /** The public part of an answered lookup (a copy: the pinned lookup stays internal). */

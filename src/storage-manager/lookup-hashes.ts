@@ -5,23 +5,42 @@ import {
   chunkHashesFromPacked,
   chunkHashFromBytes,
 } from '../hashing/chunk-hash.ts';
+import { HashSlabs, type SlabCopy } from './hash-slabs.ts';
 
-/** Where {@link LookupHashes.view} copies compacted hashes: one per process, reused by every call. */
+/** The slabs large answered lookups keep their hashes in (one set per process). */
+const SLABS = new HashSlabs();
+
+/**
+ * Kept hashes of at least this many bytes go into a slab, smaller ones into a byte string: a
+ * slab copy saves the collector copying the bytes (a clear gain from 512 chunks on), but costs
+ * more than a small string (measured: 16 and 128 chunks were slower in slabs).
+ */
+export const SLAB_MIN_BYTES = 8 * 1024;
+
+/** Where {@link LookupHashes.view} copies hashes kept as a string: one buffer, reused. */
 let scratch = Buffer.allocUnsafe(0);
 
 /**
  * A lookup's chunk hashes, packed (32 bytes each, as on the wire); hex strings are made only
  * where a tier needs them. The bytes are borrowed while the lookup runs: they must not change.
  * An answered lookup that stays (holding pins until a LOAD, CANCEL or eviction) is
- * {@link LookupHashes.compact}ed: its hashes then live in one byte string on the JS heap, with
- * nothing for the collector to trace, instead of a string per chunk (which filled the old
- * generation) or the request's buffer (memory outside the heap that, kept past a scavenge, is
- * only given back by a full collection, and so forced one every few thousand lookups).
+ * {@link LookupHashes.compact}ed: its hashes are copied into one byte string on the JS heap or,
+ * from {@link SLAB_MIN_BYTES} on, into a shared slab outside it (hash-slabs.ts), which
+ * {@link LookupHashes.free} gives back when the lookup is released. Not a string per chunk
+ * (which filled the old generation), not the request's buffer (memory outside the heap that,
+ * kept past a scavenge, is only given back by a full collection, and so forced one every few
+ * thousand lookups), not a large byte string (copied by the collector from the young
+ * generation to the old).
  */
 export class LookupHashes {
+  /** The borrowed bytes until compacted. */
   #packed: Uint8Array | undefined;
-  /** The hashes' bytes as a one-byte string once compacted. */
+  /** The copy once compacted into a slab. */
+  #copy: SlabCopy | undefined;
+  /** The hashes' bytes as a one-byte string once compacted into one. */
   #latin1: string | undefined;
+  /** Set by {@link free}: a later compaction makes a string, not a slab copy. */
+  #freed = false;
   #length: number;
   /** The hex form when the caller gave it (never made here for the whole list). */
   #hex: readonly ChunkHash[] | undefined;
@@ -63,52 +82,59 @@ export class LookupHashes {
     return this.#length;
   }
 
-  /** The packed bytes (a fresh copy once compacted: read it, do not keep it). */
+  /** The packed bytes (a copy once compacted into a string: read it, do not keep it). */
   get packed(): Uint8Array {
-    return this.#packed ?? Buffer.from(this.#latin1!, 'latin1');
+    return this.#packed ?? this.#copy?.view ?? Buffer.from(this.#latin1!, 'latin1');
   }
 
   /**
-   * Hashes `[from, from + count)` as bytes, for reading at once: a view of the borrowed bytes,
-   * or once compacted a copy in a buffer that the next `view` of any lookup overwrites.
+   * Hashes `[from, from + count)` as bytes, for reading at once: a view, or for hashes kept as a
+   * string a copy in a buffer that the next `view` of any lookup overwrites.
    */
   view(from: number, count: number): Uint8Array {
-    const p = this.#packed;
-    if (p !== undefined)
-      return p.subarray(from * CHUNK_HASH_BYTES, (from + count) * CHUNK_HASH_BYTES);
-    const bytes = count * CHUNK_HASH_BYTES;
-    if (scratch.length < bytes)
-      scratch = Buffer.allocUnsafe(Math.max(bytes, 2 * scratch.length, 4096));
+    const bytes = this.#packed ?? this.#copy?.view;
+    if (bytes !== undefined)
+      return bytes.subarray(from * CHUNK_HASH_BYTES, (from + count) * CHUNK_HASH_BYTES);
+    const n = count * CHUNK_HASH_BYTES;
+    if (scratch.length < n) scratch = Buffer.allocUnsafe(Math.max(n, 2 * scratch.length, 4096));
     const start = from * CHUNK_HASH_BYTES;
-    scratch.write(this.#latin1!.slice(start, start + bytes), 0, bytes, 'latin1');
-    return scratch.subarray(0, bytes);
+    scratch.write(this.#latin1!.slice(start, start + n), 0, n, 'latin1');
+    return scratch.subarray(0, n);
   }
 
   /**
-   * Keeps only the first `n` hashes, copied into a one-byte string: the borrowed bytes are no
-   * longer referenced. Later reads of `packed` copy them back out.
+   * Keeps only the first `n` hashes, copied into a string or a slab: the borrowed bytes are no
+   * longer referenced. Call {@link free} when the lookup is released.
    */
   compact(n: number): void {
     const keep = Math.max(0, Math.min(n, this.#length));
+    const bytes = keep * CHUNK_HASH_BYTES;
     const p = this.#packed;
-    if (p !== undefined) {
-      const b = Buffer.isBuffer(p) ? p : Buffer.from(p.buffer, p.byteOffset, p.byteLength);
-      this.#latin1 = b.toString('latin1', 0, keep * CHUNK_HASH_BYTES);
+    if (p === undefined) {
+      if (this.#copy !== undefined) SLABS.shrink(this.#copy, bytes);
+      else this.#latin1 = this.#latin1!.slice(0, bytes);
+    } else {
+      if (bytes < SLAB_MIN_BYTES || this.#freed) {
+        const b = Buffer.isBuffer(p) ? p : Buffer.from(p.buffer, p.byteOffset, p.byteLength);
+        this.#latin1 = b.toString('latin1', 0, bytes);
+      } else this.#copy = SLABS.copy(p.subarray(0, bytes));
       this.#packed = undefined;
-    } else this.#latin1 = this.#latin1!.slice(0, keep * CHUNK_HASH_BYTES);
+    }
     this.#length = keep;
     this.#hex = this.#hex?.slice(0, keep);
+  }
+
+  /** Gives a compacted copy's room back (idempotent); the hashes stay readable. */
+  free(): void {
+    this.#freed = true;
+    if (this.#copy !== undefined) SLABS.free(this.#copy);
   }
 
   /** Hashes `[from, to)` as hex. */
   hexSlice(from = 0, to = this.#length): ChunkHash[] {
     if (this.#hex !== undefined) return this.#hex.slice(from, to);
     if (from >= to) return [];
-    const bytes =
-      this.#packed ??
-      Buffer.from(this.#latin1!.slice(from * CHUNK_HASH_BYTES, to * CHUNK_HASH_BYTES), 'latin1');
-    const base = this.#packed === undefined ? 0 : from * CHUNK_HASH_BYTES;
-    return chunkHashesFromPacked(bytes.subarray(base, base + (to - from) * CHUNK_HASH_BYTES));
+    return chunkHashesFromPacked(this.view(from, to - from));
   }
 
   /** Hash `i` as hex. */

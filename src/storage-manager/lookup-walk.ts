@@ -468,6 +468,7 @@ export class LookupWalk {
     this.#answered.delete(p);
     p.ledger.releaseAll();
     p.memory.release();
+    if (p instanceof AnsweredLookup) p.freeHashes();
   }
 
   /**
