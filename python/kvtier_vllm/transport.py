@@ -364,7 +364,10 @@ class ClientTransport:
         if first is not None:
             self._take(first, sock)
             n = 1
-        if sock.get(_EVENTS) & _POLLIN:
+        # With nothing left in flight, a frame still queued could only be a late or unmatched
+        # reply: it is taken in by the next drain, so the option read (a system call) is saved
+        # on the one-request-at-a-time path.
+        if (first is None or self._pending) and sock.get(_EVENTS) & _POLLIN:
             while True:
                 try:
                     frame = sock.recv(_NOBLOCK)
