@@ -3,8 +3,8 @@
  * memcpy for LocalCPU, raw file write/read for LocalDisk and FS, raw ioredis SET/GET for Redis,
  * raw SDK PutObject/GetObject for S3 — same sizes, same access pattern.
  *   npm run bench:tiers          (KVTIER_BENCH_QUICK=1 for a short run; KVTIER_BENCH_TIERS=a,b for
- *   some tiers only, KVTIER_BENCH_TIERS_REPEAT=n runs per measurement, the best kept,
- *   KVTIER_BENCH_TIERS_MIB=n MiB moved per measurement)
+ *   some tiers only, KVTIER_BENCH_TIERS_REPEAT=n runs per measurement, raw and kvtier
+ *   alternating, the best of each kept, KVTIER_BENCH_TIERS_MIB=n MiB moved per measurement)
  * Prints a table and writes bench/results/tiers.json.
  */
 import { randomBytes } from 'node:crypto';
@@ -28,7 +28,7 @@ const SIZES = [2 * MiB, 32 * MiB];
 const VOLUME = Number(process.env.KVTIER_BENCH_TIERS_MIB ?? (QUICK ? 128 : 512)) * MiB;
 /** Gets are issued in batches of this many chunks, raw reads in parallel groups of the same size. */
 const GET_BATCH = 4;
-/** Each measurement is repeated and the best run kept. */
+/** Each measurement is repeated, raw and kvtier runs alternating, and the best run of each kept. */
 const REPEAT = Number(process.env.KVTIER_BENCH_TIERS_REPEAT ?? (QUICK ? 2 : 3));
 const NS = 'be4c4be4c4be4c4be4c4be4c4be4c4b0';
 
@@ -70,11 +70,28 @@ function hashOf(size: number, i: number): ChunkHash {
   return chunkHash(`${size.toString(16).padStart(16, '0')}${i.toString(16).padStart(48, '0')}`);
 }
 
-/** Best of REPEAT runs (ms): the least disturbed run on a shared machine. `run` returns its own time. */
-async function best(run: () => Promise<number>): Promise<number> {
-  let min = Number.POSITIVE_INFINITY;
-  for (let r = 0; r < REPEAT; r++) min = Math.min(min, await run());
-  return min;
+/**
+ * Best of REPEAT runs (ms) of each of two sides, the runs alternating in the order a b, b a, a b,
+ * ...: the least disturbed run of each on a shared machine, a busy stretch of it lands on both
+ * sides rather than on whichever ran then, and neither side always runs right after the other.
+ * Each `run` returns its own time.
+ */
+async function bestOfEach(
+  a: () => Promise<number>,
+  b: () => Promise<number>,
+): Promise<[number, number]> {
+  let minA = Number.POSITIVE_INFINITY;
+  let minB = Number.POSITIVE_INFINITY;
+  for (let r = 0; r < REPEAT; r++) {
+    if (r % 2 === 0) {
+      minA = Math.min(minA, await a());
+      minB = Math.min(minB, await b());
+    } else {
+      minB = Math.min(minB, await b());
+      minA = Math.min(minA, await a());
+    }
+  }
+  return [minA, minB];
 }
 
 async function measure(
@@ -90,6 +107,38 @@ async function measure(
   sink.fill(0);
   let round = 0;
   const hashesOf = (r: number) => payloads.map((_, i) => hashOf(size, r * 1_000_000 + i));
+  const rawGets = async () => {
+    let rawBytes = 0;
+    for (let i = 0; i < n; i += GET_BATCH) {
+      const group = [];
+      for (let j = i; j < Math.min(n, i + GET_BATCH); j++) group.push(raw.get(j, sink));
+      for (const b of await Promise.all(group)) rawBytes += b;
+    }
+    if (rawBytes !== n * size) throw new Error(`${tier}: raw byte count mismatch`);
+  };
+  const tierGets = async (keys: readonly ChunkHash[]) => {
+    let bytes = 0;
+    for (let i = 0; i < n; i += GET_BATCH) {
+      const batch = keys.slice(i, i + GET_BATCH);
+      const t0 = performance.now();
+      const pending = backend.batchedGet(NS, batch);
+      syncMs = Math.max(syncMs, performance.now() - t0);
+      const got = await pending;
+      for (const h of batch) {
+        const c = got.get(h);
+        if (c == null) throw new Error(`${tier}: chunk ${h} missing on get`);
+        // A host-memory tier hands out views; a load copies them out, so the copy is measured.
+        if (copyOut) sink.set(c.data);
+        bytes += c.data.length;
+        // Done with it: a tier that reads into pooled buffers may reuse this one.
+        c.release?.();
+      }
+    }
+    if (bytes !== n * size) throw new Error(`${tier}: byte count mismatch`);
+  };
+  // The loop monitor sees nothing while calls never yield (a host-memory tier's synchronous
+  // copies), so the longest synchronous part of one call counts as a stall too.
+  let syncMs = 0;
   // Warm-up: one full pass each way, so first-touch page faults and connection set-up are not
   // measured on either side. Every timed put pass then writes new keys (new files) and deletes
   // the previous pass's, untimed, right before it starts: the raw side its warm-up or previous
@@ -106,69 +155,41 @@ async function measure(
 
   // The loop is watched only while kvtier's side runs: the raw baselines are not kvtier's stalls.
   const stall = stallMeter();
-  // The loop monitor sees nothing while calls never yield (a host-memory tier's synchronous
-  // copies), so the longest synchronous part of one call counts as a stall too.
-  let syncMs = 0;
-  const rawPutMs = await best(async () => {
-    await raw.nextRound?.();
-    return timed(async () => {
-      for (let i = 0; i < n; i++) await raw.put(i, payloads[i]!);
-    });
-  });
   let hashes: ChunkHash[] = warm;
-  const putMs = await best(async () => {
-    // Each run writes new keys; removing the previous run's (first: the warm-up's) is not part
-    // of the measurement.
-    await backend.remove(NS, hashes);
-    hashes = hashesOf(round++);
-    stall.resume();
-    return timed(async () => {
-      for (let i = 0; i < n; i++) {
-        const t0 = performance.now();
-        const pending = backend.put(NS, hashes[i]!, {
-          tokens: 256,
-          data: payloads[i]!,
-        } satisfies Chunk);
-        syncMs = Math.max(syncMs, performance.now() - t0);
-        const out = await pending;
-        if (out === 'dropped') throw new Error(`${tier}: put ${i} was dropped`);
-      }
-    }).finally(() => stall.pause());
-  });
-  const rawGetMs = await best(() =>
-    timed(async () => {
-      let rawBytes = 0;
-      for (let i = 0; i < n; i += GET_BATCH) {
-        const group = [];
-        for (let j = i; j < Math.min(n, i + GET_BATCH); j++) group.push(raw.get(j, sink));
-        for (const b of await Promise.all(group)) rawBytes += b;
-      }
-      if (rawBytes !== n * size) throw new Error(`${tier}: raw byte count mismatch`);
-    }),
-  );
-  const getMs = await best(() => {
-    stall.resume();
-    return timed(async () => {
-      let bytes = 0;
-      for (let i = 0; i < n; i += GET_BATCH) {
-        const batch = hashes.slice(i, i + GET_BATCH);
-        const t0 = performance.now();
-        const pending = backend.batchedGet(NS, batch);
-        syncMs = Math.max(syncMs, performance.now() - t0);
-        const got = await pending;
-        for (const h of batch) {
-          const c = got.get(h);
-          if (c == null) throw new Error(`${tier}: chunk ${h} missing on get`);
-          // A host-memory tier hands out views; a load copies them out, so the copy is measured.
-          if (copyOut) sink.set(c.data);
-          bytes += c.data.length;
-          // Done with it: a tier that reads into pooled buffers may reuse this one.
-          c.release?.();
+  const [rawPutMs, putMs] = await bestOfEach(
+    async () => {
+      await raw.nextRound?.();
+      return timed(async () => {
+        for (let i = 0; i < n; i++) await raw.put(i, payloads[i]!);
+      });
+    },
+    async () => {
+      // Each run writes new keys; removing the previous run's (first: the warm-up's) is not part
+      // of the measurement.
+      await backend.remove(NS, hashes);
+      hashes = hashesOf(round++);
+      stall.resume();
+      return timed(async () => {
+        for (let i = 0; i < n; i++) {
+          const t0 = performance.now();
+          const pending = backend.put(NS, hashes[i]!, {
+            tokens: 256,
+            data: payloads[i]!,
+          } satisfies Chunk);
+          syncMs = Math.max(syncMs, performance.now() - t0);
+          const out = await pending;
+          if (out === 'dropped') throw new Error(`${tier}: put ${i} was dropped`);
         }
-      }
-      if (bytes !== n * size) throw new Error(`${tier}: byte count mismatch`);
-    }).finally(() => stall.pause());
-  });
+      }).finally(() => stall.pause());
+    },
+  );
+  const [rawGetMs, getMs] = await bestOfEach(
+    () => timed(rawGets),
+    () => {
+      stall.resume();
+      return timed(() => tierGets(hashes)).finally(() => stall.pause());
+    },
+  );
   const row: Row = {
     tier,
     chunkBytes: size,
