@@ -1,31 +1,36 @@
 /**
- * Where answered lookups keep their hashes (lookup-hashes.ts): copied into shared slabs outside
- * the JS heap, so that thousands of answered lookups cost the collector a small view each
- * instead of a byte string it copies from the young generation to the old and then compacts
- * (a 512-chunk lookup kept 16 KiB that way).
+ * Where large answered lookups keep their hashes (lookup-hashes.ts): copied into shared slabs
+ * outside the JS heap, so that thousands of answered lookups cost the collector a small view
+ * each instead of a byte string it copies from the young generation to the old (a 512-chunk
+ * lookup kept 16 KiB that way).
  *
- * Memory in a slab is never handed out twice: a copy stays readable, with its own bytes, for as
- * long as anything holds its view, even after it was freed. A slab is given back by the
- * collector once no view of it is left. So that a few long-held lookups cannot keep many
- * mostly-freed slabs alive, a slab other than the one being filled whose live bytes fall under
- * a quarter of its size has its live copies moved into the current slab: slabs then hold at
- * most four times the bytes of the live copies, plus the slab being filled.
+ * A freed copy reads as empty from then on (its owner is released: nothing may read its hashes
+ * any more, and whatever does finds none, never another lookup's). A slab whose copies are all
+ * freed is kept for reuse (a few), so that slabs are not allocated, faulted in and returned to
+ * the system over and over. So that a few long-held lookups cannot keep many mostly-freed slabs
+ * alive, a slab other than the one being filled whose live bytes fall under a quarter of its
+ * size has its live copies moved into the current slab: slabs then hold at most four times the
+ * bytes of the live copies, plus the slab being filled and the spare ones. Views of a copy are
+ * for reading at once: a copy may move, and its old room be reused, on any later free.
  */
 
 /** Bytes per shared slab; a copy over a quarter of it gets a slab of its own. */
 export const HASH_SLAB_BYTES = 256 * 1024;
 
+/** Emptied shared slabs kept for reuse. */
+export const SPARE_HASH_SLABS = 4;
+
 /** A copy in a slab, as its owner holds it. */
 export interface SlabCopy {
-  /** The copied bytes (a view into the slab). */
+  /** The copied bytes (a view into the slab); empty once freed. */
   view: Uint8Array;
-  /** The slab; undefined once freed. */
+  /** The slab; undefined once freed (or empty). */
   slab: HashSlab | undefined;
   /** Index in the slab's members, for removal in O(1). */
   at: number;
 }
 
-/** One slab: filled front to back, never reused. */
+/** One slab: filled front to back; reused only once every copy in it is freed. */
 export class HashSlab {
   readonly buf: Buffer;
   used = 0;
@@ -42,6 +47,7 @@ export class HashSlab {
 /** The shared slabs of one process's lookups. */
 export class HashSlabs {
   #current: HashSlab | undefined;
+  readonly #spare: HashSlab[] = [];
   readonly #slabBytes: number;
 
   constructor(slabBytes = HASH_SLAB_BYTES) {
@@ -74,14 +80,16 @@ export class HashSlabs {
   }
 
   /**
-   * Frees `c` (idempotent); its view stays readable. May move the live copies of a slab that
-   * fell under a quarter full into the current slab.
+   * Frees `c` (idempotent): it reads as empty from now on. May move the live copies of a slab
+   * that fell under a quarter full into the current slab.
    */
   free(c: SlabCopy): void {
     const slab = c.slab;
+    const n = c.view.length;
+    c.view = EMPTY;
     if (slab === undefined) return;
     c.slab = undefined;
-    slab.live -= c.view.length;
+    slab.live -= n;
     const last = slab.members.pop()!;
     if (last !== c) {
       slab.members[c.at] = last;
@@ -101,19 +109,31 @@ export class HashSlabs {
     this.#settle(slab);
   }
 
-  /** Moves the live copies of `slab` into the current slab when it is mostly freed and no longer filled. */
+  /**
+   * A slab no longer filled: kept for reuse once empty; its live copies moved into the current
+   * slab once under a quarter full.
+   */
   #settle(slab: HashSlab): void {
-    if (slab === this.#current || slab.live === 0 || slab.live * 4 >= slab.buf.length) return;
-    const moving = slab.members.splice(0);
-    slab.live = 0;
-    for (const m of moving) {
-      m.slab = undefined;
-      this.copy(m.view, m);
+    if (slab === this.#current) return;
+    if (slab.live > 0) {
+      if (slab.live * 4 >= slab.buf.length) return;
+      const moving = slab.members.splice(0);
+      slab.live = 0;
+      for (const m of moving) {
+        const from = m.view;
+        m.slab = undefined;
+        this.copy(from, m);
+      }
+    }
+    // Nothing in it is live: its room may be handed out again.
+    if (slab.buf.length === this.#slabBytes && this.#spare.length < SPARE_HASH_SLABS) {
+      slab.used = 0;
+      this.#spare.push(slab);
     }
   }
 
   #fresh(): HashSlab {
-    const slab = new HashSlab(this.#slabBytes);
+    const slab = this.#spare.pop() ?? new HashSlab(this.#slabBytes);
     this.#current = slab;
     return slab;
   }

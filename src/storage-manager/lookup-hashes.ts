@@ -39,7 +39,7 @@ export class LookupHashes {
   #copy: SlabCopy | undefined;
   /** The hashes' bytes as a one-byte string once compacted into one. */
   #latin1: string | undefined;
-  /** Set by {@link free}: a later compaction makes a string, not a slab copy. */
+  /** Set by {@link free}: a later compaction keeps nothing. */
   #freed = false;
   #length: number;
   /** The hex form when the caller gave it (never made here for the whole list). */
@@ -92,6 +92,10 @@ export class LookupHashes {
    * string a copy in a buffer that the next `view` of any lookup overwrites.
    */
   view(from: number, count: number): Uint8Array {
+    if (from < 0 || count < 0 || from + count > this.#length)
+      throw new RangeError(
+        `hashes ${from}..${from + count} asked of a lookup that keeps ${this.#length}`,
+      );
     const bytes = this.#packed ?? this.#copy?.view;
     if (bytes !== undefined)
       return bytes.subarray(from * CHUNK_HASH_BYTES, (from + count) * CHUNK_HASH_BYTES);
@@ -113,8 +117,12 @@ export class LookupHashes {
     if (p === undefined) {
       if (this.#copy !== undefined) SLABS.shrink(this.#copy, bytes);
       else this.#latin1 = this.#latin1!.slice(0, bytes);
+    } else if (this.#freed) {
+      // Released before its answer settled: nothing reads its hashes.
+      this.#latin1 = '';
+      this.#packed = undefined;
     } else {
-      if (bytes < SLAB_MIN_BYTES || this.#freed) {
+      if (bytes < SLAB_MIN_BYTES) {
         const b = Buffer.isBuffer(p) ? p : Buffer.from(p.buffer, p.byteOffset, p.byteLength);
         this.#latin1 = b.toString('latin1', 0, bytes);
       } else this.#copy = SLABS.copy(p.subarray(0, bytes));
@@ -124,10 +132,16 @@ export class LookupHashes {
     this.#hex = this.#hex?.slice(0, keep);
   }
 
-  /** Gives a compacted copy's room back (idempotent); the hashes stay readable. */
+  /**
+   * Releases the hashes with their lookup (idempotent): a slab copy's room is given back, and
+   * from now on the hashes read as none (never another lookup's).
+   */
   free(): void {
     this.#freed = true;
+    this.#length = 0;
+    this.#hex = undefined;
     if (this.#copy !== undefined) SLABS.free(this.#copy);
+    if (this.#latin1 !== undefined) this.#latin1 = '';
   }
 
   /** Hashes `[from, to)` as hex. */

@@ -4,60 +4,74 @@ import { test } from 'node:test';
 import { HashSlabs, type SlabCopy } from '../../src/storage-manager/hash-slabs.ts';
 import { LookupHashes } from '../../src/storage-manager/lookup-hashes.ts';
 
-test('copies keep their bytes through frees, shrinks and moves; memory is never handed out twice', () => {
+test('live copies keep their bytes through frees, shrinks, moves and reuse; freed ones read empty', () => {
   const slabs = new HashSlabs(4096);
   const live = new Map<SlabCopy, Buffer>();
-  const freed: [SlabCopy, Buffer][] = [];
-  const seen = new Set<ArrayBuffer>();
-  for (let i = 0; i < 2000; i++) {
+  const freed: SlabCopy[] = [];
+  const buffers = new Map<ArrayBufferLike, number>();
+  for (let i = 0; i < 3000; i++) {
     const src = randomBytes(32 * (1 + (i % 20)));
     const c = slabs.copy(src);
     live.set(c, Buffer.from(src));
-    seen.add(c.view.buffer as ArrayBuffer);
+    buffers.set(c.view.buffer, (buffers.get(c.view.buffer) ?? 0) + 1);
     if (i % 7 === 3) {
       const n = 32 * Math.floor(c.view.length / 64);
       slabs.shrink(c, n);
       live.set(c, live.get(c)!.subarray(0, n));
     }
-    // Free most copies, keeping about one in five for long.
-    if (i % 5 !== 0) {
-      for (const [k, v] of live) {
-        if ((i * 7) % 10 < 6) {
-          slabs.free(k);
-          slabs.free(k); // idempotent
-          live.delete(k);
-          freed.push([k, v]);
-        }
-        break;
+    // Free the oldest copy most of the time, keeping about one in five for long.
+    if (i % 5 !== 0 && (i * 7) % 10 < 6) {
+      const [k] = live.keys();
+      slabs.free(k!);
+      slabs.free(k!); // idempotent
+      live.delete(k!);
+      freed.push(k!);
+    }
+    // Every live copy keeps its bytes, and no two live copies share room.
+    if (i % 250 === 249) {
+      for (const [c, bytes] of live) assert.deepEqual(Buffer.from(c.view), bytes, 'a live copy');
+      const bySlab = new Map<ArrayBufferLike, [number, number][]>();
+      for (const c of live.keys()) {
+        if (c.view.length === 0) continue;
+        const list = bySlab.get(c.view.buffer) ?? [];
+        list.push([c.view.byteOffset, c.view.byteOffset + c.view.length]);
+        bySlab.set(c.view.buffer, list);
+      }
+      for (const list of bySlab.values()) {
+        list.sort((a, b) => a[0] - b[0]);
+        for (let j = 1; j < list.length; j++)
+          assert.ok(list[j]![0] >= list[j - 1]![1], 'no overlap');
       }
     }
   }
-  for (const [c, bytes] of live) assert.deepEqual(Buffer.from(c.view), bytes, 'a live copy');
-  for (const [c, bytes] of freed) assert.deepEqual(Buffer.from(c.view), bytes, 'a freed copy');
-  // Copies that share a slab never overlap.
-  const all = [...live.keys(), ...freed.map(([c]) => c)];
-  const bySlab = new Map<ArrayBufferLike, [number, number][]>();
-  for (const c of all) {
-    if (c.view.length === 0) continue;
-    const list = bySlab.get(c.view.buffer) ?? [];
-    list.push([c.view.byteOffset, c.view.byteOffset + c.view.length]);
-    bySlab.set(c.view.buffer, list);
-  }
-  for (const list of bySlab.values()) {
-    list.sort((a, b) => a[0] - b[0]);
-    for (let i = 1; i < list.length; i++) assert.ok(list[i]![0] >= list[i - 1]![1], 'no overlap');
-  }
+  for (const c of freed) assert.equal(c.view.length, 0, 'a freed copy reads empty');
   // Slabs other than the one being filled hold at least a quarter of live bytes.
-  const liveBySlab = new Map<object, number>();
+  const liveBySlab = new Map<{ buf: Buffer }, number>();
   for (const c of live.keys())
     if (c.slab !== undefined) liveBySlab.set(c.slab, (liveBySlab.get(c.slab) ?? 0) + c.view.length);
-  const sizes = [...liveBySlab.entries()].map(([s, n]) => [n, (s as { buf: Buffer }).buf.length]);
-  const under = sizes.filter(([n, size]) => n! * 4 < size!);
+  const under = [...liveBySlab].filter(([s, n]) => n * 4 < s.buf.length);
   assert.ok(
     under.length <= 1,
     `at most the current slab under a quarter full, got ${under.length}`,
   );
-  assert.ok(seen.size > 1, 'several slabs were used');
+  assert.ok(buffers.size > 1, 'several slabs were used');
+});
+
+test('emptied slabs are reused: a bounded live set churns through a few slabs', () => {
+  const slabs = new HashSlabs(4096);
+  const queue: SlabCopy[] = [];
+  const buffers = new Set<ArrayBufferLike>();
+  let bytes = 0;
+  for (let i = 0; i < 3000; i++) {
+    const src = randomBytes(32 * (1 + (i % 20)));
+    bytes += src.length;
+    const c = slabs.copy(src);
+    buffers.add(c.view.buffer);
+    queue.push(c);
+    if (queue.length > 20) slabs.free(queue.shift()!);
+  }
+  assert.ok(bytes / 4096 > 200, 'without reuse this would take over 200 slabs');
+  assert.ok(buffers.size <= 10, `slabs used: ${buffers.size}`);
 });
 
 test('a copy larger than a quarter of a slab gets its own; empty copies take no room', () => {
@@ -68,10 +82,11 @@ test('a copy larger than a quarter of a slab gets its own; empty copies take no 
   assert.equal(empty.view.length, 0);
   slabs.free(empty);
   slabs.free(big);
+  assert.equal(big.view.length, 0);
 });
 
 for (const chunks of [10, 300]) {
-  test(`LookupHashes, ${chunks} chunks: compacted hashes read the same, after free too`, () => {
+  test(`LookupHashes, ${chunks} chunks: compacted hashes read the same; freed ones read as none`, () => {
     const packed = randomBytes(32 * chunks);
     const keep = Buffer.from(packed);
     const a = LookupHashes.of(packed);
@@ -81,21 +96,22 @@ for (const chunks of [10, 300]) {
     assert.deepEqual(Buffer.from(a.packed), keep.subarray(0, 32 * k));
     assert.deepEqual(Buffer.from(a.view(2, 3)), keep.subarray(64, 160));
     assert.equal(a.at(5), keep.toString('hex', 160, 192));
+    assert.throws(() => a.view(k - 1, 2), RangeError, 'not past the hashes kept');
     a.compact(k - 2);
     assert.equal(a.length, k - 2);
-    a.free();
-    a.free();
     const hex = Array.from({ length: k - 2 }, (_, i) => keep.toString('hex', 32 * i, 32 * i + 32));
     assert.deepEqual(a.hexSlice(), hex);
-    assert.deepEqual(Buffer.from(a.view(0, k - 2)), keep.subarray(0, 32 * (k - 2)));
+    a.free();
+    a.free();
+    assert.equal(a.length, 0);
+    assert.deepEqual(a.hexSlice(), []);
+    assert.throws(() => a.view(0, 1), RangeError);
 
-    // Compacted after it was freed (released before its answer settled): a copy of its own.
-    const src = randomBytes(32 * chunks);
-    const b = LookupHashes.of(src);
+    // Released before its answer settled, then compacted: it keeps nothing.
+    const b = LookupHashes.of(randomBytes(32 * chunks));
     b.free();
     b.compact(chunks);
-    const copy = Buffer.from(src);
-    src.fill(1);
-    assert.deepEqual(Buffer.from(b.packed), copy);
+    assert.equal(b.length, 0);
+    assert.deepEqual(b.hexSlice(), []);
   });
 }
