@@ -12,10 +12,10 @@ const SLABS = new HashSlabs();
 
 /**
  * Kept hashes of at least this many bytes go into a slab, smaller ones into a byte string: a
- * slab copy saves the collector copying the bytes (a clear gain from 512 chunks on), but costs
- * more than a small string (measured: 16 and 128 chunks were slower in slabs).
+ * slab copy saves the collector copying the bytes (measured: 64, 128 and 512 chunks gain), but
+ * costs about as much as a small string (16 chunks: no gain).
  */
-export const SLAB_MIN_BYTES = 8 * 1024;
+export const SLAB_MIN_BYTES = 1024;
 
 /** Where {@link LookupHashes.view} copies hashes kept as a string: one buffer, reused. */
 let scratch = Buffer.allocUnsafe(0);
@@ -25,7 +25,7 @@ let scratch = Buffer.allocUnsafe(0);
  * where a tier needs them. The bytes are borrowed while the lookup runs: they must not change.
  * An answered lookup that stays (holding pins until a LOAD, CANCEL or eviction) is
  * {@link LookupHashes.compact}ed: its hashes are copied into one byte string on the JS heap or,
- * from {@link SLAB_MIN_BYTES} on, into a shared slab outside it (hash-slabs.ts), which
+ * from {@link SLAB_MIN_BYTES} on (32 chunks), into a shared slab outside it (hash-slabs.ts), which
  * {@link LookupHashes.free} gives back when the lookup is released. Not a string per chunk
  * (which filled the old generation), not the request's buffer (memory outside the heap that,
  * kept past a scavenge, is only given back by a full collection, and so forced one every few
