@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "errors.h"
 #include "host_memory.h"
@@ -191,27 +192,12 @@ __attribute__((target("pclmul,sse4.2"))) inline __m128i Fold128(__m128i acc, Fol
       next);
 }
 
-__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t RawFold(uint32_t crc,
-                                                                             const uint8_t* p,
-                                                                             size_t n) {
-  static const FoldConstants k256 = FoldBy(256), k64 = FoldBy(64), k48 = FoldBy(48),
-                             k32 = FoldBy(32), k16 = FoldBy(16);
-  __m512i x0 = _mm512_loadu_si512(p);
-  __m512i x1 = _mm512_loadu_si512(p + 64);
-  __m512i x2 = _mm512_loadu_si512(p + 128);
-  __m512i x3 = _mm512_loadu_si512(p + 192);
-  x0 = _mm512_xor_si512(x0, _mm512_castsi128_si512(_mm_cvtsi32_si128(static_cast<int>(crc))));
-  p += 256;
-  n -= 256;
-  const __m512i f256 = Broadcast(k256);
-  while (n >= 256) {
-    x0 = Fold512(x0, f256, _mm512_loadu_si512(p));
-    x1 = Fold512(x1, f256, _mm512_loadu_si512(p + 64));
-    x2 = Fold512(x2, f256, _mm512_loadu_si512(p + 128));
-    x3 = Fold512(x3, f256, _mm512_loadu_si512(p + 192));
-    p += 256;
-    n -= 256;
-  }
+// Folds four accumulators into one, goes on over the rest of the buffer (under 256 bytes) and
+// reduces to a raw register.
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t FoldFinish(
+    __m512i x0, __m512i x1, __m512i x2, __m512i x3, const uint8_t* p, size_t n) {
+  static const FoldConstants k64 = FoldBy(64), k48 = FoldBy(48), k32 = FoldBy(32),
+                             k16 = FoldBy(16);
   const __m512i f64 = Broadcast(k64);
   x1 = Fold512(x0, f64, x1);
   x2 = Fold512(x1, f64, x2);
@@ -236,6 +222,135 @@ __attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t RawFold(uin
   return RawHwOne(static_cast<uint32_t>(c), p, n);
 }
 
+// The first 256 bytes in four accumulators, the starting register XORed into the first four.
+#define KVTIER_FOLD_LOAD(p, crc)                                                           \
+  __m512i x0 = _mm512_xor_si512(_mm512_loadu_si512(p),                                    \
+                                _mm512_castsi128_si512(_mm_cvtsi32_si128(                 \
+                                    static_cast<int>(crc))));                              \
+  __m512i x1 = _mm512_loadu_si512((p) + 64);                                               \
+  __m512i x2 = _mm512_loadu_si512((p) + 128);                                              \
+  __m512i x3 = _mm512_loadu_si512((p) + 192)
+
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t RawFold(uint32_t crc,
+                                                                             const uint8_t* p,
+                                                                             size_t n) {
+  static const FoldConstants k256 = FoldBy(256);
+  KVTIER_FOLD_LOAD(p, crc);
+  p += 256;
+  n -= 256;
+  const __m512i f256 = Broadcast(k256);
+  while (n >= 256) {
+    x0 = Fold512(x0, f256, _mm512_loadu_si512(p));
+    x1 = Fold512(x1, f256, _mm512_loadu_si512(p + 64));
+    x2 = Fold512(x2, f256, _mm512_loadu_si512(p + 128));
+    x3 = Fold512(x3, f256, _mm512_loadu_si512(p + 192));
+    p += 256;
+    n -= 256;
+  }
+  return FoldFinish(x0, x1, x2, x3, p, n);
+}
+
+// Folding and the crc32 instruction at once: the carry-less multiplier and the crc32 unit are
+// separate, so while the folding loop takes 256 bytes per step from the front of the buffer,
+// three crc32 chains take 40 bytes each from three stretches after it (about 85 GB/s on one core
+// from the cache against 65 for folding alone). The four parts are then joined, in order, by
+// shifting each raw register over the bytes after it and XORing the next part's in; the few
+// bytes left over are folded on.
+constexpr size_t kHybridFoldBytes = 256;
+constexpr size_t kHybridChainBytes = 40;
+constexpr size_t kHybridStepBytes = kHybridFoldBytes + 3 * kHybridChainBytes;
+constexpr size_t kHybridMinBytes = 16u << 10;
+// Above this a buffer is more likely to come from memory than from the cache, where folding
+// alone measured faster (four streams at once: 25-28 GB/s against 35-37 for a 32 MiB buffer).
+// The file tiers checksum 256 KiB slices right after reading them.
+constexpr size_t kHybridMaxBytes = 1u << 20;
+
+// r * k * x^33 mod P for raw registers r and k: their carry-less product is a 64-bit message
+// (the product of two reflected operands comes out times x) that the crc32 instruction reduces
+// (times x^32).
+__attribute__((target("pclmul,sse4.2"))) inline uint32_t MulX33(uint32_t r, uint32_t k) {
+  const __m128i prod = _mm_clmulepi64_si128(_mm_cvtsi32_si128(static_cast<int>(r)),
+                                            _mm_cvtsi32_si128(static_cast<int>(k)), 0x00);
+  return static_cast<uint32_t>(_mm_crc32_u64(0, static_cast<uint64_t>(_mm_cvtsi128_si64(prod))));
+}
+
+// x^e mod P as a raw register (the coefficient of x^i at bit 31 - i).
+uint32_t XPowModP(uint64_t e) {
+  const Tables& tb = T();
+  uint32_t p = 1u << 31;  // x^0
+  for (unsigned k = 0; e != 0; e >>= 1, k++) {
+    if (e & 1) p = MultModP(tb.x2n[k & 31], p);
+  }
+  return p;
+}
+
+// The k with MulX33(r, k) == r * x^(8 * bytes) mod P, for `bytes` a positive multiple of 8:
+// x^(8 * bytes - 33), built from x^(8 * 2^j - 33) for the bits j of `bytes`.
+__attribute__((target("pclmul,sse4.2"))) uint32_t ShiftConstant(size_t bytes) {
+  static const auto table = [] {
+    std::vector<uint32_t> t(64, 0);
+    for (unsigned j = 3; j < 40; j++) t[j] = XPowModP((uint64_t{8} << j) - 33);
+    return t;
+  }();
+  uint32_t k = 0;
+  bool first = true;
+  for (unsigned j = 3; bytes >> j != 0; j++) {
+    if (((bytes >> j) & 1) == 0) continue;
+    k = first ? table[j] : MulX33(k, table[j]);
+    first = false;
+  }
+  return k;
+}
+
+// `steps` steps of the folding loop and the chains over p[0, steps * kHybridStepBytes); `shift`
+// is ShiftConstant(steps * kHybridChainBytes).
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t HybridSteps(
+    uint32_t crc, const uint8_t* p, size_t steps, uint32_t shift) {
+  static const FoldConstants k256 = FoldBy(kHybridFoldBytes);
+  const size_t chain = kHybridChainBytes * steps;
+  const uint8_t* s0 = p + kHybridFoldBytes * steps;
+  const uint8_t* s1 = s0 + chain;
+  const uint8_t* s2 = s1 + chain;
+  KVTIER_FOLD_LOAD(p, crc);
+  const __m512i f256 = Broadcast(k256);
+  uint64_t c0 = 0, c1 = 0, c2 = 0;
+  for (size_t i = 0; i < steps; i++) {
+    if (i > 0) {
+      const uint8_t* q = p + kHybridFoldBytes * i;
+      x0 = Fold512(x0, f256, _mm512_loadu_si512(q));
+      x1 = Fold512(x1, f256, _mm512_loadu_si512(q + 64));
+      x2 = Fold512(x2, f256, _mm512_loadu_si512(q + 128));
+      x3 = Fold512(x3, f256, _mm512_loadu_si512(q + 192));
+    }
+    const size_t at = kHybridChainBytes * i;
+    for (size_t b = 0; b < kHybridChainBytes; b += 8) {
+      uint64_t w0, w1, w2;
+      std::memcpy(&w0, s0 + at + b, 8);
+      std::memcpy(&w1, s1 + at + b, 8);
+      std::memcpy(&w2, s2 + at + b, 8);
+      c0 = _mm_crc32_u64(c0, w0);
+      c1 = _mm_crc32_u64(c1, w1);
+      c2 = _mm_crc32_u64(c2, w2);
+    }
+  }
+  uint32_t r = FoldFinish(x0, x1, x2, x3, p, 0);
+  r = MulX33(r, shift) ^ static_cast<uint32_t>(c0);
+  r = MulX33(r, shift) ^ static_cast<uint32_t>(c1);
+  return MulX33(r, shift) ^ static_cast<uint32_t>(c2);
+}
+
+__attribute__((target("avx512f,vpclmulqdq,pclmul,sse4.2"))) uint32_t RawHybrid(uint32_t crc,
+                                                                               const uint8_t* p,
+                                                                               size_t n) {
+  const size_t steps = n / kHybridStepBytes;
+  crc = HybridSteps(crc, p, steps, ShiftConstant(steps * kHybridChainBytes));
+  p += steps * kHybridStepBytes;
+  n -= steps * kHybridStepBytes;
+  return n >= kFoldMinBytes ? RawFold(crc, p, n) : RawHwOne(crc, p, n);
+}
+
+#undef KVTIER_FOLD_LOAD
+
 bool EnvSet(const char* name) {
   const char* v = std::getenv(name);
   return v != nullptr && v[0] != '\0' && v[0] != '0';
@@ -252,7 +367,10 @@ bool DetectFold() {
 #else
 uint32_t RawHw(uint32_t crc, const uint8_t* p, size_t n) { return RawTable(crc, p, n); }
 uint32_t RawFold(uint32_t crc, const uint8_t* p, size_t n) { return RawTable(crc, p, n); }
+uint32_t RawHybrid(uint32_t crc, const uint8_t* p, size_t n) { return RawTable(crc, p, n); }
 constexpr size_t kFoldMinBytes = 0;
+constexpr size_t kHybridMinBytes = 0;
+constexpr size_t kHybridMaxBytes = 0;
 bool DetectHw() { return false; }
 bool DetectFold() { return false; }
 #endif
@@ -362,6 +480,9 @@ void Args(const Napi::CallbackInfo& info, uint8_t** data, size_t* bytes, uint32_
 
 uint32_t Crc32c(uint32_t crc, const uint8_t* data, size_t bytes) {
   const uint32_t raw = ~crc;
+  if (kFold && bytes >= kHybridMinBytes && bytes <= kHybridMaxBytes) {
+    return ~RawHybrid(raw, data, bytes);
+  }
   if (kFold && bytes >= kFoldMinBytes) return ~RawFold(raw, data, bytes);
   return ~(kHw ? RawHw(raw, data, bytes) : RawTable(raw, data, bytes));
 }

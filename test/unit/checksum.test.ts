@@ -37,10 +37,13 @@ import { crc32c } from '../../src/util/crc32c.ts';
 const native = loadNative().addon;
 const NS = 'a1'.repeat(16);
 const HASH = chunkHash('b2'.repeat(32));
-/** Odd sizes around the JS slice-by-8 step, the native folding path (from 512 bytes) and the three-way split (3 KiB). */
+/**
+ * Odd sizes around the JS slice-by-8 step and the native paths' edges: folding from 512 bytes,
+ * the three-way split from 3 KiB, folding beside crc32 chains from 16 KiB to 1 MiB.
+ */
 const ODD_SIZES = [
   1, 3, 7, 9, 15, 17, 255, 511, 512, 513, 527, 575, 767, 768, 1021, 1087, 3071, 3072, 3073, 3079,
-  65_537, 1_000_003,
+  16_383, 16_384, 16_759, 17_000, 65_537, 262_144, 1_000_003, 1_048_576, 1_048_577,
 ];
 
 function reasonOf(r: { ok: true } | { ok: false; reason: ChunkDecodeFailure }): string {
@@ -125,6 +128,19 @@ describe('CRC-32C', () => {
       const view = backing.subarray(off, off + n);
       const start = (n * 2_654_435_761) >>> 0;
       assert.equal(a.crc32c(view, start), crc32c(view, start), `length ${n} at ${off}`);
+    }
+  });
+
+  it('native equals JavaScript for every length across two steps of the fold-beside-chains path', {
+    skip: native === null,
+  }, () => {
+    // From 16 KiB the native CRC folds 256 bytes a step while three crc32 chains take 40 bytes
+    // each (376 bytes a step); what is left after the last whole step is folded or chained on.
+    const a = native!;
+    const backing = randomBytes(17_500);
+    for (let n = 16_384; n <= 16_384 + 2 * 376 + 1; n++) {
+      const view = backing.subarray(n % 7, (n % 7) + n);
+      assert.equal(a.crc32c(view, n), crc32c(view, n), `length ${n}`);
     }
   });
 
