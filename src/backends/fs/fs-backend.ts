@@ -1,6 +1,6 @@
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError, KvtierError } from '../../errors.ts';
-import { withDeadline } from '../../util/deadline.ts';
+import { Deadline, withDeadline } from '../../util/deadline.ts';
 import { type Logger, silentLogger } from '../../util/log.ts';
 import { checkChunk } from '../core/chunk-check.ts';
 import { chunkPages } from '../core/chunk-pages.ts';
@@ -20,7 +20,7 @@ import type {
   PutOutcome,
   StorageBackend,
 } from '../core/types.ts';
-import { type ChunkFileRead, ChunkFiles, TaskSet } from '../files/chunk-files.ts';
+import { type ChunkFileRead, ChunkFiles, type FileOp, TaskSet } from '../files/chunk-files.ts';
 import {
   EARLY_HEADER_MAX_BYTES,
   errnoOf,
@@ -191,12 +191,21 @@ export class FsBackend implements StorageBackend {
     const reads: Promise<void>[] = [];
     const errors: unknown[] = [];
     let reached = 0;
+    // One deadline for the batch's reads: each would start its own at this moment anyway (a read
+    // waiting for the concurrency limit is already under it), and one costs a timer and a
+    // listener on the caller's signal instead of one per read.
+    const deadline = new Deadline({
+      what: `${this.name} read`,
+      timeoutMs: this.options.timeoutMs,
+      signal: opts.signal,
+    });
+    const run: FileOp = (fn) => deadline.race(this.#limit(fn));
     for (const hash of hashes) {
       if (out.has(hash)) continue;
       out.set(hash, null);
       if (!isStorableNamespace(ns)) continue;
       reads.push(
-        this.#read(ns, hash, opts.signal).then(
+        this.#read(ns, hash, run, opts.signal).then(
           (chunk) => {
             reached++;
             out.set(hash, chunk);
@@ -208,7 +217,11 @@ export class FsBackend implements StorageBackend {
         ),
       );
     }
-    await this.#tasks.track(Promise.all(reads));
+    try {
+      await this.#tasks.track(Promise.all(reads));
+    } finally {
+      deadline.dispose();
+    }
     // A read that failed is a miss, unless none reached the store: then the store is failing.
     if (errors.length > 0 && reached === 0) throw errors[0];
     return out;
@@ -392,11 +405,11 @@ export class FsBackend implements StorageBackend {
     }
   }
 
-  async #read(ns: NamespaceId, hash: ChunkHash, signal: AbortSignal | undefined) {
+  async #read(ns: NamespaceId, hash: ChunkHash, run: FileOp, signal: AbortSignal | undefined) {
     const path = this.#path(ns, hash);
     let res: ChunkFileRead;
     try {
-      res = await this.#files.read(ns, hash, path, (fn) => this.#op(fn, signal, 'read'));
+      res = await this.#files.read(ns, hash, path, run);
     } catch (err) {
       if (signal?.aborted === true) throw err;
       throw this.#failed('read', err);

@@ -1,7 +1,7 @@
 import { resolve } from 'node:path';
 import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, closedError } from '../../errors.ts';
-import { withDeadline } from '../../util/deadline.ts';
+import { Deadline, withDeadline } from '../../util/deadline.ts';
 import { type Logger, silentLogger } from '../../util/log.ts';
 import { checkChunk } from '../core/chunk-check.ts';
 import type {
@@ -21,7 +21,7 @@ import type {
   StorageBackend,
 } from '../core/types.ts';
 import { boundedNamespaceUsage } from '../core/types.ts';
-import { type ChunkFileRead, ChunkFiles, TaskSet } from '../files/chunk-files.ts';
+import { type ChunkFileRead, ChunkFiles, type FileOp, TaskSet } from '../files/chunk-files.ts';
 import {
   type FileSystem,
   objectDir,
@@ -175,20 +175,33 @@ export class LocalDiskBackend implements StorageBackend {
     this.#open(opts.signal, 'get');
     const out = new Map<ChunkHash, Chunk | null>();
     const reads: Promise<void>[] = [];
-    for (const hash of hashes) {
-      if (out.has(hash)) continue;
-      out.set(hash, null);
-      const slot = this.#index.find(ns, hash);
-      if (slot < 0) continue;
-      this.#index.touch(slot);
-      this.#journal?.touched();
-      reads.push(
-        this.#read(ns, hash, slot, opts.signal).then((chunk) => {
-          out.set(hash, chunk);
-        }),
-      );
+    // One deadline for the batch's reads: each would start its own at this moment anyway (a read
+    // waiting for the concurrency limit is already under it), and one costs a timer and a
+    // listener on the caller's signal instead of one per read.
+    const deadline = new Deadline({
+      what: `${this.name} read`,
+      timeoutMs: this.options.timeoutMs,
+      signal: opts.signal,
+    });
+    const run: FileOp = (fn) => deadline.race(this.#limit(fn));
+    try {
+      for (const hash of hashes) {
+        if (out.has(hash)) continue;
+        out.set(hash, null);
+        const slot = this.#index.find(ns, hash);
+        if (slot < 0) continue;
+        this.#index.touch(slot);
+        this.#journal?.touched();
+        reads.push(
+          this.#read(ns, hash, slot, run, opts.signal).then((chunk) => {
+            out.set(hash, chunk);
+          }),
+        );
+      }
+      await this.#tasks.track(Promise.all(reads));
+    } finally {
+      deadline.dispose();
     }
-    await this.#tasks.track(Promise.all(reads));
     return out;
   }
 
@@ -405,6 +418,7 @@ export class LocalDiskBackend implements StorageBackend {
     ns: NamespaceId,
     hash: ChunkHash,
     slot: number,
+    run: FileOp,
     signal: AbortSignal | undefined,
   ): Promise<Chunk | null> {
     const gen = this.#index.genOf(slot);
@@ -414,7 +428,7 @@ export class LocalDiskBackend implements StorageBackend {
         ns,
         hash,
         this.#files.path(ns, hash),
-        (fn) => this.#deadline(this.#limit(fn), signal, 'read'),
+        run,
         this.#index.bytesOf(slot),
       );
     } catch (err) {
