@@ -1,15 +1,22 @@
 /**
  * A/B of a file tier's batchedGet against the raw read of bench/tiers.ts (open, stat, read into
  * a reused buffer, close), interleaved round by round, with the page faults and CPU time each
- * pass took. Run: node --import tsx bench/support/get-ab.ts <local-disk|fs> [chunkMiB] [chunks] [rounds]
+ * pass took; and the parts of the tier's read: the native read with and without its CRC-32C, and
+ * the file core the tiers share (ChunkFiles.read). Each variant reads into buffers of its own, so
+ * interleaved passes leave each other's colder in the cache; KVTIER_GET_AB_ONLY=<variant> runs
+ * one alone (compare CPU ms between separate runs then).
+ * Run: node --import tsx bench/support/get-ab.ts <local-disk|fs> [chunkMiB] [chunks] [rounds]
  */
 import { randomBytes } from 'node:crypto';
 import { mkdtemp, open, readdir, rm, stat, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
+import { ChunkFiles } from '../../src/backends/files/chunk-files.ts';
+import { realFileSystem } from '../../src/backends/files/file-store.ts';
 import { BackendRegistry } from '../../src/backends/registry.ts';
 import { type ChunkHash, chunkHash } from '../../src/hashing/chunk-hash.ts';
 import { loadNative } from '../../src/native/native-addon.ts';
+import { silentLogger } from '../../src/util/log.ts';
 
 const MiB = 1024 * 1024;
 const BATCH = 4;
@@ -78,6 +85,36 @@ function nativePass(crcFrom: number) {
     }
   };
 }
+// The file core the tiers share (pooled buffer, native read, checks, release) without a tier's
+// index, limiter, deadlines and circuit breaker.
+const hashOfFile = (f: string) => f.slice(f.lastIndexOf('/') + 1, -'.kvc'.length) as ChunkHash;
+const core = new ChunkFiles({
+  fs: realFileSystem,
+  root: join(root, 't'),
+  shardChars: 2,
+  maxChunkBytes: objBytes,
+  fsync: 'none',
+  createRoot: false,
+  tier: 'probe',
+  log: silentLogger,
+  onCorrupt: () => {},
+});
+async function chunkFilesPass(): Promise<void> {
+  for (let i = 0; i < files.length; i += BATCH) {
+    const g = [];
+    for (let j = i; j < Math.min(files.length, i + BATCH); j++) {
+      g.push(
+        core
+          .read(NS, hashOfFile(files[j]!), files[j]!, (fn) => fn(), objBytes)
+          .then((r) => {
+            if (r.kind !== 'ok') throw new Error(r.kind);
+            r.chunk.release?.();
+          }),
+      );
+    }
+    await Promise.all(g);
+  }
+}
 async function tierPass(): Promise<void> {
   for (let i = 0; i < n; i += BATCH) {
     const batch = hashes.slice(i, i + BATCH);
@@ -106,6 +143,7 @@ const out: Record<string, { gbs: number; minflt: number; cpuMs: number }[]> = {
   tier: [],
   nativeCrc: [],
   nativeNoCrc: [],
+  chunkFiles: [],
 };
 await tierPass(); // warm-up: fills the read pool
 await rawPass();
@@ -114,6 +152,7 @@ const passes: Record<string, () => Promise<void>> = {
   tier: tierPass,
   nativeCrc: nativePass(64),
   nativeNoCrc: nativePass(0),
+  chunkFiles: chunkFilesPass,
 };
 // KVTIER_GET_AB_ONLY=tier (say) runs one variant, for strace -c.
 const only = process.env.KVTIER_GET_AB_ONLY;
