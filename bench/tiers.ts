@@ -14,6 +14,7 @@ import { join } from 'node:path';
 import { GetObjectCommand, PutObjectCommand, S3Client } from '@aws-sdk/client-s3';
 import { Redis } from 'ioredis';
 import type { Chunk, StorageBackend } from '../src/backends/core/types.ts';
+import { CHECKSUM_CRC32C, payloadChecksumAsync } from '../src/backends/format/checksum.ts';
 import { BackendRegistry, type TierConfig } from '../src/backends/registry.ts';
 import { type ChunkHash, chunkHash } from '../src/hashing/chunk-hash.ts';
 import { startRedis } from '../test/support/redis-server.ts';
@@ -42,6 +43,8 @@ interface Row {
   getGBs: number;
   rawGetGBs: number;
   getRatio: number;
+  /** The raw read plus a CRC-32C of what it read (file tiers only), GB/s; for information. */
+  rawGetCrcGBs?: number;
   /**
    * Longest event-loop stall (ms) while kvtier's puts and gets ran (raw baselines excluded): the
    * loop monitor's, or the longest synchronous part of one call when that is longer.
@@ -55,6 +58,11 @@ interface Raw {
   put(i: number, data: Buffer): Promise<void>;
   /** Reads object i; a host-memory raw copies into `sink`, the way a load would. */
   get(i: number, sink: Buffer): Promise<number>;
+  /**
+   * For information, where given: `get`, then the CRC-32C of the bytes read (on the libuv pool
+   * with the addon, as a verifying reader would without checksumming while it reads).
+   */
+  getChecked?(i: number, sink: Buffer): Promise<number>;
   cleanup(): Promise<void>;
 }
 
@@ -71,27 +79,20 @@ function hashOf(size: number, i: number): ChunkHash {
 }
 
 /**
- * Best of REPEAT runs (ms) of each of two sides, the runs alternating in the order a b, b a, a b,
- * ...: the least disturbed run of each on a shared machine, a busy stretch of it lands on both
- * sides rather than on whichever ran then, and neither side always runs right after the other.
- * Each `run` returns its own time.
+ * Best of REPEAT runs (ms) of each side, the runs alternating with the order rotated every round
+ * (a b c, b c a, c a b, ...): the least disturbed run of each on a shared machine, a busy stretch
+ * of it lands on every side rather than on whichever ran then, and no side always runs right
+ * after another. Each `run` returns its own time.
  */
-async function bestOfEach(
-  a: () => Promise<number>,
-  b: () => Promise<number>,
-): Promise<[number, number]> {
-  let minA = Number.POSITIVE_INFINITY;
-  let minB = Number.POSITIVE_INFINITY;
+async function bestOfEach(...sides: (() => Promise<number>)[]): Promise<number[]> {
+  const best = sides.map(() => Number.POSITIVE_INFINITY);
   for (let r = 0; r < REPEAT; r++) {
-    if (r % 2 === 0) {
-      minA = Math.min(minA, await a());
-      minB = Math.min(minB, await b());
-    } else {
-      minB = Math.min(minB, await b());
-      minA = Math.min(minA, await a());
+    for (let k = 0; k < sides.length; k++) {
+      const s = (r + k) % sides.length;
+      best[s] = Math.min(best[s]!, await sides[s]!());
     }
   }
-  return [minA, minB];
+  return best;
 }
 
 async function measure(
@@ -107,11 +108,12 @@ async function measure(
   sink.fill(0);
   let round = 0;
   const hashesOf = (r: number) => payloads.map((_, i) => hashOf(size, r * 1_000_000 + i));
-  const rawGets = async () => {
+  const rawGets = async (checked = false) => {
     let rawBytes = 0;
     for (let i = 0; i < n; i += GET_BATCH) {
       const group = [];
-      for (let j = i; j < Math.min(n, i + GET_BATCH); j++) group.push(raw.get(j, sink));
+      for (let j = i; j < Math.min(n, i + GET_BATCH); j++)
+        group.push(checked ? raw.getChecked!(j, sink) : raw.get(j, sink));
       for (const b of await Promise.all(group)) rawBytes += b;
     }
     if (rawBytes !== n * size) throw new Error(`${tier}: raw byte count mismatch`);
@@ -156,7 +158,7 @@ async function measure(
   // The loop is watched only while kvtier's side runs: the raw baselines are not kvtier's stalls.
   const stall = stallMeter();
   let hashes: ChunkHash[] = warm;
-  const [rawPutMs, putMs] = await bestOfEach(
+  const [rawPutMs = 0, putMs = 0] = await bestOfEach(
     async () => {
       await raw.nextRound?.();
       return timed(async () => {
@@ -183,13 +185,15 @@ async function measure(
       }).finally(() => stall.pause());
     },
   );
-  const [rawGetMs, getMs] = await bestOfEach(
-    () => timed(rawGets),
+  const sides = [
+    () => timed(() => rawGets()),
     () => {
       stall.resume();
       return timed(() => tierGets(hashes)).finally(() => stall.pause());
     },
-  );
+  ];
+  if (raw.getChecked !== undefined) sides.push(() => timed(() => rawGets(true)));
+  const [rawGetMs = 0, getMs = 0, rawGetCrcMs] = await bestOfEach(...sides);
   const row: Row = {
     tier,
     chunkBytes: size,
@@ -200,6 +204,7 @@ async function measure(
     getGBs: gbs(n * size, getMs),
     rawGetGBs: gbs(n * size, rawGetMs),
     getRatio: rawGetMs / getMs,
+    ...(rawGetCrcMs === undefined ? {} : { rawGetCrcGBs: gbs(n * size, rawGetCrcMs) }),
     loopStallMs: Math.max(stall.maxMs(), syncMs),
   };
   await backend.clear(NS).catch(() => {});
@@ -233,6 +238,25 @@ async function fileRaw(): Promise<Raw> {
   let gen = 0;
   const path = (i: number) => join(dir, `${gen}-${i}.raw`);
   const readSlots: Buffer[] = [];
+  /** Reads file i whole; returns the bytes read, a view of a reused buffer. */
+  const read = async (i: number): Promise<Buffer> => {
+    const fh = await open(path(i), 'r');
+    try {
+      const { size } = await fh.stat();
+      // Reads land in reused buffers (one per read in flight), as kvtier's pooled reads do: a
+      // fresh buffer per read would make the raw side pay page faults kvtier does not.
+      const slot = i % GET_BATCH;
+      let buf = readSlots[slot];
+      if (buf === undefined || buf.length < size) {
+        buf = Buffer.allocUnsafe(size);
+        readSlots[slot] = buf;
+      }
+      const { bytesRead } = await fh.read(buf, 0, size, 0);
+      return buf.subarray(0, bytesRead);
+    } finally {
+      await fh.close();
+    }
+  };
   return {
     async nextRound() {
       // New files each round (the previous round's are deleted untimed), like new chunk keys.
@@ -251,22 +275,12 @@ async function fileRaw(): Promise<Raw> {
       }
     },
     async get(i) {
-      const fh = await open(path(i), 'r');
-      try {
-        const { size } = await fh.stat();
-        // Reads land in reused buffers (one per read in flight), as kvtier's pooled reads do: a
-        // fresh buffer per read would make the raw side pay page faults kvtier does not.
-        const slot = i % GET_BATCH;
-        let buf = readSlots[slot];
-        if (buf === undefined || buf.length < size) {
-          buf = Buffer.allocUnsafe(size);
-          readSlots[slot] = buf;
-        }
-        const { bytesRead } = await fh.read(buf, 0, size, 0);
-        return bytesRead;
-      } finally {
-        await fh.close();
-      }
+      return (await read(i)).length;
+    },
+    async getChecked(i) {
+      const bytes = await read(i);
+      await payloadChecksumAsync(CHECKSUM_CRC32C, bytes);
+      return bytes.length;
     },
     cleanup: () => rm(dir, { recursive: true, force: true }),
   };
@@ -437,6 +451,7 @@ async function main(): Promise<void> {
       'ratio',
       'stall ms',
       'raw limit',
+      'raw get+crc',
     ],
     rows.map((r) => [
       r.tier,
@@ -455,11 +470,14 @@ async function main(): Promise<void> {
           : r.tier === 's3'
             ? 'SDK Put/GetObject'
             : 'file write/read',
+      r.rawGetCrcGBs === undefined ? '-' : f(r.rawGetCrcGBs),
     ]),
   );
   console.log(
     "disk and fs run with fsync: 'none' (the tiers' default is 'data', an fdatasync per file " +
-      'before its rename), like the raw file writes, which do not fsync either.',
+      'before its rename), like the raw file writes, which do not fsync either. raw get+crc ' +
+      '(for information): the raw read, then the CRC-32C of the bytes read, as kvtier computes ' +
+      'it for a buffer (libuv pool), measured alternately with the other two.',
   );
   const file = await writeResults('tiers.json', {
     bench: 'tiers',
