@@ -89,7 +89,16 @@ async function startNode(name: string, cpuBytes = '2MiB'): Promise<Node> {
 }
 
 before(async () => {
-  [cluster, s3] = await Promise.all([startRedisCluster(), startS3({ bucket: 'kvtier-fleet' })]);
+  // Each started service is kept for after() even when the other failed to start (an s3rver
+  // left open would keep this file's process alive).
+  const [c, s] = await Promise.allSettled([
+    startRedisCluster(),
+    startS3({ bucket: 'kvtier-fleet' }),
+  ]);
+  if (c.status === 'fulfilled') cluster = c.value;
+  if (s.status === 'fulfilled') s3 = s.value;
+  if (c.status === 'rejected') throw c.reason;
+  if (s.status === 'rejected') throw s.reason;
   for (const name of ['a', 'b', 'c']) nodes.push(await startNode(name));
   redisReader = new RedisBackend(
     { cluster: { nodes: cluster.nodes }, keyPrefix: KEY_PREFIX, timeoutMs: 3000 },
