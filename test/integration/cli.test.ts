@@ -10,6 +10,7 @@ import { mkdtemp, rm, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
+import { existingAncestor, filesystemSpace } from '../../src/config/host-limits.ts';
 import { unwritableDir } from '../../src/config/preflight.ts';
 import { hashChunks, hashToHex } from '../../src/hashing/chunk-hasher.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
@@ -316,12 +317,35 @@ describe('kvtier client-side commands and errors', () => {
         join(REPO_ROOT, 'deploy', 'kvtier.json'),
       ]);
       // The deployment's paths are under /var/cache/kvtier (the image's volume): writable as root
-      // here, or else the only problems.
-      if ((await unwritableDir('/var/cache/kvtier')) === undefined)
-        assert.equal(deployed.code, 0, deployed.stderr);
-      else
-        for (const line of nonEmptyLines(deployed.stderr))
-          assert.match(line, /\/var\/cache\/kvtier.* not writable/);
+      // here, or else the only problems. Its 64 GiB disk tier is sized for the deployment's
+      // volume: where this filesystem has less free space, that is refused, with the numbers.
+      const undersized =
+        filesystemSpace(existingAncestor('/var/cache/kvtier')).freeBytes < 64 * 1024 ** 3;
+      const expected = [
+        ...((await unwritableDir('/var/cache/kvtier')) === undefined
+          ? []
+          : [/\/var\/cache\/kvtier.* not writable/]),
+        ...(undersized
+          ? [
+              /tiers\[1\]\.capacityBytes: 64 GiB is more than the .* free on the filesystem of \/var\/cache\/kvtier\/chunks; lower it, or set allowOversizedTiers/,
+            ]
+          : []),
+      ];
+      if (expected.length === 0) assert.equal(deployed.code, 0, deployed.stderr);
+      else {
+        assert.notEqual(deployed.code, 0);
+        const lines = nonEmptyLines(deployed.stderr);
+        for (const line of lines)
+          assert.ok(
+            expected.some((re) => re.test(line)),
+            `an expected problem: ${line}`,
+          );
+        for (const re of expected)
+          assert.ok(
+            lines.some((l) => re.test(l)),
+            `${re} reported in ${deployed.stderr}`,
+          );
+      }
     } finally {
       await rm(dir, { recursive: true, force: true });
     }
