@@ -14,6 +14,7 @@
  *   one whose key exists 412 PreconditionFailed.
  */
 import { createHash, randomBytes } from 'node:crypto';
+import { rmSync } from 'node:fs';
 import { mkdir, mkdtemp, rename, rm, writeFile } from 'node:fs/promises';
 import type { IncomingMessage, Server } from 'node:http';
 import { createRequire } from 'node:module';
@@ -209,11 +210,29 @@ function loadS3rver(): S3rverCtor {
   }
 }
 
+/** Directories of harnesses not closed yet. */
+const openDirectories = new Set<string>();
+let removingAtExit = false;
+
+/**
+ * A file or bench that ends without `close()` (a failed `before()`, an uncaught error) still
+ * leaves no objects behind: benches store gigabytes there.
+ */
+function removeAtExit(directory: string): void {
+  if (!removingAtExit)
+    process.once('exit', () => {
+      for (const d of openDirectories) rmSync(d, { recursive: true, force: true });
+    });
+  removingAtExit = true;
+  openDirectories.add(directory);
+}
+
 /** Starts s3rver in this process on 127.0.0.1 with one bucket. */
 export async function startS3(opts: StartS3Options = {}): Promise<S3Harness> {
   const S3rver = loadS3rver();
   const bucket = opts.bucket ?? 'kvtier-test';
   const directory = await mkdtemp(join(tmpdir(), 'kvtier-s3-'));
+  removeAtExit(directory);
   const locks = new Map<string, Promise<void>>();
   const make = (port: number) => {
     const s = new S3rver({
@@ -270,6 +289,7 @@ export async function startS3(opts: StartS3Options = {}): Promise<S3Harness> {
       for (const c of clients.splice(0)) c.destroy();
       await stop();
       await rm(directory, { recursive: true, force: true });
+      openDirectories.delete(directory);
     },
   };
 }
