@@ -3,6 +3,7 @@ import {
   chunkOpSlots,
   type KvLayout,
   layerRegions,
+  regionOpSlots,
   writeChunkOps,
   writeRegionOps,
 } from './kv-layout.ts';
@@ -260,7 +261,7 @@ export async function scatterLayerwise(
       const surfaces: CopySurface[] = [...eng.surfaces];
       const payloadSurface = new Map<number, number>();
       let slots = 0;
-      for (const [c] of parts) slots += 5 * items[c]!.ids.length;
+      for (const [c] of parts) slots += regionOpSlots(layout, items[c]!.ids.length);
       const ops = new Float64Array(slots);
       let at = 0;
       for (const [c, r] of parts) {

@@ -3,6 +3,7 @@ import { KvtierError } from '../errors.ts';
 import {
   bytesPerToken,
   deriveNamespace,
+  kvHeadsPerRank,
   MAX_PP_SIZE,
   type Namespace,
   type NamespaceSpec,
@@ -25,10 +26,23 @@ import { normalizeDeviceUuid } from './device-uuid.ts';
  * `blockSize * bytesPerTokenPerLayer` bytes (stride padding is not stored). So a chunk of `n`
  * blocks is `regions * n * blockBytes` bytes, and block `j` of region `r` starts at
  * `(r * n + j) * blockBytes`. A chunk saved from one block table loads into any other.
+ *
+ * Within a block the stored bytes are always token-major (NHD: `[blockSize, heads, headDim]`),
+ * whatever order the engine's tensors hold them in. An engine whose blocks are head-major (HND:
+ * `[heads, blockSize, headDim]`, `blockLayout: 'HND'`) has its blocks reordered on copy, one
+ * `headDim`-wide segment per token and head, so NHD and HND engines (FlashAttention, FlashInfer,
+ * Triton or CPU attention, in either order) derive the same namespace and share chunks. The
+ * in-block order is therefore not part of the namespace.
  */
 
 /** Where the engine's KV cache lives. */
 export type KvDeviceKind = 'host' | 'cuda';
+
+/**
+ * In-block byte order of the engine's KV tensors: `NHD` token-major
+ * (`[blockSize, heads, headDim]`), `HND` head-major (`[heads, blockSize, headDim]`).
+ */
+export type KvBlockLayout = 'NHD' | 'HND';
 
 /** Bytes of one CUDA IPC memory handle (`cudaIpcMemHandle_t`). */
 export const CUDA_IPC_HANDLE_BYTES = 64;
@@ -94,8 +108,13 @@ export interface KvRegistration {
   bytesPerTokenPerLayer?: number;
   /** Tokens per stored chunk; a multiple of blockSize. Default 256. */
   chunkSize?: number;
-  /** In-page layout version that enters the namespace; default 1. */
+  /** Stored-form layout version that enters the namespace; default 1. */
   layoutVersion?: number;
+  /**
+   * In-block order of the engine's K and V blocks; default `NHD`. Does not enter the namespace:
+   * HND blocks are reordered to the stored (NHD) form on copy. Must be `NHD` (or absent) for MLA.
+   */
+  blockLayout?: KvBlockLayout;
   /** One entry per layer, in model order. */
   layers: KvLayerSpec[];
   stateFile?: KvStateFileSpec;
@@ -132,6 +151,15 @@ export interface KvLayout {
   readonly bytesPerTokenPerLayer: number;
   /** Stored bytes of one block of one region: blockSize * bytesPerTokenPerLayer. */
   readonly blockBytes: number;
+  /**
+   * In-block order the copies translate from and to. `HND` only when it differs from the stored
+   * order (several heads per rank and several tokens per block); otherwise `NHD`.
+   */
+  readonly blockLayout: KvBlockLayout;
+  /** K (or V) heads per rank (MLA: latents per layer). */
+  readonly headsPerRank: number;
+  /** Bytes of one head of one token: bytesPerTokenPerLayer / headsPerRank. */
+  readonly headBytes: number;
   readonly regions: readonly KvRegion[];
   readonly stateFile: Readonly<KvStateFileSpec> | null;
 }
@@ -197,6 +225,15 @@ export function resolveKvRegistration(reg: KvRegistration): KvLayout {
     ppFirstLayer,
   };
   const namespace = deriveNamespace(spec);
+  const requested = requireOneOf('registration.blockLayout', reg.blockLayout ?? 'NHD', [
+    'NHD',
+    'HND',
+  ] as const);
+  if (mla && requested !== 'NHD')
+    throw invalid(
+      'registration.blockLayout must be NHD (or absent) for MLA: a latent has no heads',
+    );
+  const headsPerRank = kvHeadsPerRank(spec);
   const regionsPerLayer = mla ? 1 : 2;
   const derived = bytesPerToken(spec) / (reg.layers.length * regionsPerLayer);
   const bytesPerTokenPerLayer =
@@ -224,6 +261,9 @@ export function resolveKvRegistration(reg: KvRegistration): KvLayout {
     throw invalid(
       `registration.chunkSize must be a multiple of blockSize (${blockSize}), got ${chunkSize}`,
     );
+  // One head or one token per block: both orders are the same bytes.
+  const blockLayout: KvBlockLayout =
+    requested === 'HND' && headsPerRank > 1 && blockSize > 1 ? 'HND' : 'NHD';
   const extentBytes = (numBlocks - 1) * blockStrideBytes + blockBytes;
   if (!Number.isSafeInteger(extentBytes))
     throw invalid('registration.numBlocks * blockStrideBytes is too large');
@@ -261,6 +301,9 @@ export function resolveKvRegistration(reg: KvRegistration): KvLayout {
     blockStrideBytes,
     bytesPerTokenPerLayer,
     blockBytes,
+    blockLayout,
+    headsPerRank,
+    headBytes: bytesPerTokenPerLayer / headsPerRank,
     regions: Object.freeze(regions),
     stateFile,
   });
@@ -385,9 +428,19 @@ export function splitBlocks(
   return out;
 }
 
+/** Copy ops of one block of one region: 1, or one per token and head for HND blocks. */
+export function opsPerBlock(layout: KvLayout): number {
+  return layout.blockLayout === 'HND' ? layout.blockSize * layout.headsPerRank : 1;
+}
+
+/** Number of slots {@link writeRegionOps} fills for `blocks` copied blocks of one region. */
+export function regionOpSlots(layout: KvLayout, blocks: number): number {
+  return 5 * opsPerBlock(layout) * blocks;
+}
+
 /** Number of slots {@link writeChunkOps} fills for a chunk of `blocks` copied blocks. */
 export function chunkOpSlots(layout: KvLayout, blocks: number): number {
-  return 5 * layout.regions.length * blocks;
+  return layout.regions.length * regionOpSlots(layout, blocks);
 }
 
 /**
@@ -428,8 +481,11 @@ export function writeChunkOps(
 }
 
 /**
- * {@link writeChunkOps} for region `r` alone (`5 * blockIds.length` slots): a layer-wise load
- * writes every chunk's regions of one layer before the next layer's.
+ * {@link writeChunkOps} for region `r` alone ({@link regionOpSlots} slots): a layer-wise load
+ * writes every chunk's regions of one layer before the next layer's. An NHD block is one op; an
+ * HND block is `blockSize * headsPerRank` ops of `headBytes`, token `t` of head `h` moving
+ * between `(h * blockSize + t) * headBytes` in the engine's block and `(t * heads + h) * headBytes`
+ * in the payload, in payload order.
  */
 export function writeRegionOps(
   out: Float64Array,
@@ -444,8 +500,22 @@ export function writeRegionOps(
   payloadBase = 0,
 ): number {
   const n = skipBlocks + blockIds.length;
-  const len = layout.blockBytes;
   const gather = direction === 'gather';
+  if (layout.blockLayout === 'HND')
+    return writeHndOps(
+      out,
+      at,
+      layout,
+      gather,
+      blockIds,
+      r,
+      surface,
+      payload,
+      skipBlocks,
+      n,
+      payloadBase,
+    );
+  const len = layout.blockBytes;
   let o = at;
   for (let j = 0; j < blockIds.length; j++) {
     const dev = blockOffset(layout, r, blockIds[j]!);
@@ -456,6 +526,42 @@ export function writeRegionOps(
     out[o + 3] = gather ? pay : dev;
     out[o + 4] = len;
     o += 5;
+  }
+  return o;
+}
+
+function writeHndOps(
+  out: Float64Array,
+  at: number,
+  layout: KvLayout,
+  gather: boolean,
+  blockIds: ArrayLike<number>,
+  r: number,
+  surface: number,
+  payload: number,
+  skipBlocks: number,
+  n: number,
+  payloadBase: number,
+): number {
+  const { blockSize: bs, headsPerRank: heads, headBytes: len } = layout;
+  const src = gather ? surface : payload;
+  const dst = gather ? payload : surface;
+  let o = at;
+  for (let j = 0; j < blockIds.length; j++) {
+    const dev = blockOffset(layout, r, blockIds[j]!);
+    let pay = payloadBase + payloadOffset(layout, r, skipBlocks + j, n);
+    for (let t = 0; t < bs; t++) {
+      for (let h = 0; h < heads; h++) {
+        const d = dev + (h * bs + t) * len;
+        out[o] = src;
+        out[o + 1] = gather ? d : pay;
+        out[o + 2] = dst;
+        out[o + 3] = gather ? pay : d;
+        out[o + 4] = len;
+        o += 5;
+        pay += len;
+      }
+    }
   }
   return o;
 }
