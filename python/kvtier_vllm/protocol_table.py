@@ -63,7 +63,7 @@ MESSAGES = {
             {"kind": "nsList", "key": "namespaces", "name": "namespaces", "label": "namespaces", "min": 1, "max": 16},
             {"kind": "hashes", "key": "hashes", "name": "hashes", "label": "hashes", "max": 65536},
             {"kind": "u32s", "key": "token_counts", "name": "tokenCounts", "label": "token count", "count_of": "hashes", "range": (1, 4294967295)},
-            {"kind": "json", "key": "config", "name": "config", "label": "config", "max": 4096, "booleans": ("pin", "prefetch"), "numbers": ("computeTokensPerSec",), "object": "require", "omit_empty": True},
+            {"kind": "json", "key": "config", "name": "config", "label": "config", "max": 4096, "booleans": ("pin", "prefetch"), "numbers": ("computeTokensPerSec", "awaitChunks", "awaitMs"), "object": "require", "omit_empty": True},
         ),
         "rules": (),
     },

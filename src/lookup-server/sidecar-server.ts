@@ -22,6 +22,7 @@ import {
 } from '../protocol/messages.ts';
 import { SocketSendQueue } from '../protocol/send-queue.ts';
 import { ratesOnWire } from '../storage-manager/claim-rule.ts';
+import { LookupAwaiter } from '../storage-manager/lookup-await.ts';
 import type { StorageManager } from '../storage-manager/storage-manager.ts';
 import type { LookupInput, LookupOutcome } from '../storage-manager/storage-types.ts';
 import { type Logger, silentLogger } from '../util/log.ts';
@@ -95,6 +96,7 @@ export class SidecarServer {
   readonly #audit: AuditLog;
   /** What the handlers (handlers/) use of this server. */
   readonly #context: HandlerContext;
+  readonly #awaits: LookupAwaiter;
 
   constructor(opts: SidecarServerOptions) {
     this.#requestedEndpoint = requireString('endpoint', opts.endpoint ?? 'tcp://127.0.0.1:5555', {
@@ -115,8 +117,13 @@ export class SidecarServer {
       1,
       MAX_TIMER_MS,
     );
+    const awaited = this.#metrics?.lookupAwaits;
+    this.#awaits = new LookupAwaiter(this.#storage, {
+      onOutcome: awaited === undefined ? undefined : (outcome) => awaited.inc({ outcome }),
+    });
     this.#context = {
       storage: this.#storage,
+      lookupAwaits: this.#awaits,
       dataPlane: this.#dataPlane,
       loadDeadlineMs: this.#loadDeadlineMs,
       audit: this.#audit,
@@ -231,7 +238,11 @@ export class SidecarServer {
     if (req.type === 'lookup') {
       // Answered before this returns when host memory alone answers it (no promise, no turn of
       // the event loop); else the walk below host memory runs as any request.
-      const answer = this.#storage.lookup(lookupInput(req));
+      const { awaitChunks, awaitMs } = req.config;
+      const answer =
+        awaitChunks !== undefined && awaitMs !== undefined
+          ? this.#awaits.lookup(lookupInput(req), awaitChunks, awaitMs)
+          : this.#storage.lookup(lookupInput(req));
       if (!(answer instanceof Promise)) {
         this.#replyLookup(envelope, req, answer);
         return;
@@ -332,6 +343,7 @@ export class SidecarServer {
     this.#closing ??= (async () => {
       const router = this.#router;
       router?.close();
+      this.#awaits.close();
       await this.#loop;
       await this.#auth?.close();
       // ZMQ closes the listener on its I/O thread; resolve once the port is free so a restart

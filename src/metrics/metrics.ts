@@ -260,6 +260,12 @@ export class KvtierMetrics {
    * not asked). One per lookup and tier decided.
    */
   readonly lookupTierDecisions: Counter<'tier' | 'decision'>;
+  /**
+   * kvtier_lookup_awaits_total{outcome}: lookups that waited for chunks whose save was in flight
+   * elsewhere (LOOKUP `awaitChunks`, disaggregated prefill), by how the wait ended: `ready`,
+   * `arrived`, `timed_out` (answered with what was there), `canceled`.
+   */
+  readonly lookupAwaits: Counter<'outcome'>;
 
   #sources: MetricSources = {};
   #scrape: ScrapeSnapshot | undefined;
@@ -379,6 +385,11 @@ export class KvtierMetrics {
       'kvtier_lookup_tier_decisions_total',
       "Lookups that named the engine's prefill rate, by tier and decision: load (fetching beat computing) or decline.",
       ['tier', 'decision'],
+    );
+    this.lookupAwaits = counter(
+      'kvtier_lookup_awaits_total',
+      'Lookups that waited for chunks whose save was in flight elsewhere, by outcome: ready, arrived, timed_out, canceled.',
+      ['outcome'],
     );
     this.#registerScrapeMetrics(registers);
     // Registered after the scrape-time metrics so a scrape reports its own source failures.

@@ -89,12 +89,15 @@ export const MESSAGES = [
     // host memory (default true); without it, only CPU hits count. `computeTokensPerSec`: the
     // engine's prefill rate, tokens/s; with it a tier below host memory is claimed from only
     // where fetching its hits beats computing them, and the reply carries the tier rates.
+    // `awaitChunks` and `awaitMs` (disaggregated prefill, docs/fleet.md): the answer waits up to
+    // `awaitMs` for the first `awaitChunks` chunks, whose save is still in flight elsewhere, to
+    // appear in a tier; past that it answers what it holds (the wait counted as timed out).
     {
       kind: 'json',
       key: 'config',
       max: WIRE.maxConfigBytes,
       booleans: ['pin', 'prefetch'],
-      numbers: ['computeTokensPerSec'],
+      numbers: ['computeTokensPerSec', 'awaitChunks', 'awaitMs'],
       object: 'require',
       omitEmpty: true,
     },

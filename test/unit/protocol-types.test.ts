@@ -27,7 +27,13 @@ type Expect<T extends true> = T;
 
 // The interfaces as they were written by hand before the types were derived from the table.
 type Id<T extends string> = { type: T; requestId: number };
-type ExpectedLookupConfig = { pin?: boolean; prefetch?: boolean; computeTokensPerSec?: number };
+type ExpectedLookupConfig = {
+  pin?: boolean;
+  prefetch?: boolean;
+  computeTokensPerSec?: number;
+  awaitChunks?: number;
+  awaitMs?: number;
+};
 type ExpectedTierTokens = { tier: string; tokens: number };
 type ExpectedTierRate = {
   tier: string;

@@ -4,12 +4,15 @@
  */
 import type { DataPlane } from '../../data-plane/data-plane.ts';
 import type { Reply, Request } from '../../protocol/messages.ts';
+import type { LookupAwaiter } from '../../storage-manager/lookup-await.ts';
 import type { StorageManager } from '../../storage-manager/storage-manager.ts';
 import type { AuditLog } from '../audit.ts';
 
 /** The server's parts a handler uses; one per server, the peer's identity per request. */
 export interface HandlerContext {
   readonly storage: StorageManager;
+  /** The lookups waiting for chunks saved elsewhere (LOOKUP `awaitChunks`). */
+  readonly lookupAwaits: LookupAwaiter;
   /** Absent when the data plane is off: its messages are refused. */
   readonly dataPlane: DataPlane | undefined;
   /** Deadline of a LOAD that asks for the default (deadlineMs 0), ms. */

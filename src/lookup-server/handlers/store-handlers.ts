@@ -9,7 +9,8 @@ export const STORE_HANDLERS: Handlers<'cancel' | 'clear' | 'ping' | 'stats' | 'p
   cancel: (ctx, req) => ({
     type: 'cancel-result',
     requestId: req.requestId,
-    found: ctx.storage.cancel(req.lookupId),
+    // A lookup waiting for chunks saved elsewhere is between tries, or in one: end both.
+    found: ctx.lookupAwaits.cancel(req.lookupId) || ctx.storage.cancel(req.lookupId),
   }),
   async clear(ctx, req, peer) {
     let epoch: number;
@@ -28,6 +29,7 @@ export const STORE_HANDLERS: Handlers<'cancel' | 'clear' | 'ping' | 'stats' | 'p
     requestId: req.requestId,
     stats: {
       ...ctx.storage.stats(),
+      lookupAwaits: ctx.lookupAwaits.stats(),
       ...(ctx.dataPlane === undefined ? {} : { dataPlane: ctx.dataPlane.stats() }),
       server: ctx.serverStats(),
     },
