@@ -27,11 +27,12 @@ layout          shape                                               regions
 
 Inside a block the bytes are either token-major (``NHD``: ``[block_size, kv_heads, head_dim]``
 contiguous) or head-major (``HND``: ``[kv_heads, block_size, head_dim]``, vLLM's
-``kv_cache_layout=HND``, seen as a permuted view). Both are stored as the block's raw bytes, so the
-two are not interchangeable: the in-block layout enters the namespace as ``layoutVersion``
-(:data:`LAYOUT_VERSIONS`). Everything here except :func:`describe_cuda_tensor` works on
-duck-typed tensors (``shape``, ``stride()`` or ``strides``, ``itemsize`` or ``element_size()``),
-so it is testable without torch.
+``kv_cache_layout=HND``, seen as a permuted view; vLLM's CPU backend allocates this shape). The
+registration names the order as ``blockLayout``; the sidecar stores every chunk token-major and
+reorders HND blocks on copy, so the order does not enter the namespace (``layoutVersion`` is
+:data:`STORED_LAYOUT_VERSION` for every engine) and NHD and HND engines share KV. Everything here
+except :func:`describe_cuda_tensor` works on duck-typed tensors (``shape``, ``stride()`` or
+``strides``, ``itemsize`` or ``element_size()``), so it is testable without torch.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from .host_memory import (
 __all__ = [
     "LAYOUTS",
     "LAYOUT_VERSIONS",
+    "STORED_LAYOUT_VERSION",
     "ExpandableSegmentsError",
     "LayerGeometry",
     "RegionSource",
@@ -72,8 +74,14 @@ __all__ = [
 #: Per-layer tensor layouts understood by :func:`layer_geometry`.
 LAYOUTS = ("flash_attn", "flashinfer", "mla", "kv_pair")
 
-#: In-block byte order -> the ``layoutVersion`` that enters the namespace.
-LAYOUT_VERSIONS = {"NHD": 1, "HND": 2}
+#: ``layoutVersion`` of the stored form (token-major blocks), which enters the namespace. Until
+#: the sidecar reordered HND blocks on copy, HND engines registered version 2 and stored HND bytes;
+#: nothing derives version 2 any more, so those chunks are never read as this form.
+STORED_LAYOUT_VERSION = 1
+
+#: In-block byte order -> the ``layoutVersion`` that enters the namespace: the stored form's, for
+#: both orders.
+LAYOUT_VERSIONS = {"NHD": STORED_LAYOUT_VERSION, "HND": STORED_LAYOUT_VERSION}
 
 _EXPANDABLE_HINT = (
     "CUDA memory from PyTorch expandable segments cannot be shared with the kvtier sidecar "
@@ -91,7 +99,8 @@ class ExpandableSegmentsError(InvalidArgumentError):
 
 
 def layout_version(in_block: str) -> int:
-    """``layoutVersion`` of an in-block layout (``'NHD'`` -> 1, ``'HND'`` -> 2).
+    """``layoutVersion`` of the namespace for an engine whose blocks are ``in_block`` (``'NHD'`` or
+    ``'HND'``): :data:`STORED_LAYOUT_VERSION` for both, since the stored form does not depend on it.
 
     :raises InvalidArgumentError: for another name.
     """
@@ -408,10 +417,11 @@ def build_registration(
     in model order). ``num_kv_heads`` is the model's total KV heads (per-rank heads are derived by
     the sidecar); for MLA the latents per layer (1) and ``head_dim`` the latent width.
 
-    ``kv_layout`` is the in-block layout the scheduler assumes (``'NHD'``/``'HND'``, default:
-    what the tensors show); tensors that show the other one are refused, since the namespace
-    (``layoutVersion``) would not match what the scheduler looks up. ``describe`` replaces the
-    tensor locator (tests).
+    The in-block order the tensors show (NHD or HND) is sent as ``blockLayout``; it does not enter
+    the namespace (``layoutVersion`` is :data:`STORED_LAYOUT_VERSION`), so it never has to match
+    what the scheduler assumes. ``kv_layout`` (``'NHD'``/``'HND'``) is checked for its spelling and
+    used only when the tensors cannot show an order (one head and one token per block, where both
+    are the same bytes). ``describe`` replaces the tensor locator (tests).
 
     :raises InvalidArgumentError: for tensors that do not match the model shape or each other.
     :raises ExpandableSegmentsError: for CUDA memory from expandable segments.
@@ -445,10 +455,9 @@ def build_registration(
     shown = {g.in_block for g in geos} - {"any"}
     if len(shown) > 1:
         raise InvalidArgumentError("layers mix NHD and HND blocks")
-    order = kv_layout.upper() if kv_layout else (shown.pop() if shown else "NHD")
-    if shown and order not in shown and not mla:
-        raise InvalidArgumentError(f"kv_layout is {order} but the KV tensors hold {shown.pop()} blocks")
-    version = 1 if mla else layout_version(order)
+    if kv_layout:
+        layout_version(kv_layout)
+    order = "NHD" if mla else (shown.pop() if shown else str(kv_layout or "NHD").upper())
 
     regions_by_handle: dict[str, int] = {}
     uuids: set = set()
@@ -484,9 +493,11 @@ def build_registration(
         "blockStrideBytes": g0.block_stride_bytes,
         "bytesPerTokenPerLayer": g0.block_bytes // g0.block_size,
         "chunkSize": int(chunk_size),
-        "layoutVersion": version,
+        "layoutVersion": STORED_LAYOUT_VERSION,
         "layers": [],
     }
+    if not mla:
+        reg["blockLayout"] = order
     if pp_size != 1:
         reg.update({"ppSize": int(pp_size), "ppRank": int(pp_rank), "ppFirstLayer": int(pp_first_layer)})
     for k, v in layer_specs:
