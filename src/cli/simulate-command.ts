@@ -175,6 +175,7 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
       ...(off === undefined ? [{ config: undefined, kvtier: false, shared: true, scale }] : []),
       ...configs.flatMap((config) => [
         ...(plan.engines > 1 ? [{ config, kvtier: true, shared: false, scale }] : []),
+        ...(plan.peers ? [{ config, kvtier: true, shared: false, peers: true, scale }] : []),
         { config, kvtier: true, shared: true, scale },
       ]),
     ];
@@ -198,14 +199,16 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
     );
     const rows: PlanRow[] = [];
     const nodeLocal: PlanRow[] = [];
+    const peers: PlanRow[] = [];
     for (const c of configs) {
       if (plan.engines > 1)
         nodeLocal.push(row(c, reports.shift() as SimReport, off, load.spanMs, undefined));
+      if (plan.peers) peers.push(row(c, reports.shift() as SimReport, off, load.spanMs, undefined));
       const r = reports.shift() as SimReport;
       const b = rowBounds(trace, r, tierChunks(c, shapes, plan.engines), gpuChunks, infinite);
       rows.push(row(c, r, off, load.spanMs, b));
     }
-    for (const r of [...rows, ...nodeLocal])
+    for (const r of [...rows, ...nodeLocal, ...peers])
       r.cost = costOf(r.capacities, plan.engines, tierModels);
     result = {
       workload: workload.name,
@@ -219,6 +222,7 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
       off,
       rows,
       ...(plan.engines > 1 ? { nodeLocal } : {}),
+      ...(plan.peers ? { peers } : {}),
       sweep: plan.sweeps.length > 0,
       target: plan.target,
       calibration: calibrationLine(planned, speed),
@@ -238,6 +242,7 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
       baseline: withoutPerRequest(off),
       runs: rows.map(rowJson),
       ...(plan.engines > 1 ? { nodeLocal: nodeLocal.map(rowJson) } : {}),
+      ...(plan.peers ? { peers: peers.map(rowJson) } : {}),
       target: plan.target ?? null,
       cheapest: result.cheapest?.label ?? null,
       tierModels,
@@ -258,6 +263,7 @@ export async function runSimulateCommand(argv: string[], io: SimulateCommandIo):
     result.off,
     ...result.rows.map((r) => r.report),
     ...(result.nodeLocal ?? []).map((r) => r.report),
+    ...(result.peers ?? []).map((r) => r.report),
   ].reduce((n, r) => n + r.mismatchedBlocks, 0);
   if (mismatched > 0) io.err(`kvtier simulate: ${mismatched} mismatched blocks`);
   return mismatched === 0 ? EXIT_OK : EXIT_MISMATCH;

@@ -149,6 +149,10 @@ export function parseSweeps(raw: readonly string[]): Sweep[] {
         `--sweep must look like TIER=SIZES (e.g. cpu=8GiB,32GiB or disk=1TiB,4TiB), got ${JSON.stringify(item)}`,
       );
     const tier = tierOf('sweep', m[1] as string, 'TIER=SIZES');
+    if (tier === 'peer')
+      throw new UsageError(
+        "--sweep peer=... has no capacity to sweep: the peer tier's chunks are in the other sidecars' tiers; give --peers with --engines N",
+      );
     if (out.some((s) => s.tier === tier))
       throw new UsageError(`--sweep ${tier}=... is given twice; give its sizes once`);
     const sizes = (m[2] as string).split(',').map((v) => sizeFlag('sweep', v.trim()) as number);

@@ -57,6 +57,11 @@ export interface Plan {
   redisUrl: string | undefined;
   sweeps: Sweep[];
   engines: number;
+  /**
+   * `--peers`: each configuration also runs with node-local tiers and a peer tier over the
+   * fleet's sidecars (a fleet without a shared store).
+   */
+  peers: boolean;
   router: RouterKind;
   tierModels: TierModelOverrides;
   target: Target | undefined;
@@ -130,6 +135,7 @@ export function parsePlan(argv: string[]): Plan | 'help' {
           LIST_FLAGS.map((f) => [f, { type: 'string' as const, multiple: true }]),
         ),
         json: { type: 'boolean' },
+        peers: { type: 'boolean' },
         'no-partial-chunks': { type: 'boolean' },
         help: { type: 'boolean', short: 'h' },
       },
@@ -218,6 +224,9 @@ export function parsePlan(argv: string[]): Plan | 'help' {
   if (str('router') !== undefined && engines === 1)
     throw new UsageError('--router needs --engines N with N >= 2');
 
+  const peers = values.peers === true;
+  if (peers && engines === 1) throw new UsageError('--peers needs --engines N with N >= 2');
+
   const faults = parseFaults(list('fault'));
   if (faults !== undefined && engines > 1)
     throw new UsageError('--fault applies to one engine; drop --engines');
@@ -251,6 +260,7 @@ export function parsePlan(argv: string[]): Plan | 'help' {
     redisUrl,
     sweeps,
     engines,
+    peers,
     router: router as RouterKind,
     tierModels: tierOverrides(list('bandwidth'), list('latency'), list('price')),
     target: parseTarget(str('target')),

@@ -64,6 +64,8 @@ export interface RunItem {
   kvtier: boolean;
   /** In a fleet: fs, redis and s3 shared (else split N ways). */
   shared: boolean;
+  /** In a fleet: a peer tier below the (node-local) tiers. */
+  peers?: boolean;
   /** Factor on the workload's arrivals. */
   scale: number;
 }
@@ -88,6 +90,7 @@ export async function executeRuns(
         capacities: it.kvtier ? caps : {},
         engines: plan.engines,
         shared: it.shared,
+        peers: it.peers === true,
         shapes,
         workDir: dir,
         redisUrl: it.kvtier ? plan.redisUrl : undefined,
@@ -107,13 +110,14 @@ export async function executeRuns(
         engineTiers: tiers.engineTiers,
         sharedTiers: tiers.sharedTiers,
         sweepTiers: tiers.sweepTiers,
+        ...(tiers.listens === undefined ? {} : { listens: tiers.listens }),
         workDir: dir,
       });
     }
     const started = performance.now();
     const done = (i: number, r: SimReport) =>
       io.err(
-        `kvtier simulate: run ${i + 1}/${specs.length} done: ${items[i]?.config?.label ?? 'kvtier off'}${items[i]?.kvtier && plan.engines > 1 ? (items[i]?.shared ? ', shared' : ', node-local') : ''} (${(r.wallMs / 1000).toFixed(1)} s; ${((performance.now() - started) / 1000).toFixed(1)} s since the batch began)`,
+        `kvtier simulate: run ${i + 1}/${specs.length} done: ${items[i]?.config?.label ?? 'kvtier off'}${items[i]?.kvtier && plan.engines > 1 ? (items[i]?.peers ? ', peers' : items[i]?.shared ? ', shared' : ', node-local') : ''} (${(r.wallMs / 1000).toFixed(1)} s; ${((performance.now() - started) / 1000).toFixed(1)} s since the batch began)`,
       );
     const inThread =
       io.runSimulation ?? (plan.faults !== undefined ? executePlannerRun : undefined);

@@ -24,6 +24,10 @@ import { PrivateRedis } from './private-redis.ts';
  *   capacity of its own; the planner's bound stands for a lifecycle rule) and the S3 tier model
  *   times its loads.
  *
+ * - `peer` (with `peers`): below those, a peer tier over the fleet's sidecars, each listening on
+ *   an `inproc://` endpoint of its own (the fleet's sidecars run in one thread); each chunk has one
+ *   home among them, as `replicas: 1` places it.
+ *
  * Writes are not made durable (`fsync: none`): the planner measures reuse, not durability.
  */
 
@@ -36,6 +40,8 @@ export interface RunTiers {
   engineTiers: SimTierConfig[][];
   /** Tiers one store serves to every engine. */
   sharedTiers: string[];
+  /** Each engine's sidecar endpoint, with a peer tier. */
+  listens?: string[];
   /** fs-backed tiers whose capacity the modeled-clock sweep enforces. */
   sweepTiers: string[];
   /** Kill and restart of the run's Redis (with `redisOutage`). */
@@ -51,6 +57,8 @@ export interface SetUpTiersOptions {
   engines: number;
   /** Whether fs, redis and s3 are one store for all engines (else each engine its 1/N). */
   shared: boolean;
+  /** A peer tier below the others (a fleet: engines >= 2). */
+  peers?: boolean;
   shapes: PlanShapes;
   /** The run's directory. */
   workDir: string;
@@ -124,9 +132,23 @@ export async function setUpTiers(o: SetUpTiersOptions): Promise<RunTiers> {
         );
       }
     }
+    let listens: string[] | undefined;
+    if (o.peers === true && n > 1) {
+      const run = randomBytes(6).toString('hex');
+      listens = Array.from({ length: n }, (_, i) => `inproc://kvtier-sim-${run}-${i}`);
+      const peers = listens.map((endpoint, i) => ({ name: `engine-${i}`, endpoint }));
+      for (let i = 0; i < n; i++)
+        engineTiers[i]!.push({
+          name: 'peer',
+          type: 'peer',
+          // The modeled clock times the loads: a busy machine's real delays must not miss.
+          options: { self: `engine-${i}`, peers, timeoutMs: 600_000 },
+        });
+    }
     return {
       engineTiers,
       sharedTiers,
+      ...(listens === undefined ? {} : { listens }),
       sweepTiers,
       ...(hooks === undefined ? {} : { hooks }),
       close,

@@ -93,6 +93,8 @@ Fleet:
   --engines N              N engines, each with its own GPU cache and CPU and disk tiers; fs,
                            redis and s3 tiers are shared (also run node-local, split N ways)
   --router NAME            ${ROUTERS.join(', ')} (default round-robin)
+  --peers                  also run node-local tiers with a peer tier over the engines' sidecars
+                           (no shared store; its speed: --bandwidth peer=RATE, --latency peer=...)
 
 Output:
   --json                   print JSON instead of text

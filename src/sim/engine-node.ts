@@ -85,6 +85,8 @@ export interface SimNodeOptions {
   sweepTiers?: readonly string[];
   /** Modeled ms between those sweeps; default 60,000 (the fs tier's own default). */
   sweepIntervalMs?: number;
+  /** The sidecar's endpoint (a fleet's peer tiers name each other's); default a free TCP port. */
+  listen?: string;
 }
 
 /** What one step did. */
@@ -151,7 +153,7 @@ export class SimNode {
     this.config = o.kvtier
       ? {
           ...defaultConfig(),
-          listen: 'tcp://127.0.0.1:*',
+          listen: o.listen ?? 'tcp://127.0.0.1:*',
           metrics: null,
           tiers: [{ name: 'cpu', type: 'local-cpu', options: { ...o.cpuTier } }, ...o.lowerTiers],
           logLevel: 'silent',

@@ -46,6 +46,11 @@ export interface RunFleetOptions {
   engineTiers: readonly (readonly SimTierConfig[])[];
   /** Names of the shared tiers (one engine sweeps each shared fs-backed tier, not all). */
   sharedTiers?: readonly string[];
+  /**
+   * Each engine's sidecar endpoint, when its tiers need them known up front: a `peer` tier lists
+   * the fleet's sidecars (`inproc://` endpoints serve, all sidecars being in this thread).
+   */
+  listens?: readonly string[];
   kvtier?: boolean;
   timing: NodeTiming;
   /** Tiers swept for capacity on the modeled clock (fs-backed ones). */
@@ -78,6 +83,14 @@ export async function runFleet(opts: RunFleetOptions): Promise<SimReport> {
   const dir = opts.workDir ?? mkdtempSync(join(tmpdir(), 'kvtier-fleet-'));
   mkdirSync(dir, { recursive: true });
   const shared = new Set(opts.sharedTiers ?? []);
+  // Chunks another engine stored can be found through a shared tier or a peer tier.
+  const crossNode =
+    shared.size > 0 || opts.engineTiers.some((ts) => ts.some((t) => t.type === 'peer'));
+  if (opts.listens !== undefined && opts.listens.length !== opts.engines)
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `listens must hold one endpoint per engine (${opts.engines}), got ${opts.listens.length}`,
+    );
   const activity = new Activity();
   const nodes: SimNode[] = [];
   const assigned: SimRequest[][] = [];
@@ -100,11 +113,12 @@ export async function runFleet(opts: RunFleetOptions): Promise<SimReport> {
           timing: opts.timing,
           settle: true,
           ownChunks: new Set(),
-          // A lookup must find on a shared tier what every engine stored before it.
-          ...(shared.size > 0
+          // A lookup must find on a shared tier or a peer what every engine stored before it.
+          ...(crossNode
             ? { beforeLookups: () => Promise.all(nodes.map((n) => n.drainWrites())).then(() => {}) }
             : {}),
           ...(sweep.length > 0 ? { sweepTiers: sweep } : {}),
+          ...(opts.listens === undefined ? {} : { listen: opts.listens[i] }),
         }),
       );
       assigned.push([]);

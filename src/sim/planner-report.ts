@@ -43,6 +43,8 @@ export interface PlanResult {
   rows: PlanRow[];
   /** A fleet's node-local counterparts of `rows`, same order. */
   nodeLocal?: PlanRow[];
+  /** With `--peers`: node-local tiers and a peer tier over the fleet's sidecars, same order. */
+  peers?: PlanRow[];
   /** Whether the configurations come from `--sweep`. */
   sweep: boolean;
   target?: Target | undefined;
@@ -70,7 +72,11 @@ export function formatPlan(p: PlanResult): string[] {
   else out.push('', ...tableLines(p));
   if (p.engines > 1) out.push('', ...fleetLines(p));
   const rule = ruleLines(
-    [...(p.nodeLocal ?? []).map((r) => ({ ...r, label: `${r.label}, node-local` })), ...p.rows],
+    [
+      ...(p.nodeLocal ?? []).map((r) => ({ ...r, label: `${r.label}, node-local` })),
+      ...(p.peers ?? []).map((r) => ({ ...r, label: `${r.label}, peers` })),
+      ...p.rows,
+    ],
     p.planned,
     p.load.prefillTokensPerSec,
   );
@@ -305,11 +311,13 @@ function tableLines(p: PlanResult): string[] {
 function fleetLines(p: PlanResult): string[] {
   const out: string[] = [];
   const local = p.nodeLocal ?? [];
+  const peers = p.peers ?? [];
   const body: string[][] = [];
   for (const [i, row] of p.rows.entries()) {
     const l = local[i];
     for (const [name, r] of [
       [`${row.label}, node-local`, l],
+      [`${row.label}, peers`, peers[i]],
       [`${row.label}, shared`, row],
     ] as const) {
       if (r === undefined) continue;
@@ -328,7 +336,7 @@ function fleetLines(p: PlanResult): string[] {
     }
   }
   out.push(
-    `Fleet: ${p.engines} engines, router ${p.router}; node-local: each engine its own 1/${p.engines} of the fs, redis and s3 tiers; shared: one store for all`,
+    `Fleet: ${p.engines} engines, router ${p.router}; node-local: each engine its own 1/${p.engines} of the fs, redis and s3 tiers; ${peers.length > 0 ? 'peers: node-local, and a peer tier over the sidecars (each chunk homed on one; no store of its own); ' : ''}shared: one store for all`,
     ...formatTable(body, [
       'configuration',
       'kvtier',
@@ -348,6 +356,11 @@ function fleetLines(p: PlanResult): string[] {
       out.push(
         `  ${row.label}: the shared tier adds ${int(add)} prompt tokens/s saved over node-local tiers; cross-node hits: ${int(row.report.crossNodeTokens ?? 0)} tokens loaded from chunks another engine computed.`,
       );
+      const q = peers[i];
+      if (q !== undefined)
+        out.push(
+          `  ${row.label}: the peer tier adds ${int(q.gain.savedTokensPerSec - l.gain.savedTokensPerSec)} prompt tokens/s saved over node-local tiers; cross-node hits: ${int(q.report.crossNodeTokens ?? 0)} tokens (${int(q.report.tokens.byTier.peer ?? 0)} read from another sidecar, the rest found on this one, their home).`,
+        );
     }
   }
   const per = p.rows[0]?.report.engines ?? [];

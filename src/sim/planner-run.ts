@@ -42,6 +42,8 @@ export interface PlannerRunSpec {
   engineTiers: SimTierConfig[][];
   /** Names of the tiers one store serves to every engine of a fleet. */
   sharedTiers: string[];
+  /** Each engine's sidecar endpoint, where a peer tier names them. */
+  listens?: string[];
   /** Names of the tiers whose capacity a sweep on the modeled clock enforces (fs-backed). */
   sweepTiers: string[];
   /** A directory the run may write to. */
@@ -82,6 +84,7 @@ export async function executePlannerRun(o: PlannerRunOptions): Promise<SimReport
       engineTiers: o.engineTiers,
       sharedTiers: o.sharedTiers,
       sweepTiers: o.sweepTiers,
+      ...(o.listens === undefined ? {} : { listens: o.listens }),
     });
   return await runSimulation({
     ...common,

@@ -30,8 +30,13 @@ export interface TierModel {
 
 const MIB2 = 2 * 1024 * 1024;
 
-/** Tier types the planner sweeps, in the order it reports them. */
-export const PLANNER_TIERS = ['cpu', 'disk', 'fs', 'redis', 's3'] as const;
+/** Tier types the planner models, in the order it reports them. */
+export const PLANNER_TIERS = ['cpu', 'disk', 'fs', 'redis', 's3', 'peer'] as const;
+/**
+ * The tiers with a capacity of their own (the ones a run sizes and sweeps). The peer tier holds
+ * nothing itself: its chunks are in the other sidecars' tiers.
+ */
+export const SIZED_TIERS = ['cpu', 'disk', 'fs', 'redis', 's3'] as const;
 /** One of {@link PLANNER_TIERS}. */
 export type PlannerTier = (typeof PLANNER_TIERS)[number];
 
@@ -74,6 +79,13 @@ export const TIER_MODEL_DEFAULTS: Readonly<Record<PlannerTier, Readonly<TierMode
       source: 'bench tiers.s3.get.32, tiers.s3.get.2; price: 36 months of S3 Standard storage',
       benchIds: { bandwidth: 'tiers.s3.get.32', floor: 'tiers.s3.get.2' },
     },
+    peer: {
+      readBytesPerSec: 0.2492859430418229e9,
+      floorSeconds: MIB2 / 0.2492859430418229e9,
+      pricePerGiB: 0,
+      source:
+        "bench/results/peer.json (a lookup and load of 64 MiB from another sidecar over loopback ZMQ; floor: 2 MiB at that rate); no storage of its own: the other sidecars' tiers hold the chunks",
+    },
   });
 
 /** The kvtier tier type that stands for each planner tier in the sidecar the planner runs. */
@@ -83,6 +95,7 @@ export const SIDECAR_TIER_TYPE: Readonly<Record<PlannerTier, string>> = Object.f
   fs: 'fs',
   redis: 'redis',
   s3: 's3',
+  peer: 'peer',
 });
 
 /** Overrides of the defaults, per tier (`--bandwidth`, `--latency`, `--price`). */

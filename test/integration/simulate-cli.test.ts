@@ -143,6 +143,8 @@ describe('kvtier simulate: flags', () => {
     [['--router', 'least-loaded'], /--router needs --engines N/],
     [['--engines', '2', '--router', 'random'], /--router must be one of round-robin/],
     [['--engines', '2', '--fault', 'deadline'], /--fault applies to one engine/],
+    [['--peers'], /--peers needs --engines N with N >= 2/],
+    [['--engines', '2', '--sweep', 'peer=1TiB'], /--sweep peer=\.\.\. has no capacity to sweep/],
     [['--workload', 'multi-round', '--frobnicate'], /Unknown option '--frobnicate'/],
   ];
   for (const [argv, message] of bad) {
@@ -359,6 +361,42 @@ describe('kvtier simulate: flags', () => {
     };
     assert.equal(json.engines, 2);
     assert.equal(json.runs.length, 1);
+    assert.equal(json.nodeLocal.length, 1);
+  });
+
+  it("a fleet with --peers: a node-local run with a peer tier over the engines' sidecars beside the others", async () => {
+    const c = capture((o) => fakeReport(o));
+    const code = await runSimulateCommand(
+      ['--workload', 'multi-round', '--engines', '3', '--fs', '1GiB', '--peers', '--json'],
+      c.io,
+    );
+    assert.equal(code, 0, c.err.join('\n'));
+    assert.equal(c.runs.length, 4);
+    const [, local, peers, shared] = c.runs;
+    assert.equal(local?.listens, undefined);
+    assert.equal(shared?.listens, undefined);
+    assert.deepEqual(peers?.sharedTiers, [], 'no shared store');
+    const listens = peers?.listens ?? [];
+    assert.equal(listens.length, 3);
+    const dirs = (peers?.engineTiers ?? []).map((t) => t[0]?.options.path);
+    assert.equal(new Set(dirs).size, 3, 'node-local: a directory per engine');
+    assert.equal(new Set(listens).size, 3, 'an endpoint per sidecar');
+    for (const [i, tiers] of (peers?.engineTiers ?? []).entries()) {
+      assert.deepEqual(
+        tiers.map((t) => t.name),
+        ['fs', 'peer'],
+        'its own part of the fs tier, then the peers',
+      );
+      const o = tiers[1]!.options as { self: string; peers: { name: string; endpoint: string }[] };
+      assert.equal(o.self, `engine-${i}`);
+      assert.deepEqual(
+        o.peers.map((p) => p.endpoint),
+        listens,
+        'every sidecar lists the same fleet',
+      );
+    }
+    const json = JSON.parse(c.out.join('\n')) as { peers: unknown[]; nodeLocal: unknown[] };
+    assert.equal(json.peers.length, 1);
     assert.equal(json.nodeLocal.length, 1);
   });
 

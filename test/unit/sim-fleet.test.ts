@@ -138,6 +138,41 @@ describe('runFleet', () => {
     assert.equal(r.crossNodeTokens, 0);
   });
 
+  it('peer tiers and no shared store: a prefix computed on one engine is loaded from its home sidecar, byte-exact', async () => {
+    const run = `t${process.pid}-${Date.now()}`;
+    const listens = [0, 1].map((i) => `inproc://kvtier-sim-${run}-${i}`);
+    const peerTier = (i: number): SimTierConfig => ({
+      name: 'peer',
+      type: 'peer',
+      options: {
+        self: `node-${i}`,
+        peers: listens.map((endpoint, j) => ({ name: `node-${j}`, endpoint })),
+        timeoutMs: 600_000,
+      },
+    });
+    const r = await runFleet({
+      ...base,
+      // Each engine's own disk below its host memory, then the other sidecar.
+      engineTiers: fsTier(join(dir, 'peers'), false, 2).map((ts, i) => [...ts, peerTier(i)]),
+      listens,
+      workDir: join(dir, 'c'),
+    });
+    assertClean(r, 'peers');
+    // Every query ran on the other engine than its document's read: what it loads from the peer
+    // tier, the other engine computed. A chunk whose home is the querying engine's own sidecar
+    // was sent there when it was saved, and is found in that sidecar's own tiers instead.
+    const peer = r.tokens.byTier.peer ?? 0;
+    const local = (r.tokens.byTier.fs ?? 0) + (r.tokens.byTier.cpu ?? 0);
+    assert.ok(peer > 0, `some chunks came from the other sidecar: ${JSON.stringify(r.tokens)}`);
+    assert.equal(
+      peer + local,
+      3 * 512,
+      `each query loads its document: ${JSON.stringify(r.tokens)}`,
+    );
+    assert.equal(r.crossNodeTokens, 3 * 512, 'every loaded chunk was computed on the other engine');
+    assert.equal(r.verifiedBlocks, (3 * 512) / 16, 'every loaded block verified');
+  });
+
   it('routers: round-robin, least-loaded, and prefix affinity that keeps a prefix on one engine', () => {
     const load = [5, 1, 3];
     const engines = load.map((_, i) => ({ outstandingTokens: () => load[i] as number }));

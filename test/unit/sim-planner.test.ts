@@ -327,6 +327,18 @@ describe('tier models', () => {
     }
   });
 
+  it("the peer tier's default is bench:peer's lookup and load from another sidecar, and it costs nothing to hold", () => {
+    const peer = JSON.parse(readFileSync(`${REPO_ROOT}/bench/results/peer.json`, 'utf8')) as {
+      rows: { what: string; gbps: number }[];
+    };
+    const row = peer.rows.find((r) => r.what.includes('peer tier'));
+    assert.ok(row !== undefined);
+    const d = TIER_MODEL_DEFAULTS.peer;
+    assert.ok(Math.abs(d.readBytesPerSec / (row.gbps * 1e9) - 1) < 1e-9);
+    assert.ok(Math.abs(d.floorSeconds / ((2 * 2 ** 20) / (row.gbps * 1e9)) - 1) < 1e-9);
+    assert.equal(d.pricePerGiB, 0);
+  });
+
   it("time a load as each lower tier's read then the host link, and take overrides", () => {
     const m = resolveTierModels(22e9, { disk: { readBytesPerSec: 2e9 } });
     assert.equal(m.cpu.readBytesPerSec, 22e9);
