@@ -11,7 +11,10 @@
  *   npm run bench:dataplane        (KVTIER_BENCH_QUICK=1 moves 256 MiB instead of 4 GiB)
  * KVTIER_BENCH_DATAPLANE_MIB sets the bytes moved each way (a multiple of 32 MiB),
  * KVTIER_BENCH_DATAPLANE_REPEAT the runs per path (best kept), KVTIER_BENCH_DATAPLANE_PATHS
- * `production` to skip the bare path. The production sidecar runs in this process; its event-loop
+ * `production` to skip the bare path (`layout` alone: only the in-block order rows). The
+ * in-block order rows: the copy engine alone gathering and scattering the same chunks with one op
+ * per block (NHD, the bytes as they are) and with one op per token and head (HND blocks reordered
+ * to the stored form), against each other and memcpy of the same bytes. The production sidecar runs in this process; its event-loop
  * stall is watched while that path runs.
  * The CPU tier runs with `prefault: true`, the choice recommended for a host dedicated to serving
  * (docs/configuration.md): its slabs are reserved at start and their pages committed in the
@@ -42,6 +45,7 @@ import { Sidecar } from '../src/sidecar.ts';
 import { StorageManager } from '../src/storage-manager/storage-manager.ts';
 import { silentLogger } from '../src/util/log.ts';
 import { percentile, printTable, writeResults } from './support/child.ts';
+import { type LayoutCopyRow, measureLayoutCopy } from './support/layout-copy.ts';
 import { type StallMeter, stallMeter } from './support/loop-stall.ts';
 
 const QUICK = process.env.KVTIER_BENCH_QUICK === '1';
@@ -65,7 +69,9 @@ const NUM_BLOCKS = 2 * REQUEST_BLOCKS; // saved from the first half, loaded into
 /** Size of each memcpy baseline buffer; the copy is repeated until the load's bytes are moved. */
 const MEMCPY_BUFFER_BYTES = 512 * MiB;
 const REPEAT = Number(process.env.KVTIER_BENCH_DATAPLANE_REPEAT ?? (QUICK ? 2 : 3));
-const PATHS = process.env.KVTIER_BENCH_DATAPLANE_PATHS ?? 'bare,production';
+const PATHS = process.env.KVTIER_BENCH_DATAPLANE_PATHS ?? 'bare,production,layout';
+/** Chunks the in-block order rows copy each way (at most 512 MiB). */
+const LAYOUT_CHUNKS = Math.min(CHUNKS, 16);
 const ENGINE = 'bench-engine';
 const PREFAULT = process.env.KVTIER_BENCH_DATAPLANE_PREFAULT !== '0';
 const here = new URL('.', import.meta.url).pathname;
@@ -460,6 +466,22 @@ async function main(): Promise<void> {
         loopStallPrefaultOnCpuMs: prefaultMs === null ? null : prefaultStall.maxOnCpuMs(),
       });
     }
+    let layoutRows: Array<LayoutCopyRow & { memcpyMs: number }> = [];
+    if (PATHS.split(',').includes('layout')) {
+      const bytes = LAYOUT_CHUNKS * CHUNK_BYTES;
+      const copyBytes = async () => {
+        let ms = Number.POSITIVE_INFINITY;
+        for (let r = 0; r < REPEAT; r++)
+          ms = Math.min(
+            ms,
+            await timed(async () => void a.copy(b, 0, 0, Math.min(bufBytes, bytes))),
+          );
+        return ms * Math.max(1, bytes / bufBytes);
+      };
+      const memcpyMs = await copyBytes();
+      const measured = await measureLayoutCopy(engine, registration(path), LAYOUT_CHUNKS, REPEAT);
+      layoutRows = measured.map((r) => ({ ...r, memcpyMs }));
+    }
     console.log(
       `\nData plane on the host device, ${moved / MiB} MiB each way, copy engine: ${engineName}; target ratio >= 0.80`,
     );
@@ -483,6 +505,24 @@ async function main(): Promise<void> {
         (r.ratio as number).toFixed(2),
       ]),
     );
+    if (layoutRows.length > 0) {
+      const nhd = (op: string) => layoutRows.find((r) => r.op === op && r.order === 'NHD')!;
+      console.log(
+        `\nIn-block order, copy engine alone (${engineName}), ${(LAYOUT_CHUNKS * CHUNK_BYTES) / MiB} MiB each way; HND blocks reordered to the stored (NHD) form:`,
+      );
+      printTable(
+        ['blocks', 'op', 'ops per chunk', 'GB/s', 'memcpy GB/s', 'ratio to memcpy', 'ratio to NHD'],
+        layoutRows.map((r) => [
+          r.order,
+          r.op,
+          String(r.opsPerChunk),
+          (r.bytes / (r.ms / 1000) / 1e9).toFixed(2),
+          (r.bytes / (r.memcpyMs / 1000) / 1e9).toFixed(2),
+          (r.memcpyMs / r.ms).toFixed(2),
+          (nhd(r.op).ms / r.ms).toFixed(2),
+        ]),
+      );
+    }
     console.log('\nLookup round trips during the loads (target p99 < 5 ms):');
     printTable(
       [
@@ -524,6 +564,7 @@ async function main(): Promise<void> {
         chunkBytes: CHUNK_BYTES,
       },
       rows,
+      layoutCopy: layoutRows,
       lookupDuringLoad: lookups,
     });
     console.log(`\nwrote ${file}`);
