@@ -4,6 +4,8 @@
  */
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
+import type { CopyEngine, CopySurface } from '../../src/data-plane/copy-engine-types.ts';
+import { scatterLayerwise } from '../../src/data-plane/copy-groups.ts';
 import {
   chunkOpSlots,
   chunkPayloadBytes,
@@ -162,6 +164,45 @@ describe('in-block layout', () => {
       for (const [from, to] of [
         [1, 4],
         [7, 0],
+      ] as const) {
+        const s = at('HND', r, from, 0, 0);
+        const d = at('HND', r, to, 0, 0);
+        assert.ok(
+          Buffer.from(dst.subarray(d, d + BLOCK_BYTES)).equals(
+            Buffer.from(src.subarray(s, s + BLOCK_BYTES)),
+          ),
+        );
+      }
+  });
+
+  test('a layer-wise load of HND blocks writes what the chunk-wise ops write', async () => {
+    const layout = resolveKvRegistration(reg('HND'));
+    const payload = gather('NHD', engineFile('NHD'), [2, 3]);
+    const engine: CopyEngine = {
+      openFile: () => Promise.reject(new Error('unused')),
+      copy: async (surfaces: readonly CopySurface[], ops: Float64Array) =>
+        run(surfaces as Uint8Array[], ops),
+    };
+    const dst = new Uint8Array(2 * LAYERS * REGION_BYTES);
+    let layers = 0;
+    const res = await scatterLayerwise(
+      engine,
+      { layout, surfaces: [dst], regionSurface: [0, 0, 0, 0] },
+      [{ ids: Uint32Array.of(6, 1), payload }],
+      { groupBytes: BLOCK_BYTES, onLayers: (n) => (layers = n) },
+    );
+    assert.equal(res.error, undefined);
+    assert.equal(layers, LAYERS);
+    const want = new Uint8Array(dst.length);
+    const ops = new Float64Array(chunkOpSlots(layout, 2));
+    writeChunkOps(ops, 0, layout, 'scatter', [6, 1], [0, 0, 0, 0], 1);
+    run([want, payload], ops);
+    assert.ok(Buffer.from(dst).equals(Buffer.from(want)));
+    const src = engineFile('HND');
+    for (let r = 0; r < 2 * LAYERS; r++)
+      for (const [from, to] of [
+        [2, 6],
+        [3, 1],
       ] as const) {
         const s = at('HND', r, from, 0, 0);
         const d = at('HND', r, to, 0, 0);
