@@ -359,7 +359,7 @@ function fleetLines(p: PlanResult): string[] {
       const q = peers[i];
       if (q !== undefined)
         out.push(
-          `  ${row.label}: the peer tier adds ${int(q.gain.savedTokensPerSec - l.gain.savedTokensPerSec)} prompt tokens/s saved over node-local tiers; cross-node hits: ${int(q.report.crossNodeTokens ?? 0)} tokens (${int(q.report.tokens.byTier.peer ?? 0)} read from another sidecar, the rest found on this one, their home).`,
+          `  ${row.label}: the peer tier adds ${int(q.gain.savedTokensPerSec - l.gain.savedTokensPerSec)} prompt tokens/s saved over node-local tiers; cross-node hits: ${int(q.report.crossNodeTokens ?? 0)} tokens; ${int(q.report.tokens.byTier.peer ?? 0)} tokens read from another sidecar (the chunk's home, whichever engine computed it).`,
         );
     }
   }
