@@ -28,6 +28,17 @@ from .pending import _PENDING, Pending
 from .transport import _NOBLOCK, MAX_AUTH_RECONNECTS, ClientTransport, _Again
 
 _encode_lookup = P.encode_lookup
+
+
+def _await_config(pin: Any, prefetch: Any, await_chunks: Any, await_ms: Any) -> dict:
+    """LOOKUP's config with ``awaitChunks``/``awaitMs`` (positive integers)."""
+    for name, v in (("await_chunks", await_chunks), ("await_ms", await_ms)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise InvalidArgumentError(f"{name} must be a positive integer, got {v!r}")
+    if not isinstance(pin, bool) or not isinstance(prefetch, bool):
+        raise InvalidArgumentError("pin and prefetch must be booleans")
+    out: dict = {k: False for k, on in (("pin", pin), ("prefetch", prefetch)) if not on}
+    return {**out, "awaitChunks": await_chunks, "awaitMs": await_ms}
 _LOOKUP = P.MsgType.LOOKUP
 _LOOKUP_RESULT = int(P.MsgType.LOOKUP_RESULT)
 
@@ -81,6 +92,8 @@ class KvtierClient(ClientTransport, RequestMethods):
         prefetch: bool = True,
         compute_tokens_per_s: float | None = None,
         timeout_ms: float | None = None,
+        await_chunks: int | None = None,
+        await_ms: int | None = None,
     ) -> int | None:
         """Non-blocking lookup. The first call for ``lookup_id`` sends a LOOKUP and returns
         None; later calls return None while it is pending, then the hit tokens once (the next
@@ -94,6 +107,10 @@ class KvtierClient(ClientTransport, RequestMethods):
         the whole answer (tiers, rates, decisions). ``timeout_ms``: a shorter deadline for this
         lookup (the smaller of it and ``lookup_timeout_ms`` applies; see :func:`lookup_wait_ms`).
         Both are read on the first call only.
+
+        ``await_chunks`` and ``await_ms`` (disaggregated prefill, docs/fleet.md): the sidecar's
+        answer waits up to ``await_ms`` for the first ``await_chunks`` chunks, whose save is still
+        in flight on a producer; the deadline here grows by ``await_ms`` (still never blocking).
         """
         p = self._lookups.get(lookup_id)
         if p is None:
@@ -108,11 +125,13 @@ class KvtierClient(ClientTransport, RequestMethods):
                 rid = self._next_id()
             else:
                 self._rid = rid
+            waits = await_chunks is not None and await_ms is not None and await_chunks > 0 and await_ms > 0
             frame = _encode_lookup(
                 rid, lookup_id, namespaces, hashes, token_counts, pin, prefetch,
+                config=_await_config(pin, prefetch, await_chunks, await_ms) if waits else None,
                 compute_tokens_per_s=compute_tokens_per_s,
             )
-            timeout_s = self.lookup_timeout_s
+            timeout_s = self.lookup_timeout_s + (await_ms / 1000.0 if waits else 0.0)
             if timeout_ms is not None:
                 if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, (int, float)) or not timeout_ms > 0:
                     raise InvalidArgumentError(f"timeout_ms must be a positive number, got {timeout_ms!r}")

@@ -54,6 +54,13 @@ class KvtierConfig:
     load: bool | None = None
     #: Save to kvtier (default: unless ``kv_role`` is ``kv_consumer``).
     save: bool | None = None
+    #: Disaggregated prefill, on a consumer: the longest a request whose ``kv_transfer_params``
+    #: name a producer's save waits for those chunks (its lookup stays pending; steps go on).
+    #: Past it the request loads what arrived and computes the rest. 0: no wait.
+    handoff_wait_ms: int = 10000
+    #: Disaggregated prefill, on a consumer: the producers' sidecar endpoints whose parameters are
+    #: taken (others are logged and ignored); empty: any.
+    handoff_producers: tuple = ()
     #: Bound on waiting for the sidecar at shutdown (transfers in flight, UNREGISTER's answer);
     #: fenced saves are cancelled at once, and the sidecar releases an engine that did not say
     #: goodbye after its heartbeat timeout.
@@ -151,6 +158,12 @@ def _check(name: str, v: Any) -> Any:
         return float(v)
     if name == "preemption_wait_ms":
         return _int(name, v, 0, 60_000)
+    if name == "handoff_wait_ms":
+        return _int(name, v, 0, 600_000)
+    if name == "handoff_producers":
+        if not isinstance(v, (list, tuple)):
+            raise ConfigError(f"kv_connector_extra_config.handoff_producers must be a list of endpoints, got {v!r}")
+        return tuple(_endpoint(f"handoff_producers[{i}]", e) for i, e in enumerate(v))
     if name == "kv_events_max_chunks":
         return _int(name, v, 1, 1 << 26)
     if name in ("events_endpoint", "events_replay_endpoint"):

@@ -48,6 +48,7 @@ from .config import KvtierConfig
 from .curve import CurveKeys, load_client_keys
 from .errors import ConfigError
 from .connector_types import ConnectorMeta, ConnectorOutput
+from .handoff import HandoffRole
 from .kv_caches import build_registration
 from .kv_events import BlockEventMapper, ChunkTransitions, block_extra_keys, event_fields, open_worker_events
 from .rank_lookup import RankLookup, rank_index, rank_suffix
@@ -311,6 +312,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         kv_role = getattr(ktc, "kv_role", "kv_both")
         self._load = self._cfg.load if self._cfg.load is not None else kv_role != "kv_producer"
         self._save = self._cfg.save if self._cfg.save is not None else kv_role != "kv_consumer"
+        # Disaggregated prefill: a save-only engine names what it saved in the request's output.
+        self._produces = self._save and (kv_role == "kv_producer" or not self._load)
         self._shape = model_shape(vllm_config, self._cfg, _kv_layout(), os.environ.get("VLLM_PP_LAYER_PARTITION"))
         self._vllm_config = vllm_config
         self._scheduler: SchedulerConnector | None = None
@@ -386,12 +389,23 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             ep = self._endpoint(k)
             client = clients.get(ep) or clients.setdefault(ep, self._client(ep))
             targets.append((client, ns, sfx))
+        ktc = self._vllm_config.kv_transfer_config
+        handoff = HandoffRole(
+            produces=self._produces,
+            namespace=targets[0][1],
+            chunk_size=self._cfg.chunk_size,
+            sidecar=self._endpoint(0),
+            engine_id=str(getattr(ktc, "engine_id", None) or "vllm"),
+            wait_ms=self._cfg.handoff_wait_ms if self._load else 0,
+            producers=self._cfg.handoff_producers,
+        )
         return SchedulerConnector(
             RankLookup(targets),
             block_size=self._shape.block_size,
             chunk_size=self._cfg.chunk_size,
             salt=self._cfg.salt,
             prefill_tokens_per_s=None if self._cfg.prefill_tokens_per_s == "off" else self._cfg.prefill_tokens_per_s,
+            handoff=handoff,
         )
 
     def _make_worker(self) -> WorkerConnector:
@@ -598,7 +612,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             return 0, False
         req = connector_request(request)
         self._tables.remember(req)
-        return self._scheduler.get_num_new_matched_tokens(req, num_computed_tokens)
+        return self._scheduler.get_num_new_matched_tokens(
+            req, num_computed_tokens, getattr(request, "kv_transfer_params", None)
+        )
 
     def update_state_after_alloc(self, request: "Request", blocks: "KVCacheBlocks", num_external_tokens: int):
         assert self._scheduler is not None

@@ -57,6 +57,8 @@ class RankLookup:
         token_counts: Sequence[int],
         compute_tokens_per_s: float | None = None,
         timeout_ms: float | None = None,
+        await_chunks: int | None = None,
+        await_ms: int | None = None,
     ) -> int | None:
         """Never blocks: None until every rank answered, then the minimum (once).
         ``compute_tokens_per_s`` and ``timeout_ms`` go to every rank's lookup (see
@@ -67,6 +69,9 @@ class RankLookup:
             self._details.pop(lookup_id, None)
         extra = {} if compute_tokens_per_s is None else {
             "compute_tokens_per_s": compute_tokens_per_s, "timeout_ms": timeout_ms}
+        if await_chunks:
+            # a lookup that waits for a producer's save (disaggregated prefill)
+            extra = {**extra, "await_chunks": await_chunks, "await_ms": await_ms}
         for i, (client, ns, sfx) in enumerate(self._targets):
             if i in got:
                 continue

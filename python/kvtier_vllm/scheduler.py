@@ -28,6 +28,7 @@ from .connector_types import (
 )
 from ._validate import require_int as _int
 from .errors import ClosedError, InvalidArgumentError
+from .handoff import HandoffRole
 from .hashing import hash_chunks
 from .lookup_rule import StepClock, admitted_tokens, lookup_wait_ms, worth_a_step
 
@@ -76,6 +77,13 @@ class _Tracked:
     #: The engine allocated blocks for the request since its last ask (an ask after that is a
     #: new admission: after a preemption or a failed load).
     admitted: bool = False
+    #: Leading chunks a producer engine saved for this request (its ``kv_transfer_params``): its
+    #: lookups wait for them (disaggregated prefill); 0: a plain lookup.
+    await_chunks: int = 0
+    #: The request's transfer parameters were read (once per request).
+    params_read: bool = False
+    #: The lookup attempt last counted as awaited.
+    attempt_awaited: int = 0
 
 
 
@@ -104,6 +112,9 @@ class SchedulerConnector:
         takes; only what the sidecar's rule admitted is claimed; and a pending lookup holds a
         request back a step only when computing what it could claim takes longer than that step
         (else the request computes if admitted now; asked again before that, the answer counts).
+    :param handoff: disaggregated prefill (:mod:`~.handoff`): on a producer, finished requests
+        name what they saved; on a consumer, requests whose ``kv_transfer_params`` name a
+        producer's save wait for it. None: neither.
     :raises InvalidArgumentError: on bad options.
 
     Loads that fail are not offered again: a request whose load failed is never offered the
@@ -123,6 +134,7 @@ class SchedulerConnector:
         namespaces: Sequence[bytes] | None = None,
         clock: Callable[[], float] = time.monotonic,
         prefill_tokens_per_s: float | str | None = None,
+        handoff: HandoffRole | None = None,
     ) -> None:
         if not callable(getattr(lookup, "lookup", None)):
             raise InvalidArgumentError("lookup must be a KvtierClient or MultiLookupClient")
@@ -157,6 +169,8 @@ class SchedulerConnector:
         #: Requests the last step scheduled (the step a waiting request would wait for).
         self._running: set[str] = set()
         self._rule = {"declined_tokens": 0, "computed_instead": 0, "lookups_bounded": 0}
+        self._handoff = handoff
+        self._handoffs = {"awaited": 0, "refused_params": 0, "params_sent": 0}
 
     @property
     def block_size(self) -> int:
@@ -196,6 +210,13 @@ class SchedulerConnector:
         not beat computing)."""
         return dict(self._rule)
 
+    def handoff_stats(self) -> dict:
+        """Disaggregated prefill: ``params_sent`` (a producer's finished requests that named
+        what they saved), ``awaited`` (a consumer's lookups that waited for a producer's save),
+        ``refused_params`` (transfer parameters refused: malformed, another model or prompt, an
+        unlisted producer; those requests looked up plainly)."""
+        return dict(self._handoffs)
+
     def engine_step(self, tokens: int, request_ids: Iterable[str] = ()) -> None:
         """The engine scheduled a step of ``tokens`` tokens for ``request_ids`` (from vLLM's
         ``SchedulerOutput``; the adapter calls it before :meth:`build_connector_meta`): its pace
@@ -219,15 +240,28 @@ class SchedulerConnector:
 
     # ------------------------------------------------------------------ vLLM hooks
 
-    def get_num_new_matched_tokens(self, request: ConnectorRequest, num_computed_tokens: int) -> tuple[int | None, bool]:
+    def get_num_new_matched_tokens(
+        self, request: ConnectorRequest, num_computed_tokens: int, transfer_params: Any = None
+    ) -> tuple[int | None, bool]:
         """vLLM ``get_num_new_matched_tokens``: ``(None, False)`` while the lookup is pending
         ("ask again next step"), else the tokens kvtier can load beyond ``num_computed_tokens`` and
         whether the load is async (always when tokens > 0: loads never block the forward pass).
+        ``transfer_params``: the request's ``kv_transfer_params`` (a consumer engine's request
+        carries what the producer's :meth:`request_finished` named; its lookups then wait for
+        those chunks, up to the handoff's bound). Bad parameters are logged and ignored.
 
         :raises InvalidArgumentError: for a bad request or count. :raises ClosedError:
         """
         self._open()
         t = self._track(request)
+        if not t.params_read:
+            t.params_read = True
+            if transfer_params is not None and self._handoff is not None:
+                n = self._handoff.awaited_chunks(transfer_params, t.request_id, t.hashes)
+                if n is None:
+                    self._handoffs["refused_params"] += 1
+                else:
+                    t.await_chunks = n
         computed = _int("num_computed_tokens", num_computed_tokens)
         if t.admitted and t.loading is None and t.intent is None:
             # Asked again after it was admitted: preempted (the engine may ask before it tells
@@ -254,6 +288,8 @@ class SchedulerConnector:
             claimable = lookup_chunks * self._chunk - computed
             answer = self._ask(t, lookup_chunks, claimable, rate)
             if answer is None:
+                if self._awaits(t, lookup_chunks):
+                    return None, False  # the producer's save is what this request waits for
                 if rate is None or worth_a_step(claimable, rate, self._step_ms(t.request_id)):
                     return None, False
                 # Computing what it could claim takes less than the step it would wait: it
@@ -410,8 +446,9 @@ class SchedulerConnector:
         the blocks of a request aborted while loading until ``finished_recving`` names it, and
         frees them then; a delayed free as well would name a request vLLM already dropped. (A
         loading request has no saves in flight: its earlier blocks were freed at preemption,
-        after ``handle_preemptions`` waited for their saves.) kvtier hands vLLM no transfer
-        parameters."""
+        after ``handle_preemptions`` waited for their saves.) The parameters are None, except on a
+        producer engine (``handoff`` that produces): a finished request that saved chunks names
+        them (:meth:`~.handoff.HandoffRole.params`), for vLLM's proxy to pass to the consumer."""
         t = self._requests.pop(getattr(request, "request_id", None), None)
         if t is None:
             return False, None
@@ -421,7 +458,11 @@ class SchedulerConnector:
         delay = t.saved_any and t.loading is None
         kind = "aborted" if getattr(request, "aborted", False) else "finished"
         self._ended.append(RequestEnd(t.request_id, kind, delay))
-        return delay, None
+        params = None
+        if self._handoff is not None and self._handoff.produces and kind == "finished" and t.stored_chunks > 0:
+            params = self._handoff.params(t.request_id, t.hashes[: t.stored_chunks])
+            self._handoffs["params_sent"] += 1
+        return delay, params
 
     def request_preempted(self, request: ConnectorRequest | Any) -> None:
         """Preemption (the engine frees the blocks and requeues the request): the next ask looks
@@ -525,6 +566,15 @@ class SchedulerConnector:
         counts = [self._chunk] * lookup_chunks
         args: tuple = (t.lookup_id, hashes, counts) if self._namespaces is None else (
             t.lookup_id, hashes, counts, self._namespaces)
+        if self._awaits(t, lookup_chunks):
+            # A producer saved these chunks: wait for them rather than weigh computing them.
+            assert self._handoff is not None
+            if t.attempt_awaited != t.attempt:
+                t.attempt_awaited = t.attempt
+                self._handoffs["awaited"] += 1
+            return self._lookup.lookup(
+                *args, await_chunks=min(t.await_chunks, lookup_chunks), await_ms=self._handoff.wait_ms
+            )
         if rate is None or not self._details:
             return self._lookup.lookup(*args)
         answer = self._lookup.lookup(
@@ -538,6 +588,10 @@ class SchedulerConnector:
         admitted = min(int(answer), admitted_tokens(details))
         self._rule["declined_tokens"] += int(answer) - admitted
         return admitted
+
+    def _awaits(self, t: _Tracked, lookup_chunks: int) -> bool:
+        """Whether the request's lookup waits for a producer's save."""
+        return t.await_chunks > 0 and lookup_chunks > 0 and self._handoff is not None and self._handoff.wait_ms > 0
 
     def _chunks_of(self, intent: LoadIntent) -> int:
         return (len(intent.block_ids) + intent.skip_blocks) // self._bpc
