@@ -44,12 +44,19 @@ const MiB = 1024 * 1024;
 
 async function serve(name: string, config: Record<string, unknown>) {
   const listen = `tcp://127.0.0.1:${await freeTcpPort()}`;
-  const proc = await startSidecarProcess(join(dir, `${name}.json`), {
-    listen,
-    metrics: { host: '127.0.0.1', port: 0 },
-    logLevel: 'warn',
-    ...config,
-  });
+  // KVTIER_BENCH_NODE_FLAGS passes flags to the sidecars, e.g. "--cpu-prof --cpu-prof-dir=/tmp/p".
+  const flags = (process.env.KVTIER_BENCH_NODE_FLAGS ?? '').split(' ').filter((f) => f !== '');
+  const proc = await startSidecarProcess(
+    join(dir, `${name}.json`),
+    {
+      listen,
+      metrics: { host: '127.0.0.1', port: 0 },
+      logLevel: 'warn',
+      ...config,
+    },
+    120_000,
+    flags,
+  );
   const metrics = /metrics at (http:\/\/\S+\/metrics)/.exec(proc.output)![1]!;
   const client = new LookupClient({
     endpoint: listen,

@@ -24,6 +24,8 @@ import {
   type KvStore,
   type KvStoreInfo,
   type StoreCallOptions,
+  type StoredValue,
+  type StoreGetOptions,
   type StoreKey,
   type StorePutOptions,
   type StoreTally,
@@ -39,6 +41,7 @@ import {
   unlinkSized,
 } from './redis-client.ts';
 import { type FramedSet, framedSet } from './redis-frame.ts';
+import { clusterNodeOf, REDIRECT, RedisGetReader } from './redis-get-reader.ts';
 import type { ResolvedRedisBackendOptions } from './redis-options.ts';
 
 const LOST: readonly string[] = ['reconnecting', 'close', 'end'];
@@ -59,6 +62,10 @@ export class RedisStore implements KvStore {
   readonly #pool = new BufferPool();
   /** Frames lent by `valueBuffer`, by the value view the tier fills and passes to `put`. */
   readonly #frames = new WeakMap<Uint8Array, FramedSet>();
+  /** The bulk `GET` path; null with TLS (ioredis reads then). */
+  readonly #reader: RedisGetReader | null;
+  #readerGets = 0;
+  #redirects = 0;
   #closed = false;
   /** Last connection error, for the message of a failed `start()`. */
   #lastError: Error | null = null;
@@ -68,6 +75,7 @@ export class RedisStore implements KvStore {
     this.#o = o;
     this.#name = name;
     this.client = connect(o);
+    this.#reader = o.tls !== undefined ? null : newReader(this.client, o, name);
     this.client.on('error', (err: Error) => {
       this.#lastError = err;
       log.debug('redis connection error', { tier: name, err });
@@ -127,9 +135,25 @@ export class RedisStore implements KvStore {
     return `${this.#name}: redis at ${where} ${what} (connection ${this.client.status}${last})`;
   }
 
-  async get(key: StoreKey, opts: StoreCallOptions): Promise<Buffer | null> {
+  /**
+   * `GET` through the bulk reader (redis-get-reader.ts) into a pooled buffer that the tier gives
+   * back once it has copied the value; through ioredis when the reader cannot place the key (no
+   * slot map yet, `MOVED`/`ASK`) or the connection uses TLS.
+   */
+  async get(key: StoreKey, opts: StoreGetOptions): Promise<Buffer | StoredValue | null> {
     this.#ready('get', opts.signal);
-    return this.client.getBuffer(this.#key(key)).catch(this.#fail('get'));
+    const k = this.#key(key);
+    if (this.#reader !== null) {
+      const v = await this.#reader
+        .get(k, opts.maxBytes ?? Number.MAX_SAFE_INTEGER, opts.crc32cFrom, opts.signal)
+        .catch(this.#fail('get'));
+      if (v !== REDIRECT) {
+        this.#readerGets++;
+        return v;
+      }
+      this.#redirects++;
+    }
+    return this.client.getBuffer(k).catch(this.#fail('get'));
   }
 
   async has(key: StoreKey, opts: StoreCallOptions): Promise<boolean> {
@@ -234,9 +258,15 @@ export class RedisStore implements KvStore {
     return 'up';
   }
 
+  /** Gets answered by the bulk reader, and those it handed to ioredis (`MOVED`, `ASK`, no slot map). */
+  stats(): Readonly<Record<string, number>> {
+    return { readerGets: this.#readerGets, readerRedirects: this.#redirects };
+  }
+
   /** Disconnects (in-flight commands reject). */
   async close(): Promise<void> {
     this.#closed = true;
+    this.#reader?.close();
     this.client.disconnect();
   }
 
@@ -273,4 +303,28 @@ export class RedisStore implements KvStore {
       throw new KvtierError(code, `${this.#name} ${op}: redis failed: ${msg}`, { cause });
     };
   }
+}
+
+/** The bulk reader of `client`: the master of each key's slot, or the standalone server. */
+function newReader(client: Client, o: ResolvedRedisBackendOptions, name: string): RedisGetReader {
+  const opts = {
+    username: o.username,
+    password: o.password,
+    connectTimeoutMs: o.connectTimeoutMs,
+    name,
+  };
+  if (client instanceof Cluster)
+    return new RedisGetReader(
+      clusterNodeOf(() => client.slots),
+      opts,
+    );
+  // ioredis has parsed the URL (host, port, credentials, database) into its options.
+  const c = client.options;
+  const node = `${c.host ?? '127.0.0.1'}:${c.port ?? 6379}`;
+  return new RedisGetReader(() => node, {
+    ...opts,
+    username: c.username ?? undefined,
+    password: c.password ?? undefined,
+    db: c.db ?? 0,
+  });
 }

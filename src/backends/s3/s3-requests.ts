@@ -11,6 +11,7 @@ import pLimit, { type LimitFunction } from 'p-limit';
 import { abortedError, isKvtierError, KvtierError } from '../../errors.ts';
 import { Deadline, withDeadline } from '../../util/deadline.ts';
 import type { Logger } from '../../util/log.ts';
+import type { BufferPool } from '../arena/buffer-pool.ts';
 import { crc32cUpdateNative } from '../format/checksum.ts';
 import type { ResolvedS3BackendOptions } from './s3-options.ts';
 
@@ -180,13 +181,17 @@ function isNotFound(err: unknown): boolean {
 export interface ReadBody {
   readonly bytes: Uint8Array;
   readonly crc32c?: number;
+  /** Gives `bytes` back to the pool they came from (absent when they came from the SDK). */
+  readonly release?: () => void;
 }
 
 /**
  * Reads a GetObject body into one buffer allocated from its Content-Length (`length`), copying
  * each piece as it arrives and checksumming it meanwhile with the native addon (the bytes from
  * `crcFrom` on), instead of collecting the pieces and concatenating them and then checksumming
- * the whole. A body of unknown length, or longer than `maxBytes`, is collected by the SDK.
+ * the whole. A body of unknown length, or longer than `maxBytes`, is collected by the SDK. With
+ * `pool` the buffer comes from it and the answer's `release` gives it back (after a failure it
+ * goes back at once).
  * @throws when the body fails, or ends short of or runs past `length` (a transfer error, never a
  *   corrupt object).
  */
@@ -195,6 +200,7 @@ export async function readBody(
   length: number | undefined,
   maxBytes: number,
   crcFrom: number,
+  pool?: BufferPool,
 ): Promise<ReadBody> {
   const stream = body as unknown as Partial<AsyncIterable<Uint8Array>>;
   if (
@@ -206,23 +212,37 @@ export async function readBody(
   ) {
     return { bytes: await body.transformToByteArray() };
   }
-  const bytes = Buffer.allocUnsafe(length);
+  const bytes = pool === undefined ? Buffer.allocUnsafe(length) : pool.acquire(length);
   let filled = 0;
   let crc: number | null = 0;
-  for await (const piece of stream as AsyncIterable<Uint8Array>) {
-    if (filled + piece.byteLength > length) {
-      throw new KvtierError('KVT_BACKEND', `GetObject body runs past its ${length} bytes`);
+  try {
+    for await (const piece of stream as AsyncIterable<Uint8Array>) {
+      if (filled + piece.byteLength > length) {
+        throw new KvtierError('KVT_BACKEND', `GetObject body runs past its ${length} bytes`);
+      }
+      bytes.set(piece, filled);
+      const end = filled + piece.byteLength;
+      if (crc !== null && end > crcFrom) {
+        const from = Math.max(filled, crcFrom);
+        crc = crc32cUpdateNative(crc, bytes.subarray(from, end));
+      }
+      filled = end;
     }
-    bytes.set(piece, filled);
-    const end = filled + piece.byteLength;
-    if (crc !== null && end > crcFrom) {
-      const from = Math.max(filled, crcFrom);
-      crc = crc32cUpdateNative(crc, bytes.subarray(from, end));
+    if (filled !== length) {
+      throw new KvtierError('KVT_BACKEND', `GetObject body ended at ${filled} of ${length} bytes`);
     }
-    filled = end;
+  } catch (err) {
+    pool?.release(bytes);
+    throw err;
   }
-  if (filled !== length) {
-    throw new KvtierError('KVT_BACKEND', `GetObject body ended at ${filled} of ${length} bytes`);
-  }
-  return crc === null || length < crcFrom ? { bytes } : { bytes, crc32c: crc };
+  let released = false;
+  const release =
+    pool === undefined
+      ? undefined
+      : () => {
+          if (released) return;
+          released = true;
+          pool.release(bytes);
+        };
+  return crc === null || length < crcFrom ? { bytes, release } : { bytes, crc32c: crc, release };
 }

@@ -1,8 +1,8 @@
 /**
  * The S3 tier's {@link KvStore}: one object per chunk, `<keyPrefix><ns>/<hash>` (the store key as
  * it is under the prefix), written with one PutObject of known length (atomic) after a HEAD
- * (both share one `timeoutMs` deadline), read with GetObject into one buffer of its
- * Content-Length and checksummed as it arrives. Every request runs under the concurrency bound
+ * (both share one `timeoutMs` deadline), read with GetObject into one pooled buffer of its
+ * Content-Length (given back once the tier has copied the chunk) and checksummed as it arrives. Every request runs under the concurrency bound
  * with its own deadline (s3-requests.ts). No count: a shared bucket has no cheap one.
  *
  * Put-if-absent: the HEAD spares uploading an object that exists, and the PutObject is
@@ -26,6 +26,7 @@ import {
 } from '@aws-sdk/client-s3';
 import { abortedError, closedError, KvtierError } from '../../errors.ts';
 import type { Logger } from '../../util/log.ts';
+import { BufferPool } from '../arena/buffer-pool.ts';
 import type { BackendHealth } from '../core/types.ts';
 import {
   type KvStore,
@@ -59,6 +60,8 @@ export class S3Store implements KvStore {
   readonly #o: ResolvedS3BackendOptions;
   readonly #name: string;
   readonly #log: Logger;
+  /** Object buffers of gets, back once the tier has copied them into host memory. */
+  readonly #pool = new BufferPool(32, 64 * 1024 * 1024);
   /** Whether puts are sent with `If-None-Match: *` (until the service answers 501 to one). */
   #conditional = true;
 
@@ -106,7 +109,7 @@ export class S3Store implements KvStore {
           abortSignal: s,
         });
         if (res.Body === undefined) throw new Error('GetObject answered without a body');
-        return readBody(res.Body, res.ContentLength, maxBytes, crcFrom);
+        return readBody(res.Body, res.ContentLength, maxBytes, crcFrom, this.#pool);
       },
       opts.signal,
     );

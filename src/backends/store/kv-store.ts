@@ -89,6 +89,12 @@ export interface StoredValue {
   readonly bytes: Uint8Array;
   /** CRC-32C of `bytes` from `crc32cFrom` (see {@link StoreGetOptions}) to the end. */
   readonly crc32c?: number | undefined;
+  /**
+   * Gives `bytes` back to the store (a pooled buffer). The wrapper calls it once nothing reads
+   * them: after a failed check at once, else through the returned chunk's `release`, which its
+   * receiver may never call (the bytes are then garbage-collected).
+   */
+  readonly release?: (() => void) | undefined;
 }
 
 /** How many values and bytes: the answer of `clear` and `count`. */

@@ -244,8 +244,11 @@ export class StoreBackend implements StorageBackend {
         if (v === null) return null;
         const bytes = v instanceof Uint8Array ? v : v.bytes;
         const crc = v instanceof Uint8Array ? undefined : v.crc32c;
+        const release = v instanceof Uint8Array ? undefined : v.release;
         const decoded = await decodeChunkObjectAsync(ns, hash, bytes, crc);
-        if (decoded.ok) return decoded.chunk;
+        if (decoded.ok)
+          return release === undefined ? decoded.chunk : { ...decoded.chunk, release };
+        release?.();
         await this.#corrupt(ns, hash, key, decoded.reason, bytes.byteLength);
         return null;
       };
