@@ -418,6 +418,7 @@ export const REPLIES: { name: string; rep: Reply }[] = [
       namespace: NS_A,
       chunkSize: 256,
       blockSize: 16,
+      blockLayout: 'HND',
     },
   },
   {

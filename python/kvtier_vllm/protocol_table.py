@@ -297,6 +297,7 @@ MESSAGES = {
             {"kind": "ns", "key": "namespace", "name": "namespace", "label": "namespace"},
             {"kind": "u32", "key": "chunk_size", "name": "chunkSize", "label": "chunkSize"},
             {"kind": "u32", "key": "block_size", "name": "blockSize", "label": "blockSize"},
+            {"kind": "str", "key": "block_layout", "name": "blockLayout", "label": "blockLayout", "max": 8, "optional": True},
         ),
         "rules": (),
     },
@@ -466,6 +467,7 @@ class RegisterResult(NamedTuple):
     namespace: bytes
     chunk_size: int
     block_size: int
+    block_layout: str | None = None
 
 
 class SaveResult(NamedTuple):

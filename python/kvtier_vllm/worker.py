@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 from .connector_types import ConnectorMeta, LoadIntent, SaveIntent
-from .errors import ClosedError, InvalidArgumentError, NotFoundError, RequestTimeoutError
+from .errors import ClosedError, ConfigError, InvalidArgumentError, NotFoundError, RequestTimeoutError
 from .save_fence import SaveFences
 
 __all__ = ["WorkerConnector", "WorkerStats", "LOAD_GRACE_S", "PREEMPTION_WAIT_S", "SAVE_TIMEOUT_S"]
@@ -204,11 +204,27 @@ class WorkerConnector:
             self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="kvtier-heartbeat", daemon=True)
             self._hb_thread.start()
         result = self._client.send_register(registration).wait(timeout_ms)
+        problem = _layout_problem(registration, result)
+        if problem is not None:
+            self._unregister_quietly(self._client, registration)
+            raise ConfigError(problem)
         self._result = result
         self._stats.registrations += 1
         self._learn_features(self._client)
         self._touch()
         return result
+
+    @staticmethod
+    def _unregister_quietly(client: Any, registration: dict | None) -> None:
+        """Takes back a registration the sidecar would serve wrongly (its SAVEs and LOADs are
+        then refused as an unknown engine's: loads recompute, nothing wrong is stored)."""
+        engine = (registration or {}).get("engineId")
+        if not isinstance(engine, str):
+            return
+        try:
+            client.send_unregister(engine)
+        except Exception as err:
+            _log.warning("unregistering engine %s not sent: %s", engine, err)
 
     @property
     def fenced(self) -> bool:
@@ -268,7 +284,12 @@ class WorkerConnector:
             return
         self._reregister = None
         try:
-            self._result = p.result()
+            result = p.result()
+            problem = _layout_problem(self._registration, result)
+            if problem is not None:
+                self._unregister_quietly(self._client, self._registration)
+                raise ConfigError(problem)
+            self._result = result
             self._stats.registrations += 1
             _log.warning("registered again with the restarted sidecar")
         except Exception as err:  # the heartbeat thread tries again
@@ -667,8 +688,28 @@ class WorkerConnector:
                     # order of what it sent is kept (see _register_after_restart).
                     self._restart_seen = instance
                     return
-                self._result = self._await(client.send_register(self._registration), timeout_ms)
+                result = self._await(client.send_register(self._registration), timeout_ms)
+                problem = _layout_problem(self._registration, result)
+                if problem is not None:
+                    self._unregister_quietly(client, self._registration)
+                    raise ConfigError(problem)
+                self._result = result
                 self._stats.registrations += 1
                 _log.warning("sidecar had forgotten engine %s; registered again", engine)
             except Exception as err:
                 _log.warning("registering again failed: %s", err)
+
+
+def _layout_problem(registration: dict | None, result: Any) -> str | None:
+    """Why a REGISTER answer cannot be used, or None: a registration of ``HND`` blocks needs a
+    sidecar that reorders them to the stored form and says so (``blockLayout`` in its answer);
+    an older one would store them as they are, under the namespace NHD engines read."""
+    wanted = (registration or {}).get("blockLayout", "NHD")
+    got = getattr(result, "block_layout", None)
+    if wanted != "HND" or got == "HND":
+        return None
+    return (
+        "the sidecar did not confirm blockLayout HND (it answered "
+        f"{got!r}): it is older than this connector and would store these HND blocks without "
+        "reordering them; upgrade the sidecar"
+    )

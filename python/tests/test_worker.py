@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from kvtier_vllm.connector_types import ConnectorMeta, LoadIntent, RequestEnd, SaveIntent
-from kvtier_vllm.errors import ClosedError, InvalidArgumentError, RequestTimeoutError
+from kvtier_vllm.errors import ClosedError, ConfigError, InvalidArgumentError, RequestTimeoutError
 from kvtier_vllm.worker import WorkerConnector
 
 
@@ -52,8 +52,14 @@ class FakeClient:
             self.sent.append((kind, args, p))
         return p
 
+    #: What the sidecar answers as ``blockLayout``: None as a sidecar older than the field.
+    block_layout = "NHD"
+
     def send_register(self, reg):
-        return self._add("register", reg["engineId"], value=SimpleNamespace(engine_id=reg["engineId"], namespace=b"\0" * 16, chunk_size=16, block_size=4))
+        answer = SimpleNamespace(engine_id=reg["engineId"], namespace=b"\0" * 16, chunk_size=16, block_size=4)
+        if self.block_layout is not None:
+            answer.block_layout = reg.get("blockLayout", "NHD")
+        return self._add("register", reg["engineId"], value=answer)
 
     def send_load(self, engine, rid, lookup_id, block_ids, hashes, deadline_ms=0, state_slot=-1, skip_blocks=0, not_after_ns=None):
         self.not_after.append(not_after_ns)
@@ -162,6 +168,24 @@ def test_preemption_sends_nothing_and_waits_for_saves(w):
     assert wc.handle_preemptions(["p"], timeout_s=5) is True
     assert wc.stats().saves_failed == 1
     assert wc.get_finished()[0] == set()
+
+
+def test_hnd_blocks_need_a_sidecar_that_confirms_it_reorders_them():
+    # A sidecar that answers blockLayout registers HND blocks; NHD ones need no answer.
+    c = FakeClient()
+    WorkerConnector(c).register_kv_caches({"engineId": "e", "blockLayout": "HND"})
+    assert not c.of("unregister")
+    old = FakeClient()
+    old.block_layout = None
+    WorkerConnector(old).register_kv_caches({"engineId": "n"})
+    assert not old.of("unregister")
+    # One older than the field would store HND blocks unreordered, where NHD engines read them:
+    # refused, and the registration taken back, so no SAVE or LOAD of this engine is served.
+    wc = WorkerConnector(old)
+    with pytest.raises(ConfigError, match="did not confirm blockLayout HND.*upgrade the sidecar"):
+        wc.register_kv_caches({"engineId": "h", "blockLayout": "HND"})
+    assert [a for a, _ in old.of("unregister")] == [("h",)]
+    assert wc.registration_result is None
 
 
 def test_refuses_before_registration_and_after_close_unregisters():

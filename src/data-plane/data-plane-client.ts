@@ -45,6 +45,8 @@ export interface RegisteredEngine {
   chunkSize: number;
   /** Tokens per engine block. */
   blockSize: number;
+  /** The in-block order the sidecar copies (`NHD` or `HND`); absent from older sidecars. */
+  blockLayout?: string;
 }
 
 /** Per-call options. */
@@ -184,6 +186,16 @@ export class DataPlaneClient {
     );
     if (rep.type !== 'register-result') throw unexpectedReply(rep);
     if (this.#closing !== undefined) throw closedError('data plane client');
+    if (reg.blockLayout === 'HND' && rep.blockLayout !== 'HND') {
+      // An older sidecar would store the HND blocks unreordered, where NHD engines read them.
+      await this.#call({ type: 'unregister', requestId: 0, engineId: rep.engineId }, opts).catch(
+        () => {},
+      );
+      throw new KvtierError(
+        'KVT_CONFIG',
+        `the sidecar did not confirm blockLayout HND (it answered ${JSON.stringify(rep.blockLayout ?? null)}): it is older than this client and would store these HND blocks without reordering them; upgrade the sidecar`,
+      );
+    }
     this.#engineId = rep.engineId;
     this.#startHeartbeats();
     return {
@@ -191,6 +203,7 @@ export class DataPlaneClient {
       namespace: rep.namespace,
       chunkSize: rep.chunkSize,
       blockSize: rep.blockSize,
+      ...(rep.blockLayout === undefined ? {} : { blockLayout: rep.blockLayout }),
     };
   }
 

@@ -277,6 +277,9 @@ export const MESSAGES = [
     ns('namespace'), // derived from the registration
     u32('chunkSize'), // tokens per stored chunk
     u32('blockSize'), // tokens per engine block
+    // The in-block order the copies assume (`NHD` or `HND`). A worker whose registration named
+    // `HND` and gets no `HND` back talks to a sidecar that would store its blocks unreordered.
+    { kind: 'str', key: 'blockLayout', max: 8, optional: true },
   ]),
   // Chunk counts that add up to the chunks sent.
   reply('SAVE_RESULT', 0x89, '4.9', [u32('saved'), u32('skipped'), u32('dropped')]),

@@ -152,6 +152,8 @@ describe('KV shared across attention layouts', () => {
         const id = `load-${fileNo}`;
         const reg2 = await loader.register(registration(e, dstPath, id, statePath));
         assert.equal(reg2.namespace, reg.namespace, `${e.name}: one namespace for every layout`);
+        // The answer confirms the order the copies assume (a worker of HND blocks needs it).
+        assert.equal(reg2.blockLayout, e.order, `${e.name}: the sidecar says it copies ${e.order}`);
         const lookup = new LookupClient({
           endpoint: sidecar.server.endpoint,
           namespaces: [reg.namespace],

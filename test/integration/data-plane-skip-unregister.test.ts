@@ -341,4 +341,63 @@ describe('UNREGISTER', () => {
     assert.deepEqual(received, ['register', 'unregister']);
     await assert.rejects(c.unregister(), (e) => isKvtierError(e, 'KVT_CLOSED'));
   });
+
+  it('a registration of HND blocks is refused, and taken back, by a sidecar that does not confirm it copies HND', async () => {
+    // A ROUTER answering REGISTER as a sidecar older than `blockLayout` does, UNREGISTER too.
+    const port = await freeTcpPort();
+    const old = new zmq.Router({ linger: 0 });
+    await old.bind(`tcp://127.0.0.1:${port}`);
+    cleanups.push(async () => old.close());
+    const received: string[] = [];
+    void (async () => {
+      for await (const [identity, msg] of old) {
+        const req = decodeRequest(msg!);
+        received.push(req.type);
+        const rep: Reply =
+          req.type === 'register'
+            ? {
+                type: 'register-result',
+                requestId: req.requestId,
+                engineId: String(req.registration.engineId),
+                namespace: '0'.repeat(32),
+                chunkSize: CHUNK_TOKENS,
+                blockSize: BLOCK_SIZE,
+              }
+            : { type: 'unregister-result', requestId: req.requestId, released: true };
+        await old.send([identity!, encodeReply(rep)]);
+      }
+    })().catch(() => {});
+    const c = new DataPlaneClient({
+      endpoint: `tcp://127.0.0.1:${port}`,
+      heartbeatIntervalMs: 0,
+      requestTimeoutMs: 10_000,
+    });
+    cleanups.push(() => c.close());
+    // NHD blocks need no confirmation: the stored form is theirs.
+    const nhd = await c.register(testRegistration(kvFile(), 'old-nhd'));
+    assert.equal(nhd.blockLayout, undefined);
+    await assert.rejects(
+      c.register({ ...testRegistration(kvFile(), 'old-hnd'), blockLayout: 'HND' }),
+      (e) =>
+        isKvtierError(e, 'KVT_CONFIG') &&
+        /did not confirm blockLayout HND .*upgrade the sidecar/.test((e as Error).message),
+    );
+    assert.deepEqual(received, ['register', 'register', 'unregister']);
+    // This sidecar confirms the order it copies.
+    const real = client();
+    const hnd = await real.register({
+      ...testRegistration(kvFile(), 'new-hnd'),
+      blockLayout: 'HND',
+    });
+    assert.equal(hnd.blockLayout, 'HND');
+    // One KV head per rank: both orders are the same bytes, and the answer still says HND.
+    const one = await real.register({
+      ...testRegistration(kvFile(), 'one-head-hnd'),
+      numKvHeads: 2,
+      tpSize: 2,
+      tpRank: 0,
+      blockLayout: 'HND',
+    });
+    assert.equal(one.blockLayout, 'HND');
+  });
 });

@@ -183,6 +183,7 @@ export type Checks = [
           namespace: string;
           chunkSize: number;
           blockSize: number;
+          blockLayout?: string;
         }
       >
     >

@@ -22,7 +22,8 @@ function dataPlane(ctx: HandlerContext): DataPlane {
 export const DATA_PLANE_HANDLERS: Handlers<DataPlaneRequest['type']> = {
   async register(ctx, req) {
     // Every field is validated by the data plane (resolveKvRegistration).
-    const layout = await dataPlane(ctx).register(req.registration as unknown as KvRegistration);
+    const reg = req.registration as unknown as KvRegistration;
+    const layout = await dataPlane(ctx).register(reg);
     return {
       type: 'register-result',
       requestId: req.requestId,
@@ -30,6 +31,9 @@ export const DATA_PLANE_HANDLERS: Handlers<DataPlaneRequest['type']> = {
       namespace: layout.namespace.id,
       chunkSize: layout.chunkSize,
       blockSize: layout.blockSize,
+      // The order the registration named (validated), even where one head or one token per
+      // block makes both the same bytes and the copies take the NHD path.
+      blockLayout: reg.blockLayout ?? layout.blockLayout,
     };
   },
   async save(ctx, req) {
