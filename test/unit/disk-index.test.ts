@@ -71,6 +71,80 @@ describe('DiskIndex', () => {
     assert.deepEqual([index.evictions, index.size, index.bytesUsed], [3, 1, 1000]);
   });
 
+  it('gives a chunk used since it reached the old end a second chance (a clock, not moves)', () => {
+    const { index, evicted } = indexOf(5 * 1000);
+    const n = ns();
+    const hs = [hash(), hash(), hash(), hash(), hash()];
+    const slots = hs.map((h) => index.add(n, h, 1000));
+    // Used 3, then 1, then 0: the journal's order is the unused ones, then by last use.
+    index.touch(slots[3]!);
+    assert.equal(index.prefixHits(n, [hs[1]!, hs[0]!], false), 2);
+    assert.deepEqual([...index.recencyOrder()], [2, 4, 3, 1, 0].map((i) => slots[i]!));
+    assert.equal(index.reserve(2000), true);
+    assert.deepEqual(
+      evicted.map((e) => e.hash),
+      [hs[2], hs[4]],
+      'the unused ones go first, passing over the used ones',
+    );
+    // The used ones were moved to the new end, unstamped, in list order (not by last use).
+    assert.deepEqual([...index.recencyOrder()], [0, 1, 3].map((i) => slots[i]!));
+    index.unreserve(2000);
+    index.touch(slots[0]!);
+    assert.equal(index.reserve(4000), true);
+    assert.deepEqual(
+      evicted.slice(2).map((e) => e.hash),
+      [hs[1], hs[3]],
+    );
+    assert.deepEqual([index.size, index.evictions], [1, 4]);
+  });
+
+  it('a pinned chunk stays where it is until eviction reaches it; unpinned, it counts as used', () => {
+    const { index, evicted } = indexOf(3 * 1000);
+    const n = ns();
+    const hs = [hash(), hash(), hash()];
+    const slots = hs.map((h) => index.add(n, h, 1000));
+    assert.equal(index.prefixHits(n, [hs[0]!, hs[1]!], true), 2, 'lookups pin what they count');
+    assert.equal(index.pinnedChunks, 2);
+    index.unpin(slots[1]!); // still listed: now as if just used
+    assert.deepEqual([...index.recencyOrder()], [2, 1, 0].map((i) => slots[i]!));
+    assert.equal(index.reserve(1000), true);
+    assert.deepEqual(
+      evicted.map((e) => e.hash),
+      [hs[2]],
+    );
+    index.unreserve(1000);
+    assert.equal(index.reserve(2500), false, 'one chunk is pinned');
+    assert.equal(evicted.length, 1, 'a reservation that cannot fit evicts nothing');
+    index.unpin(slots[0]!);
+    assert.equal(index.reserve(2500), true);
+    assert.deepEqual(
+      evicted.map((e) => e.hash),
+      [hs[2], hs[1], hs[0]],
+      '0 left the list when eviction passed it pinned; unpinned, it went to the new end',
+    );
+  });
+
+  it('finds every key after lookups reorder crowded hash chains, and still removes them', () => {
+    // About one key per bucket: hundreds of chains of two or more, a key found down one moved
+    // to its head.
+    const { index } = indexOf(2 ** 40);
+    const n = ns();
+    const hs: ChunkHash[] = Array.from({ length: 5000 }, hash);
+    for (const h of hs) index.add(n, h, 100);
+    for (let round = 0; round < 3; round++) {
+      for (let i = round; i < hs.length; i += 16) {
+        const q = hs.slice(i, i + 16);
+        assert.equal(index.prefixHits(n, q, false), q.length);
+      }
+    }
+    assert.equal(index.prefixHits(n, [hs[0]!, hash(), hs[1]!], false), 1, 'a miss ends the count');
+    for (const [i, h] of hs.entries()) if (i % 3 === 0) index.forget(index.find(n, h));
+    for (const [i, h] of hs.entries()) {
+      assert.equal(index.find(n, h) >= 0, i % 3 !== 0, `key ${i}`);
+    }
+    assert.equal(index.size, hs.length - Math.ceil(hs.length / 3));
+  });
+
   it('a freed slot reused for another key is not held by the old generation', () => {
     const { index } = indexOf(1 << 30);
     const n = ns();

@@ -3,10 +3,19 @@
  * map entry per chunk, so a million chunks cost about 68 bytes each and nothing for the garbage
  * collector to trace. Each chunk is one 64-byte record (one cache line) of a {@link KeyTable}:
  * its hash, a namespace id, its file size, pin count, recency links, hash-chain link, generation
- * and flags. The file path is derived from (namespace, hash) when needed. Recency of unpinned
- * chunks is a list through the records; accounting covers used, reserved (writes under way) and
- * pinned bytes. It never touches files: evicting a chunk hands its key to `onEvict`, which
- * deletes the file.
+ * and flags. The file path is derived from (namespace, hash) when needed. Accounting covers used,
+ * reserved (writes under way) and pinned bytes. It never touches files: evicting a chunk hands
+ * its key to `onEvict`, which deletes the file.
+ *
+ * Recency is a second-chance clock over a list through the records: a use stamps the record
+ * (a counter in its flags word, in the cache line the lookup just read) instead of moving it, so
+ * a hit costs no writes to its list neighbours (two more cache misses each in a large index).
+ * Eviction takes the entry at the old end; one stamped since it got there is moved to the new
+ * end unstamped and passed over, and one pinned leaves the list until it is unpinned. So the
+ * entries evicted first are those not used since they reached the old end, in list order: least
+ * recently used, except that among entries used since, the list (not the last use) orders them.
+ * {@link DiskIndex.recencyOrder} (what the journal keeps over a restart) orders the stamped ones
+ * by their last use.
  */
 
 import type { ChunkHash, NamespaceId } from '../core/types.ts';
@@ -41,12 +50,18 @@ export interface AddOptions {
   readonly distinct?: boolean;
 }
 
-const LISTED = 1; // in the recency list (live and unpinned)
+const LISTED = 1; // in the recency list
 const VERIFIED = 2;
+/** The flags word above these bits: the use stamp (0: not used since it was last linked). */
+const USE_SHIFT = 2;
+const USE_MASK = 0x3fffffff;
 /** Hashes a lookup parses and probes at once: independent memory accesses overlap. */
-const GROUP = 8;
+const GROUP = 16;
 const GROUP_WORDS = new Int32Array(8 * GROUP);
 const GROUP_SLOTS = new Int32Array(GROUP);
+/** The first word of each group member's first record, read only to bring it into cache. */
+const GROUP_SEEN = new Int32Array(GROUP);
+const GROUP_BUCKETS = new Int32Array(GROUP);
 const SCRATCH = new Int32Array(8);
 
 /** Entries, recency and the byte bound of one local-disk tier. */
@@ -64,6 +79,8 @@ export class DiskIndex {
   #pinnedChunks = 0;
   #evictions = 0;
   #gen = 0;
+  /** The last use stamp handed out (30 bits, wrapping; never 0). */
+  #use = 0;
 
   /**
    * @param onEvict deletes the file of an entry the bound pushed out (already unindexed).
@@ -136,32 +153,45 @@ export class DiskIndex {
     if (id === undefined) return 0;
     const words = GROUP_WORDS;
     const slots = GROUP_SLOTS;
+    const seen = GROUP_SEEN;
+    const bucketOf = GROUP_BUCKETS;
+    const buckets = t.buckets;
+    const mask = t.mask;
+    const rec = t.rec;
     let hits = 0;
     for (let base = 0; base < hashes.length; base += GROUP) {
       const g = Math.min(GROUP, hashes.length - base);
+      // Computing first, then loading in tight loops of independent reads: the group's cache
+      // (and TLB) misses on the buckets, then on the records, are in flight together.
       for (let i = 0; i < g; i++) {
         const h = hashes[base + i]!;
         const o = 8 * i;
         for (let w = 0; w < 8; w++) words[o + w] = hashWord(h, w);
-        slots[i] =
-          t.buckets[
-            bucketHash(
-              words[o]!,
-              words[o + 1]!,
-              words[o + 2]!,
-              words[o + 3]!,
-              words[o + 4]!,
-              words[o + 5]!,
-              words[o + 6]!,
-              words[o + 7]!,
-            ) & t.mask
-          ]!;
+        slots[i] = bucketHash(
+          words[o]!,
+          words[o + 1]!,
+          words[o + 2]!,
+          words[o + 3]!,
+          words[o + 4]!,
+          words[o + 5]!,
+          words[o + 6]!,
+          words[o + 7]!,
+        );
+      }
+      for (let i = 0; i < g; i++) {
+        const bucket = slots[i]! & mask;
+        bucketOf[i] = bucket;
+        slots[i] = buckets[bucket]!;
+      }
+      for (let i = 0; i < g; i++) {
+        const s0 = slots[i]!;
+        if (s0 !== NONE) seen[i] = rec[s0 * STRIDE]!;
       }
       let found = 0;
       for (; found < g; found++) {
         const o = 8 * found;
-        const s = t.walk(
-          slots[found]!,
+        const s = t.walkToFront(
+          bucketOf[found]!,
           id,
           words[o]!,
           words[o + 1]!,
@@ -247,7 +277,7 @@ export class DiskIndex {
 
   /**
    * Indexes an object of `bytes` bytes; if (ns, hash) is already there, updates its size and
-   * touches (or pins) it. Returns the slot. `ns` must be a storable namespace id.
+   * makes it the most recent (or pins it). Returns the slot. `ns` must be a storable namespace id.
    */
   add(ns: NamespaceId, hash: ChunkHash, bytes: number, opts: AddOptions = {}): number {
     const id = this.#t.nsId(ns);
@@ -269,7 +299,11 @@ export class DiskIndex {
       this.#resized(found, bytes);
       if (opts.verified === true) this.markVerified(found);
       if (opts.pin === true) this.pin(found);
-      else this.touch(found);
+      else if ((this.#t.rec[found * STRIDE + F.FLAGS]! & LISTED) !== 0) {
+        // Moved, not stamped: a journal replays its records in order to rebuild recency exactly.
+        this.#unlink(found);
+        this.#linkTail(found);
+      }
       return found;
     }
     const slot = this.#t.insert(nsId, words, at);
@@ -284,31 +318,32 @@ export class DiskIndex {
     else if (opts.leastRecent === true) this.#linkHead(slot);
     else this.#linkTail(slot);
     this.#onChange?.('add', slot);
-    while (this.#t.size > this.#maxChunks && this.#head !== NONE && this.#head !== slot) {
-      this.#evict(this.#head);
-    }
+    while (this.#t.size > this.#maxChunks && this.#evictOldest(slot));
     return slot;
   }
 
-  /** Marks an entry recently used. */
+  /** Marks an entry recently used: stamps it, touching no other record. */
   touch(slot: number): void {
-    if ((this.#t.rec[slot * STRIDE + F.FLAGS]! & LISTED) === 0 || this.#tail === slot) return;
-    this.#unlink(slot);
-    this.#linkTail(slot);
+    const use = (this.#use + 1) & USE_MASK || 1;
+    this.#use = use;
+    const f = slot * STRIDE + F.FLAGS;
+    const r = this.#t.rec;
+    r[f] = (r[f]! & ((1 << USE_SHIFT) - 1)) | (use << USE_SHIFT);
   }
 
+  /** Pins an entry: it cannot be evicted until as many {@link unpin}s. */
   pin(slot: number): void {
     const r = this.#t.rec;
     const b = slot * STRIDE;
+    // It stays where it is in the list (no neighbour to write); eviction passes it over.
     if (r[b + F.PINS] === 0) {
-      if ((r[b + F.FLAGS]! & LISTED) !== 0) this.#unlink(slot);
       this.#pinnedChunks++;
       this.#pinnedBytes += r[b + F.BYTES]! >>> 0;
     }
     r[b + F.PINS]!++;
   }
 
-  /** Releases one pin; ignores an unpinned entry. */
+  /** Releases one pin; ignores an unpinned entry. Unpinned, it counts as just used. */
   unpin(slot: number): void {
     const r = this.#t.rec;
     const b = slot * STRIDE;
@@ -316,7 +351,8 @@ export class DiskIndex {
     if (--r[b + F.PINS]! === 0) {
       this.#pinnedChunks--;
       this.#pinnedBytes -= r[b + F.BYTES]! >>> 0;
-      this.#linkTail(slot);
+      if ((r[b + F.FLAGS]! & LISTED) !== 0) this.touch(slot);
+      else this.#linkTail(slot);
     }
   }
 
@@ -333,8 +369,7 @@ export class DiskIndex {
     const cap = this.#capacityBytes;
     if (cap - this.#pinnedBytes - this.#reservedBytes < bytes) return false;
     while (this.#bytesUsed + this.#reservedBytes + bytes > cap) {
-      if (this.#head === NONE) return false;
-      this.#evict(this.#head);
+      if (!this.#evictOldest()) return false;
     }
     this.#reservedBytes += bytes;
     return true;
@@ -346,7 +381,7 @@ export class DiskIndex {
 
   /** Evicts oldest first while over the bound (it may have been lowered since a restart). */
   trim(): void {
-    while (this.#bytesUsed > this.#capacityBytes && this.#head !== NONE) this.#evict(this.#head);
+    while (this.#bytesUsed > this.#capacityBytes && this.#evictOldest());
   }
 
   /** Every live slot (of `ns`, or all), as a snapshot. */
@@ -355,17 +390,59 @@ export class DiskIndex {
     return id === undefined ? [] : this.#t.slots(id);
   }
 
-  /** Live slots least recently used first, pinned ones (in use) last. */
+  /**
+   * Live slots least recently used first: those not used since they reached the old end in list
+   * order (the order eviction takes them), then those used since by their last use, then pinned
+   * ones (in use).
+   */
   recencyOrder(): Int32Array {
     const t = this.#t;
     const out = new Int32Array(t.size);
-    let i = 0;
     const r = t.rec;
-    for (let s = this.#head; s !== NONE; s = r[s * STRIDE + F.NEXT]!) out[i++] = s;
+    let i = 0;
+    let used = 0;
+    for (let s = this.#head; s !== NONE; s = r[s * STRIDE + F.NEXT]!) {
+      if (r[s * STRIDE + F.PINS] !== 0) continue;
+      if (r[s * STRIDE + F.FLAGS]! >>> USE_SHIFT === 0) out[i++] = s;
+      else used++;
+    }
+    if (used > 0) {
+      const byUse = this.#byUse(used);
+      out.set(byUse, i);
+      i += byUse.length;
+    }
     for (let s = 0; s < t.top; s++) {
       if (r[s * STRIDE + F.NS] !== 0 && r[s * STRIDE + F.PINS] !== 0) out[i++] = s;
     }
     return out;
+  }
+
+  /** The `n` listed unpinned stamped slots, least recently used (oldest stamp) first. */
+  #byUse(n: number): Int32Array {
+    const r = this.#t.rec;
+    const now = this.#use;
+    const slots = new Int32Array(n);
+    const ages = new Int32Array(n);
+    let k = 0;
+    for (let s = this.#head; s !== NONE; s = r[s * STRIDE + F.NEXT]!) {
+      const use = r[s * STRIDE + F.FLAGS]! >>> USE_SHIFT;
+      if (use === 0 || r[s * STRIDE + F.PINS] !== 0) continue;
+      slots[k] = s;
+      ages[k++] = (now - use) & USE_MASK;
+    }
+    // Oldest first; a stamp is unique (until it wraps), so ages alone order them. Packed with the
+    // position into one float when both fit its 53 bits, else sorted through a comparator.
+    if (n < 1 << 23) {
+      const keys = new Float64Array(n);
+      for (let j = 0; j < n; j++) keys[j] = (USE_MASK - ages[j]!) * (1 << 23) + j;
+      keys.sort();
+      const out = new Int32Array(n);
+      for (let j = 0; j < n; j++) out[j] = slots[keys[j]! % (1 << 23)]!;
+      return out;
+    }
+    const idx = Int32Array.from({ length: n }, (_, j) => j);
+    idx.sort((a, b) => ages[b]! - ages[a]!);
+    return idx.map((j) => slots[j]!);
   }
 
   /**
@@ -416,6 +493,28 @@ export class DiskIndex {
     if (r[b + F.PINS] !== 0) this.#pinnedBytes += bytes - old;
   }
 
+  /**
+   * Evicts the entry at the old end, passing over (to the new end, unstamped) those used since
+   * they got there and dropping pinned ones from the list; false, with nothing evicted, when the
+   * list runs out or reaches `keep`.
+   */
+  #evictOldest(keep = NONE): boolean {
+    const r = this.#t.rec;
+    for (let s = this.#head; s !== NONE; s = this.#head) {
+      const b = s * STRIDE;
+      if (r[b + F.PINS] !== 0) this.#unlink(s);
+      else if (r[b + F.FLAGS]! >>> USE_SHIFT !== 0) {
+        this.#unlink(s);
+        this.#linkTail(s);
+      } else if (s === keep) return false;
+      else {
+        this.#evict(s);
+        return true;
+      }
+    }
+    return false;
+  }
+
   #evict(slot: number): void {
     const e: EvictedEntry = {
       ns: this.nsOf(slot),
@@ -450,7 +549,7 @@ export class DiskIndex {
     if (this.#tail !== NONE) r[this.#tail * STRIDE + F.NEXT] = slot;
     else this.#head = slot;
     this.#tail = slot;
-    r[b + F.FLAGS]! |= LISTED;
+    r[b + F.FLAGS] = (r[b + F.FLAGS]! & VERIFIED) | LISTED;
   }
 
   #linkHead(slot: number): void {
@@ -461,7 +560,7 @@ export class DiskIndex {
     if (this.#head !== NONE) r[this.#head * STRIDE + F.PREV] = slot;
     else this.#tail = slot;
     this.#head = slot;
-    r[b + F.FLAGS]! |= LISTED;
+    r[b + F.FLAGS] = (r[b + F.FLAGS]! & VERIFIED) | LISTED;
   }
 
   #unlink(slot: number): void {

@@ -52,10 +52,11 @@ export type { LocalDiskOptions, LocalDiskStats } from './local-disk-options.ts';
  * once; a scan of the directory then runs in the background (disk-scan.ts), indexing files the
  * journal did not name (a miss until then) and removing entries whose files are gone. Objects are
  * verified when read: a missing or corrupt one is a miss and leaves the index. Unpinned chunks
- * are evicted least-recently-used first (their files deleted) when a put needs room; a put that
- * cannot fit is dropped and counted. Removing a pinned chunk deletes it at once: readers hold
- * private copies of the bytes. One directory is one tier's: two open at once keep separate
- * indexes (each sees what the other wrote only after a restart).
+ * are evicted least recently used first, by a second-chance clock (disk-index.ts), their files
+ * deleted, when a put needs room; a put that cannot fit is dropped and counted. Removing a pinned
+ * chunk deletes it at once: readers hold private copies of the bytes. One directory is one
+ * tier's: two open at once keep separate indexes (each sees what the other wrote only after a
+ * restart).
  */
 export class LocalDiskBackend implements StorageBackend {
   readonly name: string;
