@@ -155,7 +155,8 @@ def test_data_plane_round_trip(sidecar, client_factory, tmp_path):
     expected_ns = derive_namespace(
         model_id="test/dataplane", dtype="float16", num_layers=2, num_kv_heads=2, head_dim=8, block_size=4
     )
-    assert reg_a == P.RegisterResult("engine-a", expected_ns.id, 8, 4)
+    # The sidecar says the in-block order it copies: NHD, the registration naming none.
+    assert reg_a == P.RegisterResult("engine-a", expected_ns.id, 8, 4, "NHD")
     assert reg_b.namespace == expected_ns.id
     chunks = hash_chunks(list(range(16)), chunk_size=8)  # 2 chunks of 8 tokens
     hashes = pack_hashes(chunks)
