@@ -460,9 +460,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if bytes(result.namespace) != expected:
             _log.error(
                 "kvtier: the sidecar derived namespace %s but the scheduler looks up %s; no hits will be found. "
-                "The workers' KV caches are %s; set kv_connector_extra_config.kv_layout (and model_id, num_layers) "
-                "so both sides derive the same namespace",
-                bytes(result.namespace).hex(), expected.hex(), reg.get("layoutVersion") == 2 and "HND" or "NHD",
+                "The workers registered model %r, dtype %s, %s KV heads of dim %s, block size %s; set "
+                "kv_connector_extra_config's model_id and num_layers so both sides derive the same namespace",
+                bytes(result.namespace).hex(), expected.hex(), reg.get("modelId"), reg.get("dtype"),
+                reg.get("numKvHeads"), reg.get("headDim"), reg.get("blockSize"),
             )
 
     def _registration_for(self, kv_caches: dict[str, torch.Tensor], engine_id: str, first: int) -> dict:
