@@ -13,8 +13,10 @@
  * KVTIER_BENCH_DATAPLANE_REPEAT the runs per path (best kept), KVTIER_BENCH_DATAPLANE_PATHS
  * `production` to skip the bare path (`layout` alone: only the in-block order rows). The
  * in-block order rows: the copy engine alone gathering and scattering the same chunks with one op
- * per block (NHD, the bytes as they are) and with one op per token and head (HND blocks reordered
- * to the stored form), against each other and memcpy of the same bytes. The production sidecar runs in this process; its event-loop
+ * per block (NHD, the bytes as they are), and HND blocks reordered to the stored form with one
+ * strided op per head of a block (what the data plane sends the native engine) and with one plain
+ * op per token and head (what engines without strided ops get), against NHD and memcpy of the
+ * same bytes. The production sidecar runs in this process; its event-loop
  * stall is watched while that path runs.
  * The CPU tier runs with `prefault: true`, the choice recommended for a host dedicated to serving
  * (docs/configuration.md): its slabs are reserved at start and their pages committed in the
@@ -511,9 +513,19 @@ async function main(): Promise<void> {
         `\nIn-block order, copy engine alone (${engineName}), ${(LAYOUT_CHUNKS * CHUNK_BYTES) / MiB} MiB each way; HND blocks reordered to the stored (NHD) form:`,
       );
       printTable(
-        ['blocks', 'op', 'ops per chunk', 'GB/s', 'memcpy GB/s', 'ratio to memcpy', 'ratio to NHD'],
+        [
+          'blocks',
+          'op form',
+          'op',
+          'ops per chunk',
+          'GB/s',
+          'memcpy GB/s',
+          'ratio to memcpy',
+          'ratio to NHD',
+        ],
         layoutRows.map((r) => [
           r.order,
+          r.form,
           r.op,
           String(r.opsPerChunk),
           (r.bytes / (r.ms / 1000) / 1e9).toFixed(2),

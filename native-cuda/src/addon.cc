@@ -40,6 +40,7 @@ Napi::Object Init(Napi::Env env, Napi::Object exports) {
   exports.Set("mapFile", Napi::Function::New(env, MapFile, "mapFile"));
   exports.Set("addressOf", Napi::Function::New(env, AddressOf, "addressOf"));
   exports.Set("copyBatch", Napi::Function::New(env, CopyBatch, "copyBatch"));
+  exports.Set("copyBatchStrided", Napi::Function::New(env, CopyBatchStrided, "copyBatchStrided"));
   exports.Set("cudaDeviceUuids", Napi::Function::New(env, CudaDeviceUuids, "cudaDeviceUuids"));
   exports.Set("cudaIpcOpen", Napi::Function::New(env, CudaIpcOpen, "cudaIpcOpen"));
   exports.Set("cudaIpcClose", Napi::Function::New(env, CudaIpcClose, "cudaIpcClose"));

@@ -15,17 +15,18 @@ namespace {
 class HostCopyWorker : public PromiseWorker {
  public:
   HostCopyWorker(Napi::Env env, std::vector<Region> buffers, std::vector<double> ops,
-                 size_t maxThreads)
+                 size_t width, size_t maxThreads)
       : PromiseWorker(env, "kvtier.copyBatch"),
         buffers_(std::move(buffers)),
         ops_(std::move(ops)),
+        width_(width),
         maxThreads_(maxThreads) {}
 
  protected:
   void Work() override {
-    std::vector<Run> runs;
+    std::vector<StridedRun> runs;
     // Validation runs here too, so a batch of many ops never stalls the JS thread.
-    failure_ = PlanCopies(buffers_, buffers_, ops_, true, &runs);
+    failure_ = PlanStridedCopies(buffers_, buffers_, ops_, width_, true, &runs);
     if (failure_.failed()) return;
     ExecuteHostRuns(runs, maxThreads_);
     result_ = runs.size();
@@ -34,12 +35,11 @@ class HostCopyWorker : public PromiseWorker {
  private:
   std::vector<Region> buffers_;
   std::vector<double> ops_;
+  size_t width_;
   size_t maxThreads_;
 };
 
-}  // namespace
-
-Napi::Value CopyBatch(const Napi::CallbackInfo& info) {
+Napi::Value QueueHostCopy(const Napi::CallbackInfo& info, size_t width) {
   Napi::Env env = info.Env();
   if (!info[0].IsArray()) Throw(env, kErrInvalidArg, "buffers must be an array");
   if (!info[1].IsTypedArray() ||
@@ -65,10 +65,19 @@ Napi::Value CopyBatch(const Napi::CallbackInfo& info) {
   // The ops are copied so that later writes to the array cannot change a batch in flight.
   Napi::Float64Array ops = info[1].As<Napi::Float64Array>();
   std::vector<double> opsCopy(ops.Data(), ops.Data() + ops.ElementLength());
-  auto* worker = new HostCopyWorker(env, std::move(buffers), std::move(opsCopy), maxThreads);
+  auto* worker =
+      new HostCopyWorker(env, std::move(buffers), std::move(opsCopy), width, maxThreads);
   for (const Napi::Value& b : values) worker->Keep(b);
   worker->Queue();
   return worker->Promise();
+}
+
+}  // namespace
+
+Napi::Value CopyBatch(const Napi::CallbackInfo& info) { return QueueHostCopy(info, kOpWidth); }
+
+Napi::Value CopyBatchStrided(const Napi::CallbackInfo& info) {
+  return QueueHostCopy(info, kStridedOpWidth);
 }
 
 }  // namespace kvtier

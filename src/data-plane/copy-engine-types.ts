@@ -51,6 +51,19 @@ export interface CopyEngine {
    */
   cudaDevices?(): readonly string[];
   copy(surfaces: readonly CopySurface[], ops: Float64Array, options?: CopyOptions): Promise<void>;
+  /**
+   * {@link CopyEngine.copy} with strided ops, 8-tuples
+   * `[srcSurface, srcOffset, dstSurface, dstOffset, length, count, srcStride, dstStride]`:
+   * `count` pieces of `length` bytes, piece `k` from `srcOffset + k * srcStride` to
+   * `dstOffset + k * dstStride` (strides >= `length` when `count` > 1). Optional: the data plane
+   * sends strided ops (HND blocks, one op per head) only to engines that have it, plain ops to
+   * the others.
+   */
+  copyStrided?(
+    surfaces: readonly CopySurface[],
+    ops: Float64Array,
+    options?: CopyOptions,
+  ): Promise<void>;
   /** What the engine is and can do, for PING and logs (`kind`, and `cuda` where it applies). */
   describe?(): Record<string, unknown>;
 }

@@ -1,5 +1,6 @@
 import type { CopyEngine, CopyOptions, CopySurface } from './copy-engine-types.ts';
 import {
+  type CopyOpForm,
   chunkOpSlots,
   type KvLayout,
   layerRegions,
@@ -137,6 +138,26 @@ export async function runWindowed<G>(
   return failed ? { completed, error } : { completed };
 }
 
+/**
+ * The op form a batch of `layout`'s blocks is sent in: strided for HND blocks (one op per head
+ * of a block instead of one per token and head) when the engine takes strided ops; else plain.
+ */
+export function opFormFor(copy: CopyEngine, layout: KvLayout): CopyOpForm {
+  return layout.blockLayout === 'HND' && copy.copyStrided !== undefined ? 'strided' : 'plain';
+}
+
+/** Sends a batch in `form` to the method that takes it. */
+function send(
+  copy: CopyEngine,
+  form: CopyOpForm,
+  surfaces: readonly CopySurface[],
+  ops: Float64Array,
+  options: CopyOptions | undefined,
+): Promise<void> {
+  if (form === 'strided') return copy.copyStrided!(surfaces, ops, options);
+  return options === undefined ? copy.copy(surfaces, ops) : copy.copy(surfaces, ops, options);
+}
+
 /** One chunk of a save or load: its blocks, its payload in host memory, blocks it skips. */
 export interface ChunkCopy {
   ids: Uint32Array;
@@ -175,12 +196,14 @@ export async function copyChunks(
     items.map((c) => c.payload.byteLength),
     opts.groupBytes ?? COPY_GROUP_BYTES,
   );
+  const form = opFormFor(copy, eng.layout);
   const outcome = await runWindowed(
     groups,
     ([a, b]) => {
       const surfaces: CopySurface[] = [...eng.surfaces];
       let slots = 0;
-      for (let i = a; i < b; i++) slots += chunkOpSlots(eng.layout, items[i]!.ids.length);
+      for (let i = a; i < b; i++)
+        slots += chunkOpSlots(eng.layout, items[i]!.ids.length, form, direction);
       // The op table is filled in place: block ids go from the decoded Uint32Array straight to it.
       const ops = new Float64Array(slots);
       let at = 0;
@@ -197,11 +220,10 @@ export async function copyChunks(
           payload,
           0,
           c.skip ?? 0,
+          form,
         );
       }
-      return opts.copy === undefined
-        ? copy.copy(surfaces, ops)
-        : copy.copy(surfaces, ops, opts.copy);
+      return send(copy, form, surfaces, ops, opts.copy);
     },
     {
       window: opts.inFlight ?? COPY_GROUPS_IN_FLIGHT,
@@ -234,6 +256,7 @@ export async function scatterLayerwise(
   const t0 = performance.now();
   const { layout } = eng;
   const maxBytes = opts.groupBytes ?? LOAD_GROUP_BYTES;
+  const form = opFormFor(copy, layout);
   // One group: `[chunk, region]` pairs of one layer, and the layers complete once it is in.
   const groups: Array<{ parts: Array<[number, number]>; layersDone: number }> = [];
   const layers = layerRegions(layout);
@@ -261,7 +284,8 @@ export async function scatterLayerwise(
       const surfaces: CopySurface[] = [...eng.surfaces];
       const payloadSurface = new Map<number, number>();
       let slots = 0;
-      for (const [c] of parts) slots += regionOpSlots(layout, items[c]!.ids.length);
+      for (const [c] of parts)
+        slots += regionOpSlots(layout, items[c]!.ids.length, form, 'scatter');
       const ops = new Float64Array(slots);
       let at = 0;
       for (const [c, r] of parts) {
@@ -281,9 +305,11 @@ export async function scatterLayerwise(
           eng.regionSurface[r]!,
           payload,
           item.skip ?? 0,
+          0,
+          form,
         );
       }
-      return copy.copy(surfaces, ops);
+      return send(copy, form, surfaces, ops, undefined);
     },
     {
       window: opts.inFlight ?? COPY_GROUPS_IN_FLIGHT,

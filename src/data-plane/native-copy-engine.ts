@@ -1,6 +1,7 @@
 import { KvtierError } from '../errors.ts';
 import {
   COPY_OP_WIDTH,
+  COPY_STRIDED_OP_WIDTH,
   type CopyBuffer,
   type DeviceRegion,
   loadNative,
@@ -186,6 +187,56 @@ export function splitOpsByDevice(
 }
 
 /**
+ * Rewrites strided ops (`[src, srcOffset, dst, dstOffset, length, count, srcStride, dstStride]`)
+ * as plain ones, one per piece, for the device copy paths, which take plain ops (and check them).
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` when a count or stride is not a non-negative safe
+ *   integer, or a stride is below the length of an op of several pieces.
+ */
+export function expandStridedOps(ops: Float64Array): Float64Array {
+  const W = COPY_STRIDED_OP_WIDTH;
+  if (ops.length % W !== 0)
+    throw new KvtierError(
+      'KVT_INVALID_ARGUMENT',
+      `strided ops length ${ops.length} is not a multiple of ${W}`,
+    );
+  const n = ops.length / W;
+  let pieces = 0;
+  for (let k = 0; k < n; k++) {
+    const i = k * W;
+    const [len, count, srcStride, dstStride] = [ops[i + 4]!, ops[i + 5]!, ops[i + 6]!, ops[i + 7]!];
+    for (const v of [count, srcStride, dstStride])
+      if (!Number.isSafeInteger(v) || v < 0)
+        throw new KvtierError(
+          'KVT_INVALID_ARGUMENT',
+          `strided copy op ${k}: count and strides must be non-negative integers, got ${v}`,
+        );
+    if (count > 1 && len > 0 && (srcStride < len || dstStride < len))
+      throw new KvtierError(
+        'KVT_INVALID_ARGUMENT',
+        `strided copy op ${k}: strides ${srcStride} and ${dstStride} must be >= the length ${len}`,
+      );
+    if (len !== 0) pieces += count;
+  }
+  const out = new Float64Array(pieces * COPY_OP_WIDTH);
+  let o = 0;
+  for (let k = 0; k < n; k++) {
+    const i = k * W;
+    const len = ops[i + 4]!;
+    if (len === 0) continue;
+    const count = ops[i + 5]!;
+    for (let p = 0; p < count; p++) {
+      out[o] = ops[i]!;
+      out[o + 1] = ops[i + 1]! + p * ops[i + 6]!;
+      out[o + 2] = ops[i + 2]!;
+      out[o + 3] = ops[i + 3]! + p * ops[i + 7]!;
+      out[o + 4] = len;
+      o += COPY_OP_WIDTH;
+    }
+  }
+  return out;
+}
+
+/**
  * The data plane's copy engine on the native addon: the engine's KV file is mapped shared
  * (mmap) and each batch of block copies runs as memcpy on worker threads, off the event loop;
  * when CUDA is available, GPU KV caches are opened from their IPC handles and copied with
@@ -255,6 +306,18 @@ export function createNativeCopyEngine():
           copyOnDevice(surfaces, part, Math.max(device, 0), options),
         ),
       );
+    },
+    // Host batches run strided in the addon; the device paths take the pieces as plain ops.
+    async copyStrided(
+      surfaces: readonly CopySurface[],
+      ops: Float64Array,
+      options: CopyOptions = {},
+    ): Promise<void> {
+      if (!surfaces.some(isDevice)) {
+        await addon.copyBatchStrided(surfaces.map(hostBuffer), ops);
+        return;
+      }
+      await engine.copy(surfaces, expandStridedOps(ops), options);
     },
   };
   engine.describe = () => {

@@ -21,6 +21,14 @@ export { NativeError, type NativeErrorCode } from './native-error.ts';
 /** Numbers per copy op in an ops array: `[srcIndex, srcOffset, dstIndex, dstOffset, length]`. */
 export const COPY_OP_WIDTH = 5;
 
+/**
+ * Numbers per strided copy op:
+ * `[srcIndex, srcOffset, dstIndex, dstOffset, length, count, srcStride, dstStride]`, `count`
+ * pieces of `length` bytes, piece `k` from `srcOffset + k * srcStride` to
+ * `dstOffset + k * dstStride`.
+ */
+export const COPY_STRIDED_OP_WIDTH = 8;
+
 /** Largest slab {@link NativeAddon.allocSlab} hands out: 1 GiB. */
 export const MAX_NATIVE_SLAB_BYTES = 1024 * 1024 * 1024;
 
@@ -132,6 +140,11 @@ interface RawAddon extends RawFileIo {
   mapFile(path: string, offset: number, length: number, writable: boolean): ArrayBuffer;
   addressOf(buffer: CopyBuffer): bigint;
   copyBatch(buffers: readonly CopyBuffer[], ops: Float64Array, maxThreads: number): Promise<number>;
+  copyBatchStrided(
+    buffers: readonly CopyBuffer[],
+    ops: Float64Array,
+    maxThreads: number,
+  ): Promise<number>;
   crc32c(buffer: CopyBuffer, crc: number): number;
   crc32cAsync(buffer: CopyBuffer, crc: number): Promise<number>;
   copyCrc32cAsync(src: CopyBuffer, dst: CopyBuffer, dstOffset: number): Promise<number>;
@@ -200,6 +213,23 @@ export interface NativeAddon {
    * contiguous copies left after coalescing.
    */
   copyBatch(
+    buffers: readonly CopyBuffer[],
+    ops: Float64Array,
+    options?: CopyBatchOptions,
+  ): Promise<number>;
+  /**
+   * {@link NativeAddon.copyBatch} with strided ops ({@link COPY_STRIDED_OP_WIDTH} numbers each):
+   * `[srcIndex, srcOffset, dstIndex, dstOffset, length, count, srcStride, dstStride]` copies
+   * `count` pieces of `length` bytes, piece `k` from `srcOffset + k * srcStride` to
+   * `dstOffset + k * dstStride` (one op per head of an HND block instead of one per token and
+   * head). With `count` > 1 each stride must be >= `length` (`ERR_BAD_OP`), and the last piece
+   * must end inside its buffer (`ERR_OUT_OF_RANGE`); `count` 0 or `length` 0 is checked and
+   * skipped. The overlap rule is the same, judged piece by piece (`ERR_OVERLAP`); a batch whose
+   * strided destinations interleave so irregularly that the check would need more than 2^26
+   * pieces is refused (`ERR_TOO_LARGE`). Ops contiguous on both sides are coalesced as plain
+   * ops are. Resolves with the number of copies left (a strided op counts once).
+   */
+  copyBatchStrided(
     buffers: readonly CopyBuffer[],
     ops: Float64Array,
     options?: CopyBatchOptions,
@@ -324,6 +354,7 @@ const RAW_FUNCTIONS: readonly (keyof RawAddon)[] = [
   'mapFile',
   'addressOf',
   'copyBatch',
+  'copyBatchStrided',
   'crc32c',
   'crc32cAsync',
   'copyCrc32cAsync',
@@ -385,6 +416,13 @@ function wrap(raw: RawAddon, path: string): NativeAddon {
       if (options.signal?.aborted) throw abortedError(options.signal, 'copyBatch');
       const threads = requireInt('maxThreads', options.maxThreads ?? DEFAULT_COPY_THREADS, 1, 64);
       return guard(() => raw.copyBatch(buffers, ops, threads)).catch((err: unknown) => {
+        throw toNativeError(err);
+      });
+    },
+    copyBatchStrided: async (buffers, ops, options = {}) => {
+      if (options.signal?.aborted) throw abortedError(options.signal, 'copyBatchStrided');
+      const threads = requireInt('maxThreads', options.maxThreads ?? DEFAULT_COPY_THREADS, 1, 64);
+      return guard(() => raw.copyBatchStrided(buffers, ops, threads)).catch((err: unknown) => {
         throw toNativeError(err);
       });
     },

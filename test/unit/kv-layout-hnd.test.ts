@@ -5,7 +5,7 @@
 import assert from 'node:assert/strict';
 import { describe, test } from 'node:test';
 import type { CopyEngine, CopySurface } from '../../src/data-plane/copy-engine-types.ts';
-import { scatterLayerwise } from '../../src/data-plane/copy-groups.ts';
+import { copyChunks, opFormFor, scatterLayerwise } from '../../src/data-plane/copy-groups.ts';
 import {
   chunkOpSlots,
   chunkPayloadBytes,
@@ -212,5 +212,123 @@ describe('in-block layout', () => {
           ),
         );
       }
+  });
+});
+
+/** Runs a strided op table (8-tuples) over byte arrays. */
+function runStrided(surfaces: Uint8Array[], ops: Float64Array): void {
+  for (let i = 0; i < ops.length; i += 8) {
+    const [s, so, d, dd, len, count, ss, ds] = ops.subarray(i, i + 8) as unknown as number[];
+    for (let k = 0; k < count!; k++)
+      surfaces[d!]!.set(surfaces[s!]!.subarray(so! + k * ss!, so! + k * ss! + len!), dd! + k * ds!);
+  }
+}
+
+describe('strided op form', () => {
+  test('HND blocks: one op per head to gather, one per token to scatter, the same bytes as plain ops', () => {
+    const layout = resolveKvRegistration(reg('HND'));
+    assert.equal(opsPerBlock(layout, 'strided', 'gather'), HEADS);
+    assert.equal(opsPerBlock(layout, 'strided', 'scatter'), BS);
+    assert.equal(regionOpSlots(layout, 3, 'strided', 'gather'), 8 * 3 * HEADS);
+    const src = engineFile('HND');
+    // Gather blocks 5 and 2 as blocks 1..2 of a 3-block chunk at byte 64 of the payload.
+    const ids = [5, 2];
+    const size = 64 + chunkPayloadBytes(layout, 3);
+    const plain = new Uint8Array(size);
+    const strided = new Uint8Array(size);
+    const p = new Float64Array(chunkOpSlots(layout, 2));
+    writeChunkOps(p, 0, layout, 'gather', ids, [0, 0, 0, 0], 1, 64, 1);
+    run([src, plain], p);
+    const s = new Float64Array(chunkOpSlots(layout, 2, 'strided', 'gather'));
+    const end = writeChunkOps(s, 0, layout, 'gather', ids, [0, 0, 0, 0], 1, 64, 1, 'strided');
+    assert.equal(end, s.length);
+    runStrided([src, strided], s);
+    assert.ok(Buffer.from(strided).equals(Buffer.from(plain)));
+    // Every strided gather reads one head of a block whole and writes its tokens a row apart.
+    for (let i = 0; i < s.length; i += 8) {
+      assert.deepEqual(
+        [...s.subarray(i + 4, i + 8)],
+        [HEAD_BYTES, BS, HEAD_BYTES, HEADS * HEAD_BYTES],
+      );
+    }
+    const back = [new Uint8Array(src.length), new Uint8Array(src.length)];
+    const q = new Float64Array(chunkOpSlots(layout, 2));
+    writeChunkOps(q, 0, layout, 'scatter', [3, 7], [0, 0, 0, 0], 1, 64, 1);
+    run([back[0]!, plain], q);
+    const r = new Float64Array(chunkOpSlots(layout, 2, 'strided', 'scatter'));
+    writeChunkOps(r, 0, layout, 'scatter', [3, 7], [0, 0, 0, 0], 1, 64, 1, 'strided');
+    for (let i = 0; i < r.length; i += 8) {
+      assert.deepEqual(
+        [...r.subarray(i + 4, i + 8)],
+        [HEAD_BYTES, HEADS, HEAD_BYTES, BS * HEAD_BYTES],
+      );
+    }
+    runStrided([back[1]!, strided], r);
+    assert.ok(Buffer.from(back[1]!).equals(Buffer.from(back[0]!)));
+    for (let r2 = 0; r2 < 2 * LAYERS; r2++) {
+      const a = at('HND', r2, 5, 0, 0);
+      const b = at('HND', r2, 3, 0, 0);
+      assert.ok(
+        Buffer.from(back[1]!.subarray(b, b + BLOCK_BYTES)).equals(
+          Buffer.from(src.subarray(a, a + BLOCK_BYTES)),
+        ),
+      );
+    }
+  });
+
+  test('NHD blocks in the strided form are one op of one piece per block', () => {
+    const layout = resolveKvRegistration(reg('NHD'));
+    const s = new Float64Array(chunkOpSlots(layout, 2, 'strided', 'gather'));
+    writeChunkOps(s, 0, layout, 'gather', [1, 4], [0, 0, 0, 0], 1, 0, 0, 'strided');
+    assert.equal(s.length, 8 * 2 * 2 * LAYERS);
+    for (let i = 0; i < s.length; i += 8)
+      assert.deepEqual([...s.subarray(i + 4, i + 8)], [BLOCK_BYTES, 1, BLOCK_BYTES, BLOCK_BYTES]);
+  });
+
+  test('copy groups send strided ops to an engine that takes them, plain ops to one that does not', async () => {
+    const layout = resolveKvRegistration(reg('HND'));
+    const payload = gather('NHD', engineFile('NHD'), [2, 3]);
+    const calls: string[] = [];
+    const plainEngine: CopyEngine = {
+      openFile: () => Promise.reject(new Error('unused')),
+      copy: async (surfaces, ops) => {
+        calls.push('plain');
+        run(surfaces as Uint8Array[], ops);
+      },
+    };
+    const stridedEngine: CopyEngine = {
+      ...plainEngine,
+      copyStrided: async (surfaces, ops) => {
+        calls.push('strided');
+        runStrided(surfaces as Uint8Array[], ops);
+      },
+    };
+    assert.equal(opFormFor(plainEngine, layout), 'plain');
+    assert.equal(opFormFor(stridedEngine, layout), 'strided');
+    assert.equal(opFormFor(stridedEngine, resolveKvRegistration(reg('NHD'))), 'plain');
+    const outs: Uint8Array[] = [];
+    for (const engine of [plainEngine, stridedEngine]) {
+      const dst = new Uint8Array(2 * LAYERS * REGION_BYTES);
+      const eng = { layout, surfaces: [dst], regionSurface: [0, 0, 0, 0] };
+      const items = [{ ids: Uint32Array.of(6, 1), payload }];
+      assert.equal(
+        (await scatterLayerwise(engine, eng, items, { groupBytes: BLOCK_BYTES })).error,
+        undefined,
+      );
+      const again = new Uint8Array(payload.length);
+      const res = await copyChunks(engine, eng, 'gather', [
+        { ids: Uint32Array.of(6, 1), payload: again },
+      ]);
+      assert.equal(res.error, undefined);
+      assert.ok(Buffer.from(again).equals(Buffer.from(payload)), 'gathered back as saved');
+      outs.push(dst);
+    }
+    assert.ok(Buffer.from(outs[0]!).equals(Buffer.from(outs[1]!)));
+    assert.ok(calls.includes('plain') && calls.includes('strided'));
+    assert.equal(
+      calls.indexOf('strided'),
+      calls.lastIndexOf('plain') + 1,
+      'the plain engine never saw strided ops',
+    );
   });
 });
