@@ -17,7 +17,7 @@
  * writes bench/results/fleet.json.
  */
 import { randomBytes } from 'node:crypto';
-import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { loadavg, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { setFlagsFromString } from 'node:v8';
@@ -303,6 +303,8 @@ async function crossNode() {
       s3: number;
       redisGroups: number;
       s3Groups: number;
+      /** CPU ms: sidecar B's and C's processes in their loads, this process in the raw 16-at-once reads. */
+      cpu: { b: number; c: number; redisGroups: number; s3Groups: number };
     }> = [];
     const engB = await engineOn(engineDir, b.listen, 'b');
     const engC = await engineOn(engineDir, c.listen, 'c');
@@ -311,18 +313,31 @@ async function crossNode() {
       // Who reads a round's objects first alternates: the first read of an object may be colder.
       const rawFirst = r % 2 === 0;
       const redisRaw = rawFirst ? await settled(() => rawRedis(keys)) : 0;
+      const cpuB = processCpuMs(b.proc.pid);
       const onB = await settled(() => loadAll(engB, b.client, `b${r}`, groups));
+      const bMs = processCpuMs(b.proc.pid) - cpuB;
       const againB = await settled(() => loadAll(engB, b.client, `b${r}again`, groups));
       const s3Raw = rawFirst ? await settled(() => rawS3(keys)) : 0;
+      const cpuC = processCpuMs(c.proc.pid);
       const onC = await settled(() => loadAll(engC, c.client, `c${r}`, groups));
+      const cMs = processCpuMs(c.proc.pid) - cpuC;
+      const redis = rawFirst ? redisRaw : await settled(() => rawRedis(keys));
+      const s3Seq = rawFirst ? s3Raw : await settled(() => rawS3(keys));
+      let cpu0 = ownCpuMs();
+      const redisGroups = await settled(() => rawRedisGroups(groups));
+      const redisGroupsMs = ownCpuMs() - cpu0;
+      cpu0 = ownCpuMs();
+      const s3Groups = await settled(() => rawS3Groups(groups));
+      const s3GroupsMs = ownCpuMs() - cpu0;
       runs.push({
         b: onB,
         again: againB,
         c: onC,
-        redis: rawFirst ? redisRaw : await settled(() => rawRedis(keys)),
-        s3: rawFirst ? s3Raw : await settled(() => rawS3(keys)),
-        redisGroups: await settled(() => rawRedisGroups(groups)),
-        s3Groups: await settled(() => rawS3Groups(groups)),
+        redis,
+        s3: s3Seq,
+        redisGroups,
+        s3Groups,
+        cpu: { b: bMs, c: cMs, redisGroups: redisGroupsMs, s3Groups: s3GroupsMs },
       });
     }
     rc.disconnect();
@@ -335,6 +350,7 @@ async function crossNode() {
       pick: (x: (typeof runs)[number]) => Load,
       raw?: (x: (typeof runs)[number]) => number,
       rawGroups?: (x: (typeof runs)[number]) => number,
+      cpu?: (x: (typeof runs)[number]) => { sidecarMs: number; rawGroupsMs: number },
     ) => {
       const seconds = med(runs.map((x) => pick(x).seconds));
       const rawS = raw === undefined ? Number.NaN : med(runs.map(raw));
@@ -345,6 +361,16 @@ async function crossNode() {
         lookupSeconds: med(runs.map((x) => pick(x).lookupSeconds)),
         loadSeconds: med(runs.map((x) => pick(x).loadSeconds)),
         tiers: pick(runs[0]!).tiers,
+        ...(cpu === undefined
+          ? {}
+          : {
+              cpuMs: {
+                sidecar: med(runs.map((x) => cpu(x).sidecarMs)),
+                rawGroups: med(runs.map((x) => cpu(x).rawGroupsMs)),
+              },
+            }),
+        lookupsMs: runs.map((x) => pick(x).lookupSeconds * 1000),
+        loadsMs: runs.map((x) => pick(x).loadSeconds * 1000),
         gbps: gbps(seconds),
         raw: gbps(rawS),
         ratio: rawS / seconds,
@@ -361,6 +387,7 @@ async function crossNode() {
         (x) => x.b,
         (x) => x.redis,
         (x) => x.redisGroups,
+        (x) => ({ sidecarMs: x.cpu.b, rawGroupsMs: x.cpu.redisGroups }),
       ),
       row('B again (host memory)', (x) => x.again),
       row(
@@ -368,6 +395,7 @@ async function crossNode() {
         (x) => x.c,
         (x) => x.s3,
         (x) => x.s3Groups,
+        (x) => ({ sidecarMs: x.cpu.c, rawGroupsMs: x.cpu.s3Groups }),
       ),
     ];
   } finally {
@@ -376,6 +404,24 @@ async function crossNode() {
     await s3.close();
     await cluster.stop();
   }
+}
+
+/** CPU ms that every thread of process `pid` has run so far (/proc schedstat, ns); 0 where unreadable. */
+function processCpuMs(pid: number): number {
+  try {
+    let ns = 0;
+    for (const t of readdirSync(`/proc/${pid}/task`))
+      ns += Number(readFileSync(`/proc/${pid}/task/${t}/schedstat`, 'utf8').split(' ')[0]);
+    return ns / 1e6;
+  } catch {
+    return 0;
+  }
+}
+
+/** CPU ms of this process (every thread) so far. */
+function ownCpuMs(): number {
+  const u = process.cpuUsage();
+  return (u.user + u.system) / 1000;
 }
 
 /** The run with the median save rate. */
@@ -473,6 +519,11 @@ try {
       ]),
     );
   }
+  for (const l of loads)
+    if ('cpuMs' in l && l.cpuMs !== undefined)
+      console.log(
+        `${l.what}: CPU per 64 MiB, sidecar ${l.cpuMs.sidecar.toFixed(0)} ms; raw 16-at-once client ${l.cpuMs.rawGroups.toFixed(0)} ms (medians)`,
+      );
   let peer: PeerLoadRow[] = [];
   if (PARTS.includes('peer')) {
     peer = await peerLoads();
