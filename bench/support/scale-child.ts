@@ -10,6 +10,7 @@
 import { performance } from 'node:perf_hooks';
 import { LocalDiskBackend } from '../../src/backends/local-disk/local-disk-backend.ts';
 import type { ChunkHash } from '../../src/hashing/chunk-hash.ts';
+import { nativeSlabAllocator } from '../../src/native/host-slabs.ts';
 import { percentile } from './child.ts';
 import {
   SCALE_NS,
@@ -29,6 +30,9 @@ interface Args {
 const LOOKUP_CHUNKS = 16;
 const WARMUP = 2000;
 const CHURN_IN_FLIGHT = 8;
+/** KVTIER_BENCH_SCALE_NATIVE_INDEX=0: the index in Node's own memory even with the addon built. */
+const INDEX_MEMORY =
+  process.env.KVTIER_BENCH_SCALE_NATIVE_INDEX === '0' ? undefined : nativeSlabAllocator();
 
 function gc(): void {
   const g = (globalThis as { gc?: () => void }).gc;
@@ -54,6 +58,8 @@ async function main(): Promise<void> {
       capacityBytes: a.n * SCALE_OBJECT_BYTES,
       fsync: 'none',
       maxChunks: Math.max(a.n, 1 << 20),
+      // As the sidecar opens the tier: the index's large arrays on the native addon's slabs.
+      ...(INDEX_MEMORY !== undefined ? { allocateIndexMemory: INDEX_MEMORY } : {}),
     },
     { name: 'disk' },
   );

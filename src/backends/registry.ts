@@ -21,7 +21,7 @@ import { createFsBackend } from './fs/fs-backend.ts';
 import { FS_OPTIONS } from './fs/fs-options.ts';
 import { localCpuFactory } from './local-cpu/local-cpu-backend.ts';
 import { LOCAL_CPU_OPTIONS } from './local-cpu/local-cpu-options.ts';
-import { createLocalDiskBackend } from './local-disk/local-disk-backend.ts';
+import { localDiskFactory } from './local-disk/local-disk-backend.ts';
 import { LOCAL_DISK_OPTIONS } from './local-disk/local-disk-options.ts';
 import { createMemoryBackend } from './memory/memory-backend.ts';
 import { MEMORY_OPTIONS } from './memory/memory-options.ts';
@@ -66,8 +66,9 @@ export interface BackendRegistryOptions {
    */
   metricsRegistry?: Registry;
   /**
-   * Where local-cpu tiers' arenas take their slabs; default Node buffers. The sidecar passes the
-   * native addon's page-aligned slabs when it is built.
+   * Where local-cpu tiers' arenas take their slabs, and local-disk tiers their indexes' large
+   * arrays; default Node buffers. The sidecar passes the native addon's page-aligned slabs (huge
+   * pages advised) when it is built.
    */
   allocateHostSlab?: (bytes: number) => Uint8Array;
   /**
@@ -134,7 +135,7 @@ export const BUILTIN_TIERS: readonly BuiltinTier[] = [
   { options: MEMORY_OPTIONS, factory: () => createMemoryBackend, check: 'static' },
   {
     options: LOCAL_DISK_OPTIONS,
-    factory: () => createLocalDiskBackend,
+    factory: (r) => localDiskFactory(r.allocateHostSlab),
     check: 'static',
     dirOption: 'path',
   },

@@ -79,7 +79,10 @@ describe('DiskIndex', () => {
     // Used 3, then 1, then 0: the journal's order is the unused ones, then by last use.
     index.touch(slots[3]!);
     assert.equal(index.prefixHits(n, [hs[1]!, hs[0]!], false), 2);
-    assert.deepEqual([...index.recencyOrder()], [2, 4, 3, 1, 0].map((i) => slots[i]!));
+    assert.deepEqual(
+      [...index.recencyOrder()],
+      [2, 4, 3, 1, 0].map((i) => slots[i]!),
+    );
     assert.equal(index.reserve(2000), true);
     assert.deepEqual(
       evicted.map((e) => e.hash),
@@ -87,7 +90,10 @@ describe('DiskIndex', () => {
       'the unused ones go first, passing over the used ones',
     );
     // The used ones were moved to the new end, unstamped, in list order (not by last use).
-    assert.deepEqual([...index.recencyOrder()], [0, 1, 3].map((i) => slots[i]!));
+    assert.deepEqual(
+      [...index.recencyOrder()],
+      [0, 1, 3].map((i) => slots[i]!),
+    );
     index.unreserve(2000);
     index.touch(slots[0]!);
     assert.equal(index.reserve(4000), true);
@@ -106,7 +112,10 @@ describe('DiskIndex', () => {
     assert.equal(index.prefixHits(n, [hs[0]!, hs[1]!], true), 2, 'lookups pin what they count');
     assert.equal(index.pinnedChunks, 2);
     index.unpin(slots[1]!); // still listed: now as if just used
-    assert.deepEqual([...index.recencyOrder()], [2, 1, 0].map((i) => slots[i]!));
+    assert.deepEqual(
+      [...index.recencyOrder()],
+      [2, 1, 0].map((i) => slots[i]!),
+    );
     assert.equal(index.reserve(1000), true);
     assert.deepEqual(
       evicted.map((e) => e.hash),
@@ -185,6 +194,46 @@ describe('DiskIndex', () => {
     for (const h of hs) packed.add(n, h, 200);
     const each = packed.arrayBytes / packed.size;
     assert.ok(each <= 64 + 2 * 4 + 1, `sized up front from a count: ${each} bytes a chunk`);
+  });
+
+  it("takes its large arrays from the memory it is given, and Node's when that gives none or fails", () => {
+    const asked: number[] = [];
+    const index = new DiskIndex(
+      2 ** 40,
+      1 << 20,
+      () => {},
+      600_000,
+      (bytes) => {
+        asked.push(bytes);
+        return asked.length === 1 ? new Uint8Array(bytes) : null;
+      },
+    );
+    assert.deepEqual(asked, [600_064 * 64, 2 ** 20 * 4], 'records, then buckets (2 MiB or more)');
+    const n = ns();
+    const hs: ChunkHash[] = Array.from({ length: 1000 }, hash);
+    for (const h of hs) index.add(n, h, 100);
+    assert.equal(index.prefixHits(n, hs, false), hs.length);
+    const small = new DiskIndex(
+      2 ** 40,
+      1 << 20,
+      () => {},
+      1000,
+      () => {
+        throw new Error('asked for a small array');
+      },
+    );
+    assert.equal(small.find(n, hs[0]!), -1);
+    const failing = new DiskIndex(
+      2 ** 40,
+      1 << 20,
+      () => {},
+      600_000,
+      () => {
+        throw new Error('no slab');
+      },
+    );
+    failing.add(n, hs[0]!, 100);
+    assert.equal(failing.prefixHits(n, [hs[0]!], false), 1, 'memory that fails is not fatal');
   });
 
   it('sweeps entries never verified, and orders the least recent end', () => {

@@ -29,6 +29,15 @@ export const F = {
 export const NONE = -1;
 /** Slots are allocated in multiples of this. */
 const SLOT_UNIT = 1024;
+/** Arrays from this many bytes come from the table's allocator, when it has one. */
+const LARGE_ARRAY_BYTES = 2 * 1024 * 1024;
+
+/**
+ * Memory for a table's large arrays: `bytes` zero-filled bytes (a multiple of 4), or null (or a
+ * throw) to take Node's own. Memory backed by huge pages cuts the TLB misses of lookups in a
+ * large table.
+ */
+export type IndexMemory = (bytes: number) => Uint8Array | null;
 
 // A per-process seed mixed into bucket numbers, so that which hashes share a bucket cannot be
 // chosen by whoever picks the hashes.
@@ -59,8 +68,8 @@ export function bucketHash(
 /** Records by (namespace id, hash words), with slot allocation and namespace ids. */
 export class KeyTable {
   /** The records; replaced (not grown in place) when the table grows. */
-  rec = new Int32Array(0);
-  buckets = new Int32Array(0);
+  rec: Int32Array = new Int32Array(0);
+  buckets: Int32Array = new Int32Array(0);
   mask = 0;
   /** Slots ever used: records [0, top) are live or free. */
   top = 0;
@@ -72,10 +81,15 @@ export class KeyTable {
   readonly #nsWords: Int32Array[] = [new Int32Array(4)];
 
   readonly #maxSlots: number;
+  readonly #memory: IndexMemory | undefined;
 
-  /** @param maxSlots growth stops adding slots beyond this many (more are added one unit at a time). */
-  constructor(slots: number, maxSlots: number) {
+  /**
+   * @param maxSlots growth stops adding slots beyond this many (more are added one unit at a time).
+   * @param memory where arrays of 2 MiB or more come from; default Node's own.
+   */
+  constructor(slots: number, maxSlots: number, memory?: IndexMemory) {
     this.#maxSlots = maxSlots;
+    this.#memory = memory;
     this.resize(slots);
   }
 
@@ -312,11 +326,11 @@ export class KeyTable {
     const cap = Math.ceil(Math.max(SLOT_UNIT, slots) / SLOT_UNIT) * SLOT_UNIT;
     let buckets = SLOT_UNIT;
     while (buckets < cap) buckets *= 2;
-    const rec = new Int32Array(cap * STRIDE);
+    const rec = this.#int32s(cap * STRIDE);
     if (!fresh) rec.set(this.rec.subarray(0, Math.min(this.rec.length, rec.length)));
     this.rec = rec;
     if (this.buckets.length === buckets && !fresh) return;
-    this.buckets = new Int32Array(buckets).fill(NONE);
+    this.buckets = this.#int32s(buckets).fill(NONE);
     this.mask = buckets - 1;
     if (fresh) return;
     for (let s = 0; s < this.top; s++) {
@@ -331,6 +345,22 @@ export class KeyTable {
   /** Records allocated (used or not). */
   get capacity(): number {
     return this.rec.length / STRIDE;
+  }
+
+  /** `n` zeroed words, from the table's memory when they are many (Node's if it fails). */
+  #int32s(n: number): Int32Array {
+    const bytes = n * 4;
+    let m: Uint8Array | null = null;
+    if (bytes >= LARGE_ARRAY_BYTES && this.#memory !== undefined) {
+      try {
+        m = this.#memory(bytes);
+      } catch {
+        // e.g. more than one slab holds: the array is only slower in Node's memory.
+      }
+    }
+    return m === null || m.byteLength !== bytes || m.byteOffset % 4 !== 0
+      ? new Int32Array(n)
+      : new Int32Array(m.buffer, m.byteOffset, n);
   }
 
   #bucketOf(b: number): number {

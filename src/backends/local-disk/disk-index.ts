@@ -21,7 +21,7 @@
 import type { ChunkHash, NamespaceId } from '../core/types.ts';
 import { CHUNK_HEADER_BYTES } from '../format/chunk-format.ts';
 import { hashWord } from '../index/hash-words.ts';
-import { bucketHash, F, KeyTable, NONE, STRIDE } from '../index/key-table.ts';
+import { bucketHash, F, type IndexMemory, KeyTable, NONE, STRIDE } from '../index/key-table.ts';
 
 /** Unambiguous composite key: the length prefix keeps (ns, hash) pairs from colliding. */
 export function diskKey(ns: NamespaceId, hash: ChunkHash): string {
@@ -85,18 +85,20 @@ export class DiskIndex {
   /**
    * @param onEvict deletes the file of an entry the bound pushed out (already unindexed).
    * @param expectedChunks records to allocate at once (e.g. a journal's entry count).
+   * @param memory where the large arrays come from (see {@link IndexMemory}); default Node's own.
    */
   constructor(
     capacityBytes: number,
     maxChunks: number,
     onEvict: (e: EvictedEntry) => void,
     expectedChunks = 0,
+    memory?: IndexMemory,
   ) {
     this.#capacityBytes = capacityBytes;
     // Every object is at least a header, so more entries than that could never be used.
     this.#maxChunks = Math.min(maxChunks, Math.floor(capacityBytes / CHUNK_HEADER_BYTES));
     this.#onEvict = onEvict;
-    this.#t = new KeyTable(Math.min(expectedChunks, this.#maxChunks), this.#maxChunks + 1);
+    this.#t = new KeyTable(Math.min(expectedChunks, this.#maxChunks), this.#maxChunks + 1, memory);
   }
 
   /** Grows the arrays to hold `n` entries without growing again (a journal's entry count). */

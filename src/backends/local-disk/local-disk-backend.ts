@@ -134,10 +134,16 @@ export class LocalDiskBackend implements StorageBackend {
       log: this.#log,
       onCorrupt: raw.onCorrupt ?? (() => {}),
     });
-    this.#index = new DiskIndex(o.capacityBytes, o.maxChunks, (e) => {
-      this.#onRemoved?.(e.ns, e.hash, 'evicted');
-      void this.#unlink(e.ns, e.hash);
-    });
+    this.#index = new DiskIndex(
+      o.capacityBytes,
+      o.maxChunks,
+      (e) => {
+        this.#onRemoved?.(e.ns, e.hash, 'evicted');
+        void this.#unlink(e.ns, e.hash);
+      },
+      0,
+      raw.allocateIndexMemory,
+    );
     this.capabilities = Object.freeze({
       pinning: true,
       hostMemory: false,
@@ -515,6 +521,23 @@ export class LocalDiskBackend implements StorageBackend {
   }
 }
 
+/**
+ * The factory of {@link LocalDiskBackend}s from config options whose indexes take their large
+ * arrays from `allocateIndexMemory` (default Node's own memory).
+ * @throws `KVT_CONFIG` on bad options (from the factory).
+ */
+export function localDiskFactory(
+  allocateIndexMemory?: (bytes: number) => Uint8Array | null,
+): BackendFactory {
+  return async (options, ctx) =>
+    LocalDiskBackend.open(
+      {
+        ...localDiskOptionsFromConfig(options, ctx.name),
+        ...(allocateIndexMemory !== undefined ? { allocateIndexMemory } : {}),
+      },
+      ctx,
+    );
+}
+
 /** Opens a {@link LocalDiskBackend} from config options. @throws `KVT_CONFIG` on bad options. */
-export const createLocalDiskBackend: BackendFactory = async (options, ctx) =>
-  LocalDiskBackend.open(localDiskOptionsFromConfig(options, ctx.name), ctx);
+export const createLocalDiskBackend: BackendFactory = localDiskFactory();

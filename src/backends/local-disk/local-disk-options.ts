@@ -79,6 +79,13 @@ export interface LocalDiskOptions extends OptionsOf<typeof ENTRIES> {
   /** Called with the format's reason each time a corrupt object is found (and removed). */
   onCorrupt?: (reason: string) => void;
   log?: Logger;
+  /**
+   * Where the index's large arrays (2 MiB or more: a 1M-chunk index has 64 MiB of records) come
+   * from, zero-filled, or null for Node's own (the default). Not a config key: the sidecar passes
+   * the native addon's slabs, whose huge pages spare a lookup in a large index most of its TLB
+   * misses.
+   */
+  allocateIndexMemory?: (bytes: number) => Uint8Array | null;
 }
 
 /** Defaults of {@link LocalDiskOptions}. */
