@@ -184,6 +184,29 @@ describe('RedisGetReader against redis-server', () => {
     }
   });
 
+  test('a standalone tier from a URL (password, database 3) reads through the reader', async () => {
+    const b = new RedisBackend(
+      { url: `redis://:pw@127.0.0.1:${server.port}/3`, keyPrefix: 'url:', log: silent },
+      { name: 'redis-test' },
+    );
+    await b.start();
+    try {
+      const ns = randomNamespace();
+      const hashes = randomHashes(3);
+      const payloads = hashes.map(() => randomPayload(300 * 1024));
+      for (const [i, h] of hashes.entries())
+        assert.equal(await b.put(ns, h, { tokens: 16, data: payloads[i]! }), 'stored');
+      const got = await b.batchedGet(ns, hashes);
+      for (const [i, h] of hashes.entries())
+        assert.ok(Buffer.from(got.get(h)!.data).equals(payloads[i]!), `chunk ${i}`);
+      assert.equal((b.store as RedisStore).stats().readerGets, 3);
+      // The values live in database 3, not 0.
+      assert.equal(await raw.exists(`url:${ns}:${hashes[0]}`), 0);
+    } finally {
+      await b.close();
+    }
+  });
+
   test('close rejects calls in flight and later ones with KVT_CLOSED', async () => {
     const reader = new RedisGetReader(() => `127.0.0.1:${server.port}`, {
       ...opts,

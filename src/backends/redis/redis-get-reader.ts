@@ -116,9 +116,10 @@ class Conn {
       this.fail(new KvtierError('KVT_BACKEND', `${where}: connection closed`)),
     );
     const setup: string[][] = [];
-    if (o.password !== undefined)
+    if (o.password !== undefined && o.password !== '')
       setup.push(
-        o.username === undefined ? ['AUTH', o.password] : ['AUTH', o.username, o.password],
+        // An empty user name is no user name (ioredis reads a URL's `:pass@` so).
+        o.username ? ['AUTH', o.username, o.password] : ['AUTH', o.password],
       );
     if ((o.db ?? 0) !== 0) setup.push(['SELECT', String(o.db)]);
     for (const args of setup) this.#send(args, 0, (v) => this.#setupReply(v, args[0]!, where));
@@ -180,7 +181,10 @@ class Conn {
       return;
     }
     this.#queue[this.#head++] = undefined as unknown as Pending;
-    if (this.#head > 1024 && this.#head * 2 > this.#queue.length) {
+    if (this.#head === this.#queue.length) {
+      this.#queue.length = 0;
+      this.#head = 0;
+    } else if (this.#head > 1024 && this.#head * 2 > this.#queue.length) {
       this.#queue.splice(0, this.#head);
       this.#head = 0;
     }

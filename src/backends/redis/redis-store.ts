@@ -75,7 +75,7 @@ export class RedisStore implements KvStore {
     this.#o = o;
     this.#name = name;
     this.client = connect(o);
-    this.#reader = o.tls !== undefined ? null : newReader(this.client, o, name);
+    this.#reader = newReader(this.client, o, name);
     this.client.on('error', (err: Error) => {
       this.#lastError = err;
       log.debug('redis connection error', { tier: name, err });
@@ -305,8 +305,16 @@ export class RedisStore implements KvStore {
   }
 }
 
-/** The bulk reader of `client`: the master of each key's slot, or the standalone server. */
-function newReader(client: Client, o: ResolvedRedisBackendOptions, name: string): RedisGetReader {
+/**
+ * The bulk reader of `client`: the master of each key's slot, or the standalone server; null when
+ * the connection uses TLS (given as `tls` or by a `rediss://` URL) or a Unix socket.
+ */
+function newReader(
+  client: Client,
+  o: ResolvedRedisBackendOptions,
+  name: string,
+): RedisGetReader | null {
+  if (o.tls !== undefined) return null;
   const opts = {
     username: o.username,
     password: o.password,
@@ -320,6 +328,7 @@ function newReader(client: Client, o: ResolvedRedisBackendOptions, name: string)
     );
   // ioredis has parsed the URL (host, port, credentials, database) into its options.
   const c = client.options;
+  if (c.tls !== undefined || c.path != null) return null;
   const node = `${c.host ?? '127.0.0.1'}:${c.port ?? 6379}`;
   return new RedisGetReader(() => node, {
     ...opts,
