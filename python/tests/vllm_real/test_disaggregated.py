@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +89,18 @@ def _awaits(sidecar) -> dict:
     client = KvtierClient(sidecar.endpoint, request_timeout_ms=30000)
     try:
         return client.stats()["lookupAwaits"]
+    finally:
+        client.close()
+
+
+def _written_through(sidecar, timeout_s: float = 60.0) -> None:
+    """Waits until the sidecar's write-through queue is empty."""
+    client = KvtierClient(sidecar.endpoint, request_timeout_ms=30000)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while client.stats()["writeThrough"]["depth"] > 0:
+            assert time.monotonic() < deadline, "write-through did not drain"
+            time.sleep(0.01)
     finally:
         client.close()
 
@@ -174,6 +187,9 @@ def test_bad_params_are_logged_and_looked_up_plainly(engine, sidecars, caplog):
     p = prompt(44, 100)
     _add(producer, "pre", p, 1, None)
     producer.run()
+    # A plain lookup does not wait for the producer's write-through (to the shared directory,
+    # or PEER_PUT to the chunks' homes): let it finish first.
+    _written_through(sidecars[0])
     good = _params_of(producer, "pre")["kvtier"]
     bad = {
         "other-ns": {"kvtier": {**good, "namespace": "00" * 16}},
