@@ -79,6 +79,9 @@ class KvtierConfig:
     #: Report kvtier's chunks as vLLM KV cache events (docs/events.md); needs the sidecar's event
     #: stream (its ``events`` config).
     kv_events: bool = False
+    #: Loads layer by layer in the step that schedules the request (vLLM's synchronous load):
+    #: each attention layer waits for its own KV only, so the forward pass overlaps the rest.
+    layerwise_loads: bool = False
     #: The sidecar's event stream and replay endpoints; default: what its PING says.
     events_endpoint: str | None = None
     events_replay_endpoint: str | None = None
@@ -190,9 +193,9 @@ def _check(name: str, v: Any) -> Any:
         if s not in ("auto", "flash_attn", "flashinfer", "mla"):
             raise ConfigError(f"kv_connector_extra_config.tensor_layout must be auto, flash_attn, flashinfer or mla, got {v!r}")
         return s
-    if name == "kv_events":
+    if name in ("kv_events", "layerwise_loads"):
         if not isinstance(v, bool):
-            raise ConfigError(f"kv_connector_extra_config.kv_events must be true or false, got {v!r}")
+            raise ConfigError(f"kv_connector_extra_config.{name} must be true or false, got {v!r}")
         return v
     if name in ("load", "save"):
         if v is not None and not isinstance(v, bool):

@@ -49,7 +49,7 @@ from .curve import CurveKeys, load_client_keys
 from .errors import ConfigError
 from .connector_types import ConnectorMeta, ConnectorOutput
 from .handoff import HandoffRole
-from .kv_caches import build_registration
+from .kv_caches import build_registration, order_layers
 from .kv_events import BlockEventMapper, ChunkTransitions, block_extra_keys, event_fields, open_worker_events
 from .rank_lookup import RankLookup, rank_index, rank_suffix
 from .save_fence import SaveFences
@@ -323,6 +323,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._shared: list = []
         # Set when the registered KV caches are CUDA tensors: saves then carry a CUDA event.
         self._kv_on_cuda = False
+        # Layer name -> index in the registration, with layerwise_loads (wait_for_layer_load).
+        self._layer_index: dict[str, int] = {}
         self._save_event: Any = None
         self._save_event_handle: bytes | None = None
         # KV cache events (docs/events.md): the workers follow the sidecar's stream, the scheduler
@@ -362,6 +364,11 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         extra = getattr(ktc, "kv_connector_extra_config", None) or {}
         layout = extra.get("kv_layout") if isinstance(extra, dict) else None
         return _layout_name(layout)
+
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        # wait_for_layer_load runs Python between the layers, which a captured graph would skip.
+        return isinstance(extra_config, dict) and extra_config.get("layerwise_loads") is True
 
     def _endpoint(self, index: int) -> str:
         eps = self._cfg.rank_endpoints
@@ -406,6 +413,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
             salt=self._cfg.salt,
             prefill_tokens_per_s=None if self._cfg.prefill_tokens_per_s == "off" else self._cfg.prefill_tokens_per_s,
             handoff=handoff,
+            layerwise_loads=self._cfg.layerwise_loads,
         )
 
     def _make_worker(self) -> WorkerConnector:
@@ -441,6 +449,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
                 "set kv_connector_extra_config.num_layers so both derive the same namespace",
                 len(names), first, end - start, start,
             )
+        if self._cfg.layerwise_loads:
+            # The layers' indices as the registration lists them (what a LOAD's progress counts).
+            self._layer_index = {name: i for i, (name, _) in enumerate(order_layers(kv_caches))}
         engine_id = f"{getattr(self._vllm_config.kv_transfer_config, 'engine_id', None) or 'vllm'}-pp{self._pp_rank}-tp{self._tp_rank}"
         try:
             self._shared = _into_shared_memory(kv_caches)
@@ -510,7 +521,13 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker.start_load_kv(meta.meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads finish before the request is scheduled (load_kv_async is always True)
+        # Asynchronous loads (the default) finish before the request is scheduled; layer-wise
+        # ones (layerwise_loads) are waited for here, one layer at a time.
+        if self._worker is None or not self._layer_index:
+            return
+        layer = self._layer_index.get(layer_name)
+        if layer is not None:
+            self._worker.wait_for_layer_load(layer)
 
     def save_kv_layer(
         self,

@@ -68,6 +68,9 @@ class LoadIntent:
     #: rate, about the time computing the tokens takes, so a sidecar that cannot load them in
     #: that time holds the request no longer than computing them would.
     deadline_ms: int = 0
+    #: Layer by layer, in the step that schedules the request (vLLM's synchronous load): the
+    #: forward pass waits for each layer in ``wait_for_layer_load`` and overlaps the rest.
+    layerwise: bool = False
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,17 @@ class SaveFences:
         self._words[slot] = ticket
         return slot, ticket
 
+    def take(self) -> int | None:
+        """A slot set to 0 for another use of the file: a layer-wise LOAD's progress word, which
+        the sidecar raises as the load's layers land (docs/protocol.md 4.9, ``progressSlot``).
+        None when every slot is in use. Free it with :meth:`release` once the LOAD settled."""
+        if self._closed or not self._free:
+            return None
+        slot = self._free.pop()
+        self._words[slot] = 0
+        self._publish()
+        return slot
+
     def cancel(self, slot: int, ticket: int) -> None:
         """Cancels the SAVE holding ``slot``: from the moment this returns, the sidecar copies
         and stores nothing of it, and the engine may reuse its blocks. Frees the slot."""
@@ -103,7 +114,7 @@ class SaveFences:
             self._free.append(slot)
 
     def word(self, slot: int) -> int:
-        """The slot's word now (tests and diagnostics)."""
+        """The slot's word now (a progress word; tests and diagnostics)."""
         return int(self._words[slot])
 
     def _publish(self) -> None:

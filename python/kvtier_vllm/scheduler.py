@@ -115,6 +115,10 @@ class SchedulerConnector:
     :param handoff: disaggregated prefill (:mod:`~.handoff`): on a producer, finished requests
         name what they saved; on a consumer, requests whose ``kv_transfer_params`` name a
         producer's save wait for it. None: neither.
+    :param layerwise_loads: offer hits as synchronous loads (vLLM's ``load_kv_async`` False):
+        the request is scheduled in the step that loads, and its forward pass waits for each
+        layer in ``wait_for_layer_load`` while the later layers land. Default: asynchronous loads
+        (the request waits a step or more and computes with every layer in place).
     :raises InvalidArgumentError: on bad options.
 
     Loads that fail are not offered again: a request whose load failed is never offered the
@@ -135,6 +139,7 @@ class SchedulerConnector:
         clock: Callable[[], float] = time.monotonic,
         prefill_tokens_per_s: float | str | None = None,
         handoff: HandoffRole | None = None,
+        layerwise_loads: bool = False,
     ) -> None:
         if not callable(getattr(lookup, "lookup", None)):
             raise InvalidArgumentError("lookup must be a KvtierClient or MultiLookupClient")
@@ -171,6 +176,9 @@ class SchedulerConnector:
         self._rule = {"declined_tokens": 0, "computed_instead": 0, "lookups_bounded": 0}
         self._handoff = handoff
         self._handoffs = {"awaited": 0, "refused_params": 0, "params_sent": 0}
+        if not isinstance(layerwise_loads, bool):
+            raise InvalidArgumentError(f"layerwise_loads must be true or false, got {layerwise_loads!r}")
+        self._layerwise = layerwise_loads
 
     @property
     def block_size(self) -> int:
@@ -245,7 +253,7 @@ class SchedulerConnector:
     ) -> tuple[int | None, bool]:
         """vLLM ``get_num_new_matched_tokens``: ``(None, False)`` while the lookup is pending
         ("ask again next step"), else the tokens kvtier can load beyond ``num_computed_tokens`` and
-        whether the load is async (always when tokens > 0: loads never block the forward pass).
+        whether the load is async (when tokens > 0: always, unless ``layerwise_loads``).
         ``transfer_params``: the request's ``kv_transfer_params`` (a consumer engine's request
         carries what the producer's :meth:`request_finished` named; its lookups then wait for
         those chunks, up to the handoff's bound). Bad parameters are logged and ignored.
@@ -309,7 +317,7 @@ class SchedulerConnector:
                 t.lookup = "covered"
             return 0, False
         t.offered = _Offer(computed, tokens)
-        return tokens, True
+        return tokens, not self._layerwise
 
     def update_state_after_alloc(self, request: ConnectorRequest, block_ids: Sequence[int], num_external_tokens: int) -> None:
         """vLLM ``update_state_after_alloc``: records which blocks receive which chunks.
@@ -355,6 +363,7 @@ class SchedulerConnector:
             chunk_hashes=b"".join(t.hashes[first:end]),
             skip_blocks=skip,
             deadline_ms=self._load_deadline_ms(tokens),
+            layerwise=self._layerwise,
         )
 
     def build_connector_meta(self, scheduled: Iterable[ScheduledRequest] = ()) -> ConnectorMeta:
@@ -417,7 +426,8 @@ class SchedulerConnector:
                     chunk = load.first_chunk + (at + load.skip_blocks) // self._bpc
                     t.stored_chunks = min(t.stored_chunks, chunk)
                     t.failed_chunk = chunk if t.failed_chunk is None else min(t.failed_chunk, chunk)
-            if t.request_id in done:
+            # A layer-wise load ends with the step that ran it: this output is that step's.
+            if t.request_id in done or load.layerwise:
                 t.loading = None
                 self._load_settled(failed=any(b in invalid for b in load.block_ids))
 

@@ -72,6 +72,9 @@ class WorkerStats:
     registrations: int = 0
     #: SAVEs cancelled through their fence (preempted, past ``save_timeout_s``, shutdown).
     saves_cancelled: int = 0
+    #: Layer-wise LOADs sent, and ``wait_for_layer_load`` calls that had one of them to wait for.
+    layerwise_loads: int = 0
+    layerwise_waits: int = 0
 
 
 @dataclass
@@ -88,6 +91,12 @@ class _Transfer:
     started: float = 0.0
     #: The worker's count of sidecar restarts seen when it was sent.
     generation: int = 0
+    #: A layer-wise LOAD's progress word in the state file (None: it waits for the reply).
+    progress_slot: int | None = None
+    #: Settled (its reply taken).
+    done: bool = False
+    #: A layer-wise load past its deadline whose blocks were reported invalid before it settled.
+    gave_up: bool = False
 
 
 class WorkerConnector:
@@ -157,6 +166,11 @@ class WorkerConnector:
         self._loading: dict[str, int] = {}
         self._finished_recving: set[str] = set()
         self._load_errors: set[int] = set()
+        #: Whether the sidecar writes a layer-wise LOAD's progress (its PONG's ``features``).
+        self._sidecar_layerwise = False
+        #: This step's layer-wise loads, and the layers of the registration.
+        self._layerwise: list[_Transfer] = []
+        self._num_layers = 0
         self._awaiting_free: set[str] = set()
         self._pending_saves: tuple[SaveIntent, ...] = ()
         self._stats = WorkerStats()
@@ -199,6 +213,7 @@ class WorkerConnector:
         """
         self._open()
         self._registration = dict(registration)
+        self._num_layers = len(registration.get("layers") or ())
         if self._hb_factory is not None and self._hb_thread is None:
             # Started first: when the sidecar is not up yet, the thread registers once it is.
             self._hb_thread = threading.Thread(target=self._heartbeat_loop, name="kvtier-heartbeat", daemon=True)
@@ -242,7 +257,9 @@ class WorkerConnector:
             _log.info("the sidecar did not say whether it takes save fences (%s); saves go without", err)
             self._sidecar_fences = False
             return None
-        self._sidecar_fences = self._fences is not None and "saveFence" in (info.get("features") or ())
+        features = info.get("features") or ()
+        self._sidecar_fences = self._fences is not None and "saveFence" in features
+        self._sidecar_layerwise = self._fences is not None and "layerwiseLoad" in features
         instance = info.get("instanceId")
         if not isinstance(instance, str) or not instance:
             return None
@@ -305,7 +322,8 @@ class WorkerConnector:
         for intent in meta.loads:
             self._stats.loads_failed += 1
             self._load_errors.update(intent.block_ids)
-            self._finished_recving.add(intent.request_id)
+            if not getattr(intent, "layerwise", False):  # a synchronous load is not reported
+                self._finished_recving.add(intent.request_id)
             self._release_lookup(intent.lookup_id)
         self._pending_saves = ()
 
@@ -340,10 +358,68 @@ class WorkerConnector:
                 self._client.send_request_finished(engine, end.request_id, end.kind)
             except Exception as err:  # the pin TTL and heartbeat timeout release it
                 _log.warning("release of %s not sent: %s", end.request_id, err)
+        self._layerwise = []
         for intent in meta.loads:
             self._start_load(intent)
         self._pending_saves = tuple(meta.saves)
         self._touch()
+
+    def wait_for_layer_load(self, layer: int) -> None:
+        """vLLM ``wait_for_layer_load`` for layer ``layer`` (its index in the registration):
+        returns once every layer-wise load of this step has that layer in place (its progress
+        word passed it), has settled, or has passed its deadline (then its blocks are reported
+        invalid and the engine recomputes the request). A load whose progress cannot be read
+        (no state file, a sidecar without ``layerwiseLoad``) is waited for whole at its first
+        layer. Never waits past a load's not-after time."""
+        if self._layerwise:
+            self._stats.layerwise_waits += 1
+        waiting = [t for t in self._layerwise if not t.done]
+        spins = 0
+        while waiting:
+            self.poll()
+            now = time.monotonic()
+            left = []
+            for t in waiting:
+                if t.done:
+                    continue
+                if t.progress_slot is not None and self._fences.word(t.progress_slot) > layer:
+                    continue
+                if now >= t.hold_until - LOAD_GRACE_S:
+                    self._give_up_layerwise(t)
+                    continue
+                left.append(t)
+            waiting = left
+            if waiting:
+                spins += 1
+                # Spin briefly (a layer's copy is often under a millisecond), then sleep a little.
+                if spins > 64:
+                    time.sleep(0.0002)
+
+    def _give_up_layerwise(self, t: _Transfer) -> None:
+        """A layer-wise load past its deadline: its blocks are invalid (the engine recomputes);
+        the transfer stays until its reply or hold time, its slot with it."""
+        if t.gave_up:
+            return
+        t.gave_up = True
+        self._stats.loads_failed += 1
+        self._load_errors.update(t.intent.block_ids)
+        _log.warning("layer-wise load of %s passed its deadline; its blocks are reported invalid", t.request_id)
+
+    def _finish_layerwise(self) -> None:
+        """End of a step: every layer-wise load of it is complete (every layer in), settled, or
+        given up on and held until the sidecar can no longer write its blocks (its reply, or its
+        not-after time and the grace): the engine may recompute into those blocks next step."""
+        pending = [t for t in self._layerwise if not t.done]
+        self._layerwise = []
+        for t in pending:
+            if t.progress_slot is not None and self._fences.word(t.progress_slot) >= self._num_layers > 0:
+                continue  # every layer in: nothing more is written (the reply settles it)
+            while not t.done and time.monotonic() < t.hold_until:
+                self.poll()
+                if not t.done:
+                    self._client.poll(timeout_ms=1)
+            if not t.done:
+                self._give_up_layerwise(t)
 
     def wait_for_save(
         self,
@@ -409,7 +485,11 @@ class WorkerConnector:
         """vLLM ``get_finished``: ``(finished_sending, finished_recving)``. ``finished_recving``:
         requests whose loads settled since the last call (loaded, or failed: see
         :meth:`get_block_ids_with_load_errors`); ``finished_sending``: ended requests whose free
-        the scheduler delayed and that have no transfer left. Each id is reported once."""
+        the scheduler delayed and that have no transfer left. Each id is reported once. A
+        layer-wise load (synchronous, vLLM's ``load_kv_async`` False) is not reported here: it
+        ends with its step (see :meth:`wait_for_layer_load`)."""
+        if self._layerwise:
+            self._finish_layerwise()
         self.poll()
         recving, self._finished_recving = self._finished_recving, set()
         busy = {t.request_id for t in self._transfers}
@@ -532,9 +612,12 @@ class WorkerConnector:
 
     def _start_load(self, intent: LoadIntent) -> None:
         self._stats.loads_started += 1
-        self._loading[intent.request_id] = self._loading.get(intent.request_id, 0) + 1
+        layerwise = bool(getattr(intent, "layerwise", False))
+        if not layerwise:
+            self._loading[intent.request_id] = self._loading.get(intent.request_id, 0) + 1
         deadline_ms = min(x for x in (intent.deadline_ms, self._load_timeout_ms, _DEFAULT_LOAD_DEADLINE_MS) if x > 0)
         not_after = time.monotonic() + deadline_ms / 1000
+        slot = self._fences.take() if layerwise and self._sidecar_layerwise else None
         try:
             pending = self._client.send_load(
                 self.engine_id,
@@ -545,13 +628,18 @@ class WorkerConnector:
                 deadline_ms=deadline_ms,
                 skip_blocks=intent.skip_blocks,
                 not_after_ns=int(not_after * 1e9),
+                **({"progress_slot": slot} if slot is not None else {}),
             )
         except Exception as err:
             _log.warning("load of %s not sent; its blocks are reported invalid: %s", intent.request_id, err)
             pending = None
-        self._transfers.append(
-            _Transfer("load", intent.request_id, pending, intent, not_after + LOAD_GRACE_S, generation=self._generation)
+        t = _Transfer(
+            "load", intent.request_id, pending, intent, not_after + LOAD_GRACE_S, generation=self._generation, progress_slot=slot
         )
+        self._transfers.append(t)
+        if layerwise:
+            self._stats.layerwise_loads += 1
+            self._layerwise.append(t)
 
     def _start_save(self, intent: SaveIntent, cuda_event: bytes | None = None) -> None:
         self._stats.saves_started += 1
@@ -603,8 +691,15 @@ class WorkerConnector:
                 err = e
         if isinstance(err, NotFoundError):
             self._hb_wake.set()  # the sidecar forgot us (restart): register again
+        t.done = True
         if t.kind == "load":
-            if err is not None:
+            layerwise = bool(getattr(t.intent, "layerwise", False))
+            if t.progress_slot is not None:
+                self._fences.release(t.progress_slot)  # the sidecar writes it no more
+                t.progress_slot = None
+            if t.gave_up:
+                self._release_lookup(t.intent.lookup_id)  # its blocks are already reported
+            elif err is not None:
                 # A load that never ran loaded nothing: every block is invalid and recomputed.
                 self._stats.loads_failed += 1
                 self._load_errors.update(t.intent.block_ids)
@@ -615,6 +710,8 @@ class WorkerConnector:
                 if invalid:
                     self._stats.loads_failed += 1
                     self._load_errors.update(invalid)
+            if layerwise:
+                return  # a synchronous load ends with its step, never in finished_recving
             left = self._loading.get(t.request_id, 1) - 1
             if left > 0:
                 self._loading[t.request_id] = left

@@ -233,8 +233,19 @@ class StandInModelRunner:
         ):
             for name in self.names:
                 _attention(step, name)
-        self.loaded_blocks -= set(kv_output.invalid_block_ids or ())
-        sampled = step.sample()
+        invalid = set(kv_output.invalid_block_ids or ())
+        self.loaded_blocks -= invalid
+        # A synchronous (layer-wise) load that failed left its blocks unwritten while this
+        # step's attention read them: vLLM discards such a request's output and rewinds it to
+        # its first invalid block, so only reads of other blocks are wrong KV.
+        for blocks, message in step.suspect:
+            if not blocks <= invalid:
+                report.mismatches.append(message)
+        for r, b in step.read_loaded:
+            if b not in invalid and b not in r.verified_blocks:
+                report.loaded_blocks_compared += 1
+                r.verified_blocks.add(b)
+        sampled = step.sample(invalid)
         ids = list(so.num_scheduled_tokens)
         out = ModelRunnerOutput(
             req_ids=ids,
@@ -289,6 +300,13 @@ class _Forward:
 
     def __init__(self, runner: StandInModelRunner, so: Any, computed: dict[str, int], report: StepReport) -> None:
         self.runner, self.so, self.computed, self.report = runner, so, computed, report
+        #: Wrong reads of blocks a load of this step wrote: (blocks, message), judged once the
+        #: step's invalid blocks are known.
+        self.suspect: list[tuple[set[int], str]] = []
+        #: Loaded blocks attention read in every layer: (request, block), counted as compared
+        #: once the step's invalid blocks are known (a failed load's blocks are not loaded KV).
+        self.read_loaded: list[tuple[Any, int]] = []
+        self.loading = {b for load in getattr(getattr(so.kv_connector_metadata, "meta", None), "loads", ()) if getattr(load, "layerwise", False) for b in load.block_ids}
 
     def attend(self, layer_name: str) -> None:
         """One attention layer as vLLM runs it: the batch's new KV is written into the cache
@@ -324,23 +342,31 @@ class _Forward:
         bad = np.nonzero((got != want).reshape(n, -1).any(axis=1))[0]
         if bad.size:
             blocks = sorted({r.table[p // r_.block_size] for p in bad.tolist()})
-            self.report.mismatches.append(
+            message = (
                 f"rank {r_.rank} {layer_name}: request {rid} holds wrong KV at {bad.size} of {n} "
                 f"computed tokens (first at token {int(bad[0])}; blocks {blocks[:8]}; last writes "
                 f"{ {b: r_.writers.get(b) for b in blocks[:3]} })"
             )
+            if set(blocks) <= self.loading:
+                self.suspect.append((set(blocks), message))
+            else:
+                self.report.mismatches.append(message)
         if layer == r_.layers - 1:
             for j in range(-(-n // r_.block_size)):
                 b = r.table[j]
                 if b in r_.loaded_blocks and b not in r.verified_blocks:
-                    self.report.loaded_blocks_compared += 1
-                    r.verified_blocks.add(b)
+                    self.read_loaded.append((r, b))
 
-    def sample(self) -> dict[str, list[int]]:
-        """The stand-in model's next token for requests whose prompt this step completed."""
+    def sample(self, invalid: set[int] = frozenset()) -> dict[str, list[int]]:
+        """The stand-in model's next token for requests whose prompt this step completed; none
+        for a request that read a block of ``invalid`` (vLLM discards its output and rewinds it,
+        so no token is appended)."""
         out: dict[str, list[int]] = {}
+        bs = self.runner.block_size
         for rid, s in self.so.num_scheduled_tokens.items():
             r = self.runner.reqs[rid]
+            if invalid and invalid.intersection(r.table[: -(-self.computed[rid] // bs)]):
+                continue
             if self.computed[rid] + s >= len(r.tokens.tokens):
                 t = next_token(r.tokens.hashes[-1])
                 r.tokens.extend([t])
