@@ -21,6 +21,8 @@ import { type ChunkHasherOptions, hashChunks, hashSeed } from '../src/hashing/ch
 import {
   canonicalNamespaceEncoding,
   deriveNamespace,
+  headCovers,
+  kvHeadRange,
   type NamespaceSpec,
 } from '../src/namespace/namespace.ts';
 import { DEFAULT_LIMITS } from '../src/protocol/limits.ts';
@@ -177,6 +179,12 @@ const NAMESPACE_CASES: { name: string; spec: NamespaceSpec }[] = (() => {
       spec: { ...llama, dtype: 'bf16', tpSize: 1, tpRank: 0 },
     },
     { name: 'llama tp16 replicated heads', spec: { ...llama, tpSize: 16, tpRank: 15 } },
+    { name: 'llama tp4 r1', spec: { ...llama, tpSize: 4, tpRank: 1 } },
+    { name: 'llama tp8 r2 (same heads as tp16 r5)', spec: { ...llama, tpSize: 8, tpRank: 2 } },
+    {
+      name: '12 heads tp3 r1 (shards that do not nest)',
+      spec: { ...llama, numKvHeads: 12, tpSize: 3, tpRank: 1 },
+    },
     { name: 'dsv3 mla tp8 r3', spec: { ...dsv3, tpSize: 8, tpRank: 3 } },
     { name: 'dsv3 mla tp1', spec: { ...dsv3, tpSize: 1, tpRank: 0 } },
     {
@@ -345,7 +353,18 @@ export function buildPythonFixtures(): Record<string, unknown> {
     hashes: HASH_CASES.map(hashCase),
     namespaces: NAMESPACE_CASES.map(({ name, spec }) => {
       const ns = deriveNamespace(spec);
-      return { name, spec, id: ns.id, label: ns.label, encoding: canonicalNamespaceEncoding(spec) };
+      return {
+        name,
+        spec,
+        id: ns.id,
+        label: ns.label,
+        encoding: canonicalNamespaceEncoding(spec),
+        heads: kvHeadRange(spec),
+        covers: headCovers(spec).map((c) => ({
+          width: c.width,
+          shards: c.shards.map((x) => [x.start, x.end, x.namespace.id]),
+        })),
+      };
     }),
     ...fixtureMessages(),
   };

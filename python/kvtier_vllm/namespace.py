@@ -21,10 +21,12 @@ __all__ = [
     "bytes_per_token",
     "canonical_encoding",
     "derive_namespace",
+    "head_covers",
+    "kv_head_range",
     "normalize_dtype",
 ]
 
-NAMESPACE_TAG = "kvtier-ns/v1"
+NAMESPACE_TAG = "kvtier-ns/v2"
 MAX_PP_SIZE = 1024
 _MAX_DIM = 1 << 20
 _MAX_LAYERS = 100_000
@@ -175,7 +177,18 @@ def _spec(
     return s
 
 
-def _encode(s: dict[str, Any]) -> str:
+def _head_range(s: dict[str, Any]) -> tuple[int, int]:
+    heads, tp, rank = s["num_kv_heads"], s["tp_size"], s["tp_rank"]
+    if s["mla"]:
+        return (0, heads)
+    if tp >= heads:
+        h = rank * heads // tp
+        return (h, h + 1)
+    per = heads // tp
+    return (rank * per, (rank + 1) * per)
+
+
+def _encode(s: dict[str, Any], heads: tuple[int, int]) -> str:
     mla = s["mla"]
     lines = [
         NAMESPACE_TAG,
@@ -186,8 +199,8 @@ def _encode(s: dict[str, Any]) -> str:
         f"head_dim={s['head_dim']}",
         f"block_size={s['block_size']}",
         f"mla={1 if mla else 0}",
-        f"tp_size={'*' if mla else s['tp_size']}",
-        f"tp_rank={'*' if mla else s['tp_rank']}",
+        f"kv_head_start={'*' if mla else heads[0]}",
+        f"kv_head_end={'*' if mla else heads[1]}",
         f"layout_version={s['layout_version']}",
     ]
     if s["pp_size"] > 1:
@@ -221,7 +234,9 @@ def derive_namespace(
     pp_rank: int = 0,
     pp_first_layer: int = 0,
 ) -> Namespace:
-    """Derives the namespace of an engine rank.
+    """Derives the namespace of an engine rank: it holds the KV heads of the rank
+    (:func:`kv_head_range`), not its TP size and rank, so a rank of an engine at another TP size
+    that holds the same heads has the same namespace.
 
     ``num_kv_heads`` is the model's total KV heads (for MLA: latents per layer, 1 for DeepSeek);
     ``head_dim`` the head (or latent) width; with ``pp_size`` > 1, ``num_layers`` is this stage's
@@ -245,9 +260,13 @@ def derive_namespace(
         pp_rank,
         pp_first_layer,
     )
-    enc = _encode(s)
+    return _derive(s, _head_range(s))
+
+
+def _derive(s: dict[str, Any], heads: tuple[int, int]) -> Namespace:
+    enc = _encode(s, heads)
     ident = hashlib.sha256(enc.encode("utf-8")).digest()[:16]
-    parallel = "mla" if s["mla"] else f"tp{s['tp_size']}r{s['tp_rank']}"
+    parallel = "mla" if s["mla"] else f"h{heads[0]}-{heads[1]}"
     if s["pp_size"] > 1:
         parallel += f"/pp{s['pp_size']}r{s['pp_rank']}@L{s['pp_first_layer']}"
     label = (
@@ -255,6 +274,56 @@ def derive_namespace(
         f"/B{s['block_size']}/{parallel}/v{s['layout_version']}"
     )
     return Namespace(ident, ident.hex(), label, enc)
+
+
+def _spec_of(kwargs: dict[str, Any]) -> dict[str, Any]:
+    return _spec(
+        kwargs["model_id"],
+        kwargs["dtype"],
+        kwargs["num_layers"],
+        kwargs["num_kv_heads"],
+        kwargs["head_dim"],
+        kwargs["block_size"],
+        kwargs.get("tp_size", 1),
+        kwargs.get("tp_rank", 0),
+        kwargs.get("mla", False),
+        kwargs.get("layout_version", 1),
+        kwargs.get("pp_size", 1),
+        kwargs.get("pp_rank", 0),
+        kwargs.get("pp_first_layer", 0),
+    )
+
+
+def kv_head_range(**kwargs: Any) -> tuple[int, int]:
+    """The KV heads ``[start, end)`` the rank holds (same arguments as :func:`derive_namespace`):
+    ``num_kv_heads / tp_size`` heads from ``tp_rank * num_kv_heads / tp_size``; with more ranks
+    than heads the one head ``tp_rank * num_kv_heads // tp_size`` (replicated as vLLM does); all
+    of them for MLA."""
+    return _head_range(_spec_of(kwargs))
+
+
+def head_covers(**kwargs: Any) -> list[tuple[int, list[tuple[int, int, Namespace]]]]:
+    """Every way the rank can assemble its KV heads from chunks saved at another TP size (same
+    arguments as :func:`derive_namespace`): for each other divisor ``width`` of ``num_kv_heads``,
+    ``(width, [(start, end, namespace), ...])``, the shards of that width overlapping the rank's
+    heads in head order; fewest shards first, then by width. Empty for MLA. Mirrors
+    ``headCovers`` in src/namespace/namespace.ts."""
+    s = _spec_of(kwargs)
+    if s["mla"]:
+        return []
+    a, b = _head_range(s)
+    heads = s["num_kv_heads"]
+    out = []
+    for width in range(1, heads + 1):
+        if heads % width != 0 or width == b - a:
+            continue
+        shards = [
+            (start, start + width, _derive(s, (start, start + width)))
+            for start in range(a // width * width, b, width)
+        ]
+        out.append((width, shards))
+    out.sort(key=lambda c: (len(c[1]), c[0]))
+    return out
 
 
 def bytes_per_token(

@@ -9,7 +9,14 @@ from pathlib import Path
 import pytest
 
 from kvtier_vllm.errors import InvalidArgumentError
-from kvtier_vllm.namespace import DTYPE_BYTES, bytes_per_token, derive_namespace, normalize_dtype
+from kvtier_vllm.namespace import (
+    DTYPE_BYTES,
+    bytes_per_token,
+    derive_namespace,
+    head_covers,
+    kv_head_range,
+    normalize_dtype,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 PROTOCOL_MD = (ROOT / "docs" / "protocol.md").read_text()
@@ -29,8 +36,6 @@ _KEYS = {
     "num_kv_heads": "num_kv_heads",
     "head_dim": "head_dim",
     "block_size": "block_size",
-    "tp_size": "tp_size",
-    "tp_rank": "tp_rank",
     "layout_version": "layout_version",
     "pp_size": "pp_size",
     "pp_rank": "pp_rank",
@@ -43,16 +48,24 @@ def _worked_examples() -> list[tuple[dict, str]]:
     start = PROTOCOL_MD.index("#### Worked example", PROTOCOL_MD.index("### 9.2"))
     text = PROTOCOL_MD[start : PROTOCOL_MD.index("#### Bytes per token", start)]
     out = []
-    for block in re.findall(r"```\n(kvtier-ns/v1\n.*?)```", text, re.S):
+    for block in re.findall(r"```\n(kvtier-ns/v2\n.*?)```", text, re.S):
         kw: dict = {}
+        heads = None
         for line in block.splitlines()[1:]:
             k, v = line.split("=", 1)
             if k == "mla":
                 kw["mla"] = v == "1"
             elif v == "*":
                 continue
+            elif k == "kv_head_start":
+                heads = [int(v), None]
+            elif k == "kv_head_end":
+                heads[1] = int(v)
             else:
                 kw[_KEYS[k]] = v if k in ("model_id", "dtype") else int(v)
+        if heads is not None:  # the TP size and rank that hold exactly these heads
+            width = heads[1] - heads[0]
+            kw["tp_size"], kw["tp_rank"] = kw["num_kv_heads"] // width, heads[0] // width
         out.append((kw, block))
     return out
 
@@ -71,19 +84,22 @@ def _doc_mentions(hex_id: str) -> bool:
 @pytest.mark.parametrize(
     "kw,hex_id,label",
     [
-        (dict(LLAMA, tp_size=2, tp_rank=0), "48f3d9651eaf7e9014cf0c0d7bc30fba", "meta-llama/Meta-Llama-3-8B/bfloat16/L32/H8x128/B16/tp2r0/v1"),
-        (dict(LLAMA, tp_size=2, tp_rank=1), "ccd750d5fc54b2450fad560f67df94f4", None),
-        (dict(DSV3, tp_size=8, tp_rank=3), "df19b3948ff2680e2cb787b2b75805a3", "deepseek-ai/DeepSeek-V3/bfloat16/L61/H1x576/B64/mla/v1"),
-        (dict(DSV3, tp_size=1, tp_rank=0), "df19b3948ff2680e2cb787b2b75805a3", None),
+        (dict(LLAMA, tp_size=2, tp_rank=0), "a9da765632a7de95394439b16b6ed39f", "meta-llama/Meta-Llama-3-8B/bfloat16/L32/H8x128/B16/h0-4/v1"),
+        (dict(LLAMA, tp_size=2, tp_rank=1), "cdf60246c253dbe1fb1715f1dee10c2a", None),
+        (dict(DSV3, tp_size=8, tp_rank=3), "585a8179300136bff281ba3e15397a88", "deepseek-ai/DeepSeek-V3/bfloat16/L61/H1x576/B64/mla/v1"),
+        (dict(DSV3, tp_size=1, tp_rank=0), "585a8179300136bff281ba3e15397a88", None),
+        (dict(LLAMA, tp_size=1, tp_rank=0), "8c7025b306a898cef85b1f8156b8dbc4", None),
+        (dict(LLAMA, tp_size=4, tp_rank=1), "d3202475ecb0fac57b91f463a0761984", None),
+        (dict(LLAMA, tp_size=16, tp_rank=5), "f28719570c2cbf3b30aaa6bcaf21214e", None),
         (
             dict(LLAMA, num_layers=8, tp_size=2, pp_size=4, pp_rank=1, pp_first_layer=8),
-            "4d3e1899d1e47e773c001b5d7d7d50f7",
-            "meta-llama/Meta-Llama-3-8B/bfloat16/L8/H8x128/B16/tp2r0/pp4r1@L8/v1",
+            "be9f7e0c33e72523732cc63c326f401d",
+            "meta-llama/Meta-Llama-3-8B/bfloat16/L8/H8x128/B16/h0-4/pp4r1@L8/v1",
         ),
-        (dict(LLAMA, num_layers=8, tp_size=2, pp_size=4, pp_rank=0, pp_first_layer=0), "70c930c60e3889f3d812c9612fe934b5", None),
-        (dict(LLAMA, num_layers=8, tp_size=2, pp_size=4, pp_rank=2, pp_first_layer=16), "9be9a2bc0cc95eb82fbf39fc5dc3c636", None),
-        (dict(LLAMA, num_layers=8, tp_size=2, pp_size=4, pp_rank=3, pp_first_layer=24), "456a997bc07c54a49cb55d383fe0d7c7", None),
-        (dict(DSV3, num_layers=30, tp_size=8, tp_rank=3, pp_size=2, pp_rank=1, pp_first_layer=31), "ff24b8a667123038c818b6189f355818", None),
+        (dict(LLAMA, num_layers=8, tp_size=2, pp_size=4, pp_rank=0, pp_first_layer=0), "6cc2e884566277c77191b53f6de3433b", None),
+        (dict(LLAMA, num_layers=8, tp_size=2, pp_size=4, pp_rank=2, pp_first_layer=16), "46c457496ad2173e5c2ee07fd8eb3dcd", None),
+        (dict(LLAMA, num_layers=8, tp_size=2, pp_size=4, pp_rank=3, pp_first_layer=24), "5c38d8197a4597ed256097154ffab332", None),
+        (dict(DSV3, num_layers=30, tp_size=8, tp_rank=3, pp_size=2, pp_rank=1, pp_first_layer=31), "6bbcf286cb2041fd8ca787ff1e95a52f", None),
     ],
 )
 def test_protocol_md_ids(kw, hex_id, label):
@@ -117,10 +133,25 @@ def _kwargs(spec: dict) -> dict:
 
 @pytest.mark.parametrize("case", FIXTURE["namespaces"], ids=[c["name"] for c in FIXTURE["namespaces"]])
 def test_cross_language_namespaces(case):
-    ns = derive_namespace(**_kwargs(case["spec"]))
+    kw = _kwargs(case["spec"])
+    ns = derive_namespace(**kw)
     assert ns.hex == case["id"]
     assert ns.label == case["label"]
     assert ns.encoding == case["encoding"]
+    assert list(kv_head_range(**kw)) == case["heads"]
+    covers = [
+        {"width": w, "shards": [[a, b, n.hex] for a, b, n in shards]} for w, shards in head_covers(**kw)
+    ]
+    assert covers == case["covers"]
+
+
+def test_tp_sizes_share_by_heads():
+    # rank 2 of TP 8 and rank 5 of TP 16 hold head 2 alone; rank 1 of TP 4 holds heads 2..3
+    assert derive_namespace(**LLAMA, tp_size=8, tp_rank=2) == derive_namespace(**LLAMA, tp_size=16, tp_rank=5)
+    assert kv_head_range(**LLAMA, tp_size=4, tp_rank=1) == (2, 4)
+    tp1 = dict(head_covers(**LLAMA, tp_size=1, tp_rank=0))
+    assert [n for _, _, n in tp1[4]] == [derive_namespace(**LLAMA, tp_size=2, tp_rank=r) for r in (0, 1)]
+    assert head_covers(**DSV3, tp_size=8, tp_rank=3) == []
 
 
 def test_pipeline_stages_never_share_and_pp1_is_plain():

@@ -151,4 +151,6 @@ export interface DataPlaneStats {
   lateLoads: number;
   /** LOADs copied layer by layer (`progressSlot`). */
   layerwiseLoads: number;
+  /** LOADs assembled from chunks saved at another TP size (other ranks' head shards). */
+  crossTpLoads: number;
 }

@@ -36,6 +36,7 @@ import {
   type RequestState,
 } from './engine-state.ts';
 import { createFsCopyEngine } from './fs-copy-engine.ts';
+import { coverAmong, loadableShards, type ShardChunkCopy, scatterShards } from './head-shards.ts';
 import {
   chunkPayloadBytes,
   type KvLayout,
@@ -82,6 +83,7 @@ export class DataPlane {
   #cancelledSaves = 0;
   #lateLoads = 0;
   #layerwiseLoads = 0;
+  #crossTpLoads = 0;
   #closing: Promise<void> | undefined;
 
   /** @throws KvtierError `KVT_INVALID_ARGUMENT` on bad options. */
@@ -384,10 +386,28 @@ export class DataPlane {
     const { deadlineMs, notAfterNs } = req;
     const { layout } = eng;
     const ns = layout.namespace.id;
+    const ok = pinned !== undefined && pinned.status === 'ok';
+    // A lookup that named other ranks' head shards instead of this rank's namespace: chunks
+    // saved at another TP size, assembled head range by head range (head-shards.ts).
+    const cover =
+      ok && !pinned.namespaces.includes(ns) ? coverAmong(layout, pinned.namespaces) : undefined;
     const ready =
-      pinned !== undefined && pinned.status === 'ok' && pinned.namespaces.includes(ns)
+      ok && (cover !== undefined || pinned.namespaces.includes(ns))
         ? new Set(pinned.hashes)
         : new Set<ChunkHash>();
+    if (cover !== undefined) {
+      const shardItems = await loadableShards(
+        (n, h) => this.#storage.hostChunks(n, h),
+        layout,
+        cover,
+        hashes,
+        chunks,
+        skipBlocks,
+        ready,
+        this.#log,
+      );
+      return this.#scatterCover(eng, state, shardItems, chunks, req, signal);
+    }
     const wanted = hashes.filter((h) => ready.has(h));
     const found = wanted.length === 0 ? new Map() : await this.#storage.hostChunks(ns, wanted);
     const loadable = loadablePrefix(layout, hashes, chunks, skipBlocks, ready, found, this.#log);
@@ -448,6 +468,49 @@ export class DataPlane {
     let loadedTokens = 0;
     for (let i = 0; i < n; i++) loadedTokens += chunks[i]!.length * layout.blockSize;
     return { loadedTokens, invalidBlockIds: chunks.slice(n).flatMap((c) => Array.from(c)) };
+  }
+
+  /**
+   * {@link #scatter} for chunks assembled from other ranks' head shards: copied chunk-wise (a
+   * layer-wise load announces every layer once all chunks are in, or one short of that).
+   */
+  async #scatterCover(
+    eng: EngineState,
+    state: RequestState,
+    items: ShardChunkCopy[],
+    chunks: Uint32Array[],
+    req: LoadRequest,
+    signal: AbortSignal | undefined,
+  ): Promise<LoadResult> {
+    const { layout } = eng;
+    let late = false;
+    const stop = () => {
+      if (state.finished || eng.gone || signal?.aborted === true) return true;
+      if (req.deadlineMs !== undefined && this.#now() >= req.deadlineMs) return true;
+      late = this.#late(req.notAfterNs);
+      return late;
+    };
+    this.#crossTpLoads++;
+    const r = await scatterShards(this.#copy, eng, items, { ...this.#loadGrouping, stop });
+    if (late) this.#lateLoads++;
+    if (r.error !== undefined)
+      this.#log.warn('scatter failed; its chunks reported invalid', {
+        err: r.error,
+        fromChunk: r.copied,
+      });
+    if (req.progressSlot !== undefined) {
+      this.#layerwiseLoads++;
+      const progress = progressWriter(this.#copy, this.#log, eng.stateSurface, req.progressSlot);
+      const layers = layerRegions(layout).length;
+      progress.write(r.copied === chunks.length ? layers : layers - 1);
+      await progress.flush();
+    }
+    let loadedTokens = 0;
+    for (let i = 0; i < r.copied; i++) loadedTokens += chunks[i]!.length * layout.blockSize;
+    return {
+      loadedTokens,
+      invalidBlockIds: chunks.slice(r.copied).flatMap((c) => Array.from(c)),
+    };
   }
 
   /** Terminal end (finished or aborted): releases the request's held pins and state. In-flight loads stop at the next chunk. */
@@ -523,6 +586,7 @@ export class DataPlane {
       cancelledSaves: this.#cancelledSaves,
       lateLoads: this.#lateLoads,
       layerwiseLoads: this.#layerwiseLoads,
+      crossTpLoads: this.#crossTpLoads,
     };
   }
 

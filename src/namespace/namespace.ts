@@ -10,8 +10,12 @@ import { describe, requireBoolean, requireInt, requireString } from '../util/val
  * it is a protocol change.
  */
 
-/** Version tag: the first line of the canonical encoding. */
-export const NAMESPACE_ENCODING_TAG = 'kvtier-ns/v1';
+/**
+ * Version tag: the first line of the canonical encoding. v2 keys a rank's chunks by the KV heads
+ * it holds instead of its tensor-parallel size and rank (v1), so no v1 id is ever derived again
+ * and chunks stored under v1 are never read as v2 ones.
+ */
+export const NAMESPACE_ENCODING_TAG = 'kvtier-ns/v2';
 
 /** Length of a namespace id in lowercase hex digits (16 bytes). */
 export const NAMESPACE_ID_HEX_LENGTH = 32;
@@ -36,9 +40,12 @@ export interface NamespaceSpec {
   headDim: number;
   /** Engine KV block size in tokens. */
   blockSize: number;
-  /** Tensor-parallel world size; ignored by the id when `mla` is set. */
+  /**
+   * Tensor-parallel world size. Enters the id only through the KV heads the rank holds
+   * ({@link kvHeadRange}); ignored when `mla` is set.
+   */
   tpSize: number;
-  /** This rank in [0, tpSize); ignored by the id when `mla` is set. */
+  /** This rank in [0, tpSize); enters the id only through {@link kvHeadRange}. */
   tpRank: number;
   /** Multi-head latent attention: every rank holds the same latent, so KV is rank-agnostic. */
   mla: boolean;
@@ -63,8 +70,9 @@ export interface Namespace {
   /** 32 lowercase hex digits: the first 16 bytes of SHA-256 of the canonical encoding. */
   id: string;
   /**
-   * Human-readable summary for logs and metrics, e.g. `llama-3-8b/bfloat16/L32/H8x128/B16/tp2r0/v1`,
-   * or with pipeline parallelism `.../tp2r0/pp4r1@L8/v1` (stage 1 of 4, first layer 8).
+   * Human-readable summary for logs and metrics, e.g. `llama-3-8b/bfloat16/L32/H8x128/B16/h0-4/v1`
+   * (KV heads 0..3 of 8), `.../mla/v1` for MLA, or with pipeline parallelism
+   * `.../h0-4/pp4r1@L8/v1` (stage 1 of 4, first layer 8).
    */
   label: string;
   /**
@@ -220,19 +228,43 @@ function requireModelId(value: unknown): string {
 }
 
 /**
+ * The KV heads `[start, end)` of the model that a rank holds: `numKvHeads / tpSize` consecutive
+ * heads from `tpRank * numKvHeads / tpSize`, or, when there are fewer heads than ranks, the one
+ * head `floor(tpRank * numKvHeads / tpSize)` (vLLM replicates each head on `tpSize / numKvHeads`
+ * consecutive ranks). For MLA every rank holds all of them: `[0, numKvHeads)`.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
+ */
+export function kvHeadRange(spec: NamespaceSpec): readonly [number, number] {
+  const s = normalizeNamespaceSpec(spec);
+  return headRangeOf(s);
+}
+
+function headRangeOf(s: Readonly<NamespaceSpec>): readonly [number, number] {
+  if (s.mla) return [0, s.numKvHeads];
+  if (s.tpSize >= s.numKvHeads) {
+    const h = Math.floor((s.tpRank * s.numKvHeads) / s.tpSize);
+    return [h, h + 1];
+  }
+  const per = s.numKvHeads / s.tpSize;
+  return [s.tpRank * per, (s.tpRank + 1) * per];
+}
+
+/**
  * The canonical encoding the id is the hash of: UTF-8 lines, each ending in `\n`, in this order:
  * the tag, then `model_id`, `dtype`, `num_layers`, `num_kv_heads`, `head_dim`, `block_size`,
- * `mla` (0|1), `tp_size`, `tp_rank` (both `*` when MLA), `layout_version`, as `key=value` with
- * decimal integers; when `ppSize` > 1, three more lines follow: `pp_size`, `pp_rank`,
- * `pp_first_layer` (kept with MLA too). Exposed so other implementations can compare bytes.
+ * `mla` (0|1), `kv_head_start`, `kv_head_end` (the rank's {@link kvHeadRange}; both `*` when
+ * MLA), `layout_version`, as `key=value` with decimal integers; when `ppSize` > 1, three more
+ * lines follow: `pp_size`, `pp_rank`, `pp_first_layer` (kept with MLA too). The tensor-parallel
+ * size and rank enter only through the heads, so ranks of engines at different TP sizes that hold
+ * the same heads share chunks. Exposed so other implementations can compare bytes.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
  */
 export function canonicalNamespaceEncoding(spec: NamespaceSpec): string {
   const s = normalizeNamespaceSpec(spec);
-  return encode(s);
+  return encode(s, headRangeOf(s));
 }
 
-function encode(s: Readonly<NamespaceSpec>): string {
+function encode(s: Readonly<NamespaceSpec>, heads: readonly [number, number]): string {
   const lines = [
     NAMESPACE_ENCODING_TAG,
     `model_id=${s.modelId}`,
@@ -242,8 +274,8 @@ function encode(s: Readonly<NamespaceSpec>): string {
     `head_dim=${s.headDim}`,
     `block_size=${s.blockSize}`,
     `mla=${s.mla ? 1 : 0}`,
-    `tp_size=${s.mla ? '*' : s.tpSize}`,
-    `tp_rank=${s.mla ? '*' : s.tpRank}`,
+    `kv_head_start=${s.mla ? '*' : heads[0]}`,
+    `kv_head_end=${s.mla ? '*' : heads[1]}`,
     `layout_version=${s.layoutVersion}`,
   ];
   if ((s.ppSize ?? 1) > 1) {
@@ -253,19 +285,25 @@ function encode(s: Readonly<NamespaceSpec>): string {
 }
 
 /**
- * Derives the namespace of a spec. For MLA specs, `tpSize` and `tpRank` do not enter the id, so
- * every rank of an MLA model shares one namespace; otherwise each rank has its own. Pipeline
- * stages (`ppSize` > 1) always have their own namespaces, MLA or not.
+ * Derives the namespace of a spec. The id holds the KV heads of the rank ({@link kvHeadRange}),
+ * not its TP size and rank: the ranks of an engine have one namespace each, and a rank of an
+ * engine at another TP size that holds the same heads has the same one (so do the replicas of a
+ * head when there are more ranks than heads). For MLA specs every rank of the model shares one
+ * namespace. Pipeline stages (`ppSize` > 1) always have their own namespaces, MLA or not.
  * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
  */
 export function deriveNamespace(spec: NamespaceSpec): Namespace {
   const s = normalizeNamespaceSpec(spec);
+  return derive(s, headRangeOf(s));
+}
+
+function derive(s: Readonly<NamespaceSpec>, heads: readonly [number, number]): Namespace {
   const id = createHash('sha256')
-    .update(encode(s), 'utf8')
+    .update(encode(s, heads), 'utf8')
     .digest()
     .subarray(0, NAMESPACE_ID_HEX_LENGTH / 2)
     .toString('hex');
-  let parallel = s.mla ? 'mla' : `tp${s.tpSize}r${s.tpRank}`;
+  let parallel = s.mla ? 'mla' : `h${heads[0]}-${heads[1]}`;
   if ((s.ppSize ?? 1) > 1) parallel += `/pp${s.ppSize}r${s.ppRank}@L${s.ppFirstLayer}`;
   const label = `${s.modelId}/${s.dtype}/L${s.numLayers}/H${s.numKvHeads}x${s.headDim}/B${s.blockSize}/${parallel}/v${s.layoutVersion}`;
   return Object.freeze({ id, label, spec: s });
@@ -312,4 +350,49 @@ export function bytesPerToken(spec: NamespaceSpec): number {
   const elem = DTYPE_BYTES[s.dtype as CanonicalDtype];
   const perLayer = s.mla ? s.numKvHeads * s.headDim : 2 * kvHeadsPerRank(s) * s.headDim;
   return s.numLayers * perLayer * elem;
+}
+
+/** The chunks of one head range: the namespace of the ranks that hold heads `[start, end)`. */
+export interface HeadShard {
+  readonly start: number;
+  readonly end: number;
+  readonly namespace: Namespace;
+}
+
+/**
+ * One way to assemble a rank's KV heads from chunks saved at another TP size: the shards of
+ * `width` heads (what each rank of an engine at TP `numKvHeads / width` holds) that overlap the
+ * rank's {@link kvHeadRange}, in head order. A chunk loads from a cover when every shard of it
+ * holds the chunk.
+ */
+export interface HeadCover {
+  /** Heads per shard. */
+  readonly width: number;
+  readonly shards: readonly HeadShard[];
+}
+
+/**
+ * Every way a rank can assemble its KV heads from other ranks' chunks: for each other divisor
+ * `width` of `numKvHeads` (each TP size an engine of the model can run at, up to one head per
+ * rank), the shards of that width that overlap the rank's heads. Ordered by the number of shards
+ * (fewest objects to read first), then by width. Empty for MLA (every rank holds the same latent).
+ * The rank's own namespace is not among them.
+ * @throws KvtierError `KVT_INVALID_ARGUMENT` for an invalid spec.
+ */
+export function headCovers(spec: NamespaceSpec): HeadCover[] {
+  const s = normalizeNamespaceSpec(spec);
+  if (s.mla) return [];
+  const [a, b] = headRangeOf(s);
+  const out: HeadCover[] = [];
+  for (let width = 1; width <= s.numKvHeads; width++) {
+    if (s.numKvHeads % width !== 0 || width === b - a) continue;
+    const shards: HeadShard[] = [];
+    for (let start = Math.floor(a / width) * width; start < b; start += width)
+      shards.push(
+        Object.freeze({ start, end: start + width, namespace: derive(s, [start, start + width]) }),
+      );
+    out.push(Object.freeze({ width, shards: Object.freeze(shards) }));
+  }
+  out.sort((x, y) => x.shards.length - y.shards.length || x.width - y.width);
+  return out;
 }

@@ -650,6 +650,7 @@ describe('DataPlane lifecycle', () => {
       cancelledSaves: 0,
       lateLoads: 0,
       layerwiseLoads: 0,
+      crossTpLoads: 0,
     });
     const out = await e.dp.load({
       engineId: 'A',
@@ -1156,6 +1157,7 @@ describe('DataPlane engine release during a load (UNREGISTER)', () => {
       cancelledSaves: 0,
       lateLoads: 0,
       layerwiseLoads: 0,
+      crossTpLoads: 0,
     });
   });
 });

@@ -5,7 +5,9 @@ import {
   bytesPerToken,
   canonicalNamespaceEncoding,
   deriveNamespace,
+  headCovers,
   isNamespaceId,
+  kvHeadRange,
   kvHeadsPerRank,
   type NamespaceSpec,
   normalizeDtype,
@@ -50,30 +52,90 @@ describe('deriveNamespace worked examples', () => {
   // Ids computed independently with Python's hashlib (the reference script in docs/protocol.md section 9.3).
   test('Llama-3-8B tp2 rank 0', () => {
     const ns = deriveNamespace(LLAMA);
-    assert.equal(ns.id, '48f3d9651eaf7e9014cf0c0d7bc30fba');
-    assert.equal(ns.label, 'meta-llama/Meta-Llama-3-8B/bfloat16/L32/H8x128/B16/tp2r0/v1');
+    assert.equal(ns.id, 'a9da765632a7de95394439b16b6ed39f');
+    assert.equal(ns.label, 'meta-llama/Meta-Llama-3-8B/bfloat16/L32/H8x128/B16/h0-4/v1');
     assert.deepEqual({ ...ns.spec }, { ...LLAMA, ppSize: 1, ppRank: 0, ppFirstLayer: 0 });
     assert.ok(Object.isFrozen(ns) && Object.isFrozen(ns.spec));
   });
 
   test('Llama-3-8B tp2 rank 1', () => {
-    assert.equal(deriveNamespace({ ...LLAMA, tpRank: 1 }).id, 'ccd750d5fc54b2450fad560f67df94f4');
+    assert.equal(deriveNamespace({ ...LLAMA, tpRank: 1 }).id, 'cdf60246c253dbe1fb1715f1dee10c2a');
   });
 
   test('DeepSeek-V3 MLA', () => {
     const ns = deriveNamespace(DSV3);
-    assert.equal(ns.id, 'df19b3948ff2680e2cb787b2b75805a3');
+    assert.equal(ns.id, '585a8179300136bff281ba3e15397a88');
     assert.equal(ns.label, 'deepseek-ai/DeepSeek-V3/bfloat16/L61/H1x576/B64/mla/v1');
   });
 
   test('canonical encoding', () => {
     assert.equal(
       canonicalNamespaceEncoding({ ...LLAMA, dtype: 'bf16' }),
-      'kvtier-ns/v1\nmodel_id=meta-llama/Meta-Llama-3-8B\ndtype=bfloat16\nnum_layers=32\n' +
-        'num_kv_heads=8\nhead_dim=128\nblock_size=16\nmla=0\ntp_size=2\ntp_rank=0\n' +
+      'kvtier-ns/v2\nmodel_id=meta-llama/Meta-Llama-3-8B\ndtype=bfloat16\nnum_layers=32\n' +
+        'num_kv_heads=8\nhead_dim=128\nblock_size=16\nmla=0\nkv_head_start=0\nkv_head_end=4\n' +
         'layout_version=1\n',
     );
-    assert.match(canonicalNamespaceEncoding(DSV3), /\nmla=1\ntp_size=\*\ntp_rank=\*\n/);
+    assert.match(canonicalNamespaceEncoding(DSV3), /\nmla=1\nkv_head_start=\*\nkv_head_end=\*\n/);
+  });
+});
+
+describe('KV heads across TP sizes', () => {
+  test('a rank holds numKvHeads / tpSize heads, or one replicated head past numKvHeads ranks', () => {
+    assert.deepEqual(kvHeadRange(LLAMA), [0, 4]);
+    assert.deepEqual(kvHeadRange({ ...LLAMA, tpRank: 1 }), [4, 8]);
+    assert.deepEqual(kvHeadRange({ ...LLAMA, tpSize: 1, tpRank: 0 }), [0, 8]);
+    assert.deepEqual(kvHeadRange({ ...LLAMA, tpSize: 4, tpRank: 3 }), [6, 8]);
+    assert.deepEqual(kvHeadRange({ ...LLAMA, tpSize: 16, tpRank: 5 }), [2, 3]);
+    assert.deepEqual(kvHeadRange({ ...LLAMA, tpSize: 16, tpRank: 15 }), [7, 8]);
+    assert.deepEqual(kvHeadRange(DSV3), [0, 1]);
+  });
+
+  test('ranks of any TP size that hold the same heads share one id; others never do', () => {
+    const ids = new Map<string, string>();
+    for (const tp of [1, 2, 4, 8, 16, 32])
+      for (let rank = 0; rank < tp; rank++) {
+        const spec = { ...LLAMA, tpSize: tp, tpRank: rank };
+        const ns = deriveNamespace(spec);
+        const heads = kvHeadRange(spec).join('-');
+        assert.match(ns.label, new RegExp(`/h${heads}/v1$`));
+        const seen = ids.get(heads);
+        if (seen === undefined) ids.set(heads, ns.id);
+        else assert.equal(ns.id, seen, `tp ${tp} rank ${rank}`);
+      }
+    assert.equal(new Set(ids.values()).size, ids.size);
+    assert.equal(ids.size, 1 + 2 + 4 + 8);
+    assert.equal(
+      deriveNamespace({ ...LLAMA, tpSize: 8, tpRank: 2 }).id,
+      'f28719570c2cbf3b30aaa6bcaf21214e',
+    );
+  });
+
+  test('covers: every other shard width, fewest shards first, overlapping the rank in order', () => {
+    const shape = (spec: NamespaceSpec) =>
+      headCovers(spec).map((c) => `${c.width}: ${c.shards.map((x) => `${x.start}-${x.end}`)}`);
+    assert.deepEqual(shape({ ...LLAMA, tpSize: 1, tpRank: 0 }), [
+      '4: 0-4,4-8',
+      '2: 0-2,2-4,4-6,6-8',
+      '1: 0-1,1-2,2-3,3-4,4-5,5-6,6-7,7-8',
+    ]);
+    assert.deepEqual(shape({ ...LLAMA, tpSize: 4, tpRank: 1 }), ['4: 0-4', '8: 0-8', '1: 2-3,3-4']);
+    // More ranks than heads: the one head, read from any wider shard.
+    assert.deepEqual(shape({ ...LLAMA, tpSize: 16, tpRank: 5 }), ['2: 2-4', '4: 0-4', '8: 0-8']);
+    // Widths that do not nest: 12 heads, TP 3 (4 heads) from TP 4 (3 heads) reads two shards.
+    assert.deepEqual(shape({ ...LLAMA, numKvHeads: 12, tpSize: 3, tpRank: 1 }), [
+      '12: 0-12',
+      '2: 4-6,6-8',
+      '3: 3-6,6-9',
+      '6: 0-6,6-12',
+      '1: 4-5,5-6,6-7,7-8',
+    ]);
+    // Each shard's namespace is the one its own ranks derive.
+    const tp2 = headCovers({ ...LLAMA, tpSize: 1, tpRank: 0 }).find((c) => c.width === 4)!;
+    assert.deepEqual(
+      tp2.shards.map((s) => s.namespace.id),
+      [0, 1].map((r) => deriveNamespace({ ...LLAMA, tpRank: r }).id),
+    );
+    assert.deepEqual(headCovers(DSV3), []);
   });
 });
 
@@ -81,10 +143,10 @@ describe('pipeline parallelism', () => {
   // Llama-3-8B at tp2 with four pipeline stages of 8 layers each (ids from Python's hashlib).
   const STAGE: NamespaceSpec = { ...LLAMA, numLayers: 8, ppSize: 4 };
   const STAGE_IDS = [
-    '70c930c60e3889f3d812c9612fe934b5',
-    '4d3e1899d1e47e773c001b5d7d7d50f7',
-    '9be9a2bc0cc95eb82fbf39fc5dc3c636',
-    '456a997bc07c54a49cb55d383fe0d7c7',
+    '6cc2e884566277c77191b53f6de3433b',
+    'be9f7e0c33e72523732cc63c326f401d',
+    '46c457496ad2173e5c2ee07fd8eb3dcd',
+    '5c38d8197a4597ed256097154ffab332',
   ];
 
   test('each stage has its own id', () => {
@@ -93,7 +155,7 @@ describe('pipeline parallelism', () => {
       assert.equal(ns.id, id, `stage ${r}`);
       assert.equal(
         ns.label,
-        `meta-llama/Meta-Llama-3-8B/bfloat16/L8/H8x128/B16/tp2r0/pp4r${r}@L${8 * r}/v1`,
+        `meta-llama/Meta-Llama-3-8B/bfloat16/L8/H8x128/B16/h0-4/pp4r${r}@L${8 * r}/v1`,
       );
     });
   });
@@ -101,8 +163,8 @@ describe('pipeline parallelism', () => {
   test('encoding appends three pp lines after layout_version', () => {
     assert.equal(
       canonicalNamespaceEncoding({ ...STAGE, ppRank: 1, ppFirstLayer: 8 }),
-      'kvtier-ns/v1\nmodel_id=meta-llama/Meta-Llama-3-8B\ndtype=bfloat16\nnum_layers=8\n' +
-        'num_kv_heads=8\nhead_dim=128\nblock_size=16\nmla=0\ntp_size=2\ntp_rank=0\n' +
+      'kvtier-ns/v2\nmodel_id=meta-llama/Meta-Llama-3-8B\ndtype=bfloat16\nnum_layers=8\n' +
+        'num_kv_heads=8\nhead_dim=128\nblock_size=16\nmla=0\nkv_head_start=0\nkv_head_end=4\n' +
         'layout_version=1\npp_size=4\npp_rank=1\npp_first_layer=8\n',
     );
   });
@@ -117,7 +179,7 @@ describe('pipeline parallelism', () => {
   test('MLA keeps the pp lines: stages differ, tp ranks within a stage do not', () => {
     const stage1 = { ...DSV3, numLayers: 30, ppSize: 2, ppRank: 1, ppFirstLayer: 31 };
     const ns = deriveNamespace(stage1);
-    assert.equal(ns.id, 'ff24b8a667123038c818b6189f355818');
+    assert.equal(ns.id, '6bbcf286cb2041fd8ca787ff1e95a52f');
     assert.equal(ns.label, 'deepseek-ai/DeepSeek-V3/bfloat16/L30/H1x576/B64/mla/pp2r1@L31/v1');
     assert.equal(deriveNamespace({ ...stage1, tpRank: 0 }).id, ns.id);
     assert.notEqual(deriveNamespace({ ...stage1, ppRank: 0, ppFirstLayer: 0 }).id, ns.id);
