@@ -48,6 +48,7 @@ from .config import KvtierConfig
 from .curve import CurveKeys, load_client_keys
 from .errors import ConfigError
 from .connector_types import ConnectorMeta, ConnectorOutput
+from .cover_lookup import CoverLookupClient
 from .handoff import HandoffRole
 from .kv_caches import build_registration, order_layers
 from .kv_events import BlockEventMapper, ChunkTransitions, block_extra_keys, event_fields, open_worker_events
@@ -63,6 +64,7 @@ from .vllm_glue import (
     layer_indices,
     model_shape,
     pp_layer_range,
+    rank_covers,
     rank_namespace,
 )
 from .worker import WorkerConnector
@@ -395,7 +397,9 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         for k, ns, sfx in all_rank_namespaces(self._shape):
             ep = self._endpoint(k)
             client = clients.get(ep) or clients.setdefault(ep, self._client(ep))
-            targets.append((client, ns, sfx))
+            # chunks saved at other TP sizes: the heads' covers are asked about too
+            covers = rank_covers(self._shape, k % self._shape.tp_size, k // self._shape.tp_size)
+            targets.append((CoverLookupClient(client, covers) if covers else client, ns, sfx))
         ktc = self._vllm_config.kv_transfer_config
         handoff = HandoffRole(
             produces=self._produces,

@@ -15,7 +15,7 @@ from .config import KvtierConfig
 from .connector_types import ConnectorRequest, ScheduledRequest
 from .errors import ConfigError
 from .kv_caches import layout_version
-from .namespace import derive_namespace
+from .namespace import derive_namespace, head_covers
 from .rank_lookup import rank_index, rank_suffix
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "ModelShape",
     "model_shape",
     "rank_namespace",
+    "rank_covers",
     "all_rank_namespaces",
 ]
 
@@ -286,6 +287,30 @@ def rank_namespace(shape: ModelShape, tp_rank: int, pp_rank: int) -> bytes:
         pp_rank=pp_rank,
         pp_first_layer=start,
     ).id
+
+
+def rank_covers(shape: ModelShape, tp_rank: int, pp_rank: int) -> list[list[bytes]]:
+    """The namespace ids of each cover of one rank's KV heads (chunks saved by engines of the
+    model at other TP sizes, :func:`~kvtier_vllm.namespace.head_covers`); empty for MLA."""
+    if shape.mla:
+        return []
+    start, end = pp_layer_range(shape.num_layers, pp_rank, shape.pp_size, shape.pp_partition)
+    covers = head_covers(
+        model_id=shape.model_id,
+        dtype=shape.dtype,
+        num_layers=end - start,
+        num_kv_heads=shape.num_kv_heads,
+        head_dim=shape.head_dim,
+        block_size=shape.block_size,
+        tp_size=shape.tp_size,
+        tp_rank=tp_rank,
+        mla=False,
+        layout_version=shape.layout_version,
+        pp_size=shape.pp_size,
+        pp_rank=pp_rank,
+        pp_first_layer=start,
+    )
+    return [[n.id for _, _, n in shards] for _, shards in covers]
 
 
 def all_rank_namespaces(shape: ModelShape) -> list[tuple[int, bytes, str]]:

@@ -22,7 +22,7 @@ import {
   WIRE_LIMITS,
 } from '../../src/protocol/messages.ts';
 
-const NS_A = '48f3d9651eaf7e9014cf0c0d7bc30fba';
+const NS_A = 'a9da765632a7de95394439b16b6ed39f';
 const NS_B = 'ccd750d5fc54b2450fad560f67df94f4';
 const H0 = chunkHash('9023a6f72e494c809d3ea5b388ef2ff49d20cc1d48e046e2a6c8d259b8592548');
 const H1 = chunkHash('3b0d4074d7c396f8848f7b6439a3a8d85f5996b37d759ea087988e8960a9b73c');

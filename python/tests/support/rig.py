@@ -18,8 +18,9 @@ import numpy as np
 
 from kvtier_vllm.client import KvtierClient
 from kvtier_vllm.connector_types import ConnectorOutput, ConnectorRequest, ScheduledRequest
+from kvtier_vllm.cover_lookup import CoverLookupClient
 from kvtier_vllm.kv_caches import allocate_host_kv_cache, build_registration
-from kvtier_vllm.namespace import derive_namespace
+from kvtier_vllm.namespace import derive_namespace, head_covers
 from kvtier_vllm.rank_lookup import RankLookup, rank_suffix
 from kvtier_vllm.save_fence import SaveFences
 from kvtier_vllm.scheduler import SchedulerConnector
@@ -73,9 +74,14 @@ class Rig:
     fences: bool = False
     save_timeout_s: float = 1.0
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:10])
+    #: Another rig's model id, to share its chunks (default: a model of this rig's own).
+    model_id: str = ""
+    #: Each rank's lookup also asks about the covers of its heads (chunks saved at other TP
+    #: sizes), as the vLLM adapter's scheduler does.
+    covers: bool = False
 
     def __post_init__(self) -> None:
-        self.model_id = f"rig-{self.tag}"
+        self.model_id = self.model_id or f"rig-{self.tag}"
         self.rank_list: list[Rank] = []
         targets = []
         self._clients: list[KvtierClient] = []
@@ -127,7 +133,15 @@ class Rig:
             ).id
             assert bytes(result.namespace) == ns, "the scheduler derives the namespace the sidecar registered"
             self.rank_list.append(Rank(k, cache, worker, ns, rank_suffix(k, self.ranks)))
-            targets.append((self.client(), ns, rank_suffix(k, self.ranks)))
+            client = self.client()
+            if self.covers:
+                shards = head_covers(
+                    model_id=self.model_id, dtype="float16", num_layers=self.layers,
+                    num_kv_heads=self.heads, head_dim=self.head_dim, block_size=self.block,
+                    tp_size=self.ranks, tp_rank=k,
+                )
+                client = CoverLookupClient(client, [[n.id for _, _, n in c] for _, c in shards])
+            targets.append((client, ns, rank_suffix(k, self.ranks)))
         self.lookup = RankLookup(targets)
         self.scheduler = SchedulerConnector(self.lookup, block_size=self.block, chunk_size=self.chunk)
         self.free_blocks = list(range(self.num_blocks))
