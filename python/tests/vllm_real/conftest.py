@@ -25,13 +25,14 @@ class PairPool:
     def __init__(self) -> None:
         self.pairs: list = []
 
-    def free(self):
+    def free(self, world: int = 2):
+        """A free group of ``world`` workers (tensor-parallel size), made when there is none."""
         from tests.vllm_real.harness.workers import WorkerPair
 
         for p in self.pairs:
-            if not p.busy:
+            if not p.busy and p.world == world:
                 return p
-        p = WorkerPair(2)
+        p = WorkerPair(world)
         self.pairs.append(p)
         return p
 
@@ -69,6 +70,6 @@ def engine(pairs, real_sidecar, request):
 
     def build(sc, n, kw):
         kw.setdefault("model_id", f"vllm-{request.node.name}-{n}")
-        return RealEngine(EngineSpec(endpoint=sc.endpoint, **kw), pairs.free())
+        return RealEngine(EngineSpec(endpoint=sc.endpoint, **kw), pairs.free(kw.get("tp", 2)))
 
     yield from engine_maker(build, real_sidecar)
