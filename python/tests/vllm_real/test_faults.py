@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier_vllm.client import KvtierClient
-from tests.vllm_real.harness.helpers import offered, prompt, serve
+from tests.vllm_real.harness.helpers import offered, prompt, run_clearing_before_the_load, serve
 
 SCHEDULING = pytest.mark.parametrize("async_scheduling", [False, True], ids=["sync", "async"])
 
@@ -23,19 +22,7 @@ def test_chunks_gone_between_lookup_and_load(engine, real_sidecar, async_schedul
     serve(a, "w", p)
     b = engine(async_scheduling=async_scheduling, model_id=a.spec.model_id, kv_load_failure_policy=policy)
     b.add_request("x", p + [1], max_tokens=2)
-    admin = KvtierClient(real_sidecar.endpoint)
-
-    def clear_before_the_load(so):
-        if so.kv_connector_metadata.meta.loads:
-            admin.clear()
-
-    try:
-        for _ in range(300):
-            if not b.busy():
-                break
-            b.step(before_execute=clear_before_the_load)
-    finally:
-        admin.close()
+    run_clearing_before_the_load(b, real_sidecar.endpoint)
     assert offered(b, "x")[0] == 96
     assert b.finished["x"] == ("error" if policy == "fail" else "length")
     assert b.stats.loaded_blocks_compared == 0, "nothing the failed load wrote was read as loaded"

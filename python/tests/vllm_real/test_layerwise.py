@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtier_vllm.client import KvtierClient
-from tests.vllm_real.harness.helpers import offered, prompt, serve, status
+from tests.vllm_real.harness.helpers import offered, prompt, run_clearing_before_the_load, serve, status
 
 LAYERWISE = {"layerwise_loads": True}
 
@@ -47,19 +46,7 @@ def test_a_layerwise_load_whose_chunks_went_is_recomputed_through_vllms_invalid_
     serve(a, "a", p)
     b = engine(model_id=a.spec.model_id, layers=4, extra=dict(LAYERWISE))
     b.add_request("x", p + [1], max_tokens=2)
-    admin = KvtierClient(real_sidecar.endpoint)
-
-    def clear_before_the_load(so):
-        if so.kv_connector_metadata.meta.loads:
-            admin.clear()
-
-    try:
-        for _ in range(300):
-            if not b.busy():
-                break
-            b.step(before_execute=clear_before_the_load)
-    finally:
-        admin.close()
+    run_clearing_before_the_load(b, real_sidecar.endpoint)
     assert offered(b, "x")[0] == 96
     assert b.finished["x"] == "length"
     assert b.stats.loaded_blocks_compared == 0, "nothing the failed load wrote was read as loaded"

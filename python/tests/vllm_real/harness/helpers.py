@@ -47,3 +47,23 @@ def serve(engine, request_id: str, tokens: list[int], max_tokens: int = 2, max_s
     """Runs one request to its end (and every other one the engine has)."""
     engine.add_request(request_id, tokens, max_tokens)
     engine.run(max_steps)
+
+
+def run_clearing_before_the_load(engine, endpoint: str, max_steps: int = 300) -> None:
+    """Runs the engine's requests, sending the sidecar at ``endpoint`` a CLEAR before every step
+    whose metadata carries a LOAD: the chunks a lookup answered are gone when the load runs."""
+    from kvtier_vllm.client import KvtierClient
+
+    admin = KvtierClient(endpoint)
+
+    def clear_before_the_load(so):
+        if so.kv_connector_metadata.meta.loads:
+            admin.clear()
+
+    try:
+        for _ in range(max_steps):
+            if not engine.busy():
+                break
+            engine.step(before_execute=clear_before_the_load)
+    finally:
+        admin.close()
