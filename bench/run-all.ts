@@ -1,7 +1,7 @@
 /**
  * Every benchmark, each figure the median of >= 5 rounds with min and max, against issue 10's
  * targets:
- *   npm run bench                 (about 25 minutes on the 2-core development machine)
+ *   npm run bench                 (under 15 minutes on the idle 2-core development machine)
  *   npm run bench -- --quick      (each benchmark's short settings; `npm run bench --quick` works too)
  *   npm run bench -- --rounds 7 --only lookup,tiers
  * Rounds are interleaved (round 1 of every benchmark, then round 2, ...) so that a noisy minute on
@@ -15,7 +15,7 @@
 import { spawn } from 'node:child_process';
 import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
-import { cpus, tmpdir, totalmem } from 'node:os';
+import { cpus, loadavg, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { renderPng } from '../src/sim/png.ts';
 import { writeResults } from './support/child.ts';
@@ -59,7 +59,7 @@ const python = existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
 /** Where bench:scale keeps its stores between rounds (written in the first, removed at the end). */
 const SCALE_DIR = join(tmpdir(), `kvtier-bench-scale-${process.pid}`);
 /** Seconds of churn per bench:scale measurement. */
-const SCALE_CHURN_S = QUICK ? 3 : 10;
+const SCALE_CHURN_S = QUICK ? 3 : 5;
 
 interface Bench {
   name: string;
@@ -234,10 +234,31 @@ function fmt(x: number, unit: string): string {
   return Math.abs(x) >= 100 ? x.toFixed(0) : x.toFixed(2);
 }
 
+/**
+ * The machine's memory copy rate before any benchmark runs: GB/s of `Buffer.copy` between two
+ * 256 MiB buffers (touched first), the median of 5. Noted in the summary beside the load averages,
+ * so that a run on a busy machine can be told from one on an idle machine.
+ */
+function idleMemcpyGBps(): number {
+  const n = 256 * 1024 * 1024;
+  const a = Buffer.alloc(n, 1);
+  const b = Buffer.alloc(n);
+  const rates: number[] = [];
+  for (let i = 0; i < 6; i++) {
+    const t0 = performance.now();
+    a.copy(b);
+    const s = (performance.now() - t0) / 1000;
+    if (i > 0) rates.push(n / s / 1e9);
+  }
+  return median(rates);
+}
+
 async function main(): Promise<void> {
   if (!Number.isInteger(ROUNDS) || ROUNDS < 1)
     throw new Error('--rounds must be a positive integer');
   const started = Date.now();
+  const loadBefore = loadavg();
+  const memcpyBefore = idleMemcpyGBps();
   const aggs = new Map<string, Agg>();
   const rounds: Json[] = [];
   const seconds = new Map<string, number>();
@@ -353,12 +374,19 @@ async function main(): Promise<void> {
   const withTarget = table.filter((t) => t.met !== null);
   const metCount = withTarget.filter((t) => t.met === true).length;
   const minutes = (Date.now() - started) / 60_000;
+  const loadAfter = loadavg();
+  const machine =
+    `Before the first benchmark: load average ${loadBefore.map((x) => x.toFixed(2)).join(' / ')} ` +
+    `(1 / 5 / 15 min), memcpy ${memcpyBefore.toFixed(2)} GB/s (256 MiB, median of 5); after the ` +
+    `last: load average ${loadAfter.map((x) => x.toFixed(2)).join(' / ')}.`;
   const md = [
     '# kvtier benchmark summary',
     '',
     `\`npm run bench${QUICK ? ' -- --quick' : ''}\` on ${new Date().toISOString().slice(0, 10)}: ${cpus().length} × ${cpus()[0]?.model ?? 'cpu'}, ` +
       `Node ${process.version}, ${Math.round(totalmem() / 1024 ** 3)} GiB; ${ROUNDS} rounds${QUICK ? ' of the short (--quick) settings' : ''}, ` +
       `${minutes.toFixed(1)} minutes. **${metCount} of ${withTarget.length} targets met.**`,
+    '',
+    machine,
     '',
     'Each figure: median [min–max] over the rounds; the raw limit is measured in the same run ' +
       '(median shown); the ratio column is the figure over its raw limit (times: the ' +
@@ -429,6 +457,16 @@ async function main(): Promise<void> {
     quick: QUICK,
     rounds: ROUNDS,
     loadMiB: LOAD_MIB,
+    minutes,
+    machine: {
+      cpus: cpus().length,
+      model: cpus()[0]?.model ?? null,
+      memoryBytes: totalmem(),
+      node: process.version,
+      loadBefore,
+      loadAfter,
+      memcpyBeforeGBps: memcpyBefore,
+    },
     figures: table,
     runs: rounds.map((r) => ({ ...r, json: undefined })),
   });
