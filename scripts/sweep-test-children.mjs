@@ -7,7 +7,7 @@ import { readdirSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 
-const dir = join(tmpdir(), 'kvtier-test-children');
+const defaultDir = process.env.KVTIER_TEST_CHILDREN_DIR ?? join(tmpdir(), 'kvtier-test-children');
 
 /** Fields of /proc/<pid>/stat after the command (field 3 on), or null when it is gone. */
 function statOf(pid) {
@@ -36,8 +36,8 @@ function groupMembers(pgid, start) {
   return out;
 }
 
-/** Kills leftovers; returns the programs killed. */
-export function sweepTestChildren() {
+/** Kills leftovers recorded in `dir`; returns the programs killed. */
+export function sweepTestChildren(dir = defaultDir) {
   const killed = [];
   let names;
   try {

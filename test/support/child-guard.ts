@@ -20,8 +20,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { dyingWithParent } from '../../src/util/parent-death.ts';
 
-/** Where running children are recorded: one file `<owner pid>-<child pid>` each. */
-export const LEFTOVERS_DIR = join(tmpdir(), 'kvtier-test-children');
+/**
+ * Where running children are recorded: one file `<owner pid>-<child pid>` each
+ * (`KVTIER_TEST_CHILDREN_DIR` names another, for a test of the sweep that no other run's sweep
+ * may touch).
+ */
+export const LEFTOVERS_DIR =
+  process.env.KVTIER_TEST_CHILDREN_DIR ?? join(tmpdir(), 'kvtier-test-children');
 
 /** A record's contents (scripts/run-tests.mjs reads them). */
 export interface ChildRecord {

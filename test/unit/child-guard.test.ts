@@ -5,10 +5,11 @@
  */
 import assert from 'node:assert/strict';
 import { spawn } from 'node:child_process';
-import { existsSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createInterface } from 'node:readline';
-import { describe, it } from 'node:test';
+import { after, describe, it } from 'node:test';
 import { setTimeout as delay } from 'node:timers/promises';
 import { pathToFileURL } from 'node:url';
 import { LEFTOVERS_DIR } from '../support/child-guard.ts';
@@ -38,7 +39,7 @@ async function gone(pid: number, what: string, ms = 30_000): Promise<void> {
  * A stand-in for a test process: starts `program args` with spawnGuarded (in its own group when
  * `group`), prints the child's pid and, for a shell, the pid the shell prints; then waits.
  */
-async function testProcess(program: string, args: string[], group: boolean) {
+async function testProcess(program: string, args: string[], group: boolean, env = process.env) {
   const script = `import { spawnGuarded } from ${JSON.stringify(GUARD)};
 const c = spawnGuarded(${JSON.stringify(program)}, ${JSON.stringify(args)}, { group: ${group}, stdio: ['ignore', 'pipe', 'ignore'] });
 console.log('child ' + c.pid);
@@ -47,6 +48,7 @@ setInterval(() => {}, 1000);
 `;
   const p = spawn(process.execPath, ['--import', 'tsx', '--input-type=module', '-e', script], {
     cwd: REPO_ROOT,
+    env,
     stdio: ['ignore', 'pipe', 'inherit'],
   });
   const lines = createInterface({ input: p.stdout });
@@ -75,8 +77,15 @@ describe('children of a test process', () => {
   });
 
   it('what a killed group left behind is killed by the next run’s sweep', async () => {
-    // A shell that starts a server of its own: the grandchild gets no parent-death signal.
-    const t = await testProcess('sh', ['-c', 'sleep 600 & echo $!; wait'], true);
+    // A shell that starts a server of its own: the grandchild gets no parent-death signal. Its
+    // record goes to a directory of this test's own, which no other run's sweep reads (a test
+    // run beside this one sweeps the shared directory when it starts).
+    const dir = mkdtempSync(join(tmpdir(), 'kvtier-test-children-'));
+    after(() => rmSync(dir, { recursive: true, force: true }));
+    const t = await testProcess('sh', ['-c', 'sleep 600 & echo $!; wait'], true, {
+      ...process.env,
+      KVTIER_TEST_CHILDREN_DIR: dir,
+    });
     const shell = await t.next('child ');
     const grandchild = await t.next('said ');
     t.p.kill('SIGKILL');
@@ -84,14 +93,15 @@ describe('children of a test process', () => {
     assert.ok(alive(grandchild), 'the grandchild outlives its parents');
     const sweep = join(REPO_ROOT, 'scripts', 'sweep-test-children.mjs');
     const { sweepTestChildren } = (await import(pathToFileURL(sweep).href)) as {
-      sweepTestChildren: () => string[];
+      sweepTestChildren: (dir?: string) => string[];
     };
-    const killed = sweepTestChildren();
+    assert.ok(existsSync(join(dir, `${t.p.pid}-${shell}`)), 'recorded in its directory');
+    const killed = sweepTestChildren(dir);
     assert.ok(
       killed.some((k) => k.includes(`pid ${shell}`)),
       killed.join(', '),
     );
     await gone(grandchild, 'the grandchild after the sweep');
-    assert.ok(!existsSync(join(LEFTOVERS_DIR, `${t.p.pid}-${shell}`)), 'its record is removed');
+    assert.ok(!existsSync(join(dir, `${t.p.pid}-${shell}`)), 'its record is removed');
   });
 });
