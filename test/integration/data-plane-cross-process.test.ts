@@ -10,10 +10,8 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, before, describe, it } from 'node:test';
-import { defaultConfig } from '../../src/config/config.ts';
 import { LOAD_STATE } from '../../src/data-plane/data-plane.ts';
-import { Sidecar } from '../../src/sidecar.ts';
-import { silentLogger } from '../../src/util/log.ts';
+import type { Sidecar } from '../../src/sidecar.ts';
 import {
   blockContents,
   CHUNK_TOKENS,
@@ -24,6 +22,7 @@ import {
 } from '../support/engine-process.ts';
 import { runEngineJob } from '../support/engine-runner.ts';
 import { randomHashes } from '../support/fixtures.ts';
+import { startHostSidecar } from '../support/host-sidecar.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'kvtier-dp-xproc-'));
 let sidecar: Sidecar;
@@ -34,17 +33,7 @@ function engine(job: SaveJob | LoadJob): Promise<EngineResult> {
 }
 
 before(async () => {
-  sidecar = await Sidecar.start({
-    config: {
-      ...defaultConfig(),
-      listen: 'tcp://127.0.0.1:*',
-      metrics: null,
-      tiers: [{ name: 'cpu', type: 'local-cpu', options: { capacityBytes: 16 * 1024 * 1024 } }],
-      logLevel: 'silent',
-    },
-    processMetrics: false,
-    log: silentLogger,
-  });
+  sidecar = await startHostSidecar(16 * 1024 * 1024);
 });
 after(async () => {
   await sidecar.close();

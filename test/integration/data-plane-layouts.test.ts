@@ -10,13 +10,12 @@ import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, afterEach, before, describe, it } from 'node:test';
-import { defaultConfig } from '../../src/config/config.ts';
 import { DataPlaneClient } from '../../src/data-plane/data-plane-client.ts';
 import type { KvBlockLayout, KvRegistration } from '../../src/data-plane/kv-layout.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
-import { Sidecar } from '../../src/sidecar.ts';
-import { silentLogger } from '../../src/util/log.ts';
+import type { Sidecar } from '../../src/sidecar.ts';
 import { randomHashes, randomPayload } from '../support/fixtures.ts';
+import { startHostSidecar } from '../support/host-sidecar.ts';
 
 const LAYERS = 2;
 const HEADS = 4;
@@ -108,17 +107,7 @@ function client(): DataPlaneClient {
 const packed = (hashes: string[]) => Buffer.from(hashes.join(''), 'hex');
 
 before(async () => {
-  sidecar = await Sidecar.start({
-    config: {
-      ...defaultConfig(),
-      listen: 'tcp://127.0.0.1:*',
-      metrics: null,
-      tiers: [{ name: 'cpu', type: 'local-cpu', options: { capacityBytes: 8 * 1024 * 1024 } }],
-      logLevel: 'silent',
-    },
-    processMetrics: false,
-    log: silentLogger,
-  });
+  sidecar = await startHostSidecar(8 * 1024 * 1024);
 });
 afterEach(async () => {
   for (const fn of cleanups.splice(0).reverse()) await fn();

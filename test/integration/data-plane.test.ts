@@ -10,15 +10,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { after, afterEach, before, describe, it } from 'node:test';
 import * as zmq from 'zeromq';
-import { defaultConfig } from '../../src/config/config.ts';
 import { LOAD_STATE } from '../../src/data-plane/data-plane.ts';
 import { DataPlaneClient } from '../../src/data-plane/data-plane-client.ts';
 import { isKvtierError } from '../../src/errors.ts';
 import { LookupClient } from '../../src/lookup-client/lookup-client.ts';
 import { decodeReply, encodeRequest } from '../../src/protocol/codec.ts';
 import type { Reply } from '../../src/protocol/messages.ts';
-import { Sidecar } from '../../src/sidecar.ts';
-import { silentLogger } from '../../src/util/log.ts';
+import type { Sidecar } from '../../src/sidecar.ts';
 import {
   BLOCK_SIZE,
   blockContents,
@@ -29,6 +27,7 @@ import {
   testRegistration,
 } from '../support/engine-process.ts';
 import { createTestStack, freeTcpPort, randomHashes, randomPayload } from '../support/fixtures.ts';
+import { startHostSidecar } from '../support/host-sidecar.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'kvtier-dp-wire-'));
 let fileNo = 0;
@@ -65,17 +64,7 @@ const counts = (n: number) => Array.from({ length: n }, () => CHUNK_TOKENS);
 const cpuPins = () => sidecar.storage.cpu.stats().pinnedChunks;
 
 before(async () => {
-  sidecar = await Sidecar.start({
-    config: {
-      ...defaultConfig(),
-      listen: 'tcp://127.0.0.1:*',
-      metrics: null,
-      tiers: [{ name: 'cpu', type: 'local-cpu', options: { capacityBytes: 16 * 1024 * 1024 } }],
-      logLevel: 'silent',
-    },
-    processMetrics: false,
-    log: silentLogger,
-  });
+  sidecar = await startHostSidecar(16 * 1024 * 1024);
 });
 afterEach(async () => {
   for (const fn of cleanups.splice(0).reverse()) await fn();
